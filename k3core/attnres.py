@@ -1,0 +1,32 @@
+"""Attention Residuals (SPEC §4.1): the residual stream as attention over depth.
+
+A layer's input is not a running sum but a softmax-weighted mix of block snapshots and the
+current partial sum; this module holds that bookkeeping for one forward pass.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def fold(w, name: str) -> np.ndarray:
+    """w_norm ⊙ w_proj as one float64 vector (`name` is e.g. "mlp_res")."""
+    return w.vec(f"{name}_norm.weight").astype(np.float64) * w.vec(f"{name}_proj.weight").reshape(-1)
+
+
+class Residual:
+    """The stream of one forward pass: `blocks` (snapshots) and `prefix` (sum since the last one)."""
+
+    def __init__(self, h: np.ndarray):
+        self.blocks: list[np.ndarray] = []
+        self.prefix: np.ndarray | None = h
+
+    def mix(self, kr, fold_vector, eps) -> np.ndarray:
+        """AttnRes over blocks + [prefix]: values are the RAW sources."""
+        return kr.attnres(self.blocks + [self.prefix], fold_vector, eps)
+
+    def close_block(self):
+        self.blocks.append(self.prefix)
+        self.prefix = None
+
+    def add(self, x: np.ndarray):
+        self.prefix = x if self.prefix is None else self.prefix + x

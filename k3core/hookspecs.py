@@ -1,0 +1,48 @@
+"""The hook specifications k3's plugin manager (pluggy, project name "k3") calls.
+
+Built-ins in k3core/plugins/ implement these exactly as a third-party package would, through
+the entry-point group "k3". Hooks only ever gain optional parameters.
+
+Each hook returns a list of implementations; call order is pluggy's (later-registered
+plugins first, `trylast` built-ins at the end). Where k3 picks one implementation without
+being told a name, it takes the first available one in that order, so an installed plugin
+wins over the built-in it replaces.
+"""
+import pluggy
+
+hookspec = pluggy.HookspecMarker("k3")
+hookimpl = pluggy.HookimplMarker("k3")
+
+
+@hookspec
+def k3_attention_backends():
+    """Return a list of AttentionBackend instances (k3core.interfaces).
+
+    Each has a `kind` ("kda" or "mla") and a `name`. For every kind the engine uses the
+    backend named on the command line, else the first one returned for that kind.
+    """
+
+
+@hookspec
+def k3_kernel_backends():
+    """Return a list of KernelBackend instances, in order of preference.
+
+    The engine uses the backend named by --kernels / K3_KERNELS, else the first one whose
+    `available()` is true.
+    """
+
+
+@hookspec
+def k3_expert_stores():
+    """Return a list of ExpertStore classes (k3core.interfaces), each with a `name`.
+
+    The engine instantiates the one named by --expert-store, else the first one returned.
+    """
+
+
+@hookspec
+def k3_trunk_placers():
+    """Return a list of TrunkPlacer classes (k3core.interfaces), each with a `name`.
+
+    The engine instantiates the one named by --trunk-placer, else the first one returned.
+    """

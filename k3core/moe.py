@@ -1,0 +1,45 @@
+"""The latent mixture of experts (SPEC §4.4) and the dense SiTU-GLU MLP.
+
+Router on the full hidden width; experts run in a 3584-wide latent; the weighted aggregate
+is normed once; the shared experts see the original x and are added unweighted.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .interfaces import ExpertStore, KernelBackend, Weights
+
+P = "block_sparse_moe."
+
+
+def dense_mlp(w: Weights, x: np.ndarray, c, kr: KernelBackend, prefix: str = "mlp.") -> np.ndarray:
+    """W_down · SiTU-GLU(W_gate x, W_up x)."""
+    g = kr.linear(w[prefix + "gate_proj.weight"], x)
+    u = kr.linear(w[prefix + "up_proj.weight"], x)
+    return kr.linear(w[prefix + "down_proj.weight"], kr.situ_glu(g, u, c.situ_beta, c.situ_linear_beta))
+
+
+def route(w: Weights, x: np.ndarray, c, kr: KernelBackend) -> tuple[np.ndarray, np.ndarray]:
+    """(expert ids [T, k] in rank order, combine weights [T, k]) for x [T, H]."""
+    logits = kr.linear(w[P + "gate.weight"], x)  # the router reads the FULL hidden width
+    bias = w.vec(P + "gate.e_score_correction_bias")  # selection only; weights stay unbiased
+    return kr.router(logits, bias, c.num_experts_per_token, c.moe_renormalize, c.routed_scaling_factor)
+
+
+def latent_moe(w: Weights, x: np.ndarray, layer: int, c, kr: KernelBackend, store: ExpertStore,
+               on_route=None) -> np.ndarray:
+    ids, weights = route(w, x, c, kr)
+    if on_route is not None:
+        on_route(layer, ids)
+    z = kr.linear(w[P + "routed_expert_down_proj.weight"], x)  # H → latent
+    agg = np.empty_like(z)
+    for t in range(x.shape[0]):  # one token at a time: batching never changes a bit
+        experts = store.fetch(layer, [int(e) for e in ids[t]])
+        outs = [kr.expert(e, z[t:t + 1], c.situ_beta, c.situ_linear_beta) for e in experts]
+        agg[t] = kr.combine(outs, weights[t])[0]  # summed in rank order
+    if c.latent_moe_use_norm:
+        agg = kr.rmsnorm(agg, w.vec(P + "routed_expert_norm.weight"), c.rms_norm_eps)  # the AGGREGATE, once
+    out = kr.linear(w[P + "routed_expert_up_proj.weight"], agg)
+    if c.num_shared_experts:
+        out = out + dense_mlp(w, x, c, kr, P + "shared_experts.")  # original x, unweighted
+    return out

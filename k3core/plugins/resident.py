@@ -1,0 +1,66 @@
+"""The `resident` trunk placer: every trunk tensor read into RAM once, at open.
+
+No packed trunk is needed; RAM must hold the whole trunk (the memory plan says how much).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..checkpoint import PREFIX, VISION_PREFIXES, layer_prefix
+from ..hookspecs import hookimpl
+from ..interfaces import Param, TrunkPlacer, Weights
+
+EXPERTS = "block_sparse_moe.experts."
+
+
+def _is_model_level(name: str) -> bool:
+    return not name.startswith(PREFIX + "layers.") and not name.startswith(VISION_PREFIXES)
+
+
+class ResidentPlacer(TrunkPlacer):
+    name = "resident"
+    description = "the whole trunk in RAM; no packed trunk needed"
+
+    def __init__(self, checkpoint, config, options):
+        super().__init__(checkpoint, config, options)
+        index = checkpoint.index
+        start = time.perf_counter()
+        self._layers: list[dict[str, Param]] = [{} for _ in range(config.num_hidden_layers)]
+        model: dict[str, Param] = {}
+        self.bytes_read = 0
+        for name in index.names():
+            if _is_model_level(name):
+                model[name] = self._load(index, name, name)
+                continue
+            if not name.startswith(PREFIX + "layers."):
+                continue
+            layer = int(name[len(PREFIX + "layers."):].split(".", 1)[0])
+            rel = name[len(layer_prefix(layer)):]
+            if rel.startswith(EXPERTS) or layer >= config.num_hidden_layers:
+                continue
+            self._layers[layer][rel] = self._load(index, name, rel)
+        self._model = Weights("", model)
+        self.load_seconds = time.perf_counter() - start
+
+    def _load(self, index, name, rel) -> Param:
+        info = index[name]
+        data = np.array(index.read(name))  # a private copy: resident, independent of the file
+        self.bytes_read += data.nbytes
+        return Param(data, info.dtype, rel)
+
+    def layer(self, layer):
+        return Weights(layer_prefix(layer), self._layers[layer])
+
+    def model(self):
+        return self._model
+
+    def stats(self):
+        return {"trunk_bytes_read": self.bytes_read, "trunk_load_seconds": self.load_seconds,
+                "pinned_layers": self.config.num_hidden_layers}
+
+
+@hookimpl(trylast=True)
+def k3_trunk_placers():
+    return [ResidentPlacer]

@@ -1,0 +1,36 @@
+"""Shared test fixtures: generated test checkpoints (made once per session) and fixture paths."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from k3core.testmodel import make_model
+
+FIXTURES = Path(__file__).parent / "fixtures"
+K3_IN_C = FIXTURES / "k3-in-c"
+ORACLES = FIXTURES / "oracles"
+
+
+@pytest.fixture(scope="session")
+def model_factory(tmp_path_factory):
+    """make(shape, seed=0, layout="nested") -> directory, each generated once per session."""
+    made = {}
+
+    def make(shape="tiny", seed=0, layout="nested"):
+        key = (shape, seed, layout)
+        if key not in made:
+            made[key] = make_model(tmp_path_factory.mktemp(f"{shape}-{seed}-{layout}") / "model", shape, seed, layout)
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_model(model_factory):
+    return model_factory("tiny")
+
+
+@pytest.fixture(scope="session")
+def small_model(model_factory):
+    return model_factory("small")
