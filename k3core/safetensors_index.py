@@ -1,10 +1,9 @@
-"""Header-only index of a directory of safetensors shards (SPEC §6): names → file, dtype, shape, span.
+"""Header-only index of a directory of safetensors shards (SPEC §6): name → file, dtype, shape, span.
 
-`open` reads each shard's 8-byte length and JSON header and nothing else; every rule it enforces
-raises CheckpointError naming the file and tensor. It does not convert dtypes (BF16 stays raw
-uint16 bits), load or cache tensors; `read` maps one span on demand. Headers in the layout
-safetensors writes take a vectorised path; anything else goes through json.loads, with the same
-result (tests/test_safetensors_index.py checks both against struct-decoded fixtures).
+`open` reads each shard's 8-byte length and JSON header and nothing else, and raises CheckpointError
+naming file and tensor for every SPEC §6 rule. It does not convert dtypes (BF16 stays uint16 bits)
+or cache tensors; `read` maps one span on demand. Headers laid out as safetensors writes them are
+checked with numpy, anything else through json.loads; tests/test_safetensors_index.py runs both paths.
 """
 import hashlib
 import json
@@ -24,54 +23,135 @@ DTYPES = {"U8": (1, np.dtype("u1")), "I8": (1, np.dtype("i1")), "BF16": (2, np.d
           "F16": (2, np.dtype("<f2")), "F32": (4, np.dtype("<f4")), "F64": (8, np.dtype("<f8")),
           "I32": (4, np.dtype("<i4")), "I64": (8, np.dtype("<i8"))}
 INDEX_JSON = "model.safetensors.index.json"
-_LIMIT = 2**62                    # offsets and sizes beyond this cannot be a real file
+_LIMIT = 2**62                                  # no offset or size of a real file gets here
 
 
 @dataclass(frozen=True, slots=True)
 class TensorInfo:
     name: str
-    file: Path                    # absolute path of its shard
-    dtype: str                    # safetensors dtype string
+    file: Path                                  # absolute path of its shard
+    dtype: str                                  # safetensors dtype string
     shape: tuple[int, ...]
-    offset: int                   # absolute: 8 + N + data_offsets[0]
+    offset: int                                 # absolute: 8 + N + data_offsets[0]
     nbytes: int
 
 
 @dataclass(frozen=True)
 class ShardFile:
     path: Path
-    size: int                     # bytes on disk
-    header_len: int               # N
-    header_sha256: str            # of the N header bytes
+    size: int                                   # bytes on disk
+    header_len: int                             # N
+    header_sha256: str                          # of the N header bytes
 
 
-class _Columns(NamedTuple):
-    """One header's tensors as columns, in header order."""
-    names: list[str]
-    kinds: list[tuple[str, tuple[int, ...]]]   # the distinct (dtype, shape) pairs
-    kind: np.ndarray                           # per tensor: index into kinds
-    begin: np.ndarray                          # per tensor: data_offsets, relative to byte 8 + N
+# ---- byte spans as numpy: `words[i]` is the little-endian u64 of the 8 bytes at offset i ----------
+_U = np.uint64
+_M, _MASK = _U(0x9E3779B97F4A7C15), np.array([(1 << 8 * r) - 1 for r in range(9)], np.uint64)
+_R = np.random.default_rng(0x6B33).integers(0, 2**64, (4096, 2), np.uint64, endpoint=False) | _U(1)
+
+
+def _words(buf):
+    """Every 8-byte window of `buf` (which must end in 8 spare bytes) as one u64."""
+    return np.ndarray((len(buf) - 7,), "<u8", buf, 0, (1,))
+
+
+def _at(words, pos, lit):
+    """True if the bytes `lit` start at every position in `pos`."""
+    for k in range(0, len(lit), 8):
+        chunk = lit[k:k + 8]
+        if ((words[pos + k] & _MASK[len(chunk)]) != _U(int.from_bytes(chunk, "little"))).any():
+            return False
+    return True
+
+
+def _mix(h):
+    h = (h ^ (h >> _U(31))) * _M
+    return h ^ (h >> _U(29))
+
+
+def _fingerprints(words, start, stop, chunk=16384):
+    """Two independent 64-bit hashes of each span [start, stop), shape (2, n); equal bytes, equal hashes."""
+    out = [np.empty((2, 0), np.uint64)]
+    last = len(words) - 1
+    for i in range(0, len(start), chunk):
+        s, n = start[i:i + chunk], stop[i:i + chunk] - start[i:i + chunk]
+        h = np.zeros((2, len(s)), np.uint64)
+        for k in range(0, int(n.max(initial=0)), 8):     # word k of every span; _mix(0) == 0 adds nothing
+            w = words[np.minimum(s + k, last)] & _MASK[np.clip(n - k, 0, 8)]
+            h += _mix(w) * _R[k // 8 % len(_R), :, None]
+        out.append(_mix(h ^ n.astype(np.uint64)))
+    return np.concatenate(out, axis=1)
+
+
+def _same(words, start, stop, start2, stop2):
+    """Per pair, whether span [start, stop) and span [start2, stop2) hold the same bytes."""
+    n, last = stop - start, len(words) - 1
+    eq = n == stop2 - start2
+    for k in range(0, int(n.max(initial=0)), 8):
+        m = _MASK[np.clip(n - k, 0, 8)]
+        eq &= (words[np.minimum(start + k, last)] & m) == (words[np.minimum(start2 + k, last)] & m)
+    return eq
+
+
+_ZERO, _LO, _HI = _U(0x3030303030303030), _U(0x0F0F0F0F0F0F0F0F), _U(0xF0F0F0F0F0F0F0F0)
+_TOP = np.array([((1 << 8 * r) - 1) << (64 - 8 * r) for r in range(9)], np.uint64)   # top r bytes
+
+
+def _numbers(words, a, first, stop):
+    """The decimal integers at [first, stop) (1..16 digits, no leading zero), or None if any is not one."""
+    n = stop - first
+    if not len(n) or n.min() < 1 or n.max() > 16 or ((a[first] == 48) & (n > 1)).any():
+        return None
+    value = np.zeros(len(n), np.uint64)
+    for k, scale in ((8, 1), (16, 10**8)):      # the last eight digits, then the eight before them
+        top = _TOP[np.clip(n - (k - 8), 0, 8)]
+        x = (words[np.maximum(stop - k, 0)] & top) | (_ZERO & ~top)      # bytes before the number → '0'
+        if ((x & _HI) != _ZERO).any() or (((x + _U(0x0606060606060606)) & _HI) != _ZERO).any():
+            return None
+        v = x & _LO                                                      # eight digits, first in byte 0
+        v = v * _U(10) + (v >> _U(8))
+        v = ((v & _U(0xFF000000FF)) * _U(100 + (10**6 << 32)) + ((v >> _U(16)) & _U(0xFF000000FF)) * _U(1 + (10**4 << 32))) >> _U(32)
+        value += v * _U(scale)
+    return value.astype(np.int64)
+
+
+class _Table(NamedTuple):
+    """One header's tensors as columns; each name is the UTF-8 span blob[start:stop]."""
+    blob: bytes | bytearray
+    start: np.ndarray
+    stop: np.ndarray
+    kinds: list                                 # the distinct (dtype, shape) pairs
+    kind: np.ndarray                            # per tensor: index into kinds
+    begin: np.ndarray                           # per tensor: data_offsets, relative to byte 8 + N
     end: np.ndarray
 
+    def name(self, i):
+        return bytes(self.blob[self.start[i]:self.stop[i]]).decode("utf-8")
 
-# ---- fast path: the exact bytes safetensors writes, checked with numpy instead of parsed ----------
+    def names(self):
+        s = self.blob.decode("utf-8", "replace") if self.blob.isascii() else None
+        pairs = zip(self.start.tolist(), self.stop.tolist())
+        return [s[x:y] for x, y in pairs] if s is not None else [self.blob[x:y].decode() for x, y in pairs]
+
+
+def _blob(names):
+    """(blob, start, stop) holding `names` as UTF-8 spans, padded with 8 spare bytes."""
+    enc = [n.encode("utf-8") for n in names]
+    stop = np.cumsum([len(e) for e in enc], dtype=np.int64)
+    return b"".join(enc) + bytes(8), stop - np.array([len(e) for e in enc], np.int64), stop
+
+
+# ---- headers: the layout safetensors writes, checked in place -------------------------------------
 _T1, _T2, _T3, _T4 = b'":{"dtype":"', b'","shape":[', b'],"data_offsets":[', b']},"'
 _DIMS = re.compile(r"(?:(?:0|[1-9][0-9]*)(?:,(?:0|[1-9][0-9]*))*)?")
-_COLS = np.arange(38)             # "begin,end" with at most 18 digits each
-_POW10 = np.array([10**k for k in range(19)] + [0], dtype=np.int64)   # _POW10[-1] == 0
 _JSON = json.JSONDecoder()
 
 
-def _at(a, pos, lit):
-    """True if the bytes `lit` sit at every position in `pos` of uint8 array `a`."""
-    return bool((a[pos[:, None] + np.arange(len(lit))] == np.frombuffer(lit, np.uint8)).all())
-
-
-def _parse_compact(h):
-    """Columns of a header laid out exactly as `{"__metadata__":{…},"name":{"dtype":"F32","shape":[2,3],
-    "data_offsets":[0,24]},…}` + space padding (ASCII, no escapes); None for any other layout."""
+def _parse_compact(buf, size):
+    """Columns of a header that is exactly `{"__metadata__":{…},"name":{"dtype":"F32","shape":[2,3],
+    "data_offsets":[0,24]},…}` plus space padding, ASCII without escapes; else None (use json)."""
     try:
-        s = h.decode("ascii")
+        s = str(memoryview(buf)[:size], "ascii")
     except UnicodeDecodeError:
         return None
     pos = 1
@@ -81,48 +161,37 @@ def _parse_compact(h):
         except ValueError:
             return None
     end = len(s.rstrip(" "))
-    a = np.frombuffer(h + b" " * 64, np.uint8)    # padded so windows never run off the end
+    a, words = np.frombuffer(buf, np.uint8), _words(buf)
     body = a[pos:end]
     if not s.startswith(("{", ","), pos - 1) or s[end - 3:end] != "]}}" or (body < 32).any() or (body == 92).any():
         return None
-    q = np.flatnonzero(body == 34) + pos          # every '"'; ten per entry when there are no escapes
+    q = np.flatnonzero(body == 34) + pos        # every '"': ten per entry when nothing is escaped
     n = len(q) // 10
     if n == 0 or len(q) != 10 * n or q[0] != pos:
         return None
     q0, q1, q4, q5, q8, q9 = (q[k::10] for k in (0, 1, 4, 5, 8, 9))
-    if not (_at(a, q1, _T1) and _at(a, q5, _T2) and _at(a, q8 - 2, _T3) and _at(a, q0[1:] - 3, _T4)):
+    if not (_at(words, q1, _T1) and _at(words, q5, _T2) and _at(words, q8 - 2, _T3) and _at(words, q0[1:] - 3, _T4)):
         return None
-    # data_offsets "begin,end": digits parsed in place, [n, 38] windows
-    first = q9 + 3
-    ln = np.append(q0[1:] - 3, end - 3) - first
-    w = a[first[:, None] + _COLS]
-    comma = np.argmax(w == 44, axis=1)
-    j, c, ln2 = _COLS[None, :], comma[:, None], ln[:, None]
-    digit = (w >= 48) & (w <= 57)
-    rows = np.arange(n)
-    ok = (comma >= 1) & (comma <= 18) & (ln - comma >= 2) & (ln - comma <= 19)
-    ok &= (digit | (j == c) | (j >= ln2)).all(axis=1)
-    ok &= ~((w[:, 0] == 48) & (comma > 1)) & ~((w[rows, np.minimum(comma + 1, 37)] == 48) & (ln - comma > 2))
-    if not ok.all():                              # leading zeros, other separators, > 18 digits
+    commas = np.flatnonzero(body == 44) + pos
+    first, last = q9 + 3, np.append(q0[1:] - 3, end - 3)   # "begin,end" sits in [first, last)
+    comma = commas[np.minimum(np.searchsorted(commas, first), len(commas) - 1)]
+    begin = _numbers(words, a, first, comma)
+    stop = _numbers(words, a, comma + 1, last)
+    if begin is None or stop is None:
         return None
-    d = w.astype(np.int64) - 48
-    begin = (d * _POW10[np.where(j < c, c - 1 - j, -1)]).sum(axis=1)
-    stop = (d * _POW10[np.where((j > c) & (j < ln2), ln2 - 1 - j, -1)]).sum(axis=1)
-    # names and the distinct `DT","shape":[dims` strings
-    names = [s[x + 1:y] for x, y in zip(q0.tolist(), q1.tolist())]
-    kind_text = [s[x + 1:y] for x, y in zip(q4.tolist(), (q8 - 2).tolist())]
-    ids = {k: i for i, k in enumerate(dict.fromkeys(kind_text))}
+    k0, k1 = q4 + 1, q8 - 2                      # kind span: DT","shape":[dims
+    _, rep, kind = np.unique(_fingerprints(words, k0, k1)[0], return_index=True, return_inverse=True)
+    if not _same(words, k0, k1, k0[rep][kind], k1[rep][kind]).all():
+        return None                              # two kinds with one fingerprint: let json decide
     kinds = []
-    for k in ids:
-        dt, _, dims = k.partition(_T2.decode())
+    for r in rep:
+        dt, _, dims = s[k0[r]:k1[r]].partition(_T2.decode())
         if not _DIMS.fullmatch(dims):
             return None
         kinds.append((dt, tuple(int(x) for x in dims.split(",")) if dims else ()))
-    kind = np.fromiter(map(ids.__getitem__, kind_text), np.int64, n)
-    return _Columns(names, kinds, kind, begin, stop)
+    return _Table(buf, q0 + 1, q1, kinds, kind.ravel(), begin, stop)
 
 
-# ---- reference path: json.loads and a check per entry ---------------------------------------------
 class _Twice(Exception):
     pass
 
@@ -139,9 +208,9 @@ def _ints(v):
 
 
 def _parse_json(h, path):
-    """Columns of any valid header, or CheckpointError naming what is wrong."""
+    """Columns of any valid header (the reference for _parse_compact), or CheckpointError."""
     try:
-        obj = json.loads(h.decode("utf-8"), object_pairs_hook=_unique_pairs)
+        obj = json.loads(bytes(h).decode("utf-8"), object_pairs_hook=_unique_pairs)
     except UnicodeDecodeError:
         raise CheckpointError("header is not valid UTF-8", file=path) from None
     except _Twice as e:
@@ -150,7 +219,7 @@ def _parse_json(h, path):
         raise CheckpointError(f"header is not valid JSON: {e}", file=path) from None
     if not isinstance(obj, dict):
         raise CheckpointError("header is not a JSON object", file=path)
-    names, kinds, kind, begin, end = [], {}, [], [], []
+    names, kinds, kind, offsets = [], {}, [], []
     for name, e in obj.items():
         if name == "__metadata__":
             continue
@@ -161,32 +230,32 @@ def _parse_json(h, path):
                                   '"data_offsets": [begin, end]}', file=path, tensor=name)
         names.append(name)
         kind.append(kinds.setdefault((dt, tuple(shape)), len(kinds)))
-        begin.append(offs[0])
-        end.append(offs[1])
-    return _Columns(names, list(kinds), np.array(kind, np.int64), np.array(begin, np.int64), np.array(end, np.int64))
+        offsets.append(offs)
+    offsets = np.array(offsets, np.int64).reshape(-1, 2)
+    return _Table(*_blob(names), list(kinds), np.array(kind, np.int64), offsets[:, 0], offsets[:, 1])
 
 
-def _check_spans(c, path, data_len):
-    """The rules both paths share: known dtype, begin <= end, span == numel × itemsize, inside the file."""
-    need = np.empty(len(c.kinds), np.int64)
-    for k, (dt, shape) in enumerate(c.kinds):
+def _check_spans(t, path, data_len):
+    """The rules both paths share: known dtype, begin <= end, span = numel × itemsize, inside the file."""
+    need = np.empty(len(t.kinds), np.int64)
+    for k, (dt, shape) in enumerate(t.kinds):
         if dt not in DTYPES:
-            raise CheckpointError(f"unknown dtype {dt!r}", file=path, tensor=c.names[int(np.argmax(c.kind == k))])
+            raise CheckpointError(f"unknown dtype {dt!r}", file=path, tensor=t.name(int(np.argmax(t.kind == k))))
         nbytes = math.prod(shape) * DTYPES[dt][0]
         need[k] = nbytes if nbytes < _LIMIT else -1
-    need = need[c.kind]
-    for bad, why in ((c.begin > c.end, lambda i: "data_offsets begin > end"),
-                     (c.end - c.begin != need, lambda i: f"span of {c.end[i] - c.begin[i]} bytes, but "
-                      f"{c.kinds[c.kind[i]][0]} {list(c.kinds[c.kind[i]][1])} needs {need[i]}"),
-                     (c.end > data_len, lambda i: f"span ends at byte {c.end[i]} of a data region of {data_len}"
-                      " (past end of file)")):
+    need = need[t.kind]
+    for bad, why in ((t.begin > t.end, lambda i: f"data_offsets [{t.begin[i]}, {t.end[i]}] run backwards"),
+                     (t.end - t.begin != need, lambda i: f"span of {t.end[i] - t.begin[i]} bytes, but {t.kinds[t.kind[i]][0]} "
+                                                         f"{list(t.kinds[t.kind[i]][1])} needs {need[i]}"),
+                     (t.end > data_len, lambda i: f"span ends at data byte {t.end[i]}, past end of file "
+                                                  f"(data region holds {data_len})")):
         if bad.any():
             i = int(np.argmax(bad))
-            raise CheckpointError(why(i), file=path, tensor=c.names[i])
+            raise CheckpointError(why(i), file=path, tensor=t.name(i))
 
 
 def _read_header(path):
-    """(ShardFile, header bytes) from the first 8 + N bytes of `path`."""
+    """(ShardFile, buffer holding the N header bytes then 64 spare bytes)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
@@ -195,163 +264,184 @@ def _read_header(path):
         n = int.from_bytes(os.pread(fd, 8, 0), "little")
         if n == 0 or 8 + n > size:
             raise CheckpointError(f"header length {n} is zero or runs past end of file ({size} bytes)", file=path)
-        h = os.pread(fd, n, 8)
+        buf = bytearray(n + 64)
+        got = os.preadv(fd, [memoryview(buf)[:n]], 8)
     finally:
         os.close(fd)
-    if len(h) != n:
-        raise CheckpointError("file shrank while reading its header", file=path)
-    return ShardFile(path, size, n, hashlib.sha256(h).hexdigest()), h
+    if got != n:
+        raise CheckpointError("file shrank while its header was read", file=path)
+    return ShardFile(path, size, n, hashlib.sha256(memoryview(buf)[:n]).hexdigest()), buf
 
 
-# ---- model.safetensors.index.json -----------------------------------------------------------------
+# ---- model.safetensors.index.json ----------------------------------------------------------------
+class _WeightMap(NamedTuple):
+    fp: np.ndarray                              # (2, n): per entry, a fingerprint of (name, file)
+    files: list[str]                            # the distinct shard files it names
+
+
+def _pair(name_fp, file_fp):
+    return _mix(name_fp ^ _mix(file_fp))
+
+
 _WS = "[ \t\n\r]*"
 _OPEN = re.compile(_WS + ":" + _WS + r"\{")
 _COLON, _COMMA, _BLANK = (re.compile(_WS + x + _WS) for x in (":", ",", ""))
 
 
 def _weight_map_compact(raw):
-    """(names, files) of a weight_map whose entries are all formatted alike and hold no escapes, else None.
-    Only the weight_map's strings are sliced out; the rest of the document goes through json.loads."""
-    try:
-        s = raw.decode("ascii")
-    except UnicodeDecodeError:
-        return None
-    key = s.find('"weight_map"')
-    m = _OPEN.match(s, key + 12) if key >= 0 and "\\" not in s else None
+    """The weight_map of an index (`raw` + 8 spare bytes) whose entries are all formatted alike, ASCII
+    without escapes; else None.
+    Its strings stay in place as spans; the rest of the document goes through json.loads."""
+    key = raw.find(b'"weight_map"') + 12
+    m = _OPEN.match(raw[key:key + 256].decode()) if key >= 12 and raw.isascii() and b"\\" not in raw else None
     if not m:
         return None
-    a = np.frombuffer(raw, np.uint8)
-    start = m.end()
+    a, words, start = np.frombuffer(raw, np.uint8), _words(raw), key + m.end()
     q = np.flatnonzero(a[start:] == 34) + start
     closes = np.flatnonzero(a[start:] == 125) + start
     outside = closes[np.searchsorted(q, closes) % 2 == 0]
-    if not len(outside):
-        return None
-    stop = int(outside[0])                         # the '}' closing the weight_map
+    stop = int(outside[0]) if len(outside) else 0            # the '}' closing the weight_map
     q = q[q < stop]
     n = len(q) // 4
     if n == 0 or len(q) != 4 * n:
         return None
     q0, q1, q2, q3 = (q[k::4] for k in range(4))
-    gaps = []
-    for x, y, pat in ((q1, q2, _COLON), (q3[:-1], q0[1:], _COMMA)):   # between name and file; between entries
-        if len(x) and not (np.all(y - x == y[0] - x[0]) and pat.fullmatch(s, x[0] + 1, y[0])
-                           and _at(a, x + 1, raw[x[0] + 1:y[0]])):
+    ctrl = np.count_nonzero(a[start:stop] < 32) - np.count_nonzero(a[start:q0[0]] < 32) - np.count_nonzero(a[q3[-1]:stop] < 32)
+    for x, y, pat in ((q1, q2, _COLON), (q3[:-1], q0[1:], _COMMA)):   # name-to-file gaps, entry-to-entry gaps
+        gap = raw[x[0] + 1:y[0]] if len(x) else b""
+        if len(x) and not (np.all(y - x == y[0] - x[0]) and pat.fullmatch(gap.decode()) and _at(words, x + 1, gap)):
             return None
-        gaps.append(s[x[0] + 1:y[0]] if len(x) else "")
-    edge = s[start:q0[0]] + s[q3[-1] + 1:stop]
-    ctrl = sum(ch < " " for ch in edge) + n * sum(ch < " " for ch in gaps[0]) + (n - 1) * sum(ch < " " for ch in gaps[1])
-    if not _BLANK.fullmatch(edge) or np.count_nonzero(a[start:stop] < 32) != ctrl:
-        return None                                # a control character inside a string
+        ctrl -= len(x) * sum(c < 32 for c in gap)
+    if ctrl or not _BLANK.fullmatch(raw[start:q0[0]].decode() + raw[q3[-1] + 1:stop].decode()):
+        return None                              # a control character inside a string, or junk at the edges
     try:
-        rest = json.loads(s[:start - 1] + "0" + s[stop + 1:])
+        rest = json.loads(raw[:start - 1].decode() + "0" + raw[stop + 1:-8].decode())
     except ValueError:
         return None
     if not (isinstance(rest, dict) and type(rest.get("weight_map")) is int):
         return None
-    names = [s[x + 1:y] for x, y in zip(q0.tolist(), q1.tolist())]
-    files = [s[x + 1:y] for x, y in zip(q2.tolist(), q3.tolist())]
-    return names, files
+    file_fp = _fingerprints(words, q2 + 1, q3)
+    runs = np.flatnonzero(np.append(True, (file_fp[:, 1:] != file_fp[:, :-1]).any(axis=0)))
+    files = {tuple(file_fp[:, r]): raw[q2[r] + 1:q3[r]].decode() for r in runs.tolist()}
+    if len(set(files.values())) != len(files):
+        return None
+    return _WeightMap(_pair(_fingerprints(words, q0 + 1, q1), file_fp), sorted(set(files.values())))
 
 
 def _weight_map(path):
-    raw = path.read_bytes()
+    raw = path.read_bytes() + bytes(8)
     fast = _weight_map_compact(raw)
     if fast:
         return fast
     try:
-        wm = json.loads(raw.decode("utf-8")).get("weight_map")
+        wm = json.loads(raw[:-8].decode("utf-8")).get("weight_map")
     except (ValueError, AttributeError) as e:
         raise CheckpointError(f"not a JSON object: {e}", file=path) from None
     if not (isinstance(wm, dict) and wm and all(isinstance(v, str) for v in wm.values())):
         raise CheckpointError('"weight_map" is missing, empty, or maps a tensor to a non-string', file=path)
-    return list(wm), list(wm.values())
+    blob, start, stop = _blob(list(wm))
+    files = sorted(set(wm.values()))
+    fps = {f: _fingerprints(_words(f.encode() + bytes(8)), np.array([0]), np.array([len(f.encode())]))[:, 0] for f in files}
+    return _WeightMap(_pair(_fingerprints(_words(blob), start, stop), np.array([fps[f] for f in wm.values()]).T), files)
 
 
 # ---- the index ------------------------------------------------------------------------------------
 class ShardIndex:
-    """Every tensor of a shard directory: name → file, dtype, shape and absolute byte span."""
+    """Every tensor of a shard directory: name → file, dtype, shape and absolute byte span.
+    Rows are numpy columns; the name → row dict is built on the first lookup by name."""
 
-    def __init__(self, directory, files, where, file_of, kinds, kind, offset, nbytes):
-        self.directory, self.files, self._where = directory, files, where   # where: name → row
-        self._file_of, self._kinds, self._kind = file_of, kinds, kind       # per row, as columns
-        self._offset, self._nbytes, self._maps = offset, nbytes, {}
+    def __init__(self, directory, files, tables, kinds, kind, offset, nbytes):
+        self.directory, self.files, self._tables = directory, files, tables
+        self._kinds, self._kind, self._offset, self._nbytes = kinds, kind, offset, nbytes
+        self._file_of = np.repeat(np.arange(len(files), dtype=np.int32), [len(t.start) for t in tables])
+        self._where, self._maps = None, {}
 
     @classmethod
     def open(cls, directory):
-        """Index `directory`: the shards its model.safetensors.index.json lists, else every *.safetensors."""
+        """Index `directory`: the shards its model.safetensors.index.json names, else every *.safetensors."""
         directory = Path(directory).resolve()
         if not directory.is_dir():
             raise CheckpointError("checkpoint directory does not exist", file=directory)
         index_path, wm = directory / INDEX_JSON, None
         if index_path.is_file():
             wm = _weight_map(index_path)
-            listed = sorted(set(wm[1]), key=lambda f: Path(f).name)
+            listed = sorted(wm.files, key=lambda f: Path(f).name)
             for f in listed:
                 if not (directory / f).is_file():
-                    raise CheckpointError(f"shard listed in {INDEX_JSON} does not exist", file=directory / f)
-            paths = [directory / f for f in listed]
+                    raise CheckpointError(f"shard named in {INDEX_JSON} does not exist", file=directory / f)
         else:
-            paths = sorted(directory.glob("*.safetensors"), key=lambda p: p.name)
-        if not paths:
+            listed = sorted(p.name for p in directory.glob("*.safetensors"))
+        if not listed:
             raise CheckpointError(f"no *.safetensors shards and no {INDEX_JSON}", file=directory)
-        files, where, parts, kinds = [], {}, [], {}
-        for path in paths:
-            shard, h = _read_header(path)
-            c = _parse_compact(h) or _parse_json(h, path)
-            _check_spans(c, path, shard.size - 8 - shard.header_len)
-            base = len(where)
-            where.update(zip(c.names, range(base, base + len(c.names))))
-            if len(where) != base + len(c.names):
-                cls._raise_duplicate(paths, parts, c, path)
-            remap = np.array([kinds.setdefault(k, len(kinds)) for k in c.kinds], np.int32)
+        files, tables, kinds, parts, fps = [], [], {}, [], []
+        for f in listed:
+            shard, buf = _read_header(directory / f)
+            t = _parse_compact(buf, shard.header_len) or _parse_json(memoryview(buf)[:shard.header_len], shard.path)
+            _check_spans(t, shard.path, shard.size - 8 - shard.header_len)
+            remap = np.array([kinds.setdefault(k, len(kinds)) for k in t.kinds], np.int32)
             files.append(shard)
-            parts.append((c, remap[c.kind], c.begin + 8 + shard.header_len))
-        index = cls(directory, files, where,
-                    np.repeat(np.arange(len(files), dtype=np.int32), [len(c.names) for c, _, _ in parts]),
-                    list(kinds), np.concatenate([k for _, k, _ in parts]), np.concatenate([o for _, _, o in parts]),
-                    np.concatenate([c.end - c.begin for c, _, _ in parts]))
-        if wm:
-            index._check_weight_map(index_path, *wm, {f: i for i, f in enumerate(listed)})
+            tables.append(t)
+            parts.append((remap[t.kind], t.begin + 8 + shard.header_len, t.end - t.begin))
+            fps.append(_fingerprints(_words(t.blob), t.start, t.stop))
+        index = cls(directory, files, tables, list(kinds), *(np.concatenate(c) for c in zip(*parts)))
+        name_fp = np.concatenate(fps, axis=1)
+        index._check_unique(name_fp[0])
+        if wm is not None:
+            file_fp = [_fingerprints(_words(f.encode() + bytes(8)), np.array([0]), np.array([len(f.encode())])) for f in listed]
+            here = sum(_pair(fp, ffp).sum(axis=1) for fp, ffp in zip(fps, file_fp))
+            if len(wm.fp[0]) != len(index) or (here != wm.fp.sum(axis=1)).any():
+                index._explain_weight_map(index_path, listed)
         return index
 
-    @staticmethod
-    def _raise_duplicate(paths, parts, c, path):
-        earlier = {name: paths[i] for i, (p, _, _) in enumerate(parts) for name in p.names}
-        name = next((n for n in c.names if n in earlier), None)
-        if name is not None:
-            raise CheckpointError(f"tensor is in two shards: {earlier[name].name} and {path.name}", file=path, tensor=name)
-        seen = set()
-        name = next(n for n in c.names if n in seen or seen.add(n))
-        raise CheckpointError("header lists the same tensor twice", file=path, tensor=name)
+    def _name(self, row):
+        f = int(self._file_of[row])
+        return self._tables[f].name(row - int(np.searchsorted(self._file_of, f)))
 
-    def _check_weight_map(self, index_path, names, wfiles, fid):
-        """Every weight_map entry names the shard whose header holds it, and every tensor has one."""
-        rows = np.fromiter(map(self._where.get, names, [-1] * len(names)), np.int64, len(names))
-        want = np.fromiter(map(fid.__getitem__, wfiles), np.int64, len(names))
-        have = np.where(rows >= 0, self._file_of[rows], -1)
-        if (have != want).any():
-            i = int(np.argmax(have != want))
-            found = f"its header is in {self.files[have[i]].path.name}" if have[i] >= 0 else "no shard header lists it"
-            raise CheckpointError(f"{INDEX_JSON} assigns it to {wfiles[i]}, but {found}", file=index_path, tensor=names[i])
-        covered = np.zeros(len(self), bool)
-        covered[rows] = True
-        if not covered.all():
-            row = int(np.argmin(covered))
-            name = next(n for n, r in self._where.items() if r == row)
-            raise CheckpointError(f"tensor is missing from {INDEX_JSON}", file=self.files[self._file_of[row]].path, tensor=name)
+    def _check_unique(self, fp):
+        """No name twice: equal fingerprints are candidates, compared as strings."""
+        srt = np.sort(fp)
+        if not (srt[1:] == srt[:-1]).any():
+            return
+        order = np.argsort(fp, kind="stable")
+        for i in np.flatnonzero(fp[order][1:] == fp[order][:-1]):
+            a, b = int(order[i]), int(order[i + 1])
+            if self._name(a) == self._name(b):
+                fa, fb = (self.files[self._file_of[r]].path for r in (a, b))
+                raise CheckpointError("header lists the same tensor twice" if fa == fb else
+                                      f"tensor is in two shards: {fa.name} and {fb.name}", file=fb, tensor=self._name(b))
+
+    def _explain_weight_map(self, index_path, listed):
+        """The fingerprints disagree: find the first entry that does, exactly, and say which."""
+        wm = json.loads(index_path.read_bytes())["weight_map"]
+        here = {n: f for f, t in zip(listed, self._tables) for n in t.names()}
+        for name, f in wm.items():
+            h = here.pop(name, None)
+            if h != f:
+                found = f"its header is in {h}" if h else "no shard header lists it"
+                raise CheckpointError(f"{INDEX_JSON} assigns it to {f}, but {found}", file=index_path, tensor=name)
+        for name, f in here.items():
+            raise CheckpointError(f"tensor is missing from {INDEX_JSON}", file=self.directory / f, tensor=name)
+
+    @property
+    def _rows(self):
+        if self._where is None:
+            where = {}
+            for t in self._tables:
+                where.update(zip(t.names(), range(len(where), len(where) + len(t.start))))
+            self._where, self._tables = where, None
+        return self._where
 
     def __contains__(self, name):
-        return name in self._where
+        return name in self._rows
 
     def __len__(self):
-        return len(self._where)
+        return len(self._kind)
 
     def names(self):
-        return iter(self._where)
+        return iter(self._rows)
 
     def __getitem__(self, name):
-        row = self._where.get(name)
+        row = self._rows.get(name)
         if row is None:
             raise CheckpointError(f"no such tensor in {self.directory}", file=self.directory, tensor=name)
         dtype, shape = self._kinds[self._kind[row]]
@@ -366,7 +456,7 @@ class ShardIndex:
         return mm
 
     def read(self, name):
-        """The tensor as a read-only array viewing the mapped file (BF16 as uint16 bits); no other span is touched."""
+        """The tensor as a read-only array over the mapped shard (BF16 as uint16 bits); touches only its span."""
         t = self[name]
         itemsize, dtype = DTYPES[t.dtype]
         return np.frombuffer(self._map(t.file), dtype, t.nbytes // itemsize, t.offset).reshape(t.shape)
@@ -379,7 +469,7 @@ class ShardIndex:
         for mm in self._maps.values():
             try:
                 mm.close()
-            except BufferError:       # arrays from read() still view it; unmapped when they go
+            except BufferError:                 # arrays from read() still view it; unmapped when they go
                 pass
         self._maps.clear()
 

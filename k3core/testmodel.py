@@ -25,7 +25,7 @@ from .plugins.kda import A_LOG_STORED, KDA
 from .plugins.mla import MLA
 
 MARKER = "k3-test-model.json"
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 
 SHAPES = {
     # SPEC §9's standard oracle shape.
@@ -52,6 +52,9 @@ SHAPES = {
 }
 COMMON = dict(rms_norm_eps=1e-5, gate_lower_bound=-5.0, routed_scaling_factor=1.0, situ_beta=4.0,
               situ_linear_beta=25.0, mla_use_output_gate=True, moe_renormalize=True, latent_moe_use_norm=True)
+# Branch outputs (attention o_proj, MLP down, routed up) are kept small against the stream, as in
+# a trained model; at full size the random network amplifies float32 rounding 2-7x per layer.
+BRANCH_OUT = 0.1
 SPECIAL_TOKENS = ["[BOS]", "[EOS]", "<|open|>", "<|sep|>", "<|close|>", "<|end_of_msg|>", "[PAD]", "[UNK]"]
 
 
@@ -137,6 +140,12 @@ def _row_scales(rng, rows, low, high) -> np.ndarray:
 
 def _values(name: str, shape: tuple, c: Config, rng) -> np.ndarray:
     """float64 values for one tensor, by what the tensor does."""
+    scale = BRANCH_OUT if name.endswith(("o_proj.weight", "mlp.down_proj.weight", "shared_experts.down_proj.weight",
+                                         "routed_expert_up_proj.weight")) else 1.0
+    return scale * _raw_values(name, shape, c, rng)
+
+
+def _raw_values(name: str, shape: tuple, c: Config, rng) -> np.ndarray:
     n = rng.standard_normal(shape)
     leaf = name.rsplit(".", 2)
     fan_in = shape[-1] if len(shape) >= 2 else 1

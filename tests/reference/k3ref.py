@@ -8,7 +8,6 @@ Needs torch (CPU); the project's torch-free `make test` never imports it.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -269,6 +268,7 @@ def latent_moe(cfg, W, x, trace=None):
     if trace is not None:
         s = torch.sigmoid(x @ W["gate.weight"].T)
         trace["router.idx"], trace["router.w"], trace["moe.z"], trace["moe.agg"] = idx, w, z, agg
+        trace["router.biased"] = s + W["gate.e_score_correction_bias"]
         trace["router.unbiased_idx"] = torch.sort(-s, dim=-1, stable=True).indices[:, :cfg.top_k]
     return out
 

@@ -137,7 +137,7 @@ def trap_report(model: k3ref.RefModel, ids: list) -> dict:
     cfg, W = model.cfg, model.W
     trace = {}
     model.logits(ids, trace)
-    rep = {"situ": {}, "router": {}, "kda": {}, "mxfp4": {}}
+    rep = {"situ": {}, "router": {}, "kda": {}}
     for kind in ("dense", "moe.shared", "moe.expert"):
         g = [x for L in range(cfg.n_layers) for x in trace[L].get(kind + ".g", [])]
         u = [x for L in range(cfg.n_layers) for x in trace[L].get(kind + ".u", [])]
@@ -174,6 +174,36 @@ def trap_report(model: k3ref.RefModel, ids: list) -> dict:
                   "A_log_per_head_layer0": a_log[0], "A_log_min": min(map(min, a_log)),
                   "A_log_max": max(map(max, a_log)), "dt_bias_abs_max": dt.abs().max().item()}
     return rep
+
+
+def router_min_margin(model: k3ref.RefModel, ids: list) -> float:
+    """Smallest gap between the k-th and (k+1)-th biased router score over every MoE layer
+    and position of ids: how close the oracle is to flipping an expert choice."""
+    cfg, trace = model.cfg, {}
+    model.logits(ids, trace)
+    gaps = []
+    for L in range(cfg.first_dense, cfg.n_layers):
+        s = torch.sort(trace[L]["router.biased"], dim=-1, descending=True).values
+        gaps.append((s[:, cfg.top_k - 1] - s[:, cfg.top_k]).min().item())
+    return min(gaps)
+
+
+def fp32_check(model: k3ref.RefModel, tf_ids: list, tf_logits: np.ndarray, prompt: list,
+               greedy_ids: list, greedy_logits: np.ndarray) -> dict:
+    """The same reference in float32: how far plain fp32 arithmetic lands from the oracle,
+    i.e. how well-conditioned this checkpoint is against SPEC §8's 5.1e-4 × max|ref|."""
+    m32 = k3ref.RefModel(model.cfg, {k: v.float() for k, v in model.W.items()})
+    l32 = m32.logits(tf_ids).double().numpy()
+    g32 = m32.logits(prompt + greedy_ids[:-1]).double().numpy()[len(prompt) - 1:]  # same prefixes
+    ids, out = list(prompt), []
+    for _ in range(len(greedy_ids)):
+        nxt = int(np.argmax(m32.logits(ids)[-1].double().numpy()))
+        out.append(nxt)
+        ids.append(nxt)
+    rel = lambda a, b: float(np.abs(a - b).max() / np.abs(b).max())
+    return {"tf_max_abs_diff_over_max_abs_ref": rel(l32, tf_logits),
+            "greedy_max_abs_diff_over_max_abs_ref": rel(g32, greedy_logits),
+            "greedy_ids_equal": out == greedy_ids}
 
 
 def mxfp4_report(model_dir: Path) -> dict:
@@ -217,6 +247,9 @@ def main(argv=None):
             greedy_logits.append(row)
             ids.append(nxt)
         traps = trap_report(model, tf_ids.tolist())
+        traps["router"]["min_topk_margin"] = min(router_min_margin(model, tf_ids.tolist()),
+                                                 router_min_margin(model, prompt + greedy_ids[:-1]))
+        fp32 = fp32_check(model, tf_ids.tolist(), tf_logits, prompt, greedy_ids, np.stack(greedy_logits))
     greedy_logits = np.stack(greedy_logits)
     # causality check: the first greedy step sees exactly the prompt, as tf position len-1 does
     causal_err = float(np.abs(greedy_logits[0] - tf_logits[len(prompt) - 1]).max())
@@ -239,14 +272,17 @@ def main(argv=None):
         "config_sha256": sha256(d / "config.json"),
         "files_sha256": {f.name: sha256(f) for f in sorted(d.glob("*.safetensors"))
                          + sorted(d.glob("*.index.json"))},
+        "generator": (json.loads((d / "k3-test-model.json").read_text())
+                      if (d / "k3-test-model.json").exists() else None),
         "tf_rule": TF_RULE, "tf_seed": args.tf_seed,
         "prompt_ids": prompt, "greedy_ids": greedy_ids, "min_top2_gap": min_gap,
         "max_abs_tf_logit": float(np.abs(tf_logits).max()), "causality_max_abs_diff": causal_err,
         "checkpoint_check": check_checkpoint(d, model.cfg),
-        "traps": traps, "mxfp4": mxfp4_report(d),
+        "traps": traps, "mxfp4": mxfp4_report(d), "fp32_reference": fp32,
     }
     args.out.with_suffix(".json").write_text(json.dumps(side, indent=1) + "\n")
-    print(json.dumps({"greedy_ids": greedy_ids, "min_top2_gap": min_gap,
+    print(json.dumps({"greedy_ids": greedy_ids, "min_top2_gap": min_gap, "fp32_reference": fp32,
+                      "router_min_topk_margin": traps["router"]["min_topk_margin"],
                       "problems": side["checkpoint_check"]["problems"][:20]}))
 
 

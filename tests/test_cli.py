@@ -1,0 +1,150 @@
+"""The `k3` command: run output and JSON report, plugins listing, and bad input — each a clear
+message on stderr, exit 2, no traceback and nothing written."""
+import json
+import shutil
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from k3core.cli import main
+
+HEAD = "language_model.model."
+
+
+@pytest.fixture
+def model_copy(tiny_model, tmp_path):
+    return shutil.copytree(tiny_model, tmp_path / "model")
+
+
+def rewrite_header(shard, change):
+    """Apply `change` to a shard's parsed header and write it back (data region untouched)."""
+    raw = shard.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    change(header)
+    new = json.dumps(header).encode()
+    new += b" " * (-len(new) % 8)
+    shard.write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + n:])
+
+
+def run_k3(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_refused(capsys, argv, needle, written):
+    code, out, err = run_k3(capsys, *argv)
+    assert code == 2, (code, out, err)
+    assert needle in err and "Traceback" not in err
+    assert not written.exists()
+
+
+def test_run_prints_ids_and_writes_the_json_report(capsys, tiny_model, tmp_path):
+    report = tmp_path / "run.json"
+    code, out, _ = run_k3(capsys, "run", tiny_model, "--ids", "1,2,3", "--gen", "4", "--json", report)
+    assert code == 0
+    data = json.loads(report.read_text())
+    assert data["prompt_ids"] == [1, 2, 3] and len(data["generated_ids"]) == 4
+    assert out.split()[:4] == [str(t) for t in data["generated_ids"]]
+    assert data["seconds_per_token"] > 0 and data["peak_rss_bytes"] > 10 * 2**20
+    code, out2, _ = run_k3(capsys, "run", tiny_model, "--ids", "1 2 3", "--gen", "4", "--full-recompute")
+    assert out2.split()[:4] == out.split()[:4]
+
+
+def test_ids_file_is_a_prompt_source(capsys, tiny_model, tmp_path):
+    (tmp_path / "p.txt").write_text("1, 2,\n3\n")
+    code, out, _ = run_k3(capsys, "run", tiny_model, "--ids-file", tmp_path / "p.txt", "--gen", "2")
+    assert code == 0 and len(out.splitlines()[0].split()) == 2
+
+
+def test_no_prompt_is_refused(capsys, tiny_model, tmp_path):
+    assert_refused(capsys, ["run", tiny_model, "--json", tmp_path / "r.json"], "no prompt", tmp_path / "r.json")
+
+
+def test_two_prompt_sources_are_refused(capsys, tiny_model, tmp_path):
+    (tmp_path / "p.txt").write_text("1")
+    assert_refused(capsys, ["run", tiny_model, "--ids", "1", "--ids-file", tmp_path / "p.txt",
+                            "--json", tmp_path / "r.json"], "two prompt sources", tmp_path / "r.json")
+
+
+def test_token_id_outside_the_vocabulary_is_refused(capsys, tiny_model, tmp_path):
+    assert_refused(capsys, ["run", tiny_model, "--ids", "1,256", "--json", tmp_path / "r.json"],
+                   "id 256 at position 1", tmp_path / "r.json")
+
+
+def test_a_non_integer_id_is_refused(capsys, tiny_model, tmp_path):
+    assert_refused(capsys, ["run", tiny_model, "--ids", "1,x2", "--json", tmp_path / "r.json"],
+                   "'x2' is not a token id", tmp_path / "r.json")
+
+
+def test_a_truncated_shard_is_refused_naming_the_file(capsys, model_copy, tmp_path):
+    shard = model_copy / "model-00003-of-000015.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-1000])
+    assert_refused(capsys, ["run", model_copy, "--ids", "1", "--json", tmp_path / "r.json"],
+                   "model-00003-of-000015.safetensors", tmp_path / "r.json")
+
+
+def test_a_header_length_past_eof_is_refused(capsys, model_copy, tmp_path):
+    shard = model_copy / "model-00002-of-000015.safetensors"
+    raw = shard.read_bytes()
+    shard.write_bytes(struct.pack("<Q", len(raw) * 2) + raw[8:])
+    assert_refused(capsys, ["run", model_copy, "--ids", "1", "--json", tmp_path / "r.json"],
+                   "model-00002-of-000015.safetensors", tmp_path / "r.json")
+
+
+def test_a_missing_tensor_is_refused_by_the_binding_check(capsys, model_copy, tmp_path):
+    gone = HEAD + "layers.4.self_attn.dt_bias"
+    rewrite_header(model_copy / "model-00005-of-000015.safetensors", lambda h: h.pop(gone))
+    index = model_copy / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    del data["weight_map"][gone]
+    index.write_text(json.dumps(data))
+    assert_refused(capsys, ["run", model_copy, "--ids", "1", "--json", tmp_path / "r.json"],
+                   f"missing tensor {gone}", tmp_path / "r.json")
+
+
+def test_a_wrong_shape_is_refused_by_the_binding_check(capsys, model_copy, tmp_path):
+    name = HEAD + "layers.2.input_layernorm.weight"
+
+    def reshape(h):
+        h[name]["shape"] = [2, 64]  # same bytes, wrong shape
+
+    rewrite_header(model_copy / "model-00003-of-000015.safetensors", reshape)
+    assert_refused(capsys, ["run", model_copy, "--ids", "1", "--json", tmp_path / "r.json"],
+                   f"{name}: shape [2, 64], expected [128]", tmp_path / "r.json")
+
+
+def test_a_config_with_three_missing_fields_lists_all_three(capsys, model_copy, tmp_path):
+    cfg = json.loads((model_copy / "config.json").read_text())
+    for key in ("hidden_size", "vocab_size", "activation_situ_beta"):
+        del cfg["text_config"][key]
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    code, _, err = run_k3(capsys, "run", model_copy, "--ids", "1", "--json", tmp_path / "r.json")
+    assert code == 2 and "3 problem(s)" in err
+    for key in ("hidden_size", "vocab_size", "activation_situ_beta"):
+        assert key in err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_an_unknown_plugin_name_is_refused(capsys, tiny_model, tmp_path):
+    assert_refused(capsys, ["run", tiny_model, "--ids", "1", "--kernels", "nope", "--json", tmp_path / "r.json"],
+                   "no kernel backend named 'nope'", tmp_path / "r.json")
+
+
+def test_plugins_json_lists_every_builtin_with_its_hooks(capsys):
+    code, out, _ = run_k3(capsys, "plugins", "--json")
+    rows = {r["name"]: r for r in json.loads(out)}
+    assert code == 0
+    assert rows["k3.kda"]["provides"] == {"k3_attention_backends": ["kda"]}
+    assert rows["k3.reference_kernels"]["hooks"] == ["k3_kernel_backends"]
+    assert all(r["source"] == "built-in" and r["version"] for r in rows.values())
+
+
+def test_python_dash_m_runs_the_same_command_with_exit_codes(tiny_model):
+    ok = subprocess.run([sys.executable, "-m", "k3core", "--version"], capture_output=True, text=True)
+    assert ok.returncode == 0 and ok.stdout.startswith("k3 ")
+    bad = subprocess.run([sys.executable, "-m", "k3core", "run", str(tiny_model)], capture_output=True, text=True)
+    assert bad.returncode == 2 and "no prompt" in bad.stderr

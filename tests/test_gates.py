@@ -1,0 +1,66 @@
+"""The three gates against oracles from the independent reference (tests/reference/, float64,
+sharing no code with k3core): exact ids, logits within 1e-4 × max|ref|.
+
+GATE 1 teacher forcing (32/32 positions), GATE 2 greedy decode by full recomputation (20/20),
+GATE 3 incremental decode (20/20) — on two shapes.
+"""
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from k3core.engine import Engine
+
+from .conftest import ORACLES
+
+TOLERANCE = 1e-4  # × max|ref|; the C engine's budget was 5.1e-4
+
+
+def oracle(shape):
+    data = np.load(ORACLES / f"{shape}-seed0.npz")
+    meta = json.loads((ORACLES / f"{shape}-seed0.json").read_text())
+    return {k: data[k] for k in data.files}, meta
+
+
+def logit_error(got, want) -> float:
+    return float(np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max())
+
+
+def gate1(engine, o):
+    logits = engine.logits([int(t) for t in o["tf_ids"]])
+    return list(logits.argmax(axis=1)) == list(o["tf_logits"].argmax(axis=1)), logit_error(logits, o["tf_logits"])
+
+
+def gate_decode(engine, o, full_recompute):
+    ids, logits = engine.generate([int(t) for t in o["prompt_ids"]], len(o["greedy_ids"]), full_recompute)
+    return ids == list(o["greedy_ids"]), logit_error(logits, o["greedy_logits"])
+
+
+@pytest.fixture(scope="module", params=["tiny", "small"])
+def gated(request, model_factory):
+    o, meta = oracle(request.param)
+    model = model_factory(request.param)
+    for name, sha in meta["files_sha256"].items():  # the oracle belongs to exactly these bytes
+        assert hashlib.sha256((model / name).read_bytes()).hexdigest() == sha, name
+    assert o["min_top2_gap"] > 1e-3  # no near-ties: exact ids are a fair demand
+    with Engine(model) as engine:
+        yield engine, o
+
+
+def test_gate1_teacher_forcing(gated):
+    engine, o = gated
+    ids_equal, err = gate1(engine, o)
+    assert ids_equal and err <= TOLERANCE, err
+
+
+def test_gate2_greedy_decode_by_full_recomputation(gated):
+    engine, o = gated
+    ids_equal, err = gate_decode(engine, o, full_recompute=True)
+    assert ids_equal and err <= TOLERANCE, err
+
+
+def test_gate3_incremental_decode(gated):
+    engine, o = gated
+    ids_equal, err = gate_decode(engine, o, full_recompute=False)
+    assert ids_equal and err <= TOLERANCE, err

@@ -1,0 +1,120 @@
+"""Plugins: built-ins go through the same hooks as third parties; an installed plugin wins over
+a `trylast` built-in; entry points load (or not, per K3_PLUGINS); a misspelled hook fails loudly."""
+import textwrap
+
+import pytest
+
+from k3core import plugin_manager as plugins
+from k3core.engine import Engine
+from k3core.errors import PluginError
+from k3core.hookspecs import hookimpl
+from k3core.plugins.kda import KDA
+from k3core.plugins.reference_kernels import ReferenceKernels
+
+
+class CountingKDA(KDA):
+    name = "counting-kda"
+    calls = 0
+
+    def forward(self, *args):
+        CountingKDA.calls += 1
+        return super().forward(*args)
+
+
+class ThirdParty:
+    @hookimpl
+    def k3_attention_backends(self):
+        return [CountingKDA()]
+
+
+def install_dist(tmp_path, monkeypatch, module_source, name="thirdparty"):
+    """A minimal installed distribution with an entry point in group "k3"."""
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(module_source))
+    info = tmp_path / f"{name}-1.2.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.2.3\n")
+    (info / "entry_points.txt").write_text(f"[k3]\n{name} = {name}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def test_every_kind_has_a_builtin_registered_through_the_hooks():
+    pm = plugins.get_plugin_manager()
+    assert [b.name for b in plugins.kernel_backends(pm)] == ["reference"]
+    assert {(b.kind, b.name) for b in plugins.attention_backends(pm)} == {("kda", "kda"), ("mla", "mla")}
+    assert [s.name for s in plugins.expert_stores(pm)] == ["direct"]
+    assert [p.name for p in plugins.trunk_placers(pm)] == ["resident"]
+
+
+def test_an_installed_attention_plugin_wins_over_the_trylast_builtin(tiny_model):
+    pm = plugins.get_plugin_manager()
+    pm.register(ThirdParty())
+    assert plugins.choose_attention(pm, "kda").name == "counting-kda"
+    assert plugins.choose_attention(pm, "kda", "kda").name == "kda"
+    CountingKDA.calls = 0
+    with Engine(tiny_model, pm=pm) as engine:
+        ids, _ = engine.generate([1, 2, 3], 2)
+    assert CountingKDA.calls > 0
+    with Engine(tiny_model) as engine:
+        assert engine.generate([1, 2, 3], 2)[0] == ids
+
+
+def test_the_first_available_kernel_backend_is_chosen():
+    class Unavailable(ReferenceKernels):
+        name = "needs-a-gpu"
+
+        def available(self):
+            return False
+
+    class Offers:
+        @hookimpl
+        def k3_kernel_backends(self):
+            return [Unavailable()]
+
+    pm = plugins.get_plugin_manager()
+    pm.register(Offers())
+    assert plugins.choose_kernels(pm).name == "reference"
+    with pytest.raises(PluginError, match="not available on this machine"):
+        plugins.choose_kernels(pm, "needs-a-gpu")
+
+
+def test_entry_point_plugins_load_and_report_their_version(tmp_path, monkeypatch):
+    install_dist(tmp_path, monkeypatch, """
+        from k3core.hookspecs import hookimpl
+        from k3core.plugins.direct_store import DirectStore
+
+        class OtherStore(DirectStore):
+            name = "other"
+
+        @hookimpl
+        def k3_expert_stores():
+            return [OtherStore]
+    """)
+    monkeypatch.delenv("K3_PLUGINS", raising=False)
+    pm = plugins.get_plugin_manager()
+    assert [s.name for s in plugins.expert_stores(pm)] == ["other", "direct"]
+    row = next(r for r in plugins.describe_plugins(pm) if r["name"] == "thirdparty")
+    assert row["version"] == "1.2.3" and row["provides"] == {"k3_expert_stores": ["other"]}
+    monkeypatch.setenv("K3_PLUGINS", "none")
+    assert [s.name for s in plugins.expert_stores(plugins.get_plugin_manager())] == ["direct"]
+    monkeypatch.setenv("K3_PLUGINS", "missing-one")
+    with pytest.raises(PluginError, match="missing-one"):
+        plugins.get_plugin_manager()
+
+
+def test_a_misspelled_hook_fails_loudly(tmp_path, monkeypatch):
+    install_dist(tmp_path, monkeypatch, """
+        from k3core.hookspecs import hookimpl
+
+        @hookimpl
+        def k3_kernel_backend():
+            return []
+    """, name="typo")
+    monkeypatch.delenv("K3_PLUGINS", raising=False)
+    with pytest.raises(PluginError, match="k3_kernel_backend"):
+        plugins.get_plugin_manager()
+
+
+def test_unknown_names_list_what_is_installed():
+    pm = plugins.get_plugin_manager()
+    with pytest.raises(PluginError, match=r"installed: direct"):
+        plugins.choose_expert_store(pm, "lru-typo")
