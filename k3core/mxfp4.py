@@ -45,8 +45,8 @@ def quantize(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     peak = np.abs(groups).max(axis=2)
     e = np.where(peak > 0, np.floor(np.log2(np.where(peak > 0, peak, 1.0))) - 2, 0).astype(np.int32)
     scaled = groups / np.ldexp(1.0, e)[:, :, None]
-    magnitudes = E2M1[:8]
-    idx = np.abs(np.abs(scaled)[..., None] - magnitudes).argmin(axis=-1)  # first = smaller on ties
+    midpoints = (E2M1[:7] + E2M1[1:8]) / 2
+    idx = np.searchsorted(midpoints, np.abs(scaled), side="left")  # a tie goes to the smaller magnitude
     codes = (idx | np.where((scaled < 0) & (idx > 0), 8, 0)).astype(np.uint8).reshape(rows, cols)
     packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
     return packed, (e + 127).astype(np.uint8)

@@ -11,6 +11,7 @@ import math
 import mmap
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -55,13 +56,16 @@ def _words(buf):
     return np.ndarray((len(buf) - 7,), "<u8", buf, 0, (1,))
 
 
-def _at(words, pos, lit):
-    """True if the bytes `lit` start at every position in `pos`."""
-    for k in range(0, len(lit), 8):
-        chunk = lit[k:k + 8]
-        if ((words[pos + k] & _MASK[len(chunk)]) != _U(int.from_bytes(chunk, "little"))).any():
-            return False
-    return True
+def _at(words, checks):
+    """True if, for every (positions, literal) in `checks`, the literal's bytes start at every position."""
+    pos, want, mask = [], [], []
+    for p, lit in checks:
+        for k in range(0, len(lit), 8):
+            chunk = lit[k:k + 8]
+            pos.append(p + k)
+            want.append(np.full(len(p), int.from_bytes(chunk, "little"), np.uint64))
+            mask.append(np.full(len(p), _MASK[len(chunk)]))
+    return not ((words[np.concatenate(pos)] & np.concatenate(mask)) ^ np.concatenate(want)).any()
 
 
 def _mix(h):
@@ -70,15 +74,20 @@ def _mix(h):
 
 
 def _fingerprints(words, start, stop, chunk=16384):
-    """Two independent 64-bit hashes of each span [start, stop), shape (2, n); equal bytes, equal hashes."""
-    out = [np.empty((2, 0), np.uint64)]
-    last = len(words) - 1
+    """Two independent 64-bit hashes of each span [start, stop), shape (2, n); equal bytes, equal hashes.
+    Each word w_k is scrambled by a bijection g with g(0) = 0 and summed as Σ R_k·g(w_k), so zero
+    padding past a span's end adds nothing; the length is mixed in last."""
+    out, last = [np.empty((2, 0), np.uint64)], len(words) - 1
     for i in range(0, len(start), chunk):
-        s, n = start[i:i + chunk], stop[i:i + chunk] - start[i:i + chunk]
-        h = np.zeros((2, len(s)), np.uint64)
-        for k in range(0, int(n.max(initial=0)), 8):     # word k of every span; _mix(0) == 0 adds nothing
-            w = words[np.minimum(s + k, last)] & _MASK[np.clip(n - k, 0, 8)]
-            h += _mix(w) * _R[k // 8 % len(_R), :, None]
+        s, e = start[i:i + chunk], stop[i:i + chunk]
+        n, h = e - s, np.zeros((2, len(s)), np.uint64)
+        short, longest, far = int(n.min(initial=0)), int(n.max(initial=0)), int(s.max(initial=0))
+        for k in range(0, longest, 8):
+            w = words[s + k if far + k <= last else np.minimum(s + k, e)]   # rows past their end: masked
+            if k + 8 > short:
+                w &= _MASK[np.clip(n - k, 0, 8)]
+            g = w * _M
+            h += (g ^ (g >> _U(32))) * _R[k // 8 % len(_R), :, None]
         out.append(_mix(h ^ n.astype(np.uint64)))
     return np.concatenate(out, axis=1)
 
@@ -93,8 +102,9 @@ def _same(words, start, stop, start2, stop2):
     return eq
 
 
-_ZERO, _LO, _HI = _U(0x3030303030303030), _U(0x0F0F0F0F0F0F0F0F), _U(0xF0F0F0F0F0F0F0F0)
-_TOP = np.array([((1 << 8 * r) - 1) << (64 - 8 * r) for r in range(9)], np.uint64)   # top r bytes
+_ZERO, _LO, _HI, _SIX = (_U(0x0101010101010101 * b) for b in (0x30, 0x0F, 0xF0, 0x06))
+_TOP = np.array([((1 << 8 * r) - 1) << (64 - 8 * r) for r in range(9)], np.uint64)   # the top r bytes
+_FILL = _ZERO & ~_TOP                                                             # '0' in the others
 
 
 def _numbers(words, a, first, stop):
@@ -104,10 +114,10 @@ def _numbers(words, a, first, stop):
         return None
     value = np.zeros(len(n), np.uint64)
     for k, scale in ((8, 1), (16, 10**8)):      # the last eight digits, then the eight before them
-        top = _TOP[np.clip(n - (k - 8), 0, 8)]
-        x = (words[np.maximum(stop - k, 0)] & top) | (_ZERO & ~top)      # bytes before the number → '0'
-        if ((x & _HI) != _ZERO).any() or (((x + _U(0x0606060606060606)) & _HI) != _ZERO).any():
-            return None
+        r = np.clip(n - (k - 8), 0, 8)
+        x = (words[np.maximum(stop - k, 0)] & _TOP[r]) | _FILL[r]      # right-aligned, '0'-filled
+        if (((x & _HI) ^ _ZERO) | (((x + _SIX) & _HI) ^ _ZERO)).any():
+            return None                                                  # a byte that is not a digit
         v = x & _LO                                                      # eight digits, first in byte 0
         v = v * _U(10) + (v >> _U(8))
         v = ((v & _U(0xFF000000FF)) * _U(100 + (10**6 << 32)) + ((v >> _U(16)) & _U(0xFF000000FF)) * _U(1 + (10**4 << 32))) >> _U(32)
@@ -150,34 +160,31 @@ _JSON = json.JSONDecoder()
 def _parse_compact(buf, size):
     """Columns of a header that is exactly `{"__metadata__":{…},"name":{"dtype":"F32","shape":[2,3],
     "data_offsets":[0,24]},…}` plus space padding, ASCII without escapes; else None (use json)."""
-    try:
-        s = str(memoryview(buf)[:size], "ascii")
-    except UnicodeDecodeError:
-        return None
-    pos = 1
-    if s.startswith('{"__metadata__":'):
+    pos, end = 1, size
+    while end > 0 and buf[end - 1] == 32:
+        end -= 1
+    if buf.startswith(b'{"__metadata__":'):
+        head = bytes(buf[:min(size, 4096)])
         try:
-            pos = _JSON.raw_decode(s, 16)[1] + 1
+            pos = _JSON.raw_decode(head.decode("ascii") if head.isascii() else "", 16)[1] + 1
         except ValueError:
             return None
-    end = len(s.rstrip(" "))
     a, words = np.frombuffer(buf, np.uint8), _words(buf)
     body = a[pos:end]
-    if not s.startswith(("{", ","), pos - 1) or s[end - 3:end] != "]}}" or (body < 32).any() or (body == 92).any():
-        return None
+    if buf[pos - 1] not in b"{," or buf[end - 3:end] != b"]}}" or ((body - 32) > 95).any() or (body == 92).any():
+        return None                              # not this layout, or a control, non-ASCII or escape byte
     q = np.flatnonzero(body == 34) + pos        # every '"': ten per entry when nothing is escaped
     n = len(q) // 10
     if n == 0 or len(q) != 10 * n or q[0] != pos:
         return None
     q0, q1, q4, q5, q8, q9 = (q[k::10] for k in (0, 1, 4, 5, 8, 9))
-    if not (_at(words, q1, _T1) and _at(words, q5, _T2) and _at(words, q8 - 2, _T3) and _at(words, q0[1:] - 3, _T4)):
+    if not _at(words, ((q1, _T1), (q5, _T2), (q8 - 2, _T3), (q0[1:] - 3, _T4))):
         return None
     commas = np.flatnonzero(body == 44) + pos
     first, last = q9 + 3, np.append(q0[1:] - 3, end - 3)   # "begin,end" sits in [first, last)
     comma = commas[np.minimum(np.searchsorted(commas, first), len(commas) - 1)]
-    begin = _numbers(words, a, first, comma)
-    stop = _numbers(words, a, comma + 1, last)
-    if begin is None or stop is None:
+    offsets = _numbers(words, a, np.concatenate([first, comma + 1]), np.concatenate([comma, last]))
+    if offsets is None:
         return None
     k0, k1 = q4 + 1, q8 - 2                      # kind span: DT","shape":[dims
     _, rep, kind = np.unique(_fingerprints(words, k0, k1)[0], return_index=True, return_inverse=True)
@@ -185,11 +192,11 @@ def _parse_compact(buf, size):
         return None                              # two kinds with one fingerprint: let json decide
     kinds = []
     for r in rep:
-        dt, _, dims = s[k0[r]:k1[r]].partition(_T2.decode())
+        dt, _, dims = bytes(buf[k0[r]:k1[r]]).decode().partition(_T2.decode())
         if not _DIMS.fullmatch(dims):
             return None
         kinds.append((dt, tuple(int(x) for x in dims.split(",")) if dims else ()))
-    return _Table(buf, q0 + 1, q1, kinds, kind.ravel(), begin, stop)
+    return _Table(buf, q0 + 1, q1, kinds, kind.ravel(), offsets[:n], offsets[n:])
 
 
 class _Twice(Exception):
@@ -298,9 +305,9 @@ def _weight_map_compact(raw):
         return None
     a, words, start = np.frombuffer(raw, np.uint8), _words(raw), key + m.end()
     q = np.flatnonzero(a[start:] == 34) + start
-    closes = np.flatnonzero(a[start:] == 125) + start
-    outside = closes[np.searchsorted(q, closes) % 2 == 0]
-    stop = int(outside[0]) if len(outside) else 0            # the '}' closing the weight_map
+    stop = raw.find(b"}", start)                 # the weight_map ends at the first '}' outside a string
+    while stop >= 0 and np.searchsorted(q, stop) % 2:
+        stop = raw.find(b"}", stop + 1)
     q = q[q < stop]
     n = len(q) // 4
     if n == 0 or len(q) != 4 * n:
@@ -309,7 +316,7 @@ def _weight_map_compact(raw):
     ctrl = np.count_nonzero(a[start:stop] < 32) - np.count_nonzero(a[start:q0[0]] < 32) - np.count_nonzero(a[q3[-1]:stop] < 32)
     for x, y, pat in ((q1, q2, _COLON), (q3[:-1], q0[1:], _COMMA)):   # name-to-file gaps, entry-to-entry gaps
         gap = raw[x[0] + 1:y[0]] if len(x) else b""
-        if len(x) and not (np.all(y - x == y[0] - x[0]) and pat.fullmatch(gap.decode()) and _at(words, x + 1, gap)):
+        if len(x) and not (np.all(y - x == y[0] - x[0]) and pat.fullmatch(gap.decode()) and _at(words, ((x + 1, gap),))):
             return None
         ctrl -= len(x) * sum(c < 32 for c in gap)
     if ctrl or not _BLANK.fullmatch(raw[start:q0[0]].decode() + raw[q3[-1] + 1:stop].decode()):
@@ -329,7 +336,10 @@ def _weight_map_compact(raw):
 
 
 def _weight_map(path):
-    raw = path.read_bytes() + bytes(8)
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        raw = bytearray(size + 8)
+        f.readinto(memoryview(raw)[:size])
     fast = _weight_map_compact(raw)
     if fast:
         return fast
@@ -363,26 +373,28 @@ class ShardIndex:
         if not directory.is_dir():
             raise CheckpointError("checkpoint directory does not exist", file=directory)
         index_path, wm = directory / INDEX_JSON, None
-        if index_path.is_file():
-            wm = _weight_map(index_path)
-            listed = sorted(wm.files, key=lambda f: Path(f).name)
+        with ThreadPoolExecutor(2) as pool:     # headers are read and hashed while the index is parsed
+            ahead = {p.name: pool.submit(_read_header, p) for p in sorted(directory.glob("*.safetensors"))}
+            if index_path.is_file():
+                wm = _weight_map(index_path)
+                listed = sorted(wm.files, key=lambda f: Path(f).name)
+                for f in listed:
+                    if not (directory / f).is_file():
+                        raise CheckpointError(f"shard named in {INDEX_JSON} does not exist", file=directory / f)
+            else:
+                listed = list(ahead)
+            if not listed:
+                raise CheckpointError(f"no *.safetensors shards and no {INDEX_JSON}", file=directory)
+            files, tables, kinds, parts, fps = [], [], {}, [], []
             for f in listed:
-                if not (directory / f).is_file():
-                    raise CheckpointError(f"shard named in {INDEX_JSON} does not exist", file=directory / f)
-        else:
-            listed = sorted(p.name for p in directory.glob("*.safetensors"))
-        if not listed:
-            raise CheckpointError(f"no *.safetensors shards and no {INDEX_JSON}", file=directory)
-        files, tables, kinds, parts, fps = [], [], {}, [], []
-        for f in listed:
-            shard, buf = _read_header(directory / f)
-            t = _parse_compact(buf, shard.header_len) or _parse_json(memoryview(buf)[:shard.header_len], shard.path)
-            _check_spans(t, shard.path, shard.size - 8 - shard.header_len)
-            remap = np.array([kinds.setdefault(k, len(kinds)) for k in t.kinds], np.int32)
-            files.append(shard)
-            tables.append(t)
-            parts.append((remap[t.kind], t.begin + 8 + shard.header_len, t.end - t.begin))
-            fps.append(_fingerprints(_words(t.blob), t.start, t.stop))
+                shard, buf = (ahead[f] if f in ahead else pool.submit(_read_header, directory / f)).result()
+                t = _parse_compact(buf, shard.header_len) or _parse_json(memoryview(buf)[:shard.header_len], shard.path)
+                _check_spans(t, shard.path, shard.size - 8 - shard.header_len)
+                remap = np.array([kinds.setdefault(k, len(kinds)) for k in t.kinds], np.int32)
+                files.append(shard)
+                tables.append(t)
+                parts.append((remap[t.kind], t.begin + 8 + shard.header_len, t.end - t.begin))
+                fps.append(_fingerprints(_words(t.blob), t.start, t.stop))
         index = cls(directory, files, tables, list(kinds), *(np.concatenate(c) for c in zip(*parts)))
         name_fp = np.concatenate(fps, axis=1)
         index._check_unique(name_fp[0])

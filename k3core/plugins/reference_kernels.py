@@ -49,13 +49,13 @@ def _row_blocks(rows: int, row_bytes: int):
         yield r0, min(rows, r0 + step)
 
 
-def _decode_mxfp4_rows(packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """float64 values of some rows (a bounded block, never a whole expert kept around)."""
-    codes = np.empty((packed.shape[0], packed.shape[1] * 2), dtype=np.uint8)
-    codes[:, 0::2] = packed & 0x0F  # element 2k is the LOW nibble
-    codes[:, 1::2] = packed >> 4
-    values = E2M1[codes]
-    return values * np.repeat(scale_multipliers(scale), 32, axis=1)
+def _mxfp4_lane_values(packed: np.ndarray, mult: np.ndarray, j: int) -> np.ndarray:
+    """float64 weights of columns j..j+15 (one lane chunk) decoded from 8 packed bytes per row."""
+    chunk = packed[:, j // 2:j // 2 + LANES // 2]
+    codes = np.empty((packed.shape[0], chunk.shape[1] * 2), dtype=np.uint8)
+    codes[:, 0::2] = chunk & 0x0F  # element 2k is the LOW nibble
+    codes[:, 1::2] = chunk >> 4
+    return E2M1[codes] * mult[:, j // 32, None]
 
 
 class ReferenceKernels(KernelBackend):
@@ -72,13 +72,12 @@ class ReferenceKernels(KernelBackend):
         return out
 
     def mxfp4_linear(self, packed: np.ndarray, scale: np.ndarray, x: np.ndarray) -> np.ndarray:
-        rows = packed.shape[0]
-        x64 = _f64(x)[:, None, :]
-        out = np.empty((x.shape[0], rows), dtype=np.float32)
-        for r0, r1 in _row_blocks(rows, packed.shape[1] * 16):
-            block = _decode_mxfp4_rows(packed[r0:r1], scale[r0:r1])
-            out[:, r0:r1] = lane_dot(x64, block[None, :, :])
-        return out
+        """lane_dot with weights decoded 16 columns at a time, straight from the packed bytes."""
+        x64, mult = _f64(x), scale_multipliers(scale)
+        acc = np.zeros((x.shape[0], packed.shape[0], LANES))
+        for j in range(0, packed.shape[1] * 2, LANES):  # widths are multiples of 32: no tail
+            acc += x64[:, None, j:j + LANES] * _mxfp4_lane_values(packed, mult, j)[None, :, :]
+        return combine_lanes(acc).astype(np.float32)
 
     def expert(self, e: ExpertWeights, z, beta, linear_beta):
         g = self.mxfp4_linear(e.w1_packed, e.w1_scale, z)
