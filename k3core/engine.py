@@ -16,7 +16,8 @@ from .attnres import Residual, fold
 from .checkpoint import HEAD, PREFIX, check_binding, open_checkpoint
 from .errors import InputError, K3Error
 from .interfaces import Param
-from .moe import dense_mlp, latent_moe
+from .mlp import dense_mlp
+from .moe import latent_moe
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The latent mixture of experts (SPEC §4.4) and the dense SiTU-GLU MLP.
+"""The latent mixture of experts (SPEC §4.4): router, experts in the latent, shared experts.
 
 Router on the full hidden width; experts run in a 3584-wide latent; the weighted aggregate
 is normed once; the shared experts see the original x and are added unweighted.
@@ -8,15 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from .interfaces import ExpertStore, KernelBackend, Weights
+from .mlp import dense_mlp
 
 P = "block_sparse_moe."
-
-
-def dense_mlp(w: Weights, x: np.ndarray, c, kr: KernelBackend, prefix: str = "mlp.") -> np.ndarray:
-    """W_down · SiTU-GLU(W_gate x, W_up x)."""
-    g = kr.linear(w[prefix + "gate_proj.weight"], x)
-    u = kr.linear(w[prefix + "up_proj.weight"], x)
-    return kr.linear(w[prefix + "down_proj.weight"], kr.situ_glu(g, u, c.situ_beta, c.situ_linear_beta))
 
 
 def route(w: Weights, x: np.ndarray, c, kr: KernelBackend) -> tuple[np.ndarray, np.ndarray]:

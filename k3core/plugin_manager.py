@@ -5,7 +5,6 @@ K3_PLUGINS=none loads none. A hook implementation with a misspelled name fails l
 """
 from __future__ import annotations
 
-import importlib.metadata
 import os
 
 import pluggy

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from . import mxfp4
-from .checkpoint import (HEAD, PREFIX, expert_prefix, expert_specs, layer_prefix, layer_trunk_specs,
+from .checkpoint import (HEAD, expert_prefix, expert_specs, layer_prefix, layer_trunk_specs,
                          model_specs)
 from .config import Config, parse_config
 from .errors import UsageError

@@ -6,6 +6,7 @@ import pytest
 import k3core.engine
 from k3core import moe
 from k3core.engine import Engine
+from k3core.mlp import dense_mlp
 from k3core.plugins.reference_kernels import ReferenceKernels, _f64, _sigmoid64
 
 from .test_gates import gate1, gate_decode, oracle, TOLERANCE
@@ -96,7 +97,7 @@ def per_expert_norm_moe(w, x, layer, c, kr, store, on_route=None):
                 for e in store.fetch(layer, [int(i) for i in ids[t]])]
         agg[t] = kr.combine(outs, weights[t])[0]
     out = kr.linear(w[moe.P + "routed_expert_up_proj.weight"], agg)
-    return out + moe.dense_mlp(w, x, c, kr, moe.P + "shared_experts.")
+    return out + dense_mlp(w, x, c, kr, moe.P + "shared_experts.")
 
 
 TRAPS = {
