@@ -224,6 +224,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("k3: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`k3 run … | head -1`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except Exception as exc:  # a runtime failure: short message; K3_DEBUG=1 for the traceback
         if os.environ.get("K3_DEBUG"):
             raise

@@ -10,6 +10,8 @@ CpuFeatures detect_cpu_features() {
     f.avx2 = __builtin_cpu_supports("avx2");
     f.fma = __builtin_cpu_supports("fma");
     f.avx512f = __builtin_cpu_supports("avx512f");
+    f.avx512bw = __builtin_cpu_supports("avx512bw");
+    f.avx512vl = __builtin_cpu_supports("avx512vl");
 #elif defined(__aarch64__)
     f.neon = true;
 #endif

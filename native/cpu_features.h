@@ -7,6 +7,8 @@ struct CpuFeatures {
     bool avx2 = false;
     bool fma = false;
     bool avx512f = false;
+    bool avx512bw = false;
+    bool avx512vl = false;
     bool neon = false;
 };
 

@@ -1,4 +1,6 @@
 """k3's built-in plugins, registered through the same hooks a third-party package uses."""
-from . import direct_store, kda, mla, reference_kernels, resident
+from . import direct_store, kda, mla, native_kernels, reference_kernels, resident
 
-BUILTINS = [kda, mla, reference_kernels, resident, direct_store]
+# Every built-in hook is `trylast`, so an installed plugin comes first; among trylast hooks pluggy
+# calls the earlier registered first, so the native kernels come before the numpy reference.
+BUILTINS = [kda, mla, native_kernels, reference_kernels, resident, direct_store]

@@ -1,0 +1,61 @@
+// Helpers shared by every backend: the lane fold, float32 rounding with a canonical NaN, and the
+// exact widening of BF16, F16, E2M1 and E8M0 to double.
+#include <cmath>
+#include <cstring>
+
+#include "kernels.h"
+
+namespace k3 {
+
+double lane_combine(double acc[kLanes]) {
+    for (int w = kLanes / 2; w >= 1; w /= 2)
+        for (int j = 0; j < w; ++j) acc[j] = acc[j] + acc[j + w];
+    return acc[0];
+}
+
+double lane_dot_f64(const double* a, const double* b, size_t n) {
+    double acc[kLanes] = {0.0};
+    for (size_t i = 0; i < n; ++i) acc[i % kLanes] += a[i] * b[i];
+    return lane_combine(acc);
+}
+
+float to_f32(double v) {
+    if (std::isnan(v)) {
+        const uint32_t quiet = 0x7FC00000u;
+        float f;
+        std::memcpy(&f, &quiet, sizeof f);
+        return f;
+    }
+    return static_cast<float>(v);
+}
+
+double bf16_to_f64(uint16_t bits) {
+    const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+    float f;
+    std::memcpy(&f, &wide, sizeof f);
+    return f;
+}
+
+double f16_to_f64(uint16_t bits) {
+    const int sign = bits >> 15, exponent = (bits >> 10) & 0x1F, mantissa = bits & 0x3FF;
+    double v;
+    if (exponent == 0)
+        v = std::ldexp(static_cast<double>(mantissa), -24);  // zero and subnormals
+    else if (exponent == 31)
+        v = mantissa ? std::nan("") : INFINITY;
+    else
+        v = std::ldexp(static_cast<double>(mantissa | 0x400), exponent - 25);
+    return sign ? -v : v;
+}
+
+double e2m1(uint8_t code) {
+    static const double kValues[16] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                                       -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0};
+    return kValues[code & 0x0F];
+}
+
+double e8m0(uint8_t scale) {
+    return scale == 255 ? 0.0 : std::ldexp(1.0, static_cast<int>(scale) - 127);
+}
+
+}  // namespace k3

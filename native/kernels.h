@@ -1,0 +1,53 @@
+// The k3 kernel contract. Every backend (scalar, AVX2, AVX-512, NEON) computes exactly this, bit for bit.
+//
+// Numbers: activations are float32 at every boundary; inside a kernel all arithmetic is double.
+// Weight values widen exactly: BF16 by a 16-bit shift, F16 and F32 by conversion, MXFP4 as
+// E2M1[nibble] * 2^(scale - 127) (scale byte 255: the group's weights are +0.0). Products of such
+// weights with float32 inputs are exact in double, so only additions round, and their order is fixed:
+//
+//   lane_dot(a, b, n): 16 double accumulators acc[0..15] = +0.0; for i = 0, 1, ..., n-1 in order,
+//   acc[i % 16] += a[i] * b[i]; then for w = 8, 4, 2, 1: acc[j] += acc[j + w] for j < w; result acc[0].
+//
+// Because each product is exact, fma(a, b, acc) rounds exactly like acc + a*b, so SIMD backends may
+// use FMA instructions. Output rows are independent: threads split rows [r0, r1), never a reduction,
+// so the thread count cannot change a bit. Batched calls (T tokens) give every token the bits it gets
+// alone. A NaN result is stored as the canonical quiet NaN 0x7FC00000 (payloads are not portable).
+//
+// Layouts (row-major, C-contiguous): W [O, I]; x [T, I]; y [T, O]. MXFP4: packed [O, I/2] (element 2k
+// in the LOW nibble of byte k, 2k+1 in the high one), scale [O, I/32]; I is a multiple of 32.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace k3 {
+
+constexpr int kLanes = 16;
+constexpr int kGroup = 32;
+
+enum class WeightType { BF16, F16, F32 };
+
+// The matrix products, one implementation per backend. Rows [r0, r1) of y for all T tokens.
+struct MatrixKernels {
+    const char* name;
+    void (*linear)(WeightType type, const void* w, size_t in, const float* x, size_t tokens,
+                   float* y, size_t out, size_t r0, size_t r1);
+    void (*mxfp4)(const uint8_t* packed, const uint8_t* scale, size_t in, const float* x, size_t tokens,
+                  float* y, size_t out, size_t r0, size_t r1);
+};
+
+extern const MatrixKernels kScalar;
+extern const MatrixKernels kAvx2;    // native/avx2.cpp: AVX2 + FMA
+extern const MatrixKernels kAvx512;  // native/avx512.cpp: AVX-512 F/BW/VL
+extern const MatrixKernels kNeon;    // native/neon.cpp: aarch64 Advanced SIMD
+
+// Shared helpers every backend's scalar tail and the scalar backend use.
+double lane_dot_f64(const double* a, const double* b, size_t n);
+double lane_combine(double acc[kLanes]);
+float to_f32(double v);  // round to float32; NaN becomes the canonical quiet NaN
+double bf16_to_f64(uint16_t bits);
+double f16_to_f64(uint16_t bits);
+double e2m1(uint8_t code);          // E2M1 value of a 4-bit code
+double e8m0(uint8_t scale);         // 2^(scale - 127); 255 gives 0.0
+
+}  // namespace k3

@@ -1,0 +1,62 @@
+// The scalar backend: the readable definition of the matrix products in kernels.h. Every SIMD
+// backend must reproduce these bits. Each row of W is widened to double once, then dotted with
+// every token in lane order.
+#include <vector>
+
+#include "kernels.h"
+
+namespace k3 {
+namespace {
+
+void widen_row(WeightType type, const void* w, size_t in, size_t row, double* out) {
+    if (type == WeightType::F32) {
+        const float* r = static_cast<const float*>(w) + row * in;
+        for (size_t i = 0; i < in; ++i) out[i] = r[i];
+        return;
+    }
+    const uint16_t* r = static_cast<const uint16_t*>(w) + row * in;
+    for (size_t i = 0; i < in; ++i) out[i] = type == WeightType::BF16 ? bf16_to_f64(r[i]) : f16_to_f64(r[i]);
+}
+
+void decode_mxfp4_row(const uint8_t* packed, const uint8_t* scale, size_t in, size_t row, double* out) {
+    const uint8_t* p = packed + row * (in / 2);
+    const uint8_t* s = scale + row * (in / kGroup);
+    for (size_t i = 0; i < in; ++i) {
+        const uint8_t byte = p[i / 2];
+        const uint8_t code = (i % 2 == 0) ? (byte & 0x0F) : (byte >> 4);  // element 2k: LOW nibble
+        out[i] = e2m1(code) * e8m0(s[i / kGroup]);
+    }
+}
+
+void dot_tokens(const double* row, size_t in, const float* x, size_t tokens, float* y, size_t out, size_t o) {
+    for (size_t t = 0; t < tokens; ++t) {
+        const float* xt = x + t * in;
+        double acc[kLanes] = {0.0};
+        for (size_t i = 0; i < in; ++i) acc[i % kLanes] += row[i] * static_cast<double>(xt[i]);
+        y[t * out + o] = to_f32(lane_combine(acc));
+    }
+}
+
+void linear(WeightType type, const void* w, size_t in, const float* x, size_t tokens, float* y, size_t out,
+            size_t r0, size_t r1) {
+    std::vector<double> row(in);
+    for (size_t o = r0; o < r1; ++o) {
+        widen_row(type, w, in, o, row.data());
+        dot_tokens(row.data(), in, x, tokens, y, out, o);
+    }
+}
+
+void mxfp4(const uint8_t* packed, const uint8_t* scale, size_t in, const float* x, size_t tokens, float* y,
+           size_t out, size_t r0, size_t r1) {
+    std::vector<double> row(in);
+    for (size_t o = r0; o < r1; ++o) {
+        decode_mxfp4_row(packed, scale, in, o, row.data());
+        dot_tokens(row.data(), in, x, tokens, y, out, o);
+    }
+}
+
+}  // namespace
+
+const MatrixKernels kScalar = {"scalar", linear, mxfp4};
+
+}  // namespace k3
