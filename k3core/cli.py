@@ -54,10 +54,10 @@ def _prompt_ids(args) -> list[int]:
     return ids
 
 
-def _write_json_atomic(path: str, data: dict) -> None:
+def _write_atomic(path: str, data: bytes) -> None:
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.write_bytes(data)
     os.replace(tmp, target)
 
 
@@ -67,10 +67,13 @@ def cmd_run(args) -> int:
     if args.gen < 1:
         raise UsageError(f"--gen must be at least 1, got {args.gen}")
     ids = _prompt_ids(args)
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        raise UsageError(f"--json {args.json}: its directory does not exist")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads must be at least 1, got {args.threads}")
+    for flag, path in (("--json", args.json), ("--dump-logits", args.dump_logits)):
+        if path and not Path(path).resolve().parent.is_dir():
+            raise UsageError(f"{flag} {path}: its directory does not exist")
     start = time.perf_counter()
-    with Engine(args.model, kernels=args.kernels, expert_store=args.expert_store,
+    with Engine(args.model, kernels=args.kernels, threads=args.threads, expert_store=args.expert_store,
                 trunk_placer=args.trunk_placer) as engine:
         engine.check_ids(ids)
         load_seconds = time.perf_counter() - start
@@ -82,7 +85,7 @@ def cmd_run(args) -> int:
             if not args.quiet:
                 print(token, end=" ", flush=True)
 
-        generated, _ = engine.generate(ids, args.gen, full_recompute=args.full_recompute, on_token=on_token)
+        generated, logits = engine.generate(ids, args.gen, full_recompute=args.full_recompute, on_token=on_token)
         if not args.quiet:
             print()
         first = stamps[0] - t0
@@ -97,13 +100,16 @@ def cmd_run(args) -> int:
             "seconds_per_token": sum(decode) / len(decode) if decode else first,
             "peak_rss_bytes": peak_rss_bytes(),
             "kernels": engine.kernels.name,
+            "threads": args.threads,
             "expert_store": engine.store.name,
             "trunk_placer": engine.placer.name,
             "stats": engine.stats(),
         }
     print(_report_text(report), file=sys.stderr if args.quiet else sys.stdout)
+    if args.dump_logits:
+        _write_atomic(args.dump_logits, logits.astype("<f4").tobytes())
     if args.json:
-        _write_json_atomic(args.json, report)
+        _write_atomic(args.json, (json.dumps(report, indent=1) + "\n").encode())
     return 0
 
 
@@ -167,7 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
                "  k3 run demo-model --ids 1,2,3 --gen 8\n"
                "  k3 run demo-model --ids-file prompt.txt --gen 20 --json run.json\n"
-               "  k3 run demo-model --ids 5,6 --gen 4 --full-recompute   # recompute the whole sequence each step\n\n"
+               "  k3 run demo-model --ids 5,6 --gen 4 --full-recompute   # recompute the whole sequence each step\n"
+               "  k3 run demo-model --ids 1,2 --kernels scalar --threads 1 --dump-logits a.f32\n"
+               "  k3 run demo-model --ids 1,2 --threads 2 --dump-logits b.f32 && cmp a.f32 b.f32\n\n"
                + EXIT_CODES)
     run.add_argument("model", metavar="MODEL_DIR", help="checkpoint directory (config.json + safetensors shards)")
     run.add_argument("--ids", help="prompt token ids, e.g. 1,2,3")
@@ -176,7 +184,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--full-recompute", action="store_true",
                      help="recompute the full sequence for every id instead of carrying decode state")
     run.add_argument("--json", metavar="OUT", help="also write the report as JSON to OUT (written only on success)")
-    run.add_argument("--kernels", metavar="NAME", help="kernel backend (default: K3_KERNELS, else the best available)")
+    run.add_argument("--kernels", metavar="NAME",
+                     help="kernel backend: avx512, avx2, neon, scalar or reference (default: K3_KERNELS, else the "
+                          "best this CPU runs); every backend gives the same bits")
+    run.add_argument("--threads", type=int, metavar="N",
+                     help="kernel threads (default: the CPUs this process may use); never changes a bit")
+    run.add_argument("--dump-logits", metavar="PATH",
+                     help="write the float32 logits of every generated step to PATH (raw little-endian, one "
+                          "step after another), to compare configurations byte for byte")
     run.add_argument("--expert-store", metavar="NAME", help="expert store plugin (see `k3 plugins`)")
     run.add_argument("--trunk-placer", metavar="NAME", help="trunk placer plugin (see `k3 plugins`)")
     run.add_argument("--quiet", action="store_true", help="print only the ids (report to stderr)")

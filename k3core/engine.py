@@ -34,11 +34,13 @@ class DecodeState:
 class Engine:
     """A loaded model. `forward` consumes new ids into a DecodeState and returns logits."""
 
-    def __init__(self, model_dir, *, kernels: str | None = None, expert_store: str | None = None,
-                 trunk_placer: str | None = None, attention: dict | None = None, options: dict | None = None,
-                 pm=None):
+    def __init__(self, model_dir, *, kernels: str | None = None, threads: int | None = None,
+                 expert_store: str | None = None, trunk_placer: str | None = None, attention: dict | None = None,
+                 options: dict | None = None, pm=None):
         self.pm = pm or plugins.get_plugin_manager()
         self.kernels = plugins.choose_kernels(self.pm, kernels)
+        if threads is not None:
+            self.kernels.set_threads(threads)
         attention = attention or {}
         self.checkpoint = open_checkpoint(model_dir)
         self.config = c = self.checkpoint.config

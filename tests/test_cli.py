@@ -148,3 +148,20 @@ def test_python_dash_m_runs_the_same_command_with_exit_codes(tiny_model):
     assert ok.returncode == 0 and ok.stdout.startswith("k3 ")
     bad = subprocess.run([sys.executable, "-m", "k3core", "run", str(tiny_model)], capture_output=True, text=True)
     assert bad.returncode == 2 and "no prompt" in bad.stderr
+
+
+def test_dump_logits_lets_two_configurations_be_compared_byte_for_byte(capsys, tiny_model, tmp_path):
+    from k3core import _native
+    dumps = []
+    for i, (backend, threads) in enumerate([("scalar", 1), (_native.available_backends()[0], 2)]):
+        path = tmp_path / f"{i}.f32"
+        code, _, _ = run_k3(capsys, "run", tiny_model, "--ids", "4,5,6", "--gen", "3", "--kernels", backend,
+                            "--threads", threads, "--dump-logits", path)
+        assert code == 0
+        dumps.append(path.read_bytes())
+    assert len(dumps[0]) == 3 * 256 * 4 and dumps[0] == dumps[1]
+
+
+def test_zero_threads_is_refused(capsys, tiny_model, tmp_path):
+    assert_refused(capsys, ["run", tiny_model, "--ids", "1", "--threads", "0", "--dump-logits", tmp_path / "l"],
+                   "--threads must be at least 1", tmp_path / "l")

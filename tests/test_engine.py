@@ -3,6 +3,7 @@ give the same bits; decode state forks cleanly; bad ids are refused."""
 import numpy as np
 import pytest
 
+from k3core import _native
 from k3core.engine import Engine
 from k3core.errors import InputError
 
@@ -60,3 +61,15 @@ def test_token_ids_outside_the_vocabulary_are_refused(engine):
 def test_an_empty_prompt_is_refused(engine):
     with pytest.raises(InputError, match="empty"):
         engine.generate([], 1)
+
+
+@pytest.mark.parametrize("shape", ["tiny", "small"])
+def test_every_native_backend_and_thread_count_gives_the_same_bits(model_factory, shape):
+    runs = {}
+    for backend in _native.available_backends():
+        for threads in (1, 2, 5):
+            with Engine(model_factory(shape), kernels=backend, threads=threads) as e:
+                ids, logits = e.generate(PROMPT, 5)
+                runs[(backend, threads)] = (ids, bits(logits).tobytes(), bits(e.logits(PROMPT)).tobytes())
+    first = next(iter(runs.values()))
+    assert all(r == first for r in runs.values()), [k for k, r in runs.items() if r != first]

@@ -2,7 +2,7 @@
 sharing no code with k3core): exact ids, logits within 1e-4 × max|ref|.
 
 GATE 1 teacher forcing (32/32 positions), GATE 2 greedy decode by full recomputation (20/20),
-GATE 3 incremental decode (20/20) — on two shapes.
+GATE 3 incremental decode (20/20) — on two shapes, with every kernel backend this machine runs.
 """
 import hashlib
 import json
@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 
+from k3core import _native
 from k3core.engine import Engine
 
 from .conftest import ORACLES
@@ -37,14 +38,18 @@ def gate_decode(engine, o, full_recompute):
     return ids == list(o["greedy_ids"]), logit_error(logits, o["greedy_logits"])
 
 
-@pytest.fixture(scope="module", params=["tiny", "small"])
+BACKENDS = ["reference"] + _native.available_backends()
+
+
+@pytest.fixture(scope="module", params=[(s, b) for s in ("tiny", "small") for b in BACKENDS], ids=lambda p: "-".join(p))
 def gated(request, model_factory):
-    o, meta = oracle(request.param)
-    model = model_factory(request.param)
+    shape, backend = request.param
+    o, meta = oracle(shape)
+    model = model_factory(shape)
     for name, sha in meta["files_sha256"].items():  # the oracle belongs to exactly these bytes
         assert hashlib.sha256((model / name).read_bytes()).hexdigest() == sha, name
     assert o["min_top2_gap"] > 1e-3  # no near-ties: exact ids are a fair demand
-    with Engine(model) as engine:
+    with Engine(model, kernels=backend) as engine:
         yield engine, o
 
 
