@@ -184,11 +184,28 @@ class AttentionBackend(ABC):
         """Consume T new tokens x [T, H] (already input_layernorm-ed), advancing `state`."""
 
 
+class CachePolicy(ABC):
+    """Which experts a store keeps, as a pure decision rule over (layer, expert) keys, so that
+    `k3 sim-cache` can replay a recorded trace through it without reading anything."""
+
+    def __init__(self, slots: int):
+        self.slots = slots
+
+    @abstractmethod
+    def access(self, key: tuple[int, int]) -> bool:
+        """Record one request; True if `key` was resident before it (a TRUE hit)."""
+
+
 class ExpertStore(ABC):
     """Where routed experts come from: read on demand, cached, or otherwise."""
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
+
+    @classmethod
+    def cache_policy(cls, slots: int) -> CachePolicy | None:
+        """The store's retention rule for `slots` expert slots; None for a store that keeps nothing."""
+        return None
 
     def __init__(self, checkpoint, config, options: Mapping[str, Any]):
         self.checkpoint, self.config, self.options = checkpoint, config, dict(options)
