@@ -210,9 +210,14 @@ class ExpertStore(ABC):
     def __init__(self, checkpoint, config, options: Mapping[str, Any]):
         self.checkpoint, self.config, self.options = checkpoint, config, dict(options)
 
+    def capacity(self) -> int:
+        """How many experts one fetch may ask for (at least the router's top-k)."""
+        return self.config.num_experts_per_token
+
     @abstractmethod
     def fetch(self, layer: int, experts: Sequence[int]) -> list[ExpertWeights]:
-        """The experts of `layer`, in the order asked. A failed read raises, never returns junk."""
+        """The distinct experts of `layer`, in the order asked; valid until the next fetch. A failed
+        read raises, never returns junk."""
 
     def stats(self) -> dict:
         return {}

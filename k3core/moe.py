@@ -26,11 +26,14 @@ def latent_moe(w: Weights, x: np.ndarray, layer: int, c, kr: KernelBackend, stor
     if on_route is not None:
         on_route(layer, ids)
     z = kr.linear(w[P + "routed_expert_down_proj.weight"], x)  # H → latent
-    agg = np.empty_like(z)
-    for t in range(x.shape[0]):  # one token at a time: batching never changes a bit
-        experts = store.fetch(layer, [int(e) for e in ids[t]])
-        outs = [kr.expert(e, z[t:t + 1], c.situ_beta, c.situ_linear_beta) for e in experts]
-        agg[t] = kr.combine(outs, weights[t])[0]  # summed in rank order
+    outs = np.empty((x.shape[0], ids.shape[1], z.shape[1]), np.float32)  # [T, k, latent]
+    wanted = sorted({int(e) for e in ids.flat})  # each expert read once for all the tokens that chose it
+    step = store.capacity()
+    for chunk in range(0, len(wanted), step):
+        for e in store.fetch(layer, wanted[chunk:chunk + step]):
+            tokens, ranks = np.nonzero(ids == e.expert)
+            outs[tokens, ranks] = kr.expert(e, z[tokens], c.situ_beta, c.situ_linear_beta)  # per-token bits
+    agg = np.stack([kr.combine(list(outs[t]), weights[t]) for t in range(x.shape[0])])  # rank order
     if c.latent_moe_use_norm:
         agg = kr.rmsnorm(agg, w.vec(P + "routed_expert_norm.weight"), c.rms_norm_eps)  # the AGGREGATE, once
     out = kr.linear(w[P + "routed_expert_up_proj.weight"], agg)

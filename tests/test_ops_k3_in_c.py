@@ -147,6 +147,9 @@ class FloatExpertKernels(ReferenceKernels):
 
 
 class HandleStore:
+    def capacity(self):
+        return 8
+
     def fetch(self, layer, experts):
         return [ExpertWeights(layer, e, *([None] * 6)) for e in experts]
 

@@ -42,7 +42,7 @@ def test_every_kind_has_a_builtin_registered_through_the_hooks():
     pm = plugins.get_plugin_manager()
     assert [b.name for b in plugins.kernel_backends(pm)] == ["avx512", "avx2", "neon", "scalar", "reference"]
     assert {(b.kind, b.name) for b in plugins.attention_backends(pm)} == {("kda", "kda"), ("mla", "mla")}
-    assert [s.name for s in plugins.expert_stores(pm)] == ["direct"]
+    assert [s.name for s in plugins.expert_stores(pm)] == ["lru", "direct"]
     assert [p.name for p in plugins.trunk_placers(pm)] == ["resident"]
 
 
@@ -93,11 +93,11 @@ def test_entry_point_plugins_load_and_report_their_version(tmp_path, monkeypatch
     """)
     monkeypatch.delenv("K3_PLUGINS", raising=False)
     pm = plugins.get_plugin_manager()
-    assert [s.name for s in plugins.expert_stores(pm)] == ["other", "direct"]
+    assert [s.name for s in plugins.expert_stores(pm)] == ["other", "lru", "direct"]
     row = next(r for r in plugins.describe_plugins(pm) if r["name"] == "thirdparty")
     assert row["version"] == "1.2.3" and row["provides"] == {"k3_expert_stores": ["other"]}
     monkeypatch.setenv("K3_PLUGINS", "none")
-    assert [s.name for s in plugins.expert_stores(plugins.get_plugin_manager())] == ["direct"]
+    assert [s.name for s in plugins.expert_stores(plugins.get_plugin_manager())] == ["lru", "direct"]
     monkeypatch.setenv("K3_PLUGINS", "missing-one")
     with pytest.raises(PluginError, match="missing-one"):
         plugins.get_plugin_manager()
@@ -118,5 +118,5 @@ def test_a_misspelled_hook_fails_loudly(tmp_path, monkeypatch):
 
 def test_unknown_names_list_what_is_installed():
     pm = plugins.get_plugin_manager()
-    with pytest.raises(PluginError, match=r"installed: direct"):
+    with pytest.raises(PluginError, match=r"installed: direct, lru"):
         plugins.choose_expert_store(pm, "lru-typo")

@@ -1,19 +1,13 @@
-"""The `direct` expert store: read each selected expert from its shard every time it is used.
+"""The `direct` expert store: read the selected experts from disk on every use; keep nothing.
 
-One positioned read per expert when its six tensors form one gap-free run (as in the released
-shards, checked from the headers), else six. A short read is an error, never zeros.
+A fetch reads all asked experts concurrently into reusable page-aligned scratch slots, O_DIRECT
+where the filesystem allows. Every request is a miss by design: its TRUE hit rate is 0.
 """
 from __future__ import annotations
 
-import os
-import time
-
-import numpy as np
-
-from ..checkpoint import EXPERT_PARTS, expert_prefix
-from ..errors import UnsoundRunError
+from ..expert_io import ExpertReader, aligned_buffer
 from ..hookspecs import hookimpl
-from ..interfaces import ExpertStore, ExpertWeights
+from ..interfaces import ExpertStore
 
 
 class DirectStore(ExpertStore):
@@ -22,57 +16,31 @@ class DirectStore(ExpertStore):
 
     def __init__(self, checkpoint, config, options):
         super().__init__(checkpoint, config, options)
-        self._fds: dict = {}
-        self._layouts: dict = {}
-        self.requests = self.bytes_read = 0
-        self.read_seconds = 0.0
+        self.reader = ExpertReader(checkpoint, direct_io=self.options.get("direct_io", True))
+        first_moe = config.first_k_dense_replace
+        self.slot_bytes = self.reader.slot_bytes(first_moe, 0) if first_moe < config.num_hidden_layers else 0
+        self.slots = config.num_experts_per_token
+        self._arena = aligned_buffer(self.slots * self.slot_bytes)
+        self.requests = 0
 
-    def _layout(self, layer: int, expert: int):
-        """The reads for one expert: [(file, offset, length, [(part, TensorInfo, offset in buffer)])]."""
-        key = (layer, expert)
-        if key not in self._layouts:
-            infos = [self.checkpoint.index[expert_prefix(layer, expert) + part] for part in EXPERT_PARTS]
-            gap_free = all(a.file == b.file and a.offset + a.nbytes == b.offset for a, b in zip(infos, infos[1:]))
-            if gap_free:
-                first = infos[0]
-                runs = [(first.file, first.offset, sum(i.nbytes for i in infos),
-                         [(p, i, i.offset - first.offset) for p, i in zip(EXPERT_PARTS, infos)])]
-            else:
-                runs = [(i.file, i.offset, i.nbytes, [(p, i, 0)]) for p, i in zip(EXPERT_PARTS, infos)]
-            self._layouts[key] = runs
-        return self._layouts[key]
-
-    def _fd(self, path):
-        if path not in self._fds:
-            self._fds[path] = os.open(path, os.O_RDONLY)
-        return self._fds[path]
+    def capacity(self) -> int:
+        return self.slots
 
     def fetch(self, layer, experts):
-        out = []
-        for e in experts:
-            parts = {}
-            for path, offset, length, pieces in self._layout(layer, e):
-                start = time.perf_counter()
-                buf = os.pread(self._fd(path), length, offset)
-                self.read_seconds += time.perf_counter() - start
-                if len(buf) != length:
-                    raise UnsoundRunError(f"short read of expert {e} of layer {layer}: {len(buf)} of {length} "
-                                          f"bytes from {path} at offset {offset}; the generated ids are unsound")
-                self.bytes_read += length
-                for part, info, at in pieces:
-                    parts[part] = np.frombuffer(buf, np.uint8, info.nbytes, at).reshape(info.shape)
-            self.requests += 1
-            out.append(ExpertWeights(layer, e, *(parts[p] for p in EXPERT_PARTS)))
-        return out
+        if len(experts) > self.slots:
+            raise ValueError(f"direct store holds {self.slots} experts per fetch, asked for {len(experts)}")
+        view = memoryview(self._arena)
+        requests = [(layer, e, view[i * self.slot_bytes:(i + 1) * self.slot_bytes]) for i, e in enumerate(experts)]
+        self.requests += len(experts)
+        return self.reader.read(requests)
 
     def stats(self):
-        return {"expert_requests": self.requests, "expert_bytes_read": self.bytes_read,
-                "expert_read_seconds": self.read_seconds, "resident_hits": 0}
+        return {"expert_requests": self.requests, "expert_hits": 0, "expert_evictions": 0,
+                "expert_bytes_read": self.reader.bytes_read, "expert_read_seconds": self.reader.seconds,
+                "expert_read_mode": self.reader.mode, "expert_slots": self.slots}
 
     def close(self):
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        self.reader.close()
 
 
 @hookimpl(trylast=True)

@@ -1,0 +1,176 @@
+"""Reading routed experts from the shards: where each expert's bytes lie, and concurrent positioned
+reads into page-aligned buffers, with O_DIRECT where the filesystem allows it (else buffered, said).
+
+Stores own the buffers and decide what to keep; this module only reads, and a failed or short read
+raises UnsoundRunError (exit 4) instead of handing back anything.
+"""
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from .checkpoint import EXPERT_PARTS, expert_prefix
+from .errors import UnsoundRunError
+from .interfaces import ExpertWeights
+
+ALIGN = 4096
+QUEUE_DEPTH = 16
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One read: aligned [start, start+length) of `file`, holding `parts` at their buffer offsets."""
+
+    file: str
+    start: int
+    length: int
+    parts: tuple  # ((part name, shape, offset in this piece's buffer, nbytes), ...)
+
+
+def _align_down(n: int) -> int:
+    return n - n % ALIGN
+
+
+def _align_up(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def aligned_buffer(nbytes: int) -> mmap.mmap:
+    """Anonymous memory: page-aligned, as O_DIRECT wants."""
+    return mmap.mmap(-1, max(ALIGN, _align_up(nbytes)))
+
+
+def _open_direct(path: str) -> int:
+    """An O_DIRECT descriptor, proven by one aligned read (some filesystems take the flag, then refuse)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    probe = aligned_buffer(ALIGN)
+    try:
+        os.preadv(fd, [memoryview(probe)], 0)
+    except OSError:
+        os.close(fd)
+        raise
+    finally:
+        probe.close()
+    return fd
+
+
+class ExpertReader:
+    def __init__(self, checkpoint, direct_io: bool = True):
+        self.index = checkpoint.index
+        self.config = checkpoint.config
+        self.direct_io = direct_io
+        self.mode = "O_DIRECT" if direct_io else "buffered (O_DIRECT not asked for)"
+        self._fds: dict[str, tuple[int, bool]] = {}
+        self._layouts: dict[tuple[int, int], tuple[Piece, ...]] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(QUEUE_DEPTH, thread_name_prefix="k3-expert-read")
+        self.bytes_read = 0
+        self.seconds = 0.0
+
+    def layout(self, layer: int, expert: int) -> tuple[Piece, ...]:
+        """One piece when the six tensors form one gap-free run (SPEC §3), else one per tensor."""
+        key = (layer, expert)
+        if key not in self._layouts:
+            infos = [self.index[expert_prefix(layer, expert) + p] for p in EXPERT_PARTS]
+            groups, current = [], [infos[0]]
+            for a, b in zip(infos, infos[1:]):
+                if a.file == b.file and a.offset + a.nbytes == b.offset:
+                    current.append(b)
+                else:
+                    groups.append(current)
+                    current = [b]
+            groups.append(current)
+            pieces, names = [], iter(EXPERT_PARTS)
+            for g in groups:
+                start = _align_down(g[0].offset)
+                end = _align_up(g[-1].offset + g[-1].nbytes)
+                parts = tuple((next(names), i.shape, i.offset - start, i.nbytes) for i in g)
+                pieces.append(Piece(str(g[0].file), start, end - start, parts))
+            self._layouts[key] = tuple(pieces)
+        return self._layouts[key]
+
+    def slot_bytes(self, layer: int, expert: int) -> int:
+        """Buffer bytes that hold any expert laid out like this one, wherever its pieces start
+        relative to a 4 KiB boundary (its aligned pieces, back to back)."""
+        return sum(_align_up(p.parts[-1][2] + p.parts[-1][3] - p.parts[0][2]) + ALIGN
+                   for p in self.layout(layer, expert))
+
+    def read(self, requests) -> list[ExpertWeights]:
+        """requests: [(layer, expert, buffer)]; reads them all concurrently (in file-offset order)
+        and returns ExpertWeights viewing the buffers, in the order asked."""
+        jobs = []
+        for i, (layer, expert, buf) in enumerate(requests):
+            at = 0
+            for piece in self.layout(layer, expert):
+                if at + piece.length > len(buf):
+                    raise ValueError(f"a {len(buf)}-byte slot cannot hold expert {expert} of layer {layer}")
+                jobs.append((piece, memoryview(buf)[at:at + piece.length], i))
+                at += piece.length
+        jobs.sort(key=lambda j: (j[0].file, j[0].start))
+        started = time.perf_counter()
+        results = list(self._pool.map(lambda j: self._read_piece(j[0], j[1]), jobs))
+        self.seconds += time.perf_counter() - started
+        failures = [(job, r) for job, r in zip(jobs, results) if isinstance(r, str)]
+        if failures:
+            (piece, _, i), why = failures[0]
+            layer, expert, _ = requests[i]
+            raise UnsoundRunError(f"reading expert {expert} of layer {layer} from {piece.file} failed: {why}; "
+                                  f"the ids generated so far are unsound and the run stops")
+        self.bytes_read += sum(j[0].length for j in jobs)
+        return [self._weights(layer, expert, buf) for layer, expert, buf in requests]
+
+    def _weights(self, layer, expert, buf) -> ExpertWeights:
+        arrays, at = {}, 0
+        for piece in self.layout(layer, expert):
+            for name, shape, offset, nbytes in piece.parts:
+                arrays[name] = np.frombuffer(buf, np.uint8, nbytes, at + offset).reshape(shape)
+            at += piece.length
+        return ExpertWeights(layer, expert, *(arrays[p] for p in EXPERT_PARTS))
+
+    def _read_piece(self, piece: Piece, view: memoryview):
+        """Bytes into `view`; returns None, or a string saying what went wrong."""
+        fd, direct = self._fd(piece.file)
+        payload_end = piece.parts[-1][2] + piece.parts[-1][3]
+        done = 0
+        try:
+            while done < piece.length:
+                n = os.preadv(fd, [view[done:]], piece.start + done)
+                if n == 0:
+                    break
+                done += n
+                if direct and n % ALIGN:  # O_DIRECT reads stop short only at end of file
+                    break
+        except OSError as exc:
+            return f"{exc.strerror} (errno {exc.errno})"
+        if done < payload_end:
+            return f"short read: {done} of {payload_end} bytes at offset {piece.start}"
+        return None
+
+    def _fd(self, path: str) -> tuple[int, bool]:
+        with self._lock:
+            if path not in self._fds:
+                self._fds[path] = self._open(path)
+            return self._fds[path]
+
+    def _open(self, path: str) -> tuple[int, bool]:
+        if self.direct_io and hasattr(os, "O_DIRECT"):
+            try:
+                return _open_direct(path), True
+            except OSError as exc:
+                if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                    raise
+                self.mode = f"buffered (O_DIRECT refused by the filesystem: {exc.strerror})"
+        return os.open(path, os.O_RDONLY), False
+
+    def close(self):
+        self._pool.shutdown(wait=True)
+        for fd, _ in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
