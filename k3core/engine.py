@@ -13,9 +13,8 @@ import numpy as np
 
 from . import plugin_manager as plugins
 from .attnres import Residual, fold
-from .checkpoint import HEAD, PREFIX, check_binding, open_checkpoint
+from .checkpoint import PREFIX, check_binding, open_checkpoint
 from .errors import InputError, K3Error
-from .interfaces import Param
 from .mlp import dense_mlp
 from .moe import latent_moe
 
@@ -72,16 +71,18 @@ class Engine:
             raise InputError("nothing to forward: the id list is empty")
         self.check_ids(ids)
         c, kr = self.config, self.kernels
-        model = self.placer.model()
-        embed = model[PREFIX + "embed_tokens.weight"]
-        stream = Residual(_gather_rows(embed, ids))  # gather rows, never multiply
+        stream = Residual(self.placer.embed_rows(ids))
         for L in range(c.num_hidden_layers):
             decoder_layer(L, self.placer.layer(L), stream, state.layers[L], c, kr, self.attention_for(L),
                           self.store, self.on_route)
+        model = self.placer.model()
         h = stream.mix(kr, fold(model, PREFIX + "output_attn_res"), c.rms_norm_eps)
         if not all_logits:
             h = h[-1:]
-        logits = kr.linear(model[HEAD], kr.rmsnorm(h, model.vec(PREFIX + "norm.weight"), c.rms_norm_eps))
+        x = kr.rmsnorm(h, model.vec(PREFIX + "norm.weight"), c.rms_norm_eps)
+        logits = np.empty((x.shape[0], c.vocab_size), np.float32)
+        for row, block in self.placer.head_blocks():
+            logits[:, row:row + block.shape[0]] = kr.linear(block, x)
         state.ids.extend(int(t) for t in ids)
         self.tokens_forwarded += len(ids)
         return logits if all_logits else logits[0]
@@ -140,7 +141,3 @@ def decoder_layer(L: int, w, stream: Residual, layer_state, c, kr, attention, st
     h = stream.mix(kr, fold(w, "mlp_res"), c.rms_norm_eps)
     x = kr.rmsnorm(h, w.vec("post_attention_layernorm.weight"), c.rms_norm_eps)
     stream.add(dense_mlp(w, x, c, kr) if c.is_dense(L) else latent_moe(w, x, L, c, kr, store, on_route))
-
-
-def _gather_rows(embed, ids) -> np.ndarray:
-    return Param(embed.data[np.asarray(ids, dtype=np.int64)], embed.dtype).f32()

@@ -174,3 +174,12 @@ class ExpertReader:
         for fd, _ in self._fds.values():
             os.close(fd)
         self._fds.clear()
+
+
+def expert_slot_bytes(checkpoint) -> int:
+    """Slot bytes for one expert of this checkpoint (all experts share one layout; 1 if none)."""
+    c = checkpoint.config
+    first_moe = c.first_k_dense_replace
+    if first_moe >= c.num_hidden_layers:
+        return 1
+    return ExpertReader(checkpoint, direct_io=False).slot_bytes(first_moe, 0)

@@ -210,6 +210,11 @@ class ExpertStore(ABC):
     def __init__(self, checkpoint, config, options: Mapping[str, Any]):
         self.checkpoint, self.config, self.options = checkpoint, config, dict(options)
 
+    @classmethod
+    def plan(cls, checkpoint, config, options: Mapping[str, Any]) -> list[tuple[str, int, str]]:
+        """What this store would hold in RAM: (item, bytes, detail) rows for the memory plan."""
+        return []
+
     def capacity(self) -> int:
         """How many experts one fetch may ask for (at least the router's top-k)."""
         return self.config.num_experts_per_token
@@ -235,13 +240,28 @@ class TrunkPlacer(ABC):
     def __init__(self, checkpoint, config, options: Mapping[str, Any]):
         self.checkpoint, self.config, self.options = checkpoint, config, dict(options)
 
+    @classmethod
+    def plan(cls, checkpoint, config, options: Mapping[str, Any]) -> list[tuple[str, int, str]]:
+        """What this placer would hold in RAM: (item, bytes, detail) rows for the memory plan."""
+        return []
+
     @abstractmethod
     def layer(self, layer: int) -> Weights:
-        """The trunk tensors of one layer, names relative to `layers.{layer}.`."""
+        """The trunk tensors of one layer, names relative to `layers.{layer}.`; valid until the
+        next call."""
 
     @abstractmethod
     def model(self) -> Weights:
-        """Embedding, final norms, output AttnRes and lm_head, names relative to the model."""
+        """The small model-level tensors (final norm, output AttnRes), full names."""
+
+    @abstractmethod
+    def embed_rows(self, ids: Sequence[int]) -> np.ndarray:
+        """Rows `ids` of the embedding, float32 [T, H] (gathered, never multiplied)."""
+
+    @abstractmethod
+    def head_blocks(self):
+        """lm_head as (first row, Param of consecutive rows) blocks in row order; a block is valid
+        until the next one is asked for. Rows are independent, so blocking never changes a bit."""
 
     def stats(self) -> dict:
         return {}

@@ -5,7 +5,7 @@ where the filesystem allows. Every request is a miss by design: its TRUE hit rat
 """
 from __future__ import annotations
 
-from ..expert_io import ExpertReader, aligned_buffer
+from ..expert_io import ExpertReader, aligned_buffer, expert_slot_bytes
 from ..hookspecs import hookimpl
 from ..interfaces import ExpertStore
 
@@ -17,11 +17,16 @@ class DirectStore(ExpertStore):
     def __init__(self, checkpoint, config, options):
         super().__init__(checkpoint, config, options)
         self.reader = ExpertReader(checkpoint, direct_io=self.options.get("direct_io", True))
-        first_moe = config.first_k_dense_replace
-        self.slot_bytes = self.reader.slot_bytes(first_moe, 0) if first_moe < config.num_hidden_layers else 0
+        self.slot_bytes = expert_slot_bytes(checkpoint)
         self.slots = config.num_experts_per_token
         self._arena = aligned_buffer(self.slots * self.slot_bytes)
         self.requests = 0
+
+    @classmethod
+    def plan(cls, checkpoint, config, options):
+        slot = expert_slot_bytes(checkpoint)
+        k = config.num_experts_per_token
+        return [("expert scratch", k * slot, f"{k} slots × {slot / 2**20:.2f} MiB (no cache)")]
 
     def capacity(self) -> int:
         return self.slots

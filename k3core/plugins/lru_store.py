@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from ..expert_io import ExpertReader, aligned_buffer
+from ..expert_io import ExpertReader, aligned_buffer, expert_slot_bytes
 from ..hookspecs import hookimpl
 from ..interfaces import CachePolicy, ExpertStore
 
@@ -20,13 +20,15 @@ class LRUPolicy(CachePolicy):
     def __init__(self, slots):
         super().__init__(slots)
         self._order: OrderedDict = OrderedDict()
+        self.evictions = 0
 
     def access(self, key):
         if key in self._order:
             self._order.move_to_end(key)
             return True
-        if len(self._order) >= self.slots:
+        if len(self._order) >= self.slots > 0:
             self._order.popitem(last=False)
+            self.evictions += 1
         if self.slots > 0:
             self._order[key] = None
         return False
@@ -39,8 +41,7 @@ class LRUStore(ExpertStore):
     def __init__(self, checkpoint, config, options):
         super().__init__(checkpoint, config, options)
         self.reader = ExpertReader(checkpoint, direct_io=self.options.get("direct_io", True))
-        first_moe = config.first_k_dense_replace
-        self.slot_bytes = self.reader.slot_bytes(first_moe, 0) if first_moe < config.num_hidden_layers else 1
+        self.slot_bytes = expert_slot_bytes(checkpoint)
         cache_bytes = float(self.options.get("cache_gb", DEFAULT_CACHE_GB)) * 1e9
         # the arena always holds one token's top-k, however small the cache
         self.slots = max(config.num_experts_per_token, int(cache_bytes // self.slot_bytes))
@@ -53,6 +54,12 @@ class LRUStore(ExpertStore):
     @classmethod
     def cache_policy(cls, slots):
         return LRUPolicy(slots)
+
+    @classmethod
+    def plan(cls, checkpoint, config, options):
+        slot = expert_slot_bytes(checkpoint)
+        slots = max(config.num_experts_per_token, int(float(options.get("cache_gb", DEFAULT_CACHE_GB)) * 1e9 // slot))
+        return [("expert cache", slots * slot, f"{slots} slots × {slot / 2**20:.2f} MiB")]
 
     def capacity(self) -> int:
         return self.slots

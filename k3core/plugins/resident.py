@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from ..checkpoint import PREFIX, VISION_PREFIXES, layer_prefix
+from ..checkpoint import HEAD, PREFIX, VISION_PREFIXES, layer_prefix
 from ..hookspecs import hookimpl
 from ..interfaces import Param, TrunkPlacer, Weights
 
@@ -17,6 +17,10 @@ EXPERTS = "block_sparse_moe.experts."
 
 def _is_model_level(name: str) -> bool:
     return not name.startswith(PREFIX + "layers.") and not name.startswith(VISION_PREFIXES)
+
+
+def _is_trunk(name: str) -> bool:
+    return not name.startswith(VISION_PREFIXES) and EXPERTS not in name
 
 
 class ResidentPlacer(TrunkPlacer):
@@ -53,8 +57,21 @@ class ResidentPlacer(TrunkPlacer):
     def layer(self, layer):
         return Weights(layer_prefix(layer), self._layers[layer])
 
+    @classmethod
+    def plan(cls, checkpoint, config, options):
+        index = checkpoint.index
+        total = sum(index[n].nbytes for n in index.names() if _is_trunk(n))
+        return [("trunk, all resident", total, f"{config.num_hidden_layers} layers + embedding and head")]
+
     def model(self):
         return self._model
+
+    def embed_rows(self, ids):
+        embed = self._model[PREFIX + "embed_tokens.weight"]
+        return Param(embed.data[np.asarray(ids, dtype=np.int64)], embed.dtype).f32()
+
+    def head_blocks(self):
+        yield 0, self._model[HEAD]
 
     def stats(self):
         return {"trunk_bytes_read": self.bytes_read, "trunk_load_seconds": self.load_seconds,
