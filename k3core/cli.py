@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import sys
 import time
 from pathlib import Path
@@ -21,11 +20,6 @@ EXIT_CODES = """exit codes:
   1  runtime failure (a bug, or the machine ran out of something)
   2  bad usage, config, checkpoint or input (the message names the field, file or tensor)
   4  the run finished but its ids are unsound (an expert read failed); do not trust them"""
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident set size of this process, from the OS (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _parse_ids(text: str, source: str) -> list[int]:
@@ -61,24 +55,71 @@ def _write_atomic(path: str, data: bytes) -> None:
     os.replace(tmp, target)
 
 
+def _budget_options(args) -> dict:
+    from .budget import resolve_budget
+
+    budget = resolve_budget(args.preset, args.trunk_gb, args.cache_gb)
+    options = {"cache_gb": budget.cache_gb, "ring_slots": args.ring}
+    if args.trunk:
+        options["trunk_dir"] = args.trunk
+        options["trunk_gb"] = budget.trunk_gb
+    elif args.trunk_gb is not None:
+        raise UsageError("--trunk-gb limits a packed trunk: give --trunk DIR (made by `k3 pack`), or leave "
+                         "--trunk-gb out to hold the whole trunk in RAM")
+    return options
+
+
+class _TraceRecorder:
+    """(layer, expert) of every routing decision, written as int32 pairs (the k3-in-c format)."""
+
+    def __init__(self):
+        self.pairs = []
+
+    def __call__(self, layer, ids):
+        self.pairs.extend((layer, int(e)) for e in ids.reshape(-1))
+
+    def write(self, directory, engine):
+        import numpy as np
+
+        from .checkpoint import EXPERT_PARTS, expert_prefix
+
+        c = engine.config
+        first_moe = min(c.first_k_dense_replace, c.num_hidden_layers - 1)
+        expert_bytes = sum(engine.checkpoint.index[expert_prefix(first_moe, 0) + p].nbytes for p in EXPERT_PARTS)
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        _write_atomic(out / "expert_trace.bin", np.asarray(self.pairs, "<i4").reshape(-1, 2).tobytes())
+        meta = {"tokens": engine.tokens_forwarded, "expert_bytes": expert_bytes, "requests": len(self.pairs),
+                "model": str(engine.checkpoint.root), "top_k": c.num_experts_per_token}
+        _write_atomic(out / "trace.json", (json.dumps(meta, indent=1) + "\n").encode())
+
+
 def cmd_run(args) -> int:
     from .engine import Engine
+    from .report import report_text, run_report
 
     if args.gen < 1:
         raise UsageError(f"--gen must be at least 1, got {args.gen}")
     ids = _prompt_ids(args)
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads must be at least 1, got {args.threads}")
+    if args.ring < 2:
+        raise UsageError(f"--ring must be at least 2 slots (a one-slot asynchronous ring overwrites the layer "
+                         f"being computed), got {args.ring}")
     for flag, path in (("--json", args.json), ("--dump-logits", args.dump_logits)):
         if path and not Path(path).resolve().parent.is_dir():
             raise UsageError(f"{flag} {path}: its directory does not exist")
+    options = _budget_options(args)
     start = time.perf_counter()
     with Engine(args.model, kernels=args.kernels, threads=args.threads, expert_store=args.expert_store,
-                trunk_placer=args.trunk_placer) as engine:
+                trunk_placer=args.trunk_placer, options=options, max_context=args.max_context,
+                on_plan=lambda plan: print(plan.text(), file=sys.stderr)) as engine:
         engine.check_ids(ids)
+        trace = _TraceRecorder() if args.dump_trace else None
+        engine.on_route = trace
         load_seconds = time.perf_counter() - start
         stamps = []
-        t0 = time.perf_counter()
+        started = time.perf_counter()
 
         def on_token(token):
             stamps.append(time.perf_counter())
@@ -88,24 +129,12 @@ def cmd_run(args) -> int:
         generated, logits = engine.generate(ids, args.gen, full_recompute=args.full_recompute, on_token=on_token)
         if not args.quiet:
             print()
-        first = stamps[0] - t0
-        decode = [b - a for a, b in zip(stamps, stamps[1:])]
-        report = {
-            "model": str(args.model),
-            "prompt_ids": ids,
-            "generated_ids": generated,
-            "mode": "full-recompute" if args.full_recompute else "incremental",
-            "load_seconds": load_seconds,
-            "prefill_seconds": first,
-            "seconds_per_token": sum(decode) / len(decode) if decode else first,
-            "peak_rss_bytes": peak_rss_bytes(),
-            "kernels": engine.kernels.name,
-            "threads": args.threads,
-            "expert_store": engine.store.name,
-            "trunk_placer": engine.placer.name,
-            "stats": engine.stats(),
-        }
-    print(_report_text(report), file=sys.stderr if args.quiet else sys.stdout)
+        mode = "full-recompute" if args.full_recompute else "incremental"
+        report = run_report(engine, ids, generated, stamps, started, load_seconds, mode)
+        report["threads"] = args.threads
+        if trace is not None:
+            trace.write(args.dump_trace, engine)
+    print(report_text(report), file=sys.stderr if args.quiet else sys.stdout)
     if args.dump_logits:
         _write_atomic(args.dump_logits, logits.astype("<f4").tobytes())
     if args.json:
@@ -113,14 +142,26 @@ def cmd_run(args) -> int:
     return 0
 
 
-def _report_text(r: dict) -> str:
-    s = r["stats"]
-    return (f"prompt {len(r['prompt_ids'])} ids, generated {len(r['generated_ids'])} ({r['mode']}); "
-            f"load {r['load_seconds']:.2f} s, prefill {r['prefill_seconds']:.3f} s, "
-            f"decode {r['seconds_per_token']:.3f} s/token; peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB\n"
-            f"kernels {r['kernels']}, expert store {r['expert_store']}, trunk placer {r['trunk_placer']}; "
-            f"expert requests {s.get('expert_requests', 0)}, expert bytes read "
-            f"{s.get('expert_bytes_read', 0) / 2**20:.1f} MiB, trunk bytes read {s.get('trunk_bytes_read', 0) / 2**20:.1f} MiB")
+def cmd_presets(args) -> int:
+    from .budget import PRESETS, WORKING_BYTES, auto_preset, mem_available
+
+    available = mem_available()
+    try:
+        auto = auto_preset(available)
+    except K3Error:
+        auto = None
+    rows = [{"name": n, "trunk_gb": t, "cache_gb": c, "auto": n == auto} for n, (t, c) in PRESETS.items()]
+    if args.json:
+        print(json.dumps({"available_bytes": available, "auto": auto, "presets": rows}, indent=1))
+        return 0
+    print(f"MemAvailable {available / 1e9:.1f} GB; auto picks {auto or 'nothing (not even laptop fits)'}\n")
+    print(f"  {'preset':<12} {'trunk GB':>9} {'cache GB':>9}  needs about")
+    for r in rows:
+        need = (r["trunk_gb"] + r["cache_gb"]) + WORKING_BYTES / 1e9
+        print(f"  {r['name']:<12} {r['trunk_gb']:>9.0f} {r['cache_gb']:>9.0f}  {need:.1f} GB + decode state"
+              + ("   <- auto" if r["auto"] else ""))
+    print("\nTrunk GB limits a packed trunk (k3 pack; --trunk DIR); without one the whole trunk is resident.")
+    return 0
 
 
 def cmd_make_model(args) -> int:
@@ -194,6 +235,19 @@ def build_parser() -> argparse.ArgumentParser:
                           "step after another), to compare configurations byte for byte")
     run.add_argument("--expert-store", metavar="NAME", help="expert store plugin (see `k3 plugins`)")
     run.add_argument("--trunk-placer", metavar="NAME", help="trunk placer plugin (see `k3 plugins`)")
+    run.add_argument("--trunk", metavar="DIR", help="a packed trunk (`k3 pack`): stream what does not fit "
+                     "--trunk-gb through a ring of slots instead of holding the whole trunk in RAM")
+    run.add_argument("--preset", choices=["laptop", "desktop", "workstation", "server", "max", "auto"],
+                     help="trunk and expert-cache budgets in one word (see `k3 presets`); auto from MemAvailable")
+    run.add_argument("--trunk-gb", type=float, metavar="GB", help="RAM for the packed trunk: pinned layers + ring")
+    run.add_argument("--cache-gb", type=float, metavar="GB", help="RAM for the expert cache (default 1)")
+    run.add_argument("--ring", type=int, default=2, metavar="N",
+                     help="slots of the streaming ring (default 2; the next layer is read while one computes)")
+    run.add_argument("--max-context", type=int, default=4096, metavar="N",
+                     help="positions the memory plan reserves MLA cache for (default 4096)")
+    run.add_argument("--dump-trace", metavar="DIR",
+                     help="record (layer, expert) of every routing decision into DIR/expert_trace.bin + trace.json "
+                          "(replay with `k3 sim-cache DIR`)")
     run.add_argument("--quiet", action="store_true", help="print only the ids (report to stderr)")
     run.set_defaults(func=cmd_run)
 
@@ -217,11 +271,21 @@ def build_parser() -> argparse.ArgumentParser:
     mm.add_argument("--quiet", action="store_true")
     mm.set_defaults(func=cmd_make_model)
 
+    pr = sub.add_parser("presets", help="memory presets and which one auto picks here",
+                        description="The trunk / expert-cache budgets each preset gives, and which one --preset auto\n"
+                                    "picks from this machine's MemAvailable.", formatter_class=fmt)
+    pr.add_argument("--json", action="store_true", help="machine-readable output")
+    pr.set_defaults(func=cmd_presets)
+
     pl = sub.add_parser("plugins", help="list installed plugins, their versions and hooks",
                         description="Every plugin (built-in or from the 'k3' entry-point group) with its version,\n"
                                     "the hooks it implements and what each provides.", formatter_class=fmt)
     pl.add_argument("--json", action="store_true", help="machine-readable output")
     pl.set_defaults(func=cmd_plugins)
+    from .bench import add_parser as add_bench
+    from .cachesim import add_parser as add_sim_cache
+    add_bench(sub)
+    add_sim_cache(sub)
     return p
 
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from . import plugin_manager as plugins
 from .attnres import Residual, fold
+from .budget import DEFAULT_CONTEXT, check_plan, memory_plan
 from .checkpoint import PREFIX, check_binding, open_checkpoint
 from .errors import InputError, K3Error
 from .mlp import dense_mlp
@@ -35,7 +36,10 @@ class Engine:
 
     def __init__(self, model_dir, *, kernels: str | None = None, threads: int | None = None,
                  expert_store: str | None = None, trunk_placer: str | None = None, attention: dict | None = None,
-                 options: dict | None = None, pm=None):
+                 options: dict | None = None, max_context: int = DEFAULT_CONTEXT, available: int | None = None,
+                 on_plan: Callable | None = None, pm=None):
+        """`options` go to the placer and the store (trunk_dir, trunk_gb, cache_gb, ring_slots, …).
+        The memory plan is made, shown to `on_plan` and checked before anything is loaded."""
         self.pm = pm or plugins.get_plugin_manager()
         self.kernels = plugins.choose_kernels(self.pm, kernels)
         if threads is not None:
@@ -45,9 +49,17 @@ class Engine:
         self.config = c = self.checkpoint.config
         self._attention = {kind: plugins.choose_attention(self.pm, kind, attention.get(kind)) for kind in ("kda", "mla")}
         check_binding(self.checkpoint, self.attention_for)
-        options = options or {}
-        self.placer = plugins.choose_trunk_placer(self.pm, trunk_placer)(self.checkpoint, c, options)
-        self.store = plugins.choose_expert_store(self.pm, expert_store)(self.checkpoint, c, options)
+        options = dict(options or {})
+        # the default placer follows from whether a packed trunk was given
+        placer_cls = plugins.choose_trunk_placer(
+            self.pm, trunk_placer or ("pinned" if options.get("trunk_dir") else "resident"))
+        store_cls = plugins.choose_expert_store(self.pm, expert_store)
+        self.plan = memory_plan(self.checkpoint, placer_cls, store_cls, options, max_context, available)
+        if on_plan is not None:
+            on_plan(self.plan)
+        check_plan(self.plan)
+        self.placer = placer_cls(self.checkpoint, c, options)
+        self.store = store_cls(self.checkpoint, c, options)
         self.on_route: Callable | None = None
         self.tokens_forwarded = 0
 

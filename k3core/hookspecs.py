@@ -6,7 +6,7 @@ the entry-point group "k3". Hooks only ever gain optional parameters.
 Each hook returns a list of implementations; call order is pluggy's (later-registered
 plugins first, `trylast` built-ins at the end). Where k3 picks one implementation without
 being told a name, it takes the first available one in that order, so an installed plugin
-wins over the built-in it replaces.
+wins over the built-in it replaces (trunk placers are the exception: see k3_trunk_placers).
 """
 import pluggy
 
@@ -44,5 +44,6 @@ def k3_expert_stores():
 def k3_trunk_placers():
     """Return a list of TrunkPlacer classes (k3core.interfaces), each with a `name`.
 
-    The engine instantiates the one named by --trunk-placer, else the first one returned.
+    The engine instantiates the one named by --trunk-placer, else `pinned` when a packed trunk is
+    given (--trunk) and `resident` when not.
     """

@@ -1,0 +1,333 @@
+"""`k3 bench`: measure the native kernels on real K3 shapes against a memory-read probe and numpy.
+
+`k3 bench kernels` times bf16 and MXFP4 products (T = 1, 8, 64), a 16-expert MoE batch and numpy
+baselines of the same work, all in one run, and prints a table (or JSON with --json).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import itertools
+import json
+import os
+import platform
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import UsageError
+
+MB = 1e6
+TARGET_MX_PER_CORE, TARGET_BF16_PROBE, TARGET_VS_NUMPY = 10.0, 0.60, 3.0
+# byte b -> (E2M1 of its low nibble, E2M1 of its high nibble); scale byte -> 2^(b-127), 255 -> 0
+_E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float32)
+PAIRS = np.stack([_E2M1[np.arange(256) & 15], _E2M1[np.arange(256) >> 4]], axis=1)
+SCALES = np.where(np.arange(256) == 255, 0, np.ldexp(1.0, np.arange(256) - 127)).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class Shapes:
+    hidden: int     # H: q_proj input width
+    proj: int       # q_proj rows (KDA heads x head dim)
+    latent: int     # expert input width (w1/w3), w2 rows
+    inter: int      # expert intermediate width (w1/w3 rows, w2 input)
+    experts: int    # distinct experts cycled so the working set exceeds the LLC
+    probe_bytes: int
+
+
+REAL = Shapes(7168, 12288, 3584, 3072, 16, 256 << 20)
+QUICK = Shapes(256, 384, 128, 64, 4, 4 << 20)
+
+
+def cpu_seconds():
+    """(CPU seconds all cores spent busy or stolen, CPU seconds of this process); None without /proc."""
+    try:
+        with open("/proc/stat") as f:
+            v = f.readline().split()  # cpu user nice system idle iowait irq softirq steal
+        busy = sum(int(x) for x in v[1:4] + v[6:9]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    t = os.times()
+    return busy, t.user + t.system
+
+
+def timed(call, seconds, min_reps=3):
+    """One warm-up call, then repeat for `seconds` (at least min_reps). background_cores: how many
+    cores' worth of CPU other processes (or the hypervisor) took meanwhile; None if too short to tell."""
+    call()
+    times, c0, start = [], cpu_seconds(), time.perf_counter()
+    while len(times) < min_reps or (time.perf_counter() - start < seconds and len(times) < 100000):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    wall, c1 = time.perf_counter() - start, cpu_seconds()
+    other = None if c0 is None or wall < 0.25 else max(0.0, round((c1[0] - c0[0] - c1[1] + c0[1]) / wall, 2))
+    return dict(median_s=statistics.median(times), min_s=min(times), reps=len(times), background_cores=other)
+
+
+# ---- inputs (seeded) and numpy baselines ----
+
+def make_inputs(s: Shapes, seed=0):
+    rng = np.random.default_rng(seed)
+    bits = rng.integers(0, 1 << 16, (s.proj, s.hidden), dtype=np.uint16)
+    bf16 = (bits & 0x807F) | 0x3C00  # random sign and mantissa, magnitude in [2^-7, 2^-6)
+
+    def mx(rows, cols):
+        packed = np.frombuffer(rng.bytes(rows * cols // 2), np.uint8).reshape(rows, cols // 2)
+        return packed, rng.integers(120, 123, (rows, cols // 32), dtype=np.uint8)  # SPEC §5 scales
+
+    experts = [(*mx(s.inter, s.latent), *mx(s.latent, s.inter), *mx(s.inter, s.latent))
+               for _ in range(s.experts)]  # (w1p, w1s, w2p, w2s, w3p, w3s), w2 = down
+    xs = {(w, t): rng.standard_normal((t, w), dtype=np.float32)
+          for w in (s.hidden, s.latent, s.inter) for t in (1, 8, 64)}
+    return bf16, experts, xs
+
+
+def numpy_bf16(w, x, buf):
+    np.left_shift(w, 16, out=buf, dtype=np.uint32)  # BF16 -> float32 bits, exact
+    return x @ buf.view(np.float32).T
+
+
+def numpy_mxfp4(p, s, x, bufs):
+    rows = p.shape[0]
+    buf = bufs.setdefault(p.shape, np.empty((*p.shape, 2), np.float32))
+    np.take(PAIRS, p, axis=0, out=buf, mode="clip")
+    buf.reshape(rows, -1, 32)[...] *= SCALES[s][:, :, None]
+    return x @ buf.reshape(rows, -1).T
+
+
+def numpy_expert(e, z, bufs, beta=4.0, lin=25.0):
+    g, u = numpy_mxfp4(e[0], e[1], z, bufs), numpy_mxfp4(e[4], e[5], z, bufs)
+    with np.errstate(over="ignore"):
+        h = (beta * np.tanh(g / beta)) / (1 + np.exp(-g)) * (lin * np.tanh(u / lin))
+    return numpy_mxfp4(e[2], e[3], h.astype(np.float32), bufs)
+
+
+# ---- the work: one entry per table section ----
+
+@dataclass
+class Work:
+    key: str
+    title: str
+    tokens: int
+    bytes: int      # bytes one call counts: bf16 weight, MXFP4 packed, expert batch packed + scale
+    native: object  # Kernels -> a zero-argument call
+    numpy: object   # a zero-argument call doing the same work in numpy
+
+
+def cycled(f, args):
+    """A call that applies f to the next args tuple each time, round and round."""
+    nxt = itertools.cycle(args).__next__
+    return lambda: f(*nxt())
+
+
+def works(s: Shapes, bf16, experts, xs):
+    mats = [(e[i], e[i + 1]) for e in experts for i in (0, 4, 2)]  # w1, w3, w2 of each expert
+    f32, bufs = np.empty(bf16.shape, np.uint32), {}
+    mx_set = (f"{len(mats)} matrices cycled (w1/w3 {s.inter}x{s.latent}, w2 {s.latent}x{s.inter}; "
+              f"{size(sum(p.nbytes + sc.nbytes for p, sc in mats))} packed+scale)")
+
+    def bf16_work(t):
+        x, kind = xs[s.hidden, t], "GEMV" if t == 1 else "GEMM"
+        return Work(f"bf16_t{t}", f"bf16 {kind} T={t}: q_proj {s.proj}x{s.hidden} ({size(bf16.nbytes)})", t,
+                    bf16.nbytes, lambda k: lambda: k.linear(bf16, "BF16", x), lambda: numpy_bf16(bf16, x, f32))
+
+    def mx_work(t):
+        args = [(p, sc, xs[p.shape[1] * 2, t]) for p, sc in mats]
+        return Work(f"mxfp4_t{t}", f"MXFP4 {'GEMV' if t == 1 else 'GEMM'} T={t}: {mx_set}", t, mats[0][0].nbytes,
+                    lambda k: cycled(k.mxfp4_linear, args), cycled(lambda *a: numpy_mxfp4(*a, bufs), args))
+
+    z, batch_bytes = xs[s.latent, 1], sum(a.nbytes for e in experts for a in e)
+    batch = Work("experts", f"{s.experts}-expert batch T=1: Kernels.expert on one latent vector "
+                 f"({size(batch_bytes)} packed+scale)", 1, batch_bytes,
+                 lambda k: lambda: [k.expert(*e, z, 4.0, 25.0) for e in experts],
+                 lambda: [numpy_expert(e, z, bufs) for e in experts])
+    return [bf16_work(1), mx_work(1), batch, bf16_work(8), bf16_work(64), mx_work(8), mx_work(64)]
+
+
+# ---- measuring ----
+
+def measure_probe(s: Shapes, threads, seconds):
+    """Sum a uint64 buffer with numpy, one slice per worker thread (numpy releases the GIL)."""
+    buf = np.ones(s.probe_bytes // 8, np.uint64)
+    rows = []
+    for t in threads:
+        with ThreadPoolExecutor(t) as pool:
+            parts = np.array_split(buf, t)
+            m = timed(lambda: list(pool.map(np.add.reduce, parts)), seconds)
+        rows.append(dict(threads=t, bytes=buf.nbytes, **m, gbps=buf.nbytes / m["median_s"] / 1e9,
+                         best_gbps=buf.nbytes / m["min_s"] / 1e9))
+    small = buf[: 32 << 10]  # 256 KiB: stays in L2, so this is numpy's compute ceiling
+    m = timed(lambda: [np.add.reduce(small) for _ in range(64)], seconds / 4)
+    return rows, small.nbytes * 64 / m["median_s"] / 1e9
+
+
+def row(work, backend, threads, m, probe, numpy_row=None):
+    """One table row; native rows (threads set) also get per-core, probe and numpy ratios and targets."""
+    gbps = work.bytes / m["median_s"] / 1e9
+    r = dict(bench=work.key, backend=backend, threads=threads, tokens=work.tokens, bytes=work.bytes, **m,
+             gbps=gbps, best_gbps=work.bytes / m["min_s"] / 1e9, tokens_per_s=work.tokens / m["median_s"])
+    if not threads:
+        return r
+    r.update(gbps_per_core=gbps / threads, vs_probe=gbps / probe[threads] if threads in probe else None,
+             vs_numpy=gbps / numpy_row["gbps"], targets={})
+    if work.key in ("bf16_t1", "mxfp4_t1"):
+        r["targets"][f"numpy>={TARGET_VS_NUMPY:g}x"] = r["vs_numpy"] >= TARGET_VS_NUMPY
+    if work.key == "mxfp4_t1":
+        r["targets"][f"GB/s/core>={TARGET_MX_PER_CORE:g}"] = r["gbps_per_core"] >= TARGET_MX_PER_CORE
+    if work.key == "bf16_t1" and r["vs_probe"] is not None:
+        r["targets"][f"probe>={TARGET_BF16_PROBE:.0%}"] = r["vs_probe"] >= TARGET_BF16_PROBE
+    return r
+
+
+def run_kernels(backends, threads, seconds, quick, log=lambda *_: None):
+    from . import _native
+    s = QUICK if quick else REAL
+    probe_rows, in_cache = measure_probe(s, threads, seconds)
+    probe = {p["threads"]: p["gbps"] for p in probe_rows}
+    ws, results = works(s, *make_inputs(s)), []
+    for w in ws:
+        log(w.title)
+        base = row(w, "numpy", None, timed(w.numpy, seconds), probe)
+        results.append(base)
+        results += [row(w, name, t, timed(w.native(_native.Kernels(name, t)), seconds), probe, base)
+                    for name, t in itertools.product(backends, threads)]
+    return dict(machine=machine_info(), settings=dict(backends=backends, threads=threads, seconds=seconds,
+                                                     quick=quick, shapes=s.__dict__),
+                probe=dict(method="numpy uint64 add.reduce, one slice per thread", rows=probe_rows,
+                           in_cache_gbps=in_cache),
+                benches={w.key: w.title for w in ws}, results=results)
+
+
+def llc_bytes():
+    """The largest cache sysfs reports for cpu0 (e.g. "32768K"), or None."""
+    sizes = []
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        with open(path) as f:
+            text = f.read().strip()
+        sizes.append(int(text.rstrip("KM")) << {"K": 10, "M": 20}.get(text[-1], 0))
+    return max(sizes, default=None)
+
+
+def machine_info():
+    from . import _native
+    from .plugins.native_kernels import default_threads
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        cpu = platform.processor() or platform.machine()
+    return dict(cpu=cpu, cores=default_threads(), llc_bytes=llc_bytes(), backends=_native.available_backends(),
+                build=_native.build_info(), numpy=np.__version__, python=platform.python_version())
+
+
+# ---- output ----
+
+def _num(v, fmt, suffix=""):
+    return "-" if v is None else format(v, fmt) + suffix
+
+
+def size(n):
+    return f"{n / MB:.0f} MB" if n >= MB else f"{n / 1e3:.0f} kB"
+
+
+def format_table(doc) -> str:
+    m, st, pr = doc["machine"], doc["settings"], doc["probe"]
+    llc = f"LLC {m['llc_bytes'] >> 20} MiB" if m["llc_bytes"] else "LLC unknown"
+    out = [f"k3 bench kernels: {m['cpu']}, {m['cores']} cores, {llc}; backends {','.join(st['backends'])} "
+           f"(available: {','.join(m['backends'])}); {m['build']['compiler']} {m['build']['flags']}",
+           f"timing: a warm-up call, then repeats for {st['seconds']:g} s (at least 3); per-call median and "
+           "min; GB/s, tok/s and ratios use the median",
+           "bg: cores' worth of CPU that other processes took during the cell (above 0.1: disturbed)", "",
+           f"memory-read probe: {pr['method']}, {pr['rows'][0]['bytes'] >> 20} MiB buffer "
+           f"(the same loop in L2: {pr['in_cache_gbps']:.1f} GB/s)", "  threads  GB/s median  GB/s best    bg"]
+    out += [f"  {p['threads']:>7}  {p['gbps']:>11.1f}  {p['best_gbps']:>9.1f} {_num(p['background_cores'], '5.2f'):>5}"
+            for p in pr["rows"]]
+    head = (f"  {'backend':<8} {'thr':>3} {'median ms':>10} {'min ms':>9} {'GB/s':>7} {'GB/s/core':>9} "
+            f"{'tok/s':>9} {'xnumpy':>7} {'%probe':>6}    bg  targets")
+    for key, title in doc["benches"].items():
+        out += ["", title, head]
+        for r in (r for r in doc["results"] if r["bench"] == key):
+            marks = "  ".join(("✓ " if ok else "✗ ") + name for name, ok in r.get("targets", {}).items())
+            pct = None if r.get("vs_probe") is None else 100 * r["vs_probe"]
+            out.append(f"  {r['backend']:<8} {r['threads'] or '-':>3} {r['median_s'] * 1e3:>10.2f} "
+                       f"{r['min_s'] * 1e3:>9.2f} {r['gbps']:>7.2f} {_num(r.get('gbps_per_core'), '.2f'):>9} "
+                       f"{r['tokens_per_s']:>9.1f} {_num(r.get('vs_numpy'), '.2f', 'x'):>7} {_num(pct, '.1f'):>6} "
+                       f"{_num(r['background_cores'], '.2f'):>5}  {marks}".rstrip())
+    return "\n".join(out)
+
+
+def _csv(text, what, convert=str):
+    try:
+        items = [convert(p.strip()) for p in text.split(",") if p.strip()]
+    except ValueError:
+        items = []
+    if not items:
+        raise UsageError(f"--{what} {text!r}: expected a comma-separated list, e.g. 1,2")
+    return items
+
+
+def cmd_kernels(args) -> int:
+    import sys
+
+    from . import _native
+    from .plugins.native_kernels import default_threads
+    available = _native.available_backends()
+    backends = _csv(args.backends, "backends") if args.backends else available
+    unknown = [b for b in backends if b not in available]
+    if unknown:
+        raise UsageError(f"--backends: {','.join(unknown)} not available here (available: {','.join(available)})")
+    threads = _csv(args.threads, "threads", int) if args.threads else sorted({1, default_threads()})
+    if min(threads) < 1:
+        raise UsageError(f"--threads {args.threads}: thread counts must be at least 1")
+    seconds = args.seconds if args.seconds is not None else (0.01 if args.quick else 1.0)
+    if seconds <= 0:
+        raise UsageError(f"--seconds must be positive, got {seconds}")
+    tty = sys.stderr.isatty()
+    doc = run_kernels(backends, threads, seconds, args.quick, lambda t: tty and print(t, file=sys.stderr, flush=True))
+    print(json.dumps(doc, indent=1) if args.json else format_table(doc))
+    return 0
+
+
+KERNELS_HELP = f"""\
+Time the native matrix kernels on real K3 shapes (SPEC §1/§3/§5), all in one run:
+  memory-read probe  numpy sum of a 256 MiB uint64 buffer (8x a 32 MiB LLC), one slice per thread:
+                     how fast plain streaming code reads DRAM here; the yardstick for bf16
+  bf16 GEMV          KDA q_proj 12288x7168 BF16 (176 MB), T=1: weight GB/s, % of the probe
+  MXFP4 GEMV         expert w1/w3 3072x3584 and w2 3584x3072, 16 experts cycled (~281 MB, so every
+                     call reads DRAM): PACKED GB/s, total and per core (= per thread)
+  16-expert batch    Kernels.expert x16 on one latent vector, as one MoE layer runs: s and GB/s
+                     (packed + scale bytes)
+  small-batch GEMM   the same bf16 and MXFP4 work with T=8 and T=64: weight GB/s and tokens/s
+  numpy baselines    the same work in numpy: bf16 widened to float32 then W @ x; MXFP4 decoded
+                     with lookup tables then W @ x (BLAS threads as numpy ships them)
+Each cell: one warm-up call, repeats for --seconds (at least 3), median and min per call; inputs
+are seeded. Ratios use baselines from the same run.
+
+targets (printed with ✓/✗, never asserted):
+  MXFP4 GEMV >= {TARGET_MX_PER_CORE:g} GB/s packed per core; bf16 GEMV >= {TARGET_BF16_PROBE:.0%} of the probe at the
+  same thread count; both >= {TARGET_VS_NUMPY:g}x numpy.
+"""
+
+
+def add_parser(subparsers) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    bench = subparsers.add_parser("bench", help="measure kernel and memory throughput on this machine",
+                                  description="Benchmarks. `k3 bench kernels --help` for the kernel table.",
+                                  formatter_class=fmt)
+    sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
+    bench.set_defaults(func=lambda args: bench.print_help() or 2)
+    k = sub.add_parser("kernels", help="native kernels vs a memory probe and numpy, on K3 shapes",
+                       description=KERNELS_HELP, formatter_class=fmt,
+                       epilog="examples:\n  k3 bench kernels                         # every backend, 1 and all cores\n"
+                              "  k3 bench kernels --backends avx2 --threads 2 --seconds 3\n"
+                              "  k3 bench kernels --quick --json          # tiny shapes, for tests")
+    k.add_argument("--json", action="store_true", help="print a JSON document instead of the table")
+    k.add_argument("--backends", metavar="A,B", help="backends to time (default: all available here)")
+    k.add_argument("--threads", metavar="1,2", help="thread counts (default: 1 and every core)")
+    k.add_argument("--quick", action="store_true", help="tiny shapes and 0.01 s per cell (for tests)")
+    k.add_argument("--seconds", type=float, metavar="S", help="time per cell (default 1; 0.01 with --quick)")
+    k.set_defaults(func=cmd_kernels)

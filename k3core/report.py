@@ -1,0 +1,68 @@
+"""The run report: speed, memory and I/O of one generation, from the engine's counters and the
+token timestamps. Peak RSS comes from the OS (getrusage), never from an estimate."""
+from __future__ import annotations
+
+import resource
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _rate(nbytes, seconds):
+    return nbytes / seconds if seconds > 0 else None
+
+
+def run_report(engine, prompt, generated, stamps, started, load_seconds, mode) -> dict:
+    """`stamps`: perf_counter() when each id came out; `started`: when generation began."""
+    s = engine.stats()
+    decode = [b - a for a, b in zip(stamps, stamps[1:])]
+    wall = stamps[-1] - started
+    requests = s.get("expert_requests", 0)
+    io_seconds = s.get("trunk_wait_seconds", 0.0) + s.get("expert_read_seconds", 0.0)
+    return {
+        "model": str(engine.checkpoint.root),
+        "prompt_ids": list(prompt),
+        "generated_ids": list(generated),
+        "mode": mode,
+        "load_seconds": load_seconds,
+        "prefill_seconds": stamps[0] - started,
+        "seconds_per_token": sum(decode) / len(decode) if decode else stamps[0] - started,
+        "wall_seconds": wall,
+        "peak_rss_bytes": peak_rss_bytes(),
+        "kernels": engine.kernels.name,
+        "expert_store": engine.store.name,
+        "trunk_placer": engine.placer.name,
+        "trunk_bytes_read": s.get("trunk_bytes_read", 0),
+        "trunk_read_rate": _rate(s.get("trunk_bytes_read", 0), s.get("trunk_read_seconds", 0.0)),
+        "expert_requests": requests,
+        "expert_true_hit_rate": s.get("expert_hits", 0) / requests if requests else None,
+        "expert_retention": (requests - s.get("expert_evictions", 0)) / requests if requests else None,
+        "expert_bytes_read": s.get("expert_bytes_read", 0),
+        "expert_read_rate": _rate(s.get("expert_bytes_read", 0), s.get("expert_read_seconds", 0.0)),
+        "io_share_of_wall": io_seconds / wall if wall > 0 else None,
+        "memory_plan": engine.plan.to_dict(),
+        "stats": s,
+    }
+
+
+def _pct(x):
+    return "n/a" if x is None else f"{100 * x:.1f} %"
+
+
+def _gbps(x):
+    return "n/a" if x is None else f"{x / 1e9:.2f} GB/s"
+
+
+def report_text(r: dict) -> str:
+    return "\n".join([
+        f"prompt {len(r['prompt_ids'])} ids, generated {len(r['generated_ids'])} ({r['mode']}); load "
+        f"{r['load_seconds']:.2f} s, prefill {r['prefill_seconds']:.3f} s, decode {r['seconds_per_token']:.3f} "
+        f"s/token; peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB",
+        f"kernels {r['kernels']}, trunk placer {r['trunk_placer']}, expert store {r['expert_store']}",
+        f"trunk read {r['trunk_bytes_read'] / 1e9:.3f} GB at {_gbps(r['trunk_read_rate'])}; experts: "
+        f"{r['expert_requests']} requests, TRUE hits {_pct(r['expert_true_hit_rate'])}, retention "
+        f"{_pct(r['expert_retention'])}, read {r['expert_bytes_read'] / 1e9:.3f} GB at {_gbps(r['expert_read_rate'])}; "
+        f"I/O {_pct(r['io_share_of_wall'])} of wall time",
+    ])

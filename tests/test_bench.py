@@ -1,0 +1,57 @@
+"""`k3 bench kernels --quick`: the JSON document's structure, every measured number positive, the
+table's target marks and bad usage. Tiny shapes; no timing assertions."""
+import json
+
+from k3core import _native
+from k3core.cli import main
+
+BENCHES = {"bf16_t1", "mxfp4_t1", "experts", "bf16_t8", "bf16_t64", "mxfp4_t8", "mxfp4_t64"}
+
+
+def numbers(node, path=""):
+    """(path, value) of every int/float in a JSON tree; background_* fields may be 0 or null."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if not k.startswith("background"):
+                yield from numbers(v, f"{path}.{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from numbers(v, f"{path}[{i}]")
+    elif isinstance(node, (int, float)) and not isinstance(node, bool):
+        yield path, node
+
+
+def test_quick_json_has_every_cell_and_only_positive_numbers(capsys):
+    assert main(["bench", "kernels", "--quick", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    m = doc["machine"]
+    assert m["cores"] >= 1 and m["backends"] == _native.available_backends() and "flags" in m["build"]
+    backends, threads = doc["settings"]["backends"], doc["settings"]["threads"]
+    assert backends == m["backends"] and threads[0] == 1 and doc["settings"]["quick"] is True
+    assert [p["threads"] for p in doc["probe"]["rows"]] == threads
+    assert set(doc["benches"]) == BENCHES
+    for key in BENCHES:
+        rows = [r for r in doc["results"] if r["bench"] == key]
+        assert [(r["backend"], r["threads"]) for r in rows] == [("numpy", None)] + [
+            (b, t) for b in backends for t in threads]
+        for r in rows[1:]:
+            assert {"gbps", "gbps_per_core", "tokens_per_s", "vs_numpy", "vs_probe", "median_s", "min_s"} <= set(r)
+            assert r["min_s"] <= r["median_s"] and r["reps"] >= 3
+            if key in ("bf16_t1", "mxfp4_t1"):
+                assert len(r["targets"]) == 2 and all(isinstance(v, bool) for v in r["targets"].values())
+    bad = [(p, v) for p, v in numbers(doc) if not v > 0]
+    assert not bad, bad
+
+
+def test_quick_table_prints_targets_beside_the_numbers(capsys):
+    assert main(["bench", "kernels", "--quick", "--backends", "scalar", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "memory-read probe" in out and "MXFP4 GEMV T=1" in out and "16-expert" not in out
+    assert "GB/s/core>=10" in out and "probe>=60%" in out and "numpy>=3x" in out
+
+
+def test_bad_usage_exits_2(capsys):
+    assert main(["bench", "kernels", "--quick", "--backends", "nosuch"]) == 2
+    assert "nosuch" in capsys.readouterr().err
+    assert main(["bench", "kernels", "--quick", "--threads", "0"]) == 2
+    assert main(["bench"]) == 2
