@@ -30,3 +30,9 @@ bench-index: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build $(DEMO_DIR)
+
+# NEON backend == scalar, byte for byte, under qemu-aarch64 (installs the cross toolchain and qemu from
+# Debian if missing). Kept out of `make test` so that stays quick; .ci/run runs both.
+.PHONY: neon-check
+neon-check:
+	bash native/neon-check.sh

@@ -1,0 +1,227 @@
+// The aarch64 Advanced SIMD (NEON) backend: the matrix products of kernels.h, bit for bit equal to
+// kScalar.
+//
+// Lane layout: the 16 accumulator lanes live in 8 float64x2_t registers; register k holds lanes 2k and
+// 2k+1, so element i of a row always lands in lane i mod 16 exactly as in the scalar loop. Products of
+// the widened weights with float32 inputs are exact in double, so vfmaq_f64 rounds exactly like the
+// scalar multiply-then-add.
+//
+// Work shape: a row is widened to double one chunk (kChunk elements, a multiple of 32) at a time and
+// each chunk is used by every token before the next one is decoded. A token's 16 lanes are parked in
+// memory between chunks; the chunk boundaries are multiples of 16, so every lane still receives its
+// products in increasing i. The last chunk's tail (in mod 16 elements) is added lane by lane in scalar
+// code, then lane_combine folds 8, 4, 2, 1 and to_f32 rounds (canonical NaN) as in every backend.
+//
+// Flush-to-zero must be off (FPCR.FZ = 0, the Linux default): subnormal inputs, weights and results
+// are kept, as they are in the scalar backend.
+#include <arm_neon.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kernels.h"
+
+namespace k3 {
+namespace {
+
+constexpr size_t kChunk = 512;  // doubles decoded at a time (4 KiB): a multiple of 16 and of kGroup
+static_assert(kChunk % kLanes == 0 && kChunk % kGroup == 0, "chunks must keep lanes and groups aligned");
+
+// ---- widening one chunk of weights to double --------------------------------------------------------
+
+void widen_f32(const float* w, size_t n, double* out) {
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t v = vld1q_f32(w + i);
+        vst1q_f64(out + i, vcvt_f64_f32(vget_low_f32(v)));
+        vst1q_f64(out + i + 2, vcvt_high_f64_f32(v));
+    }
+    for (; i < n; ++i) out[i] = w[i];
+}
+
+void widen_bf16(const uint16_t* w, size_t n, double* out) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const uint16x8_t v = vld1q_u16(w + i);
+        // bf16 -> f32 is a 16-bit shift (exact, subnormals and NaNs included); f32 -> f64 is exact.
+        const float32x4_t lo = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(v), 16));
+        const float32x4_t hi = vreinterpretq_f32_u32(vshll_high_n_u16(v, 16));
+        vst1q_f64(out + i, vcvt_f64_f32(vget_low_f32(lo)));
+        vst1q_f64(out + i + 2, vcvt_high_f64_f32(lo));
+        vst1q_f64(out + i + 4, vcvt_f64_f32(vget_low_f32(hi)));
+        vst1q_f64(out + i + 6, vcvt_high_f64_f32(hi));
+    }
+    for (; i < n; ++i) out[i] = bf16_to_f64(w[i]);
+}
+
+void widen_f16(const uint16_t* w, size_t n, double* out) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        // f16 -> f32 -> f64, both exact (f16 subnormals become f32 normals; needs FPCR.FZ16 = 0).
+        const float16x8_t v = vreinterpretq_f16_u16(vld1q_u16(w + i));
+        const float32x4_t lo = vcvt_f32_f16(vget_low_f16(v));
+        const float32x4_t hi = vcvt_high_f32_f16(v);
+        vst1q_f64(out + i, vcvt_f64_f32(vget_low_f32(lo)));
+        vst1q_f64(out + i + 2, vcvt_high_f64_f32(lo));
+        vst1q_f64(out + i + 4, vcvt_f64_f32(vget_low_f32(hi)));
+        vst1q_f64(out + i + 6, vcvt_high_f64_f32(hi));
+    }
+    for (; i < n; ++i) out[i] = f16_to_f64(w[i]);
+}
+
+void widen(WeightType type, const void* row, size_t c0, size_t n, double* out) {
+    if (type == WeightType::F32) widen_f32(static_cast<const float*>(row) + c0, n, out);
+    else if (type == WeightType::BF16) widen_bf16(static_cast<const uint16_t*>(row) + c0, n, out);
+    else widen_f16(static_cast<const uint16_t*>(row) + c0, n, out);
+}
+
+// ---- MXFP4 decode -----------------------------------------------------------------------------------
+
+// Every E2M1 value is a double whose low 48 bits are zero, so a code maps to its top two bytes with two
+// 16-entry byte-table lookups. The tables are built from e2m1() itself, so they cannot drift from it.
+struct E2m1Tables {
+    uint8x16_t top;     // bits 56..63 of the double
+    uint8x16_t second;  // bits 48..55
+};
+
+E2m1Tables make_e2m1_tables() {
+    uint8_t top[16], second[16];
+    for (int c = 0; c < 16; ++c) {
+        const double v = e2m1(static_cast<uint8_t>(c));
+        uint64_t bits;
+        std::memcpy(&bits, &v, sizeof bits);
+        top[c] = static_cast<uint8_t>(bits >> 56);
+        second[c] = static_cast<uint8_t>(bits >> 48);
+    }
+    return {vld1q_u8(top), vld1q_u8(second)};
+}
+
+// 16 codes (one per byte) -> 16 doubles times the group's scale, exactly e2m1(code) * e8m0(scale).
+inline void decode16(uint8x16_t codes, const E2m1Tables& t, float64x2_t scale, double* out) {
+    const uint8x16_t top = vqtbl1q_u8(t.top, codes), second = vqtbl1q_u8(t.second, codes);
+    // Little-endian 16-bit halves: low byte `second`, high byte `top`; elements 0..7 then 8..15.
+    const uint16x8_t h[2] = {vreinterpretq_u16_u8(vzip1q_u8(second, top)),
+                             vreinterpretq_u16_u8(vzip2q_u8(second, top))};
+    for (int half = 0; half < 2; ++half) {
+        const uint32x4_t lo = vshll_n_u16(vget_low_u16(h[half]), 16);
+        const uint32x4_t hi = vshll_high_n_u16(h[half], 16);
+        const uint64x2_t q[4] = {vshll_n_u32(vget_low_u32(lo), 32), vshll_high_n_u32(lo, 32),
+                                 vshll_n_u32(vget_low_u32(hi), 32), vshll_high_n_u32(hi, 32)};
+        for (int k = 0; k < 4; ++k)
+            vst1q_f64(out + 8 * half + 2 * k, vmulq_f64(vreinterpretq_f64_u64(q[k]), scale));
+    }
+}
+
+// Elements [c0, c0 + n) of one row (c0 and n multiples of kGroup).
+void decode_mxfp4(const uint8_t* prow, const uint8_t* srow, size_t c0, size_t n, const E2m1Tables& t,
+                  double* out) {
+    const uint8x16_t low_mask = vdupq_n_u8(0x0F);
+    for (size_t g = 0; g < n; g += kGroup) {
+        const size_t i = c0 + g;
+        const uint8x16_t bytes = vld1q_u8(prow + i / 2);
+        const uint8x16_t lo = vandq_u8(bytes, low_mask), hi = vshrq_n_u8(bytes, 4);
+        const float64x2_t scale = vdupq_n_f64(e8m0(srow[i / kGroup]));
+        // Element 2k is the LOW nibble of byte k: interleave low, high, low, high, ...
+        decode16(vzip1q_u8(lo, hi), t, scale, out + g);
+        decode16(vzip2q_u8(lo, hi), t, scale, out + g + 16);
+    }
+}
+
+// ---- the lane-ordered dot products --------------------------------------------------------------------
+
+// The tail of the last chunk: elements [full, n) go to lanes 0 .. n-full-1 (full is a multiple of 16
+// and so is the chunk start), one multiply and one add each, like the scalar loop.
+inline void add_tail(const double* w, size_t full, size_t n, const float* x, double* lanes) {
+    for (size_t i = full; i < n; ++i) lanes[i - full] += w[i] * static_cast<double>(x[i]);
+}
+
+// One chunk w[0, n) against NT tokens at once (the weights are loaded once for all NT); lanes[t] holds
+// token t's 16 accumulators, x[t] its inputs at the chunk start.
+template <int NT>
+void accumulate(const double* w, size_t n, const float* const* x, double* const* lanes) {
+    float64x2_t acc[NT][8];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; ++k) acc[t][k] = vld1q_f64(lanes[t] + 2 * k);
+    const size_t full = n - n % kLanes;
+    for (size_t i = 0; i < full; i += kLanes) {
+        // Four elements at a time: weights i+4q .. i+4q+3 are lanes 4q .. 4q+3 = registers 2q, 2q+1.
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q) {
+            const size_t e = i + 4 * static_cast<size_t>(q);
+            const float64x2_t w01 = vld1q_f64(w + e), w23 = vld1q_f64(w + e + 2);
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; ++t) {
+                const float32x4_t v = vld1q_f32(x[t] + e);
+                acc[t][2 * q] = vfmaq_f64(acc[t][2 * q], w01, vcvt_f64_f32(vget_low_f32(v)));
+                acc[t][2 * q + 1] = vfmaq_f64(acc[t][2 * q + 1], w23, vcvt_high_f64_f32(v));
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; ++k) vst1q_f64(lanes[t] + 2 * k, acc[t][k]);
+        add_tail(w, full, n, x[t], lanes[t]);
+    }
+}
+
+// One decoded chunk (elements [c0, c0 + n) of the row) against every token.
+void chunk_all_tokens(const double* w, size_t c0, size_t n, const float* x, size_t in, size_t tokens,
+                      double* lanes) {
+    size_t t = 0;
+    for (; t + 2 <= tokens; t += 2) {
+        const float* xs[2] = {x + t * in + c0, x + (t + 1) * in + c0};
+        double* ls[2] = {lanes + t * kLanes, lanes + (t + 1) * kLanes};
+        accumulate<2>(w, n, xs, ls);
+    }
+    if (t < tokens) {
+        const float* xs[1] = {x + t * in + c0};
+        double* ls[1] = {lanes + t * kLanes};
+        accumulate<1>(w, n, xs, ls);
+    }
+}
+
+// Rows [r0, r1): for each row, decode chunk by chunk with `decode(row, c0, n, buffer)` and accumulate
+// every token; then fold and round each token's lanes into y[t, row].
+template <typename Decode>
+void rows_product(size_t in, const float* x, size_t tokens, float* y, size_t out, size_t r0, size_t r1,
+                  Decode decode) {
+    if (tokens == 0 || r0 >= r1) return;
+    std::vector<double> wbuf(std::min(in, kChunk));
+    std::vector<double> lanes(tokens * kLanes);
+    for (size_t o = r0; o < r1; ++o) {
+        std::fill(lanes.begin(), lanes.end(), 0.0);
+        for (size_t c0 = 0; c0 < in; c0 += kChunk) {
+            const size_t n = std::min(kChunk, in - c0);
+            decode(o, c0, n, wbuf.data());
+            chunk_all_tokens(wbuf.data(), c0, n, x, in, tokens, lanes.data());
+        }
+        for (size_t t = 0; t < tokens; ++t) y[t * out + o] = to_f32(lane_combine(lanes.data() + t * kLanes));
+    }
+}
+
+void linear(WeightType type, const void* w, size_t in, const float* x, size_t tokens, float* y, size_t out,
+            size_t r0, size_t r1) {
+    const size_t elem = type == WeightType::F32 ? 4 : 2;
+    const uint8_t* base = static_cast<const uint8_t*>(w);
+    rows_product(in, x, tokens, y, out, r0, r1, [&](size_t o, size_t c0, size_t n, double* buf) {
+        widen(type, base + o * in * elem, c0, n, buf);
+    });
+}
+
+void mxfp4(const uint8_t* packed, const uint8_t* scale, size_t in, const float* x, size_t tokens, float* y,
+           size_t out, size_t r0, size_t r1) {
+    const E2m1Tables tables = make_e2m1_tables();
+    rows_product(in, x, tokens, y, out, r0, r1, [&](size_t o, size_t c0, size_t n, double* buf) {
+        decode_mxfp4(packed + o * (in / 2), scale + o * (in / kGroup), c0, n, tables, buf);
+    });
+}
+
+}  // namespace
+
+const MatrixKernels kNeon = {"neon", linear, mxfp4};
+
+}  // namespace k3
