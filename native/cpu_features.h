@@ -14,4 +14,9 @@ struct CpuFeatures {
 
 CpuFeatures detect_cpu_features();
 
+// Empty when this thread's floating-point environment is the IEEE default the kernels need
+// (round to nearest, no flush-to-zero, no denormals-are-zero); else what is wrong. A library built
+// with -ffast-math can switch flush-to-zero on for a whole process when it loads.
+const char* fp_environment_problem();
+
 }  // namespace k3

@@ -57,8 +57,18 @@ const MatrixKernels* matrix_kernels(const std::string& name) {
     throw std::invalid_argument("kernel backend '" + name + "' is not available on this machine");
 }
 
+// Every kernel call first checks the calling thread's floating-point environment.
+void check_fp_environment() {
+    const char* problem = k3::fp_environment_problem();
+    if (*problem)
+        throw std::runtime_error(std::string("k3 kernels refuse to run: ") + problem +
+                                 " in this process (a library built with -ffast-math may have switched it on); "
+                                 "results would differ from every other configuration");
+}
+
 template <typename T>
 const T* in_ptr(const py::array& a, const char* what, int ndim) {
+    check_fp_environment();
     if (!py::isinstance<py::array_t<T>>(a) || !(a.flags() & py::array::c_style))
         throw std::invalid_argument(std::string(what) + ": expected a C-contiguous " +
                                     py::str(py::dtype::of<T>()).cast<std::string>() + " array, got " +

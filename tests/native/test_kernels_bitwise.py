@@ -210,3 +210,23 @@ def test_bad_arguments_are_refused_with_a_clear_message():
         k.mxfp4_linear(np.zeros((2, 16), np.uint8), np.zeros((2, 2), np.uint8), np.zeros((1, 32), np.float32))
     with pytest.raises(ValueError, match="not available"):
         _native.Kernels("no-such-backend", 1)
+
+
+@pytest.mark.skipif(__import__("platform").machine() != "x86_64", reason="sets MXCSR through glibc's x86-64 fenv_t")
+def test_kernels_refuse_to_run_with_flush_to_zero_on():
+    import ctypes
+
+    libm = ctypes.CDLL("libm.so.6")
+    env = ctypes.create_string_buffer(32)  # glibc x86-64 fenv_t; MXCSR is the u32 at offset 28
+    assert libm.fegetenv(env) == 0
+    saved = env.raw
+    mxcsr = int.from_bytes(env.raw[28:32], "little") | (1 << 15)  # FTZ
+    ctypes.memmove(ctypes.addressof(env) + 28, mxcsr.to_bytes(4, "little"), 4)
+    assert libm.fesetenv(env) == 0
+    try:
+        with pytest.raises(RuntimeError, match="flush-to-zero"):
+            kernels("scalar").sigmoid(np.zeros(3, np.float32))
+    finally:
+        restore = ctypes.create_string_buffer(saved, 32)
+        libm.fesetenv(restore)
+    assert kernels("scalar").sigmoid(np.zeros(1, np.float32))[0] == 0.5
