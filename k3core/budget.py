@@ -18,6 +18,15 @@ WORKING_BYTES = 256 << 20
 DEFAULT_CONTEXT = 4096
 
 
+def human(n: float) -> str:
+    """Bytes in decimal units that keep three significant digits (1.23 GB, 45.6 MB, 789 kB)."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= size:
+            text = f"{n / size:.3g}"
+            return f"{text if 'e' not in text else f'{n / size:.0f}'} {unit}"
+    return f"{int(n)} B"
+
+
 class PlanError(K3Error):
     """The memory plan does not fit in the memory available."""
 
@@ -77,8 +86,8 @@ class Plan:
 
     def text(self) -> str:
         width = max(len(item) for item, _, _ in self.rows)
-        lines = [f"  {item:<{width}}  {b / GB:9.3f} GB  {detail}" for item, b, detail in self.rows]
-        lines.append(f"  {'total':<{width}}  {self.total / GB:9.3f} GB  of {self.available / GB:.3f} GB available"
+        lines = [f"  {item:<{width}}  {human(b):>9}  {detail}" for item, b, detail in self.rows]
+        lines.append(f"  {'total':<{width}}  {human(self.total):>9}  of {human(self.available)} available"
                      + ("" if self.fits else "  — DOES NOT FIT"))
         return "memory plan\n" + "\n".join(lines)
 
@@ -93,7 +102,7 @@ def state_rows(config, max_context: int) -> list[tuple[str, int, str]]:
     mla = c.num_hidden_layers - len(kda)
     per_kda = (c.kda_num_heads * c.kda_head_dim ** 2 + 3 * (c.short_conv_kernel_size - 1) * c.kda_proj_dim) * 4
     per_position = mla * (c.kv_lora_rank + c.qk_rope_head_dim) * 4
-    return [("KDA state", len(kda) * per_kda, f"{len(kda)} layers × {per_kda / 2**20:.2f} MiB (state + conv history)"),
+    return [("KDA state", len(kda) * per_kda, f"{len(kda)} layers × {human(per_kda)} (state + conv history)"),
             ("MLA cache", per_position * max_context,
              f"{mla} layers × {c.kv_lora_rank + c.qk_rope_head_dim} floats = {per_position} B/position, "
              f"{max_context} positions"),

@@ -63,6 +63,10 @@ def _budget_options(args) -> dict:
     if args.trunk:
         options["trunk_dir"] = args.trunk
         options["trunk_gb"] = budget.trunk_gb
+        if args.pin_layers is not None:
+            options["pinned_layers"] = args.pin_layers
+    elif args.pin_layers is not None:
+        raise UsageError("--pin-layers pins layers of a packed trunk: give --trunk DIR (made by `k3 pack`)")
     elif args.trunk_gb is not None:
         raise UsageError("--trunk-gb limits a packed trunk: give --trunk DIR (made by `k3 pack`), or leave "
                          "--trunk-gb out to hold the whole trunk in RAM")
@@ -241,6 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="trunk and expert-cache budgets in one word (see `k3 presets`); auto from MemAvailable")
     run.add_argument("--trunk-gb", type=float, metavar="GB", help="RAM for the packed trunk: pinned layers + ring")
     run.add_argument("--cache-gb", type=float, metavar="GB", help="RAM for the expert cache (default 1)")
+    run.add_argument("--pin-layers", type=int, metavar="N",
+                     help="pin exactly the first N layers of the packed trunk instead of as many as --trunk-gb holds")
     run.add_argument("--ring", type=int, default=2, metavar="N",
                      help="slots of the streaming ring (default 2; the next layer is read while one computes)")
     run.add_argument("--max-context", type=int, default=4096, metavar="N",
@@ -284,6 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.set_defaults(func=cmd_plugins)
     from .bench import add_parser as add_bench
     from .cachesim import add_parser as add_sim_cache
+    from .pack import add_parser as add_pack
+    add_pack(sub)
     add_bench(sub)
     add_sim_cache(sub)
     return p

@@ -52,6 +52,10 @@ class BindingError(CheckpointError):
         self.file, self.tensor = str(root), None
 
 
+class TrunkError(CheckpointError):
+    """A packed trunk (`k3 pack`) is missing, damaged, from another checkpoint, or cannot be written."""
+
+
 class InputError(K3Error):
     """A request the model cannot serve: token ids outside the vocabulary, an empty prompt."""
 

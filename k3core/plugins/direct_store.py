@@ -6,6 +6,7 @@ where the filesystem allows. Every request is a miss by design: its TRUE hit rat
 from __future__ import annotations
 
 from ..expert_io import ExpertReader, aligned_buffer, expert_slot_bytes
+from ..budget import human
 from ..hookspecs import hookimpl
 from ..interfaces import ExpertStore
 
@@ -26,7 +27,7 @@ class DirectStore(ExpertStore):
     def plan(cls, checkpoint, config, options):
         slot = expert_slot_bytes(checkpoint)
         k = config.num_experts_per_token
-        return [("expert scratch", k * slot, f"{k} slots × {slot / 2**20:.2f} MiB (no cache)")]
+        return [("expert scratch", k * slot, f"{k} slots × {human(slot)} (no cache)")]
 
     def capacity(self) -> int:
         return self.slots

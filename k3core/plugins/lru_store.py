@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from ..expert_io import ExpertReader, aligned_buffer, expert_slot_bytes
+from ..budget import human
 from ..hookspecs import hookimpl
 from ..interfaces import CachePolicy, ExpertStore
 
@@ -59,7 +60,7 @@ class LRUStore(ExpertStore):
     def plan(cls, checkpoint, config, options):
         slot = expert_slot_bytes(checkpoint)
         slots = max(config.num_experts_per_token, int(float(options.get("cache_gb", DEFAULT_CACHE_GB)) * 1e9 // slot))
-        return [("expert cache", slots * slot, f"{slots} slots × {slot / 2**20:.2f} MiB")]
+        return [("expert cache", slots * slot, f"{slots} slots × {human(slot)}")]
 
     def capacity(self) -> int:
         return self.slots

@@ -1,0 +1,679 @@
+"""`k3 pack`: copy every layer's trunk run (and the model-level run) into one 4096-aligned trunk.bin
+with a versioned manifest.json, resumably; `k3 pack --verify`; and `open_trunk`, the manifest reader
+the trunk placers build on (it validates and turns a buffer holding a run into Params, never reads runs).
+
+Checked by tests/test_pack.py against ShardIndex.read: every tensor's bytes, kills and torn writes.
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__
+from .checkpoint import PREFIX, VISION_PREFIXES, Checkpoint, layer_prefix, open_checkpoint
+from .errors import CheckpointError, TrunkError, UsageError
+from .interfaces import Param, Weights
+from .safetensors_index import DTYPES
+
+FORMAT, VERSION, STATE_FORMAT = "k3-trunk", 1, "k3-pack-state"
+ALIGN, TENSOR_ALIGN = 4096, 64            # run starts (O_DIRECT) / tensors of a re-laid-out run
+CHUNK = 64 << 20
+SAMPLE_BLOCKS, SAMPLE_BLOCK, SAMPLE_ALL = 16, 4096, 1 << 20
+TRUNK, PARTIAL, MANIFEST, STATE = "trunk.bin", "trunk.bin.partial", "manifest.json", "pack-state.json"
+EXPERTS = "block_sparse_moe.experts."
+
+
+def _align(n: int, a: int) -> int:
+    return -(-n // a) * a
+
+
+def _canon(obj) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _sha(data) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+# ---- the checkpoint fingerprint -----------------------------------------------------------------
+def _data_sample(f) -> str:
+    """sha256 of a shard's data region if small, else of 16 evenly spaced 4 KiB blocks of it. Headers
+    alone do not tell two same-shaped checkpoints apart (test models of two seeds, a re-upload)."""
+    start, n = 8 + f.header_len, f.size - 8 - f.header_len
+    spans = [(start, n)] if n <= SAMPLE_ALL else \
+        [(start + i * (n - SAMPLE_BLOCK) // (SAMPLE_BLOCKS - 1), SAMPLE_BLOCK) for i in range(SAMPLE_BLOCKS)]
+    h, fd = hashlib.sha256(), os.open(f.path, os.O_RDONLY)
+    try:
+        for at, k in spans:
+            if len(block := os.pread(fd, k, at)) != k:
+                raise CheckpointError("shard shrank while it was fingerprinted", file=f.path)
+            h.update(block)
+    finally:
+        os.close(fd)
+    return h.hexdigest()
+
+
+def fingerprint(ckpt: Checkpoint) -> dict:
+    """Every shard's name, size, header sha256 and data sample; a sha256 over that list; config.json's."""
+    files = ckpt.index.files
+    with ThreadPoolExecutor(min(8, len(files))) as pool:
+        samples = list(pool.map(_data_sample, files))
+    shards = [{"name": f.path.relative_to(ckpt.index.directory).as_posix(), "size": f.size,
+               "header_sha256": f.header_sha256, "data_sample_sha256": s} for f, s in zip(files, samples)]
+    return {"shards": shards, "shards_sha256": _sha(_canon(shards)),
+            "config_sha256": _sha((Path(ckpt.root) / "config.json").read_bytes())}
+
+
+def fingerprint_diff(old: dict, new: dict) -> list[str]:
+    """What differs between two fingerprints, one phrase per difference ([] when equal)."""
+    a, b = ({s["name"]: s for s in fp["shards"]} for fp in (old, new))
+    out = [f"shard {n} is gone" for n in a if n not in b] + [f"shard {n} is new" for n in b if n not in a]
+    for n in (n for n in a if n in b):
+        x, y = a[n], b[n]
+        if x["size"] != y["size"]:
+            out.append(f"shard {n}: {x['size']} bytes when packed, {y['size']} now")
+        elif x["header_sha256"] != y["header_sha256"]:
+            out.append(f"shard {n}: header changed (sha256 {x['header_sha256'][:12]}… now {y['header_sha256'][:12]}…)")
+        elif x.get("data_sample_sha256") != y.get("data_sample_sha256"):
+            out.append(f"shard {n}: tensor data changed (sampled blocks differ)")
+    if old["config_sha256"] != new["config_sha256"]:
+        out.append("config.json changed")
+    return out
+
+
+def _diff_text(diffs: list[str]) -> str:
+    return "; ".join(diffs[:5]) + (f"; and {len(diffs) - 5} more" if len(diffs) > 5 else "")
+
+
+# ---- the plan: which bytes go where -------------------------------------------------------------
+@dataclass
+class _Planned:
+    key: str
+    layer: int | None
+    length: int
+    verbatim: bool
+    source: dict | None                 # verbatim: {"file", "offset"} of the run in its shard
+    tensors: list[dict]                 # name (relative), offset in the run, dtype, shape, nbytes
+    pieces: list[tuple]                 # (path or None for zeros, source offset, nbytes), in run order
+    offset: int = 0
+
+    def entry(self, sha256=None) -> dict:
+        return {"key": self.key, "layer": self.layer, "offset": self.offset, "length": self.length,
+                "sha256": sha256, "verbatim": self.verbatim, "source": self.source, "tensors": self.tensors}
+
+
+def plan_runs(index) -> tuple[list[_Planned], int]:
+    """Runs in trunk.bin order (layers ascending, then "model") with their offsets, and the file size."""
+    groups: dict[str, list] = {}
+    for name in index.names():
+        if name.startswith(VISION_PREFIXES):
+            continue
+        if name.startswith(PREFIX + "layers."):
+            num, _, rel = name[len(PREFIX + "layers."):].partition(".")
+            if not num.isdigit() or str(int(num)) != num or not rel:
+                raise CheckpointError("layer tensor without a plain layer number", file=index.directory, tensor=name)
+            if not rel.startswith(EXPERTS):
+                groups.setdefault(int(num), []).append((rel, index[name]))
+        else:
+            groups.setdefault("model", []).append((name, index[name]))
+    order = {f.path: i for i, f in enumerate(index.files)}
+    plan, at = [], 0
+    for key in sorted(groups, key=lambda k: (k == "model", k if k != "model" else 0)):
+        ts = sorted(groups[key], key=lambda r: (order[r[1].file], r[1].offset, r[1].nbytes, r[0]))
+        first, last = ts[0][1], ts[-1][1]
+        verbatim = all(b.file == a.file and b.offset == a.offset + a.nbytes for (_, a), (_, b) in zip(ts, ts[1:])) \
+            and all((t.offset - first.offset) % DTYPES[t.dtype][0] == 0 for _, t in ts)
+        if verbatim:                    # one gap-free span: copied as is
+            offsets, length = [t.offset - first.offset for _, t in ts], last.offset + last.nbytes - first.offset
+            pieces = [(first.file, first.offset, length)]
+            source = {"file": first.file.relative_to(index.directory).as_posix(), "offset": first.offset}
+        else:                           # gaps or several shards: tensor after tensor, 64-byte aligned
+            offsets, pieces, length, source = [], [], 0, None
+            for _, t in ts:
+                start = _align(length, TENSOR_ALIGN)
+                pieces += [(None, 0, start - length), (t.file, t.offset, t.nbytes)]
+                offsets.append(start)
+                length = start + t.nbytes
+        tensors = [{"name": rel, "offset": o, "dtype": t.dtype, "shape": list(t.shape), "nbytes": t.nbytes}
+                   for (rel, t), o in zip(ts, offsets)]
+        run = _Planned("model" if key == "model" else f"layer.{key}", None if key == "model" else key,
+                       length, verbatim, source, tensors, [p for p in pieces if p[2]], _align(at, ALIGN))
+        at = run.offset + run.length
+        plan.append(run)
+    return plan, _align(at, ALIGN)
+
+
+# ---- moving bytes: read ahead one chunk, hash and write the current one in parallel -----------------
+def _pread_full(fd, view, at, path):
+    done = 0
+    while done < len(view):
+        if (n := os.preadv(fd, [view[done:]], at + done)) <= 0:
+            raise CheckpointError(f"file ends at byte {at + done}, {len(view) - done} bytes short", file=path)
+        done += n
+
+
+def _pwrite_full(fd, view, at):
+    while len(view):
+        n = os.pwrite(fd, view, at)
+        view, at = view[n:], at + n
+
+
+def _drop_cache(fd, at, n):
+    if hasattr(os, "posix_fadvise"):    # a 113 GB pass should not evict everything else from the page cache
+        os.posix_fadvise(fd, at, n, os.POSIX_FADV_DONTNEED)
+
+
+class _Mover:
+    """Streams pieces (fd + offset, or zeros) through two chunk buffers: sha256, optionally written out."""
+
+    def __init__(self, chunk):
+        self.chunk, self.bufs, self.pool = chunk, [bytearray(chunk), bytearray(chunk)], ThreadPoolExecutor(2)
+
+    def close(self):
+        self.pool.shutdown(wait=True)
+
+    def stream(self, pieces, out_fd=None, out_at=0, tick=None) -> str:
+        jobs = [(fd, path, at + k, min(self.chunk, n - k)) for fd, path, at, n in pieces for k in range(0, n, self.chunk)]
+
+        def load(i):
+            fd, path, at, n = jobs[i]
+            view = memoryview(self.bufs[i % 2])[:n]
+            if fd is None:
+                np.frombuffer(view, np.uint8)[:] = 0
+            else:
+                _pread_full(fd, view, at, path)
+                if out_fd is not None:
+                    _drop_cache(fd, at, n)
+            return view
+
+        h, ahead = hashlib.sha256(), self.pool.submit(load, 0) if jobs else None
+        for i in range(len(jobs)):
+            view = ahead.result()
+            ahead = self.pool.submit(load, i + 1) if i + 1 < len(jobs) else None
+            hashed = self.pool.submit(h.update, view)
+            if out_fd is not None:
+                _pwrite_full(out_fd, view, out_at)
+            hashed.result()
+            out_at += len(view)
+            if tick:
+                tick(len(view))
+        return h.hexdigest()
+
+
+class _Sources:
+    """The shard files a plan reads, opened once; turns plan pieces into (fd, path, offset, n)."""
+
+    def __init__(self, plan):
+        self.fds = {}
+        for run in plan:
+            for path, _, _ in run.pieces:
+                if path is not None and path not in self.fds:
+                    self.fds[path] = os.open(path, os.O_RDONLY)
+
+    def pieces(self, run):
+        return [(self.fds.get(path), path, at, n) for path, at, n in run.pieces]
+
+    def close(self):
+        for fd in self.fds.values():
+            os.close(fd)
+
+
+# ---- progress -----------------------------------------------------------------------------------
+@dataclass
+class Progress:
+    key: str                # the run being copied or hashed
+    runs_done: int
+    runs_total: int
+    bytes_done: int         # run bytes in place, including runs kept from an earlier, interrupted pack
+    bytes_total: int
+    moved: int              # bytes moved by this call
+    elapsed: float
+    run_finished: bool      # True once per run, after it is on disk and recorded in the state file
+
+    @property
+    def rate(self) -> float:
+        return self.moved / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def eta(self) -> float | None:
+        return (self.bytes_total - self.bytes_done) / self.rate if self.rate else None
+
+
+class Meter:
+    """Progress on a stream: one line rewritten in place on a TTY, else one line per finished run."""
+
+    def __init__(self, stream=sys.stderr, verb="packed"):
+        self.stream, self.verb, self.tty, self.last, self.open = stream, verb, stream.isatty(), 0.0, False
+
+    def __call__(self, p: Progress):
+        eta = "?" if p.eta is None else time.strftime("%H:%M:%S", time.gmtime(p.eta))
+        line = (f"{self.verb} {p.runs_done}/{p.runs_total} runs, {_size(p.bytes_done)} of {_size(p.bytes_total)}, "
+                f"{p.rate / 1e9:.2f} GB/s, ETA {eta} ({p.key})")
+        if self.tty and (p.run_finished or time.monotonic() - self.last > 0.2):
+            self.last = time.monotonic()
+            self.open = not (p.run_finished and p.runs_done == p.runs_total)
+            self.stream.write(f"\r{line}\x1b[K" + ("" if self.open else "\n"))
+            self.stream.flush()
+        elif not self.tty and p.run_finished:
+            print(line, file=self.stream, flush=True)
+
+    def close(self):
+        """End a line left open in place (before an error or interruption message)."""
+        if self.open:
+            self.stream.write("\n")
+            self.open = False
+
+
+# ---- the packer ---------------------------------------------------------------------------------
+@dataclass
+class PackResult:
+    status: str             # "packed", "resumed" or "up-to-date"
+    runs: int
+    runs_copied: int
+    bytes_copied: int       # run bytes copied from the checkpoint by this call
+    trunk_bytes: int
+    seconds: float
+
+
+def _fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(json.dumps(obj, indent=1).encode() + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
+def _save_state(path, fp, plan_sha, done):
+    state = {"format": STATE_FORMAT, "version": VERSION, "checkpoint": fp, "plan_sha256": plan_sha, "done": done}
+    _write_json_atomic(path, {**state, "sha256": _sha(_canon(state))})
+
+
+def _resume_point(out: Path, fp, plan, plan_sha, mover) -> tuple[list, list[str]]:
+    """The recorded runs still trusted (the last one re-hashed from the partial file), and notes."""
+    state, partial = _read_json(out / STATE), out / PARTIAL
+    if state is None:
+        return [], ["found trunk.bin.partial without a readable pack-state.json; starting over"] if partial.exists() else []
+    body = {k: v for k, v in state.items() if k != "sha256"} if isinstance(state, dict) else None
+    if not body or state.get("sha256") != _sha(_canon(body)) or state.get("format") != STATE_FORMAT \
+            or state.get("version") != VERSION:
+        return [], ["pack-state.json is damaged or from another k3 version; starting over"]
+    if diffs := fingerprint_diff(state["checkpoint"], fp):
+        return [], [f"pack-state.json belongs to another checkpoint ({_diff_text(diffs)}); starting over"]
+    done = state["done"]
+    if state["plan_sha256"] != plan_sha or len(done) > len(plan) or any(
+            (d["key"], d["offset"], d["length"]) != (p.key, p.offset, p.length) for d, p in zip(done, plan)):
+        return [], ["pack-state.json describes another trunk layout; starting over"]
+    if not partial.exists():
+        return [], ["pack-state.json has no trunk.bin.partial beside it; starting over"] if done else []
+    notes, fd = [], os.open(partial, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        while done:
+            d = done[-1]
+            if d["offset"] + d["length"] <= size and \
+                    mover.stream([(fd, partial, d["offset"], d["length"])]) == d["sha256"]:
+                break
+            notes.append(f"{d['key']} in trunk.bin.partial does not match its recorded sha256 (torn write); "
+                         "copying it again")
+            done = done[:-1]
+    finally:
+        os.close(fd)
+    if done:
+        notes.append(f"resuming after {len(done)} of {len(plan)} runs "
+                     f"({_size(sum(d['length'] for d in done))} already packed)")
+    return done, notes
+
+
+def _lock(out: Path) -> int:
+    """An exclusive lock on the directory itself (released by the kernel even on kill -9)."""
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise TrunkError("another k3 pack is writing into this directory", file=out) from None
+    return fd
+
+
+def _preflight(out: Path, need: int, freeable: int):
+    probe = out
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free + freeable < need + (16 << 20):
+        raise TrunkError(f"not enough free space: the pack needs {_size(need)} more and the filesystem holding "
+                         f"{probe} has {_size(free)} free", file=out)
+
+
+def _manifest(fp, plan, total, shas) -> dict:
+    return {"format": FORMAT, "version": VERSION, "packed_by": f"k3 {__version__}", "alignment": ALIGN,
+            "tensor_alignment": TENSOR_ALIGN, "trunk_file": TRUNK, "trunk_bytes": total,
+            "run_bytes": sum(r.length for r in plan), "checkpoint": fp,
+            "runs": [r.entry(s) for r, s in zip(plan, shas)]}
+
+
+def pack(model, trunk_dir, *, progress=None, say=None, chunk_bytes: int = CHUNK) -> PackResult:
+    """Pack `model` (a directory or Checkpoint) into trunk_dir, resuming an interrupted pack; a
+    matching finished pack is left alone. `progress(Progress)` is called per chunk and per run."""
+    t0, say = time.perf_counter(), say or (lambda msg: None)
+    ckpt = model if isinstance(model, Checkpoint) else open_checkpoint(model)
+    out = Path(trunk_dir)
+    fp, (plan, total) = fingerprint(ckpt), plan_runs(ckpt.index)
+    plan_sha = _sha(_canon([r.entry() for r in plan]))
+    old = _read_json(out / MANIFEST)
+    trunk = out / TRUNK
+    if isinstance(old, dict) and old.get("version") == VERSION and old.get("checkpoint") == fp \
+            and [dict(r, sha256=None) for r in old.get("runs", [])] == [r.entry() for r in plan] \
+            and trunk.is_file() and trunk.stat().st_size == total:
+        (out / STATE).unlink(missing_ok=True)
+        say(f"{out} already holds the packed trunk of this checkpoint; nothing to do "
+            "(`k3 pack --verify` re-hashes it)")
+        return PackResult("up-to-date", len(plan), 0, 0, total, time.perf_counter() - t0)
+    lock = _lock(out) if out.is_dir() else None
+    mover = _Mover(min(chunk_bytes, max([r.length for r in plan] + [1])))
+    sources = _Sources(plan)
+    try:
+        done, notes = _resume_point(out, fp, plan, plan_sha, mover) if lock is not None else ([], [])
+        for note in notes:
+            say(note)
+        kept = plan[len(done) - 1].offset + plan[len(done) - 1].length if done else 0
+        partial_size = (out / PARTIAL).stat().st_size if (out / PARTIAL).exists() else 0
+        _preflight(out, total - kept, (trunk.stat().st_size if trunk.exists() else 0) + max(0, partial_size - kept))
+        if lock is None:
+            out.mkdir(parents=True, exist_ok=True)
+            lock = _lock(out)
+        if trunk.exists():
+            say(f"{out} holds a pack that does not match this checkpoint; replacing it")
+        for stale in [out / MANIFEST, trunk] + [*out.glob(f".{MANIFEST}.*.tmp"), *out.glob(f".{STATE}.*.tmp")]:
+            stale.unlink(missing_ok=True)
+        fd = os.open(out / PARTIAL, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.ftruncate(fd, kept)
+            _save_state(out / STATE, fp, plan_sha, done)
+            moved, start, copied = 0, time.perf_counter(), plan[len(done):]
+            in_place, run_bytes = sum(d["length"] for d in done), sum(r.length for r in plan)
+
+            def tick(n, finished=False):
+                nonlocal moved, in_place
+                moved, in_place = moved + n, in_place + n
+                if progress:
+                    progress(Progress(run.key, len(done), len(plan), in_place, run_bytes, moved,
+                                      time.perf_counter() - start, finished))
+
+            for run in copied:
+                sha = mover.stream(sources.pieces(run), fd, run.offset, tick)
+                os.fsync(fd)
+                _drop_cache(fd, run.offset, run.length)
+                done = done + [{"key": run.key, "offset": run.offset, "length": run.length, "sha256": sha}]
+                _save_state(out / STATE, fp, plan_sha, done)
+                tick(0, finished=True)
+            os.ftruncate(fd, total)                      # zero padding: every run's aligned span is in the file
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        # manifest first: a kill before the rename leaves a state whose runs all check; the next pack finishes
+        _write_json_atomic(out / MANIFEST, _manifest(fp, plan, total, [d["sha256"] for d in done]))
+        os.replace(out / PARTIAL, trunk)
+        _fsync_dir(out)
+        (out / STATE).unlink()
+    finally:
+        mover.close()
+        sources.close()
+        if lock is not None:
+            os.close(lock)
+    return PackResult("resumed" if kept else "packed", len(plan), len(copied), sum(r.length for r in copied),
+                      total, time.perf_counter() - t0)
+
+
+# ---- the reader the placers use -----------------------------------------------------------------
+@dataclass(frozen=True)
+class TrunkTensor:
+    name: str               # relative to layers.{L}. for a layer run; the full name in the model run
+    offset: int             # from the start of the run
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Run:
+    key: str                # "layer.{L}" or "model"
+    layer: int | None
+    offset: int             # in trunk.bin, a multiple of the alignment
+    length: int
+    padded: int             # length rounded up to the alignment: [offset, offset + padded) is inside trunk.bin
+    sha256: str
+    verbatim: bool
+    tensors: tuple[TrunkTensor, ...]
+
+    @property
+    def prefix(self) -> str:
+        return "" if self.layer is None else layer_prefix(self.layer)
+
+    def params(self, buf) -> dict[str, Param]:
+        """Views into `buf`, which holds this run's bytes from its first byte (BF16 as uint16)."""
+        if (n := memoryview(buf).nbytes) < self.length:
+            raise TrunkError(f"run {self.key} has {self.length} bytes, the buffer only {n}")
+        return {t.name: Param(np.frombuffer(buf, DTYPES[t.dtype][1], t.nbytes // DTYPES[t.dtype][0], t.offset)
+                              .reshape(t.shape), t.dtype, t.name) for t in self.tensors}
+
+    def weights(self, buf) -> Weights:
+        return Weights(self.prefix, self.params(buf))
+
+    def check(self, buf) -> None:
+        """Raise TrunkError unless `buf` holds exactly the bytes the manifest hashed."""
+        if _sha(memoryview(buf).cast("B")[:self.length]) != self.sha256:
+            raise TrunkError(f"run {self.key}: bytes do not match the manifest's sha256")
+
+
+@dataclass
+class Trunk:
+    directory: Path
+    path: Path              # trunk.bin
+    manifest: dict
+    alignment: int
+    size: int
+    runs: dict[str, Run]
+
+    def layer(self, layer: int) -> Run:
+        if (run := self.runs.get(f"layer.{layer}")) is None:
+            raise TrunkError(f"the packed trunk has no run for layer {layer}", file=self.directory / MANIFEST)
+        return run
+
+    @property
+    def model(self) -> Run:
+        if (run := self.runs.get("model")) is None:
+            raise TrunkError("the packed trunk has no model-level run", file=self.directory / MANIFEST)
+        return run
+
+
+def _parse_runs(m: dict, where: Path) -> dict[str, Run]:
+    runs, end = {}, 0
+    try:
+        align, fp = int(m["alignment"]), m["checkpoint"]
+        if not (isinstance(fp["config_sha256"], str) and all(
+                isinstance(s["name"], str) and isinstance(s["size"], int) for s in fp["shards"])):
+            raise ValueError("the checkpoint fingerprint is incomplete")
+        for r in m["runs"]:
+            tensors = tuple(TrunkTensor(str(t["name"]), int(t["offset"]), str(t["dtype"]),
+                                        tuple(int(s) for s in t["shape"]), int(t["nbytes"])) for t in r["tensors"])
+            run = Run(str(r["key"]), None if r["layer"] is None else int(r["layer"]), int(r["offset"]),
+                      int(r["length"]), _align(int(r["length"]), align), str(r["sha256"]), bool(r["verbatim"]), tensors)
+            bad = [t.name for t in tensors if t.dtype not in DTYPES or t.offset < 0 or t.offset + t.nbytes > run.length
+                   or t.nbytes != math.prod(t.shape) * DTYPES[t.dtype][0]]
+            if run.key in runs or run.offset % align or run.offset < end or bad:
+                raise ValueError(f"run {run.key} is repeated, misaligned, overlaps the one before, or has an "
+                                 f"impossible tensor entry {bad[:1]}")
+            runs[run.key], end = run, run.offset + run.length
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+        raise TrunkError(f"manifest is malformed: {e!r}", file=where) from None
+    return runs
+
+
+def load_trunk(trunk_dir) -> Trunk:
+    """The manifest, checked for format, version, shape and against trunk.bin's size."""
+    directory = Path(trunk_dir)
+    where = directory / MANIFEST
+    if not where.is_file():
+        raise TrunkError("no packed trunk here (manifest.json is missing): run `k3 pack MODEL_DIR TRUNK_DIR`",
+                         file=where)
+    m = _read_json(where)
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise TrunkError(f'not a packed-trunk manifest (want "format": "{FORMAT}")', file=where)
+    if m.get("version") != VERSION:
+        raise TrunkError(f"manifest version {m.get('version')!r} is not one this k3 reads ({VERSION}); "
+                         "re-pack with `k3 pack`", file=where)
+    runs, path = _parse_runs(m, where), directory / TRUNK
+    if not path.is_file():
+        hint = " (packing was interrupted: run `k3 pack` again to finish)" if (directory / PARTIAL).exists() else ""
+        raise TrunkError(f"trunk.bin is missing{hint}", file=path)
+    size = path.stat().st_size
+    if bad := next((r for r in runs.values() if r.offset + r.padded > size), None):
+        raise TrunkError(f"trunk.bin has {size} bytes but run {bad.key} needs bytes up to {bad.offset + bad.padded}: "
+                         "the file is truncated; re-pack", file=path)
+    return Trunk(directory, path, m, int(m["alignment"]), size, runs)
+
+
+def open_trunk(trunk_dir, checkpoint: Checkpoint) -> Trunk:
+    """load_trunk, plus: the pack comes from this very checkpoint and covers every layer of its config."""
+    trunk = load_trunk(trunk_dir)
+    if diffs := fingerprint_diff(trunk.manifest["checkpoint"], fingerprint(checkpoint)):
+        raise TrunkError(f"{trunk.directory} was packed from another checkpoint than {checkpoint.root}: "
+                         f"{_diff_text(diffs)}; re-pack with `k3 pack`", file=trunk.directory / MANIFEST)
+    if missing := [k for k in [f"layer.{L}" for L in range(checkpoint.config.num_hidden_layers)] + ["model"]
+                   if k not in trunk.runs]:
+        raise TrunkError(f"the packed trunk has no run for {', '.join(missing)}", file=trunk.directory / MANIFEST)
+    return trunk
+
+
+def verify(trunk_dir, model=None, *, deep=False, progress=None) -> list[str]:
+    """Every problem found: runs whose bytes do not hash to the manifest's sha256; with `model`, a
+    fingerprint difference; with `deep`, runs whose bytes in the checkpoint differ from the pack."""
+    trunk, problems = load_trunk(trunk_dir), []
+    ckpt = open_checkpoint(model) if model is not None else None
+    if ckpt is not None:
+        if diffs := fingerprint_diff(trunk.manifest["checkpoint"], fingerprint(ckpt)):
+            problems.append(f"packed from another checkpoint than {model}: {_diff_text(diffs)}")
+    plan = {r.key: r for r in plan_runs(ckpt.index)[0]} if deep and ckpt is not None else {}
+    total, done, start = sum(r.length for r in trunk.runs.values()), 0, time.perf_counter()
+    mover, sources = _Mover(min(CHUNK, max([r.length for r in trunk.runs.values()] + [1]))), _Sources(plan.values())
+    fd = os.open(trunk.path, os.O_RDONLY)
+    try:
+        for i, run in enumerate(trunk.runs.values()):
+            def tick(n, finished=False):
+                nonlocal done
+                done += n
+                if progress:
+                    progress(Progress(run.key, i + finished, len(trunk.runs), done, total, done,
+                                      time.perf_counter() - start, finished))
+            if (sha := mover.stream([(fd, trunk.path, run.offset, run.length)], tick=tick)) != run.sha256:
+                problems.append(f"run {run.key} (offset {run.offset}, {run.length} bytes): sha256 {sha[:16]}… "
+                                f"does not match the manifest's {run.sha256[:16]}…")
+            if deep and ckpt is not None:
+                p = plan.get(run.key)
+                if p is None or p.entry() != {**trunk.manifest["runs"][i], "sha256": None}:
+                    problems.append(f"run {run.key}: the checkpoint would be packed differently today")
+                elif mover.stream(sources.pieces(p)) != run.sha256:
+                    problems.append(f"run {run.key}: the checkpoint's bytes differ from the pack")
+            tick(0, True)
+    finally:
+        os.close(fd)
+        mover.close()
+        sources.close()
+    return problems
+
+
+# ---- `k3 pack` ----------------------------------------------------------------------------------
+def cmd_pack(args) -> int:
+    err = sys.stderr
+    meter = None if args.quiet else Meter(err, "verified" if args.verify else "packed")
+    if args.verify:
+        if args.paths or (args.deep and not args.model):
+            raise UsageError("use: k3 pack --verify TRUNK_DIR [--model MODEL_DIR [--deep]]")
+        if problems := verify(args.verify, args.model, deep=args.deep, progress=meter):
+            raise TrunkError(f"{args.verify}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
+        if not args.quiet:
+            trunk = load_trunk(args.verify)
+            tied = f"; it belongs to {args.model}" if args.model else ""
+            print(f"{args.verify}: {len(trunk.runs)} runs, {_size(trunk.size)}, every sha256 matches{tied}")
+        return 0
+    if len(args.paths) != 2 or args.model or args.deep:
+        raise UsageError("use: k3 pack MODEL_DIR TRUNK_DIR, or k3 pack --verify TRUNK_DIR [--model MODEL_DIR]")
+    say = (lambda msg: None) if args.quiet else (lambda msg: print(f"k3 pack: {msg}", file=err, flush=True))
+    try:
+        r = pack(args.paths[0], args.paths[1], progress=meter, say=say)
+    except KeyboardInterrupt:
+        print("\nk3 pack: interrupted; finished runs are kept: run the same command to resume", file=err)
+        raise
+    finally:
+        if meter:
+            meter.close()
+    if not args.quiet and r.status != "up-to-date":
+        print(f"{args.paths[1]}: {r.runs} runs, {_size(r.trunk_bytes)}; copied {r.runs_copied} runs, "
+              f"{_size(r.bytes_copied)} in {r.seconds:.1f} s ({r.bytes_copied / max(r.seconds, 1e-9) / 1e9:.2f} GB/s)")
+    return 0
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "pack", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="copy the dense trunk into one aligned file for fast streaming (resumable)",
+        usage="%(prog)s MODEL_DIR TRUNK_DIR [--quiet]\n       %(prog)s --verify TRUNK_DIR [--model MODEL_DIR [--deep]]",
+        description=
+        "Copy every layer's trunk (all its tensors but the routed experts) and the model-level tensors\n"
+        "(embedding, final norms, lm_head) out of the checkpoint into TRUNK_DIR/trunk.bin, one run per layer\n"
+        "at a 4096-aligned offset, so the engine reads a whole layer with one O_DIRECT read. On the released\n"
+        "K3 that is ~113.5 GB, written once; the engine's pinned/streamed trunk placers read it.\n"
+        "TRUNK_DIR/manifest.json records each run's offset, length, sha256 and tensors, and a fingerprint of\n"
+        "the checkpoint (shard sizes, header and sampled data hashes, config.json) that ties the pack to it.\n\n"
+        "Resumable: after Ctrl-C, a kill or a power cut, run the same command again; it re-checks the last\n"
+        "finished run and continues after it. On a finished pack of the same checkpoint it does nothing.",
+        epilog="examples:\n"
+               "  k3 pack /models/Kimi-K3 /nvme/k3-trunk            # pack, or resume, or confirm it is done\n"
+               "  k3 pack --verify /nvme/k3-trunk                   # re-hash every run against the manifest\n"
+               "  k3 pack --verify /nvme/k3-trunk --model /models/Kimi-K3          # ...and the fingerprint\n"
+               "  k3 pack --verify /nvme/k3-trunk --model /models/Kimi-K3 --deep   # ...and the source bytes\n\n"
+               "exit codes:\n  0    packed (or already packed); verify found nothing wrong\n"
+               "  2    bad checkpoint, not enough free space, or a verify problem (each is named)\n"
+               "  130  interrupted: finished runs are kept for the next `k3 pack`")
+    p.add_argument("paths", nargs="*", metavar="DIR", help="MODEL_DIR (the checkpoint) and TRUNK_DIR (the pack)")
+    p.add_argument("--verify", metavar="TRUNK_DIR", help="check a finished pack instead of packing")
+    p.add_argument("--model", metavar="MODEL_DIR", help="with --verify: also check the pack belongs to this checkpoint")
+    p.add_argument("--deep", action="store_true",
+                   help="with --verify --model: also re-read each run from the checkpoint and compare hashes")
+    p.add_argument("--quiet", action="store_true", help="no progress or notes; errors only")
+    p.set_defaults(func=cmd_pack)
+    return p

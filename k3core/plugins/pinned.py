@@ -1,0 +1,247 @@
+"""The `pinned` trunk placer: the layers that fit --trunk-gb stay in RAM, the rest stream from the
+packed trunk (k3 pack) through a ring of at least two slots, the next unit read in the background
+while the current one computes. A slot is never refilled while its layer is handed out.
+
+Units in visit order: the unpinned layers, then lm_head in row blocks unless it is pinned too.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..budget import PlanError, human
+from ..checkpoint import HEAD
+from ..errors import UnsoundRunError, UsageError
+from ..expert_io import ALIGN, aligned_buffer
+from ..hookspecs import hookimpl
+from ..interfaces import Param, TrunkPlacer, Weights
+from ..pack import load_trunk, open_trunk
+
+MIN_RING = 2
+HEAD_BLOCK_BYTES = 64 << 20  # lm_head streams in row blocks of about this size when it is not pinned
+
+
+@dataclass(frozen=True)
+class Layout:
+    pinned: tuple[int, ...]   # layers kept in RAM
+    head_pinned: bool
+    ring_slots: int
+    slot_bytes: int           # 0 when nothing streams
+    pinned_bytes: int
+
+
+def _head_tensor(trunk):
+    return next(t for t in trunk.model.tensors if t.name == HEAD)
+
+
+def layout(trunk, config, options) -> Layout:
+    """Pin layers in visit order while pinned bytes + the ring fit the budget; then the head."""
+    n, ring = config.num_hidden_layers, int(options.get("ring_slots", MIN_RING))
+    if ring < MIN_RING:
+        raise UsageError(f"the ring needs at least {MIN_RING} slots, got {ring}")
+    sizes = [trunk.layer(L).padded for L in range(n)]
+    head = _head_tensor(trunk)
+    head_block = min(head.nbytes, max(HEAD_BLOCK_BYTES, head.shape[1] * 2)) + 2 * ALIGN  # + alignment slack
+    if "pinned_layers" in options:
+        k = max(0, min(n, int(options["pinned_layers"])))
+        head_pinned = bool(options.get("pin_head", k == n))
+    else:
+        budget = float(options["trunk_gb"]) * 1e9 if options.get("trunk_gb") is not None else float("inf")
+        k, head_pinned = 0, False
+        while k < n and sum(sizes[:k + 1]) + ring * max(sizes[k + 1:] + [head_block]) <= budget:
+            k += 1
+        head_pinned = k == n and sum(sizes) + head.nbytes <= budget
+    streamed = sizes[k:] + ([] if head_pinned else [head_block])
+    slot = max(streamed) if streamed else 0
+    pinned_bytes = sum(sizes[:k]) + (head.nbytes if head_pinned else 0)
+    return Layout(tuple(range(k)), head_pinned, ring if streamed else 0, slot, pinned_bytes)
+
+
+class PinnedPlacer(TrunkPlacer):
+    name = "pinned"
+    description = "pin the layers that fit --trunk-gb; stream the rest from the packed trunk through a ring"
+
+    @classmethod
+    def plan(cls, checkpoint, config, options):
+        if not options.get("trunk_dir"):
+            raise UsageError("the pinned trunk placer streams from a packed trunk: give --trunk DIR (`k3 pack`)")
+        lay = layout(load_trunk(options["trunk_dir"]), config, options)
+        if options.get("trunk_gb") is not None and lay.pinned_bytes + lay.ring_slots * lay.slot_bytes > \
+                float(options["trunk_gb"]) * 1e9:
+            raise PlanError(f"--trunk-gb {options['trunk_gb']} cannot hold even the ring: {lay.ring_slots} slots × "
+                            f"{human(lay.slot_bytes)}")
+        head = "and lm_head " if lay.head_pinned else ""
+        return [("pinned trunk", lay.pinned_bytes, f"layers 0..{len(lay.pinned) - 1} {head}of "
+                 f"{config.num_hidden_layers}" if lay.pinned else f"no layers {head}pinned"),
+                ("trunk ring", lay.ring_slots * lay.slot_bytes, f"{lay.ring_slots} slots × "
+                 f"{human(lay.slot_bytes)}" if lay.ring_slots else "nothing streams")]
+
+    def __init__(self, checkpoint, config, options):
+        super().__init__(checkpoint, config, options)
+        self._lock = threading.Lock()
+        self.trunk = open_trunk(options["trunk_dir"], checkpoint)
+        self.layout = lay = layout(self.trunk, config, options)
+        self._fd, self.direct_io = _open_trunk_file(self.trunk.path)
+        self._rows_fd = os.open(self.trunk.path, os.O_RDONLY)
+        self.trunk_bytes_read = 0
+        self.read_seconds = self.wait_seconds = 0.0
+        self._pinned = {L: self._load_resident(self.trunk.layer(L)) for L in lay.pinned}
+        model = self.trunk.model
+        self._head = _head_tensor(self.trunk)
+        small = [t for t in model.tensors if t.name != HEAD and not t.name.endswith("embed_tokens.weight")]
+        self._model = Weights("", {t.name: self._read_tensor(model, t) for t in small})
+        self._embed = next(t for t in model.tensors if t.name.endswith("embed_tokens.weight"))
+        self._head_param = self._read_tensor(model, self._head) if lay.head_pinned else None
+        self._units = [("layer", L) for L in range(config.num_hidden_layers) if L not in self._pinned]
+        if not lay.head_pinned:
+            rows = max(1, (lay.slot_bytes - 2 * ALIGN) // (self._head.shape[1] * 2))
+            self._units += [("head", r) for r in range(0, self._head.shape[0], rows)]
+            self._head_rows = rows
+        self._slots = [aligned_buffer(lay.slot_bytes) for _ in range(lay.ring_slots)]
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="k3-trunk-read")
+        self._inflight: dict[tuple, tuple[int, object]] = {}  # unit -> (slot, future)
+        self._current: tuple | None = None                    # the unit handed out, and its slot
+
+    # ---- resident parts ---------------------------------------------------------------------------
+    def _load_resident(self, run) -> Weights:
+        buf = aligned_buffer(run.padded)
+        self._read_exact(self._fd if self.direct_io else self._rows_fd, buf, run.offset, run.padded, run.key)
+        run.check(buf)  # pinned bytes are hashed once, against the manifest
+        return run.weights(buf)
+
+    def _read_tensor(self, run, t) -> Param:
+        data = os.pread(self._rows_fd, t.nbytes, self.trunk.model.offset + t.offset)
+        if len(data) != t.nbytes:
+            raise UnsoundRunError(f"short read of {t.name} from {self.trunk.path}")
+        self.trunk_bytes_read += t.nbytes
+        dtype = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32}[t.dtype]
+        return Param(np.frombuffer(data, dtype).reshape(t.shape).copy(), t.dtype, t.name)
+
+    def _read_exact(self, fd, buf, offset, length, what):
+        start, done, view = time.perf_counter(), 0, memoryview(buf)
+        while done < length:
+            n = os.preadv(fd, [view[done:length]], offset + done)
+            if n <= 0:
+                raise UnsoundRunError(f"short read of {what} from {self.trunk.path}: {done} of {length} bytes; "
+                                      "the ids generated so far are unsound")
+            done += n
+        with self._lock:
+            self.trunk_bytes_read += length
+            self.read_seconds += time.perf_counter() - start
+
+    # ---- the ring ---------------------------------------------------------------------------------
+    def _span(self, unit):
+        kind, i = unit
+        if kind == "layer":
+            run = self.trunk.layer(i)
+            return run.offset, run.padded
+        rows = min(self._head_rows, self._head.shape[0] - i)
+        start = self.trunk.model.offset + self._head.offset + i * self._head.shape[1] * 2
+        lo = start - start % ALIGN
+        return lo, -(-(start + rows * self._head.shape[1] * 2 - lo) // ALIGN) * ALIGN
+
+    def _submit(self, unit, slot):
+        offset, length = self._span(unit)
+        fd = self._fd if self.direct_io else self._rows_fd
+        future = self._reader.submit(self._read_exact, fd, self._slots[slot], offset, length, unit)
+        self._inflight[unit] = (slot, future)
+
+    def _acquire(self, unit) -> int:
+        """Wait until `unit` is in a slot and hand that slot out; the unit handed out before is done
+        with, so its slot may be refilled; start reading the units that come next."""
+        self._current = None
+        if unit not in self._inflight:
+            self._submit(unit, self._free_slot())
+        slot, future = self._inflight.pop(unit)
+        start = time.perf_counter()
+        future.result()
+        self.wait_seconds += time.perf_counter() - start
+        self._current = (unit, slot)
+        at = self._units.index(unit)
+        for step in range(1, len(self._slots)):
+            nxt = self._units[(at + step) % len(self._units)]
+            if nxt == unit or nxt in self._inflight:
+                continue
+            if len(self._inflight) + 1 >= len(self._slots):
+                break
+            self._submit(nxt, self._free_slot())
+        return slot
+
+    def _free_slot(self) -> int:
+        busy = {s for s, _ in self._inflight.values()} | ({self._current[1]} if self._current else set())
+        for s in range(len(self._slots)):
+            if s not in busy:
+                return s
+        _, (slot, future) = self._inflight.popitem()  # a read-ahead nobody asked for: let it land, reuse it
+        future.result()
+        return slot
+
+    # ---- the placer interface ---------------------------------------------------------------------
+    def layer(self, layer):
+        if layer in self._pinned:
+            return self._pinned[layer]
+        slot = self._acquire(("layer", layer))
+        return self.trunk.layer(layer).weights(self._slots[slot])
+
+    def model(self):
+        return self._model
+
+    def embed_rows(self, ids):
+        e, H = self._embed, self._embed.shape[1]
+        rows = []
+        for i in ids:
+            at = self.trunk.model.offset + e.offset + int(i) * H * 2
+            data = os.pread(self._rows_fd, H * 2, at)
+            if len(data) != H * 2:
+                raise UnsoundRunError(f"short read of embedding row {i} from {self.trunk.path}")
+            rows.append(np.frombuffer(data, np.uint16))
+        return Param(np.stack(rows), e.dtype).f32()
+
+    def head_blocks(self):
+        if self._head_param is not None:
+            yield 0, self._head_param
+            return
+        H = self._head.shape[1]
+        for r in range(0, self._head.shape[0], self._head_rows):
+            slot = self._acquire(("head", r))
+            rows = min(self._head_rows, self._head.shape[0] - r)
+            start = self.trunk.model.offset + self._head.offset + r * H * 2
+            data = np.frombuffer(self._slots[slot], np.uint16, rows * H, start % ALIGN).reshape(rows, H)
+            yield r, Param(data, self._head.dtype, HEAD)
+
+    def stats(self):
+        return {"trunk_bytes_read": self.trunk_bytes_read, "trunk_read_seconds": self.read_seconds,
+                "trunk_wait_seconds": self.wait_seconds, "pinned_layers": len(self.layout.pinned),
+                "head_pinned": self.layout.head_pinned, "ring_slots": self.layout.ring_slots,
+                "ring_slot_bytes": self.layout.slot_bytes,
+                "trunk_read_mode": "O_DIRECT" if self.direct_io else "buffered (O_DIRECT refused)"}
+
+    def close(self):
+        self._reader.shutdown(wait=True)
+        for fd in {self._fd, self._rows_fd}:
+            os.close(fd)
+
+
+def _open_trunk_file(path) -> tuple[int, bool]:
+    if hasattr(os, "O_DIRECT"):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+            probe = aligned_buffer(ALIGN)
+            try:
+                os.preadv(fd, [memoryview(probe)], 0)
+                return fd, True
+            except OSError:
+                os.close(fd)
+        except OSError:
+            pass
+    return os.open(path, os.O_RDONLY), False
+
+
+@hookimpl(trylast=True)
+def k3_trunk_placers():
+    return [PinnedPlacer]
