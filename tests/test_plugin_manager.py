@@ -43,7 +43,7 @@ def test_every_kind_has_a_builtin_registered_through_the_hooks():
     assert [b.name for b in plugins.kernel_backends(pm)] == ["avx512", "avx2", "neon", "scalar", "reference"]
     assert {(b.kind, b.name) for b in plugins.attention_backends(pm)} == {("kda", "kda"), ("mla", "mla")}
     assert [s.name for s in plugins.expert_stores(pm)] == ["lru", "direct"]
-    assert [p.name for p in plugins.trunk_placers(pm)] == ["resident"]
+    assert [p.name for p in plugins.trunk_placers(pm)] == ["resident", "pinned"]
 
 
 def test_an_installed_attention_plugin_wins_over_the_trylast_builtin(tiny_model):
