@@ -263,12 +263,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "BF16/F32 trunk, MXFP4 experts, config.json, tiktoken.model and tokenizer_config.json.\n"
                     "The same shape and seed always give the same bytes. The size is printed before writing.\n\n"
                     "shapes: tiny  = SPEC §9's 13-layer oracle shape (~1 MB)\n"
-                    "        small = a second shape where every count differs (~2 MB)\n"
+                    "        small = a second shape where every count differs (~3 MB)\n"
+                    "        medium = 25 layers, 16 of 64 experts: for streaming tests (~52 MB)\n"
                     "        wide  = real K3 widths, 4 layers, 32 experts (~6.6 GB, for benchmarks)",
         epilog="examples:\n  k3 make-model demo-model --shape tiny --seed 0\n"
                "  k3 make-model /data/k3-wide --shape wide --layout flat")
     mm.add_argument("dir", metavar="DIR")
-    mm.add_argument("--shape", default="tiny", choices=["tiny", "small", "wide"])
+    mm.add_argument("--shape", default="tiny", choices=["tiny", "small", "medium", "wide"])
     mm.add_argument("--seed", type=int, default=0)
     mm.add_argument("--layout", default="nested", choices=["nested", "flat"],
                     help="nested = the released config.json layout (default); flat = all fields at the root")

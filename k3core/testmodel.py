@@ -42,6 +42,13 @@ SHAPES = {
                   num_shared_experts=1, routed_expert_hidden_size=96, moe_intermediate_size=32,
                   first_k_dense_replace=2, intermediate_size=80, attn_res_block_size=4,
                   full_attn_layers=[3, 6, 9, 10]),
+    # Deeper and wider than tiny, for streaming tests: 25 layers (9 AttnRes blocks), 16 of 64 experts.
+    "medium": dict(hidden_size=256, num_hidden_layers=25, vocab_size=512, kda_num_heads=8, kda_head_dim=16,
+                   short_conv_kernel_size=4, num_attention_heads=4, q_lora_rank=96, kv_lora_rank=64,
+                   qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, num_experts=64,
+                   num_experts_per_token=16, num_shared_experts=2, routed_expert_hidden_size=128,
+                   moe_intermediate_size=96, first_k_dense_replace=1, intermediate_size=384,
+                   attn_res_block_size=3, full_attn_layers=[4, 8, 12, 16, 20, 24, 25]),
     # Real K3 widths, few layers and experts: for benchmarks (several GB).
     "wide": dict(hidden_size=7168, num_hidden_layers=4, vocab_size=8192, kda_num_heads=96, kda_head_dim=128,
                  short_conv_kernel_size=4, num_attention_heads=96, q_lora_rank=1536, kv_lora_rank=512,

@@ -1,0 +1,130 @@
+"""Memory buys speed, never a different answer: greedy ids and logit bytes are identical across
+trunk placements (resident; pinned 0, some, all layers; rings of 2 and 3), expert stores (direct,
+lru) and cache sizes, on the 13-layer model and a 25-layer one; and streaming faults are loud."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from k3core import expert_io
+from k3core.cli import main
+from k3core.engine import Engine
+from k3core.errors import TrunkError, UnsoundRunError
+from k3core.pack import pack
+
+PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
+CONFIGS = {
+    "resident, lru 1 GB": dict(),
+    "pinned 0 layers, ring 2, direct": dict(expert_store="direct", options=dict(pinned_layers=0, ring_slots=2)),
+    "pinned 5 layers, ring 3, lru floor": dict(options=dict(pinned_layers=5, ring_slots=3, cache_gb=0.0)),
+    "pinned all layers and head": dict(options=dict(pinned_layers=99)),
+    "pinned all layers, head streamed": dict(options=dict(pinned_layers=99, pin_head=False)),
+    "pinned 1 layer, ring 2, lru small": dict(options=dict(pinned_layers=1, ring_slots=2, cache_gb=0.0005)),
+    "budget-chosen pins, ring 3, lru large": dict(options=dict(trunk_gb="60%", ring_slots=3, cache_gb=2.0)),
+}
+
+
+@pytest.fixture(scope="module", params=["tiny", "medium"])
+def packed(request, model_factory, tmp_path_factory):
+    model = model_factory(request.param)
+    trunk = tmp_path_factory.mktemp("trunk") / request.param
+    pack(model, trunk, progress=None)
+    return model, trunk
+
+
+def run(model, trunk, expert_store=None, options=None):
+    options = dict(options or {})
+    if options.get("trunk_gb") == "60%":  # a budget that pins some layers of whichever model
+        options["trunk_gb"] = 0.6 * (trunk / "trunk.bin").stat().st_size / 1e9
+    if "pinned_layers" in options or "trunk_gb" in options:
+        options["trunk_dir"] = trunk
+    with Engine(model, expert_store=expert_store, options=options) as engine:
+        ids, logits = engine.generate(PROMPT, 6)
+        return ids, logits.view(np.uint32).tobytes(), engine.stats()
+
+
+def test_every_budget_and_store_gives_the_resident_run_s_bits(packed):
+    model, trunk = packed
+    results = {name: run(model, trunk, **cfg) for name, cfg in CONFIGS.items()}
+    want = results["resident, lru 1 GB"]
+    for name, (ids, logits, _) in results.items():
+        assert (ids, logits) == want[:2], name
+    stats = {name: r[2] for name, r in results.items()}
+    assert stats["pinned 0 layers, ring 2, direct"]["pinned_layers"] == 0
+    assert stats["pinned 5 layers, ring 3, lru floor"]["ring_slots"] == 3
+    assert stats["pinned all layers and head"]["ring_slots"] == 0
+    assert stats["pinned all layers, head streamed"]["head_pinned"] is False
+    assert 0 < stats["budget-chosen pins, ring 3, lru large"]["pinned_layers"]
+    assert stats["pinned 0 layers, ring 2, direct"]["expert_hits"] == 0
+    assert stats["budget-chosen pins, ring 3, lru large"]["expert_hits"] > 0
+
+
+def test_streamed_layers_are_read_every_token_and_pinned_ones_once(packed):
+    model, trunk = packed
+    none_pinned = run(model, trunk, options=dict(pinned_layers=0))[2]["trunk_bytes_read"]
+    all_pinned = run(model, trunk, options=dict(pinned_layers=99))[2]["trunk_bytes_read"]
+    assert none_pinned > 3 * all_pinned
+
+
+def test_a_truncated_trunk_bin_is_refused(packed, tmp_path):
+    model, trunk = packed
+    copy = shutil.copytree(trunk, tmp_path / "t")
+    with open(copy / "trunk.bin", "r+b") as f:
+        f.truncate((copy / "trunk.bin").stat().st_size // 2)
+    with pytest.raises(TrunkError, match="truncated"):
+        run(model, copy, options=dict(pinned_layers=1))
+
+
+def test_a_trunk_packed_from_another_checkpoint_is_refused(packed, model_factory, tmp_path):
+    model, _ = packed
+    other = tmp_path / "other"
+    pack(model_factory("tiny", seed=1), other, progress=None)
+    with pytest.raises(TrunkError, match="another checkpoint"):
+        run(model_factory("tiny"), other, options=dict(pinned_layers=1))
+
+
+def test_an_expert_read_that_comes_up_short_ends_the_run_with_exit_4(tiny_model, tmp_path, capsys, monkeypatch):
+    real = expert_io.ExpertReader._read_piece
+    calls = []
+
+    def failing(self, piece, view):
+        calls.append(piece)
+        return "short read: 0 of 4096 bytes" if len(calls) > 5 else real(self, piece, view)
+
+    monkeypatch.setattr(expert_io.ExpertReader, "_read_piece", failing)
+    report = tmp_path / "r.json"
+    code = main(["run", str(tiny_model), "--ids", "1,2,3", "--gen", "3", "--json", str(report)])
+    err = capsys.readouterr().err
+    assert code == 4 and "unsound" in err and not report.exists()
+
+
+def test_a_shard_truncated_after_indexing_is_unsound(tiny_model, tmp_path):
+    model = shutil.copytree(tiny_model, tmp_path / "m")
+    with Engine(model, expert_store="direct") as engine:
+        for shard in model.glob("model-0000[2-9]-*.safetensors"):
+            with open(shard, "r+b") as f:
+                f.truncate(shard.stat().st_size // 2)
+        with pytest.raises(UnsoundRunError) as err:
+            engine.generate(PROMPT, 2)
+    assert err.value.exit_code == 4
+
+
+def test_cli_runs_streamed_with_a_plan_and_a_report(tiny_model, tmp_path, capsys):
+    trunk = tmp_path / "trunk"
+    assert main(["pack", str(tiny_model), str(trunk), "--quiet"]) == 0
+    report = tmp_path / "r.json"
+    code = main(["run", str(tiny_model), "--ids", "1,2,3", "--gen", "3", "--trunk", str(trunk), "--pin-layers", "4",
+                 "--ring", "3", "--cache-gb", "0.001", "--json", str(report)])
+    out = capsys.readouterr()
+    assert code == 0 and "memory plan" in out.err and "pinned trunk" in out.err
+    data = json.loads(report.read_text())
+    assert data["trunk_placer"] == "pinned" and data["stats"]["pinned_layers"] == 4
+    for key in ("expert_true_hit_rate", "expert_retention", "io_share_of_wall", "trunk_read_rate", "memory_plan"):
+        assert key in data
+
+
+def test_a_plan_that_does_not_fit_is_refused_before_loading(tiny_model, tmp_path, capsys):
+    code = main(["run", str(tiny_model), "--ids", "1", "--cache-gb", "100000"])
+    err = capsys.readouterr().err
+    assert code == 2 and "does not fit" in err and "expert cache" in err
