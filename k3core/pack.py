@@ -1,6 +1,6 @@
 """`k3 pack`: copy every layer's trunk run (and the model-level run) into one 4096-aligned trunk.bin
-with a versioned manifest.json, resumably; `k3 pack --verify`; and `open_trunk`, the manifest reader
-the trunk placers build on (it validates and turns a buffer holding a run into Params, never reads runs).
+with a versioned manifest.json, resumably; and `k3 pack --verify`. The format and its reader
+(`open_trunk`, used by the trunk placers) are in k3core/trunk.py.
 
 Checked by tests/test_pack.py against ShardIndex.read: every tensor's bytes, kills and torn writes.
 """
@@ -10,7 +10,6 @@ import argparse
 import fcntl
 import hashlib
 import json
-import math
 import os
 import shutil
 import sys
@@ -22,83 +21,20 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
-from .checkpoint import PREFIX, VISION_PREFIXES, Checkpoint, layer_prefix, open_checkpoint
+from .checkpoint import PREFIX, VISION_PREFIXES, Checkpoint, open_checkpoint
 from .errors import CheckpointError, TrunkError, UsageError
-from .interfaces import Param, Weights
+from .trunk import (FORMAT, MANIFEST, PARTIAL, TRUNK, VERSION, _align, _canon, _diff_text, _read_json, _sha,
+                    fingerprint, fingerprint_diff, load_trunk)
 from .safetensors_index import DTYPES
 
-FORMAT, VERSION, STATE_FORMAT = "k3-trunk", 1, "k3-pack-state"
+STATE_FORMAT, STATE = "k3-pack-state", "pack-state.json"
 ALIGN, TENSOR_ALIGN = 4096, 64            # run starts (O_DIRECT) / tensors of a re-laid-out run
 CHUNK = 64 << 20
-SAMPLE_BLOCKS, SAMPLE_BLOCK, SAMPLE_ALL = 16, 4096, 1 << 20
-TRUNK, PARTIAL, MANIFEST, STATE = "trunk.bin", "trunk.bin.partial", "manifest.json", "pack-state.json"
 EXPERTS = "block_sparse_moe.experts."
-
-
-def _align(n: int, a: int) -> int:
-    return -(-n // a) * a
-
-
-def _canon(obj) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
-
-
-def _sha(data) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def _size(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
-
-
-# ---- the checkpoint fingerprint -----------------------------------------------------------------
-def _data_sample(f) -> str:
-    """sha256 of a shard's data region if small, else of 16 evenly spaced 4 KiB blocks of it. Headers
-    alone do not tell two same-shaped checkpoints apart (test models of two seeds, a re-upload)."""
-    start, n = 8 + f.header_len, f.size - 8 - f.header_len
-    spans = [(start, n)] if n <= SAMPLE_ALL else \
-        [(start + i * (n - SAMPLE_BLOCK) // (SAMPLE_BLOCKS - 1), SAMPLE_BLOCK) for i in range(SAMPLE_BLOCKS)]
-    h, fd = hashlib.sha256(), os.open(f.path, os.O_RDONLY)
-    try:
-        for at, k in spans:
-            if len(block := os.pread(fd, k, at)) != k:
-                raise CheckpointError("shard shrank while it was fingerprinted", file=f.path)
-            h.update(block)
-    finally:
-        os.close(fd)
-    return h.hexdigest()
-
-
-def fingerprint(ckpt: Checkpoint) -> dict:
-    """Every shard's name, size, header sha256 and data sample; a sha256 over that list; config.json's."""
-    files = ckpt.index.files
-    with ThreadPoolExecutor(min(8, len(files))) as pool:
-        samples = list(pool.map(_data_sample, files))
-    shards = [{"name": f.path.relative_to(ckpt.index.directory).as_posix(), "size": f.size,
-               "header_sha256": f.header_sha256, "data_sample_sha256": s} for f, s in zip(files, samples)]
-    return {"shards": shards, "shards_sha256": _sha(_canon(shards)),
-            "config_sha256": _sha((Path(ckpt.root) / "config.json").read_bytes())}
-
-
-def fingerprint_diff(old: dict, new: dict) -> list[str]:
-    """What differs between two fingerprints, one phrase per difference ([] when equal)."""
-    a, b = ({s["name"]: s for s in fp["shards"]} for fp in (old, new))
-    out = [f"shard {n} is gone" for n in a if n not in b] + [f"shard {n} is new" for n in b if n not in a]
-    for n in (n for n in a if n in b):
-        x, y = a[n], b[n]
-        if x["size"] != y["size"]:
-            out.append(f"shard {n}: {x['size']} bytes when packed, {y['size']} now")
-        elif x["header_sha256"] != y["header_sha256"]:
-            out.append(f"shard {n}: header changed (sha256 {x['header_sha256'][:12]}… now {y['header_sha256'][:12]}…)")
-        elif x.get("data_sample_sha256") != y.get("data_sample_sha256"):
-            out.append(f"shard {n}: tensor data changed (sampled blocks differ)")
-    if old["config_sha256"] != new["config_sha256"]:
-        out.append("config.json changed")
-    return out
-
-
-def _diff_text(diffs: list[str]) -> str:
-    return "; ".join(diffs[:5]) + (f"; and {len(diffs) - 5} more" if len(diffs) > 5 else "")
 
 
 # ---- the plan: which bytes go where -------------------------------------------------------------
@@ -309,13 +245,6 @@ def _write_json_atomic(path: Path, obj) -> None:
     _fsync_dir(path.parent)
 
 
-def _read_json(path: Path):
-    try:
-        return json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return None
-
-
 def _save_state(path, fp, plan_sha, done):
     state = {"format": STATE_FORMAT, "version": VERSION, "checkpoint": fp, "plan_sha256": plan_sha, "done": done}
     _write_json_atomic(path, {**state, "sha256": _sha(_canon(state))})
@@ -456,127 +385,6 @@ def pack(model, trunk_dir, *, progress=None, say=None, chunk_bytes: int = CHUNK)
             os.close(lock)
     return PackResult("resumed" if kept else "packed", len(plan), len(copied), sum(r.length for r in copied),
                       total, time.perf_counter() - t0)
-
-
-# ---- the reader the placers use -----------------------------------------------------------------
-@dataclass(frozen=True)
-class TrunkTensor:
-    name: str               # relative to layers.{L}. for a layer run; the full name in the model run
-    offset: int             # from the start of the run
-    dtype: str
-    shape: tuple[int, ...]
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class Run:
-    key: str                # "layer.{L}" or "model"
-    layer: int | None
-    offset: int             # in trunk.bin, a multiple of the alignment
-    length: int
-    padded: int             # length rounded up to the alignment: [offset, offset + padded) is inside trunk.bin
-    sha256: str
-    verbatim: bool
-    tensors: tuple[TrunkTensor, ...]
-
-    @property
-    def prefix(self) -> str:
-        return "" if self.layer is None else layer_prefix(self.layer)
-
-    def params(self, buf) -> dict[str, Param]:
-        """Views into `buf`, which holds this run's bytes from its first byte (BF16 as uint16)."""
-        if (n := memoryview(buf).nbytes) < self.length:
-            raise TrunkError(f"run {self.key} has {self.length} bytes, the buffer only {n}")
-        return {t.name: Param(np.frombuffer(buf, DTYPES[t.dtype][1], t.nbytes // DTYPES[t.dtype][0], t.offset)
-                              .reshape(t.shape), t.dtype, t.name) for t in self.tensors}
-
-    def weights(self, buf) -> Weights:
-        return Weights(self.prefix, self.params(buf))
-
-    def check(self, buf) -> None:
-        """Raise TrunkError unless `buf` holds exactly the bytes the manifest hashed."""
-        if _sha(memoryview(buf).cast("B")[:self.length]) != self.sha256:
-            raise TrunkError(f"run {self.key}: bytes do not match the manifest's sha256")
-
-
-@dataclass
-class Trunk:
-    directory: Path
-    path: Path              # trunk.bin
-    manifest: dict
-    alignment: int
-    size: int
-    runs: dict[str, Run]
-
-    def layer(self, layer: int) -> Run:
-        if (run := self.runs.get(f"layer.{layer}")) is None:
-            raise TrunkError(f"the packed trunk has no run for layer {layer}", file=self.directory / MANIFEST)
-        return run
-
-    @property
-    def model(self) -> Run:
-        if (run := self.runs.get("model")) is None:
-            raise TrunkError("the packed trunk has no model-level run", file=self.directory / MANIFEST)
-        return run
-
-
-def _parse_runs(m: dict, where: Path) -> dict[str, Run]:
-    runs, end = {}, 0
-    try:
-        align, fp = int(m["alignment"]), m["checkpoint"]
-        if not (isinstance(fp["config_sha256"], str) and all(
-                isinstance(s["name"], str) and isinstance(s["size"], int) for s in fp["shards"])):
-            raise ValueError("the checkpoint fingerprint is incomplete")
-        for r in m["runs"]:
-            tensors = tuple(TrunkTensor(str(t["name"]), int(t["offset"]), str(t["dtype"]),
-                                        tuple(int(s) for s in t["shape"]), int(t["nbytes"])) for t in r["tensors"])
-            run = Run(str(r["key"]), None if r["layer"] is None else int(r["layer"]), int(r["offset"]),
-                      int(r["length"]), _align(int(r["length"]), align), str(r["sha256"]), bool(r["verbatim"]), tensors)
-            bad = [t.name for t in tensors if t.dtype not in DTYPES or t.offset < 0 or t.offset + t.nbytes > run.length
-                   or t.nbytes != math.prod(t.shape) * DTYPES[t.dtype][0]]
-            if run.key in runs or run.offset % align or run.offset < end or bad:
-                raise ValueError(f"run {run.key} is repeated, misaligned, overlaps the one before, or has an "
-                                 f"impossible tensor entry {bad[:1]}")
-            runs[run.key], end = run, run.offset + run.length
-    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
-        raise TrunkError(f"manifest is malformed: {e!r}", file=where) from None
-    return runs
-
-
-def load_trunk(trunk_dir) -> Trunk:
-    """The manifest, checked for format, version, shape and against trunk.bin's size."""
-    directory = Path(trunk_dir)
-    where = directory / MANIFEST
-    if not where.is_file():
-        raise TrunkError("no packed trunk here (manifest.json is missing): run `k3 pack MODEL_DIR TRUNK_DIR`",
-                         file=where)
-    m = _read_json(where)
-    if not isinstance(m, dict) or m.get("format") != FORMAT:
-        raise TrunkError(f'not a packed-trunk manifest (want "format": "{FORMAT}")', file=where)
-    if m.get("version") != VERSION:
-        raise TrunkError(f"manifest version {m.get('version')!r} is not one this k3 reads ({VERSION}); "
-                         "re-pack with `k3 pack`", file=where)
-    runs, path = _parse_runs(m, where), directory / TRUNK
-    if not path.is_file():
-        hint = " (packing was interrupted: run `k3 pack` again to finish)" if (directory / PARTIAL).exists() else ""
-        raise TrunkError(f"trunk.bin is missing{hint}", file=path)
-    size = path.stat().st_size
-    if bad := next((r for r in runs.values() if r.offset + r.padded > size), None):
-        raise TrunkError(f"trunk.bin has {size} bytes but run {bad.key} needs bytes up to {bad.offset + bad.padded}: "
-                         "the file is truncated; re-pack", file=path)
-    return Trunk(directory, path, m, int(m["alignment"]), size, runs)
-
-
-def open_trunk(trunk_dir, checkpoint: Checkpoint) -> Trunk:
-    """load_trunk, plus: the pack comes from this very checkpoint and covers every layer of its config."""
-    trunk = load_trunk(trunk_dir)
-    if diffs := fingerprint_diff(trunk.manifest["checkpoint"], fingerprint(checkpoint)):
-        raise TrunkError(f"{trunk.directory} was packed from another checkpoint than {checkpoint.root}: "
-                         f"{_diff_text(diffs)}; re-pack with `k3 pack`", file=trunk.directory / MANIFEST)
-    if missing := [k for k in [f"layer.{L}" for L in range(checkpoint.config.num_hidden_layers)] + ["model"]
-                   if k not in trunk.runs]:
-        raise TrunkError(f"the packed trunk has no run for {', '.join(missing)}", file=trunk.directory / MANIFEST)
-    return trunk
 
 
 def verify(trunk_dir, model=None, *, deep=False, progress=None) -> list[str]:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from k3core import pack
+from k3core import trunk as trunkfmt
 from k3core.checkpoint import PREFIX, VISION_PREFIXES, layer_prefix, open_checkpoint
 from k3core.errors import K3Error, TrunkError, UsageError
 
@@ -70,7 +71,7 @@ def cli(argv):
 # ---- what a pack holds ----------------------------------------------------------------------------
 def test_every_tensor_read_through_the_pack_equals_the_checkpoint(tiny_model, reference):
     ckpt = open_checkpoint(tiny_model)
-    trunk = pack.open_trunk(reference, ckpt)
+    trunk = trunkfmt.open_trunk(reference, ckpt)
     raw = trunk.path.read_bytes()
     seen = set()
     for key, run in trunk.runs.items():
@@ -89,13 +90,13 @@ def test_every_tensor_read_through_the_pack_equals_the_checkpoint(tiny_model, re
     assert all(n.startswith(PREFIX + "layers.") or n.startswith("language_model.") for n in seen)
     assert len(raw) % 4096 == 0 and len(raw) == trunk.manifest["trunk_bytes"]
     fp = trunk.manifest["checkpoint"]
-    assert fp == pack.fingerprint(ckpt)
+    assert fp == trunkfmt.fingerprint(ckpt)
     assert [(s["name"], s["size"], s["header_sha256"]) for s in fp["shards"]] == \
         [(f.path.name, f.size, f.header_sha256) for f in ckpt.index.files]
 
 
 def test_params_are_bf16_as_uint16_views_and_check_catches_a_wrong_buffer(tiny_model, reference):
-    trunk = pack.open_trunk(reference, open_checkpoint(tiny_model))
+    trunk = trunkfmt.open_trunk(reference, open_checkpoint(tiny_model))
     run = trunk.layer(0)
     buf = bytearray(trunk.path.read_bytes()[run.offset:run.offset + run.padded])
     run.check(buf)
@@ -162,7 +163,7 @@ def test_runs_that_are_not_one_gap_free_span_are_copied_tensor_by_tensor(tiny_mo
 
     pack.pack(out, tmp_path / "trunk")
     ckpt = open_checkpoint(out)
-    trunk = pack.open_trunk(tmp_path / "trunk", ckpt)
+    trunk = trunkfmt.open_trunk(tmp_path / "trunk", ckpt)
     raw = trunk.path.read_bytes()
     assert {k for k, r in trunk.runs.items() if not r.verbatim} == {"layer.1", "layer.2", "model"}
     for run in trunk.runs.values():
@@ -367,14 +368,14 @@ def test_open_trunk_refuses_a_truncated_trunk_bin_naming_file_and_run(tiny_model
     cut = next(r for r in manifest(out)["runs"] if r["key"] == "layer.7")
     os.truncate(out / pack.TRUNK, cut["offset"] + 10)
     with pytest.raises(TrunkError, match="layer.7") as e:
-        pack.open_trunk(out, open_checkpoint(tiny_model))
+        trunkfmt.open_trunk(out, open_checkpoint(tiny_model))
     assert e.value.file == str(out / pack.TRUNK) and "truncated" in str(e.value)
 
 
 def test_open_trunk_refuses_a_pack_of_another_checkpoint_naming_the_shard(model_factory, reference):
     other = open_checkpoint(model_factory("tiny", 1))   # same headers and config as seed 0; other data
     with pytest.raises(TrunkError, match=r"shard model-00001-of-000015\.safetensors: tensor data changed"):
-        pack.open_trunk(reference, other)
+        trunkfmt.open_trunk(reference, other)
 
 
 def test_open_trunk_names_a_changed_shard_size_and_config(tiny_model, reference, tmp_path):
@@ -384,7 +385,7 @@ def test_open_trunk_names_a_changed_shard_size_and_config(tiny_model, reference,
         f.write(b"\0" * 8)
     (model / "config.json").write_text((model / "config.json").read_text() + " ")
     with pytest.raises(TrunkError, match=r"model-00003-of-000015\.safetensors: \d+ bytes when packed.*config\.json changed"):
-        pack.open_trunk(reference, open_checkpoint(model))
+        trunkfmt.open_trunk(reference, open_checkpoint(model))
 
 
 def test_open_trunk_refuses_an_unknown_manifest_version(tiny_model, reference, tmp_path):
@@ -392,13 +393,13 @@ def test_open_trunk_refuses_an_unknown_manifest_version(tiny_model, reference, t
     m = manifest(out)
     (out / pack.MANIFEST).write_text(json.dumps({**m, "version": 2}))
     with pytest.raises(TrunkError, match="manifest version 2"):
-        pack.open_trunk(out, open_checkpoint(tiny_model))
+        trunkfmt.open_trunk(out, open_checkpoint(tiny_model))
     (out / pack.MANIFEST).write_text(json.dumps({**m, "runs": [{**m["runs"][0], "offset": 100}]}))
     with pytest.raises(TrunkError, match="malformed"):
-        pack.load_trunk(out)
+        trunkfmt.load_trunk(out)
     (out / pack.MANIFEST).unlink()
     with pytest.raises(TrunkError, match="k3 pack"):
-        pack.load_trunk(out)
+        trunkfmt.load_trunk(out)
 
 
 def test_cli_help_and_usage(tmp_path, capsys):

@@ -20,7 +20,7 @@ from ..errors import UnsoundRunError, UsageError
 from ..expert_io import ALIGN, aligned_buffer
 from ..hookspecs import hookimpl
 from ..interfaces import Param, TrunkPlacer, Weights
-from ..pack import load_trunk, open_trunk
+from ..trunk import load_trunk, open_trunk
 
 MIN_RING = 2
 HEAD_BLOCK_BYTES = 64 << 20  # lm_head streams in row blocks of about this size when it is not pinned
