@@ -183,6 +183,14 @@ class AttentionBackend(ABC):
     def forward(self, w: Weights, x: np.ndarray, state: Any, config, kernels: KernelBackend) -> np.ndarray:
         """Consume T new tokens x [T, H] (already input_layernorm-ed), advancing `state`."""
 
+    def state_arrays(self, state: Any) -> dict[str, np.ndarray]:
+        """The state as named arrays, for state files (chat /save)."""
+        raise NotImplementedError(f"attention backend {self.name!r} cannot save its decode state")
+
+    def state_from_arrays(self, config, layer: int, arrays: Mapping[str, np.ndarray]) -> Any:
+        """The inverse of state_arrays."""
+        raise NotImplementedError(f"attention backend {self.name!r} cannot load a decode state")
+
 
 class CachePolicy(ABC):
     """Which experts a store keeps, as a pure decision rule over (layer, expert) keys, so that

@@ -50,6 +50,17 @@ class KDA(AttentionBackend):
         return KDAState(np.zeros((heads, D, D), np.float32),
                         np.zeros((3, c.short_conv_kernel_size - 1, P), np.float32))
 
+    def state_arrays(self, state):
+        return {"S": state.S, "history": state.history}
+
+    def state_from_arrays(self, c, layer, arrays):
+        empty = self.new_state(c, layer)
+        for name in ("S", "history"):
+            if arrays[name].shape != getattr(empty, name).shape or arrays[name].dtype != np.float32:
+                raise ValueError(f"layer {layer}: KDA {name} has shape {arrays[name].shape}, "
+                                 f"expected {getattr(empty, name).shape} float32")
+        return KDAState(arrays["S"].copy(), arrays["history"].copy())
+
     def forward(self, w, x, state, c, kr):
         T, heads, D = x.shape[0], c.kda_num_heads, c.kda_head_dim
         a = "self_attn."

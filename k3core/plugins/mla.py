@@ -46,6 +46,17 @@ class MLA(AttentionBackend):
     def new_state(self, c, layer):
         return MLACache()
 
+    def state_arrays(self, cache):
+        width = len(cache.keys[0]) if cache.keys else 0
+        return {"keys": np.stack(cache.keys) if cache.keys else np.zeros((0, width), np.float32)}
+
+    def state_from_arrays(self, c, layer, arrays):
+        keys = arrays["keys"]
+        if keys.dtype != np.float32 or (len(keys) and keys.shape[1] != c.kv_lora_rank + c.qk_rope_head_dim):
+            raise ValueError(f"layer {layer}: MLA cache of shape {keys.shape}, expected [n, "
+                             f"{c.kv_lora_rank + c.qk_rope_head_dim}] float32")
+        return MLACache([k.copy() for k in keys])
+
     def forward(self, w, x, cache, c, kr):
         T, heads = x.shape[0], c.num_attention_heads
         nope, rope, lora, dv = c.qk_nope_head_dim, c.qk_rope_head_dim, c.kv_lora_rank, c.v_head_dim

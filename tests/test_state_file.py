@@ -1,0 +1,44 @@
+"""State files: save + load continues bit for bit; another model's state is refused."""
+import numpy as np
+import pytest
+
+from k3core.engine import Engine
+from k3core.state_file import StateFileError, load_state, save_state
+
+
+def test_saved_state_continues_exactly(tiny_model, tmp_path):
+    with Engine(tiny_model) as engine:
+        state = engine.new_state()
+        engine.forward([5, 6, 7, 8], state)
+        save_state(tmp_path / "s.npz", engine, state)
+        straight = engine.forward([9, 10], state)
+        restored = load_state(tmp_path / "s.npz", engine)
+        assert restored.ids == [5, 6, 7, 8]
+        again = engine.forward([9, 10], restored)
+    assert np.array_equal(straight.view(np.uint32), again.view(np.uint32))
+
+
+def test_a_state_from_another_model_is_refused(tiny_model, model_factory, tmp_path):
+    with Engine(tiny_model) as engine:
+        state = engine.new_state()
+        engine.forward([1, 2], state)
+        save_state(tmp_path / "s.npz", engine, state)
+    with Engine(model_factory("small")) as other:
+        with pytest.raises(StateFileError, match="another model"):
+            load_state(tmp_path / "s.npz", other)
+
+
+def test_garbage_is_not_a_state_file(tiny_model, tmp_path):
+    (tmp_path / "x.npz").write_bytes(b"not a zip")
+    with Engine(tiny_model) as engine, pytest.raises(StateFileError, match="not a k3 state file"):
+        load_state(tmp_path / "x.npz", engine)
+
+
+def test_a_state_from_the_same_shape_with_other_weights_is_refused(tiny_model, model_factory, tmp_path):
+    with Engine(tiny_model) as engine:
+        state = engine.new_state()
+        engine.forward([1, 2], state)
+        save_state(tmp_path / "s.npz", engine, state)
+    with Engine(model_factory("tiny", seed=1)) as other:
+        with pytest.raises(StateFileError, match="weights differ"):
+            load_state(tmp_path / "s.npz", other)
