@@ -291,8 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.set_defaults(func=cmd_plugins)
     from .bench import add_parser as add_bench
     from .cachesim import add_parser as add_sim_cache
+    from .doctor import add_parser as add_doctor
     from .pack import add_parser as add_pack
     add_pack(sub)
+    add_doctor(sub)
     add_bench(sub)
     add_sim_cache(sub)
     return p
