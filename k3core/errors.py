@@ -62,6 +62,12 @@ class InputError(K3Error):
     exit_code = 2
 
 
+class TokenizerError(K3Error):
+    """tiktoken.model, tokenizer_config.json or tokenization_kimi.py is missing, malformed or inconsistent."""
+
+    exit_code = 2
+
+
 class PluginError(K3Error):
     """A plugin is missing, misnamed, or does not satisfy its interface."""
 

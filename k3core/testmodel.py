@@ -11,18 +11,22 @@ import hashlib
 import json
 import os
 import shutil
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import regex
 
 from . import mxfp4
+from .chat import CHAT_TEMPLATE
 from .checkpoint import (HEAD, expert_prefix, expert_specs, layer_prefix, layer_trunk_specs,
                          model_specs)
 from .config import Config, parse_config
 from .errors import UsageError
 from .plugins.kda import A_LOG_STORED, KDA
 from .plugins.mla import MLA
+from .tokenizer import PAT_STR
 
 MARKER = "k3-test-model.json"
 GENERATOR_VERSION = 2
@@ -62,7 +66,26 @@ COMMON = dict(rms_norm_eps=1e-5, gate_lower_bound=-5.0, routed_scaling_factor=1.
 # Branch outputs (attention o_proj, MLP down, routed up) are kept small against the stream, as in
 # a trained model; at full size the random network amplifies float32 rounding 2-7x per layer.
 BRANCH_OUT = 0.1
-SPECIAL_TOKENS = ["[BOS]", "[EOS]", "<|open|>", "<|sep|>", "<|close|>", "<|end_of_msg|>", "[PAD]", "[UNK]"]
+SPECIAL_TOKENS = ["[BOS]", "[EOS]", "<|open|>", "<|sep|>", "<|close|>", "<|end_of_msg|>", "[PAD]", "[UNK]",
+                  "<|reserved_0|>", "<|reserved_1|>", "<|reserved_2|>", "<|reserved_3|>"]
+# What the test tokenizers' merges are learned from (written for this project): contractions,
+# digit runs, accents, Chinese and Japanese, emoji with zero-width joiners, tabs and blank lines.
+BPE_CORPUS = """\
+The quick brown fox didn't jump over the lazy dog; it's been resting since 2019. We'll see
+whether it'll move by 08:45 tomorrow, but I'd bet 1,250,000 to 3 that it won't. They've counted
+12345678 sheep, 42 owls and 7 cats, and they're still counting. DON'T PANIC, said the sign.
+
+In the old town, the café sells crème brûlée, the señora orders a piña colada, and the
+Straße is quiet after ten. Ça va? Où est la gare? Naïve façades, São Paulo, Zürich, Ålesund.
+Ωμέγα and αλφα are Greek; Привет, мир, is Russian.
+
+今天天气很好，我们去公园散步吧。中文的句子没有空格，日本語の文章もそうです。
+東京は大きな都市です。ありがとうございます！
+
+A developer 👩‍💻 and a family 👨‍👩‍👧 wave 👋🏽 at the rainbow flag 🏳️‍🌈.
+\tindented line with a tab
+    four spaces, then    a gap
+"""
 
 
 def shape_config(shape: str) -> Config:
@@ -233,17 +256,58 @@ def _header(tensors: list[Planned]) -> bytes:
     return raw + b" " * (-len(raw) % 8)
 
 
+def _train_bpe(text: str, n_merges: int) -> list[bytes]:
+    """The first `n_merges` new tokens of a plain byte-pair trainer: split `text` with the
+    tokenizer's pat_str, then repeatedly join the most frequent adjacent pair inside a piece
+    (ties: the smaller pair of byte strings); a join that yields a known token adds no rank.
+    If the corpus runs dry (only the "wide" shape), two-byte printable-ASCII tokens fill up."""
+    words = Counter(tuple(bytes([b]) for b in piece.encode())
+                    for piece in regex.findall(PAT_STR, text, flags=regex.V1))  # V1: `&&` in classes
+    known, merged = {bytes([b]) for b in range(256)}, []
+    while len(merged) < n_merges:
+        pairs: Counter = Counter()
+        for word, n in words.items():
+            for pair in zip(word, word[1:]):
+                pairs[pair] += n
+        if not pairs:
+            break
+        a, b = min(pairs, key=lambda p: (-pairs[p], p))
+        if a + b not in known:
+            known.add(a + b)
+            merged.append(a + b)
+        words = Counter({_join_pair(word, a, b): n for word, n in words.items()})
+    filler = (bytes([x, y]) for x in range(0x20, 0x7F) for y in range(0x20, 0x7F))
+    merged += [t for t in filler if t not in known][:n_merges - len(merged)]
+    return merged
+
+
+def _join_pair(word: tuple, a: bytes, b: bytes) -> tuple:
+    out, i = [], 0
+    while i < len(word):
+        if i + 1 < len(word) and word[i] == a and word[i + 1] == b:
+            out.append(a + b)
+            i += 2
+        else:
+            out.append(word[i])
+            i += 1
+    return tuple(out)
+
+
 def _tokenizer_files(c: Config) -> dict[str, str]:
-    """A byte-level tiktoken.model (ranks 0..255) and a tokenizer_config.json whose added
-    tokens sit at the top of the vocabulary when it has room for them."""
-    ranks = "".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256))
+    """tiktoken.model (the 256 bytes, then merges learned from BPE_CORPUS) and a
+    tokenizer_config.json whose added tokens sit at the top of the vocabulary. Tiny (256) has
+    room for neither: bytes only, no added tokens."""
     room = c.vocab_size - 256
     specials = SPECIAL_TOKENS[:max(0, min(len(SPECIAL_TOKENS), room))]
+    tokens = [bytes([b]) for b in range(256)] + _train_bpe(BPE_CORPUS, room - len(specials))
+    ranks = "".join(f"{base64.b64encode(t).decode()} {r}\n" for r, t in enumerate(tokens))
     first = c.vocab_size - len(specials)
     added = {str(first + i): {"content": tok, "special": True} for i, tok in enumerate(specials)}
     cfg = {"tokenizer_class": "TikTokenTokenizer", "added_tokens_decoder": added,
            "bos_token": "[BOS]" if "[BOS]" in specials else None,
            "eos_token": "[EOS]" if "[EOS]" in specials else None, "model_max_length": 1 << 20}
+    if "<|end_of_msg|>" in specials:  # the chat markup fits: ship a template, as the released model does
+        cfg["chat_template"] = CHAT_TEMPLATE
     return {"tiktoken.model": ranks, "tokenizer_config.json": json.dumps(cfg, indent=1) + "\n"}
 
 
