@@ -32,12 +32,13 @@ def model_fingerprint(engine) -> dict:
             "weights_sha256": fingerprint(engine.checkpoint)["shards_sha256"]}
 
 
-def save_state(path, engine, state) -> None:
+def save_state(path, engine, state, extra: dict | None = None) -> None:
+    """Write `state` (and `extra`, JSON-able, e.g. the conversation) to `path` atomically."""
     arrays = {"ids": np.asarray(state.ids, np.int64)}
     for L, layer_state in enumerate(state.layers):
         for name, value in engine.attention_for(L).state_arrays(layer_state).items():
             arrays[f"layer{L}.{name}"] = value
-    meta = {"format": FORMAT, "version": VERSION, "model": model_fingerprint(engine)}
+    meta = {"format": FORMAT, "version": VERSION, "model": model_fingerprint(engine), "extra": extra or {}}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -47,6 +48,7 @@ def save_state(path, engine, state) -> None:
 
 
 def load_state(path, engine):
+    """(DecodeState, extra) from a file written by save_state for this very model."""
     from .engine import DecodeState
 
     try:
@@ -71,4 +73,4 @@ def load_state(path, engine):
             layers.append(engine.attention_for(L).state_from_arrays(engine.config, L, mine))
         except (KeyError, ValueError) as exc:
             raise StateFileError(f"{path}: {exc}") from None
-    return DecodeState(layers, [int(t) for t in arrays["ids"]])
+    return DecodeState(layers, [int(t) for t in arrays["ids"]]), meta.get("extra", {})

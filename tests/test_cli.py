@@ -165,3 +165,45 @@ def test_dump_logits_lets_two_configurations_be_compared_byte_for_byte(capsys, t
 def test_zero_threads_is_refused(capsys, tiny_model, tmp_path):
     assert_refused(capsys, ["run", tiny_model, "--ids", "1", "--threads", "0", "--dump-logits", tmp_path / "l"],
                    "--threads must be at least 1", tmp_path / "l")
+
+
+def test_a_text_prompt_streams_text_and_the_same_seed_gives_the_same_text(capsys, small_model):
+    outs = []
+    for seed in (5, 5, 6):
+        code, out, _ = run_k3(capsys, "run", small_model, "--prompt", "Hello, world", "--max-tokens", "12",
+                              "--temperature", "1.0", "--seed", seed, "--quiet")
+        assert code == 0
+        outs.append(out)
+    assert outs[0] == outs[1] != outs[2]
+
+
+def test_greedy_is_temperature_zero_for_text_and_ids(capsys, small_model, tmp_path):
+    from k3core.tokenizer import load_tokenizer
+    ids = ",".join(map(str, load_tokenizer(small_model).encode("Hello, world")))
+    run_k3(capsys, "run", small_model, "--prompt", "Hello, world", "--gen", "8", "--quiet", "--json", tmp_path / "a.json")
+    _, by_ids, _ = run_k3(capsys, "run", small_model, "--ids", ids, "--gen", "8", "--temperature", "0", "--quiet")
+    generated = json.loads((tmp_path / "a.json").read_text())["generated_ids"]
+    assert by_ids.split() == [str(t) for t in generated]
+
+
+def test_chat_thinking_mode_opens_think_and_keeps_thinking_off_stdout(capsys, small_model, tmp_path):
+    from k3core.tokenizer import load_tokenizer
+    tok = load_tokenizer(small_model)
+    code, out, _ = run_k3(capsys, "run", small_model, "--prompt", "Hi", "--chat", "--thinking", "--gen", "6",
+                          "--quiet", "--json", tmp_path / "r.json")
+    report = json.loads((tmp_path / "r.json").read_text())
+    prefix = [tok.id_of("<|open|>"), *tok.encode("think"), tok.id_of("<|sep|>")]
+    assert code == 0 and report["prompt_ids"][-len(prefix):] == prefix
+    generated = report["generated_ids"]
+    if tok.id_of("<|close|>") not in generated:  # the reply never left the think channel
+        assert out == "\n"
+
+
+def test_a_prompt_and_ids_together_are_refused(capsys, small_model, tmp_path):
+    assert_refused(capsys, ["run", small_model, "--prompt", "hi", "--ids", "1", "--json", tmp_path / "r.json"],
+                   "two prompt sources", tmp_path / "r.json")
+
+
+def test_thinking_without_chat_is_refused(capsys, small_model, tmp_path):
+    assert_refused(capsys, ["run", small_model, "--prompt", "hi", "--thinking", "--json", tmp_path / "r.json"],
+                   "add --chat", tmp_path / "r.json")

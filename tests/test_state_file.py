@@ -10,10 +10,10 @@ def test_saved_state_continues_exactly(tiny_model, tmp_path):
     with Engine(tiny_model) as engine:
         state = engine.new_state()
         engine.forward([5, 6, 7, 8], state)
-        save_state(tmp_path / "s.npz", engine, state)
+        save_state(tmp_path / "s.npz", engine, state, extra={"note": "hi"})
         straight = engine.forward([9, 10], state)
-        restored = load_state(tmp_path / "s.npz", engine)
-        assert restored.ids == [5, 6, 7, 8]
+        restored, extra = load_state(tmp_path / "s.npz", engine)
+        assert restored.ids == [5, 6, 7, 8] and extra == {"note": "hi"}
         again = engine.forward([9, 10], restored)
     assert np.array_equal(straight.view(np.uint32), again.view(np.uint32))
 

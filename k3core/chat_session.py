@@ -1,0 +1,80 @@
+"""A conversation on an engine: each turn streams its reply, and the next turn forwards only its
+own new tokens. The session keeps the exact ids the model has seen (prompts, generated replies,
+and the markup that closes a reply cut short), so a new turn always strictly extends the decode
+state (SPEC §4.5) even when a reply would re-render differently from how it was generated.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from .chat import CLOSE, EOM, MODES, SEP, Conversation, render
+from .errors import UsageError
+from .sampling import SamplingParams
+from .session import Event, Session
+
+
+class ChatSession:
+    def __init__(self, engine, tokenizer, mode: str = "instruct", system: str | None = None):
+        self.engine, self.tokenizer = engine, tokenizer
+        self.system = system
+        self.conv = Conversation(tokenizer, mode, system)
+        self.session = Session(engine, tokenizer)
+        self.history: list[int] = []  # every id the model has seen or produced, in order
+        self.last: dict = {}          # the last turn's stats
+
+    @property
+    def mode(self) -> str:
+        return self.conv.mode
+
+    def set_mode(self, mode: str) -> None:
+        if mode not in MODES:
+            raise UsageError(f"chat mode must be 'instruct' or 'thinking', got {mode!r}")
+        self.conv.mode = mode
+
+    def reset(self) -> None:
+        self.conv = Conversation(self.tokenizer, self.mode, self.system)
+        self.session.reset()
+        self.history, self.last = [], {}
+
+    def _prompt(self) -> list[int]:
+        """This turn's prompt: the exact history, then the rendering of what is new since."""
+        full = self.conv.prompt()
+        if not self.history:
+            return full
+        before = render(self.conv.messages[:-1], self.tokenizer, self.mode, add_generation_prompt=False)
+        if full[:len(before)] != before:  # a template whose past turns depend on the present one
+            return full
+        return self.history + full[len(before):]
+
+    def ask(self, text: str, params: SamplingParams, cancelled: Callable[[], bool] = lambda: False
+            ) -> Iterator[Event]:
+        self.conv.add_user(text)
+        prompt = self._prompt()
+        channel = MODES[self.mode]
+        for event in self.session.generate(prompt, params, stop_ids=sorted(self.conv.stop_ids), channel=channel,
+                                           cancelled=cancelled):
+            if event.kind == "done":
+                reply = self.conv.add_reply(event.ids)
+                self.history = prompt + event.ids + self._closing(event.stats["open_channel"], reply.finished)
+                self.last = {**event.stats, "reason": event.reason, "thinking": reply.thinking,
+                             "answer": reply.content}
+            yield event
+
+    def _closing(self, channel: str | None, finished: bool) -> list[int]:
+        """Markup that ends a reply cut short (max tokens, a stop string, Ctrl-C)."""
+        if finished:
+            return []
+        tok = self.tokenizer
+        closing = [tok.id_of(CLOSE)] + tok.encode(channel) + [tok.id_of(SEP)] if channel else []
+        return closing + [tok.id_of(EOM)]
+
+    def snapshot(self) -> dict:
+        return {"mode": self.mode, "system": self.system, "messages": self.conv.messages, "history": self.history}
+
+    def restore(self, snap: dict, state) -> None:
+        self.system = snap.get("system")
+        self.conv = Conversation(self.tokenizer, snap["mode"], None)
+        self.conv.messages = list(snap["messages"])
+        self.history = [int(t) for t in snap["history"]]
+        self.session.state = state
+

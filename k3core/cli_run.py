@@ -1,0 +1,180 @@
+"""`k3 run`: one prompt in — text, or token ids — and the generation streamed out, then a run report.
+
+Text mode tokenizes with the model's tokenizer (or --tok DIR) and streams text; --chat wraps the
+prompt as one user turn in the K3 chat format. Id mode prints ids. The report goes to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .cli_common import EXIT_CODES, add_engine_args, add_sampling_args, open_engine, sampling_params, write_atomic
+from .errors import UsageError
+
+
+def parse_ids(text: str, source: str) -> list[int]:
+    parts = [p for p in text.replace(",", " ").split() if p]
+    try:
+        return [int(p) for p in parts]
+    except ValueError:
+        bad = next(p for p in parts if not p.lstrip("-").isdigit())
+        raise UsageError(f"{source}: {bad!r} is not a token id (ids are integers, comma- or space-separated)") from None
+
+
+def _read(path: str, flag: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{flag} {path}: not UTF-8 text") from None
+
+
+def prompt_source(args) -> tuple[str, object]:
+    """("ids", [ids]) or ("text", str), from exactly one of the four prompt flags."""
+    given = [(flag, value) for flag, value in (("--prompt", args.prompt), ("--prompt-file", args.prompt_file),
+                                               ("--ids", args.ids), ("--ids-file", args.ids_file)) if value is not None]
+    if not given:
+        raise UsageError("no prompt: give --prompt TEXT, --prompt-file PATH, --ids 1,2,3 or --ids-file PATH")
+    if len(given) > 1:
+        raise UsageError(f"two prompt sources ({given[0][0]} and {given[1][0]}): give exactly one")
+    flag, value = given[0]
+    if flag.startswith("--ids"):
+        ids = parse_ids(value if flag == "--ids" else _read(value, flag), flag)
+        if not ids:
+            raise UsageError("the prompt is empty: give at least one token id")
+        return "ids", ids
+    text = value if flag == "--prompt" else _read(value, flag)
+    if not text:
+        raise UsageError("the prompt is empty")
+    return "text", text
+
+
+class TraceRecorder:
+    """(layer, expert) of every routing decision, written as int32 pairs (the k3-in-c format)."""
+
+    def __init__(self):
+        self.pairs = []
+
+    def __call__(self, layer, ids):
+        self.pairs.extend((layer, int(e)) for e in ids.reshape(-1))
+
+    def write(self, directory, engine):
+        import numpy as np
+
+        from .checkpoint import EXPERT_PARTS, expert_prefix
+
+        c = engine.config
+        first_moe = min(c.first_k_dense_replace, c.num_hidden_layers - 1)
+        expert_bytes = sum(engine.checkpoint.index[expert_prefix(first_moe, 0) + p].nbytes for p in EXPERT_PARTS)
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        write_atomic(out / "expert_trace.bin", np.asarray(self.pairs, "<i4").reshape(-1, 2).tobytes())
+        meta = {"tokens": engine.tokens_forwarded, "expert_bytes": expert_bytes, "requests": len(self.pairs),
+                "model": str(engine.checkpoint.root), "top_k": c.num_experts_per_token}
+        write_atomic(out / "trace.json", (json.dumps(meta, indent=1) + "\n").encode())
+
+
+def _text_prompt(args, tokenizer, text):
+    """(prompt ids, stop ids, channel the generation prefix opened)."""
+    if not args.chat:
+        return tokenizer.encode(text), (), None
+    from .chat import Conversation
+    conv = Conversation(tokenizer, "thinking" if args.thinking else "instruct", system=args.system)
+    conv.add_user(text)
+    return conv.prompt(), tuple(conv.stop_ids), "think" if args.thinking else "response"
+
+
+def cmd_run(args) -> int:
+    from .report import report_text, run_report
+    from .session import Session
+    from .tokenizer import load_tokenizer
+
+    kind, prompt = prompt_source(args)
+    if (args.chat or args.thinking or args.system) and kind != "text":
+        raise UsageError("--chat, --thinking and --system need a text prompt (--prompt or --prompt-file)")
+    if args.thinking and not args.chat:
+        raise UsageError("--thinking is a chat mode: add --chat")
+    for flag, path in (("--json", args.json), ("--dump-logits", args.dump_logits)):
+        if path and not Path(path).resolve().parent.is_dir():
+            raise UsageError(f"{flag} {path}: its directory does not exist")
+    params = sampling_params(args)
+    start = time.perf_counter()
+    with open_engine(args) as engine:
+        tokenizer = load_tokenizer(args.tok or args.model) if kind == "text" else None
+        ids, stop_ids, channel = _text_prompt(args, tokenizer, prompt) if kind == "text" else (prompt, (), None)
+        engine.check_ids(ids)
+        trace = TraceRecorder() if args.dump_trace else None
+        engine.on_route = trace
+        logits = []
+        session = Session(engine, tokenizer)
+        load_seconds = time.perf_counter() - start
+        events = session.generate(ids, params, stop_ids=stop_ids, channel=channel, on_logits=logits.append,
+                                  full_recompute=args.full_recompute)
+        for event in events:
+            if event.kind == "text" and kind == "text":
+                print(event.text, end="", flush=True, file=sys.stderr if event.channel == "think" else sys.stdout)
+            elif event.kind == "done":
+                done = event
+        generated = done.ids
+        if kind == "ids":
+            print(" ".join(str(t) for t in generated), flush=True)
+        else:
+            print(flush=True)
+        report = run_report(engine, ids, generated, done.stats["stamps"], done.stats["started"], load_seconds,
+                            "full-recompute" if args.full_recompute else "incremental")
+        report.update(threads=args.threads, stop_reason=done.reason, seed=done.stats["seed"])
+        if trace is not None:
+            trace.write(args.dump_trace, engine)
+    if not args.quiet:
+        print(report_text(report), file=sys.stderr)
+    if args.dump_logits:
+        import numpy as np
+        write_atomic(args.dump_logits, np.stack(logits).astype("<f4").tobytes())
+    if args.json:
+        write_atomic(args.json, (json.dumps(report, indent=1) + "\n").encode())
+    return 0
+
+
+def add_parser(sub) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    run = sub.add_parser(
+        "run", formatter_class=fmt, help="generate from one prompt (text or token ids), streamed",
+        description="Load MODEL_DIR, consume the prompt and generate. Text prompts stream text (raw\n"
+                    "completion, or one chat turn with --chat); id prompts print ids. Greedy unless\n"
+                    "--temperature > 0. The memory plan is printed before loading; a run report after.",
+        epilog="examples:\n"
+               "  k3 run demo-model --prompt 'The capital of France is' --max-tokens 20\n"
+               "  k3 run demo-model --prompt 'Hello' --chat --thinking --temperature 1.0 --seed 7\n"
+               "  k3 run demo-model --ids 1,2,3 --gen 8 --json run.json\n"
+               "  k3 run demo-model --ids 5,6 --gen 4 --full-recompute   # recompute the whole sequence each step\n"
+               "  k3 run demo-model --ids 1,2 --kernels scalar --threads 1 --dump-logits a.f32\n"
+               "  k3 run demo-model --ids 1,2 --threads 2 --dump-logits b.f32 && cmp a.f32 b.f32\n"
+               "  k3 run /models/Kimi-K3 --trunk /nvme/k3-trunk --preset laptop --prompt-file question.txt\n\n"
+               + EXIT_CODES)
+    add_engine_args(run)
+    g = run.add_argument_group("prompt (exactly one)")
+    g.add_argument("--prompt", metavar="TEXT", help="text to continue (no BOS is added)")
+    g.add_argument("--prompt-file", metavar="PATH", help="read the prompt text from a file")
+    g.add_argument("--ids", help="prompt token ids, e.g. 1,2,3")
+    g.add_argument("--ids-file", metavar="PATH", help="read prompt ids from a file (comma/space separated)")
+    g.add_argument("--tok", metavar="DIR", help="tokenizer directory (default: MODEL_DIR)")
+    g.add_argument("--chat", action="store_true", help="wrap the text as one user turn in the K3 chat format")
+    g.add_argument("--thinking", action="store_true", help="with --chat: thinking mode (thinking goes to stderr)")
+    g.add_argument("--system", metavar="TEXT", help="with --chat: a system message")
+    add_sampling_args(run, default_max=16)
+    g = run.add_argument_group("output")
+    g.add_argument("--full-recompute", action="store_true",
+                   help="recompute the full sequence for every id instead of carrying decode state")
+    g.add_argument("--json", metavar="OUT", help="also write the report as JSON to OUT (written only on success)")
+    g.add_argument("--dump-logits", metavar="PATH",
+                   help="write the float32 logits of every generated step to PATH (raw little-endian, one step "
+                        "after another), to compare configurations byte for byte")
+    g.add_argument("--dump-trace", metavar="DIR",
+                   help="record (layer, expert) of every routing decision into DIR/expert_trace.bin + trace.json "
+                        "(replay with `k3 sim-cache DIR`)")
+    g.add_argument("--quiet", action="store_true", help="no run report")
+    run.set_defaults(func=cmd_run)
