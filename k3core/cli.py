@@ -120,15 +120,21 @@ def build_parser() -> argparse.ArgumentParser:
     from .cachesim import add_parser as add_sim_cache
     from .doctor import add_parser as add_doctor
     from .pack import add_parser as add_pack
+    from .plugin_manager import add_subcommands
     add_pack(sub)
     add_doctor(sub)
     add_bench(sub)
     add_sim_cache(sub)
+    add_subcommands(sub)
     return p
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except K3Error as exc:  # a broken plugin: say which, no traceback
+        print(f"k3: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

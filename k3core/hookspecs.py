@@ -47,3 +47,10 @@ def k3_trunk_placers():
     The engine instantiates the one named by --trunk-placer, else `pinned` when a packed trunk is
     given (--trunk) and `resident` when not.
     """
+
+
+@hookspec
+def k3_subcommands(subparsers):
+    """Add `k3` subcommands: call `subparsers.add_parser(...)` and `set_defaults(func=...)`; the
+    function gets the parsed args and returns an exit code. k3's setup wizard and browser UI add
+    theirs this way, so k3core never imports them."""

@@ -1,10 +1,13 @@
 """The pluggy plugin manager: built-ins plus the entry-point group "k3", and choosing among them.
 
-K3_PLUGINS=name,name loads only those entry-point plugins (built-ins always load);
-K3_PLUGINS=none loads none. A hook implementation with a misspelled name fails loudly.
+K3_PLUGINS=name,name loads only those third-party entry-point plugins; K3_PLUGINS=none loads none.
+Built-ins and k3's own packages (the setup wizard, the browser UI) always load. A hook
+implementation with a misspelled name fails loudly.
 """
 from __future__ import annotations
 
+import argparse
+import importlib.metadata
 import os
 
 import pluggy
@@ -16,21 +19,34 @@ from .plugins import BUILTINS
 ENTRY_POINT_GROUP = "k3"
 
 
-def _load_entry_points(pm: pluggy.PluginManager) -> None:
+FIRST_PARTY = "k3"  # the distribution k3core, wizard and ui ship in
+
+
+class K3PluginManager(pluggy.PluginManager):
+    def __init__(self):
+        super().__init__("k3")
+        self.dists: dict[str, importlib.metadata.Distribution] = {}  # plugin name -> where it came from
+
+
+def _load_entry_points(pm: K3PluginManager) -> None:
     wanted = os.environ.get("K3_PLUGINS")
-    if wanted is None:
-        pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
-        return
-    names = {n.strip() for n in wanted.split(",") if n.strip()} - {"none"}
-    for name in sorted(names):
-        pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP, name=name)
-        if not pm.has_plugin(name):
-            raise PluginError(f"K3_PLUGINS names {name!r}, but no entry point {name!r} is installed "
-                              f"in group {ENTRY_POINT_GROUP!r}")
+    names = None if wanted is None else {n.strip() for n in wanted.split(",") if n.strip()} - {"none"}
+    for dist in importlib.metadata.distributions():
+        for ep in dist.entry_points:
+            if ep.group != ENTRY_POINT_GROUP or pm.has_plugin(ep.name) or pm.is_blocked(ep.name):
+                continue
+            if names is not None and dist.metadata["Name"] != FIRST_PARTY and ep.name not in names:
+                continue
+            pm.register(ep.load(), name=ep.name)
+            pm.dists[ep.name] = dist
+    missing = sorted((names or set()) - set(pm.dists))
+    if missing:
+        raise PluginError(f"K3_PLUGINS names {', '.join(map(repr, missing))}, but no such entry point is installed "
+                          f"in group {ENTRY_POINT_GROUP!r}")
 
 
 def get_plugin_manager() -> pluggy.PluginManager:
-    pm = pluggy.PluginManager("k3")
+    pm = K3PluginManager()
     pm.add_hookspecs(hookspecs)
     for module in BUILTINS:
         pm.register(module, name="k3." + module.__name__.rsplit(".", 1)[-1])
@@ -103,22 +119,30 @@ def choose_trunk_placer(pm, name: str | None = None):
 def describe_plugins(pm) -> list[dict]:
     """Each registered plugin: name, version, where it comes from, the hooks it implements and
     what each hook provides."""
-    dists = {id(plugin): dist for plugin, dist in pm.list_plugin_distinfo()}
     rows = []
     for name, plugin in sorted(pm.list_name_plugin(), key=lambda np_: np_[0]):
         if plugin is None:
             continue
-        dist = dists.get(id(plugin))
+        dist = pm.dists.get(name)
         hooks = sorted(h.name for h in pm.get_hookcallers(plugin) or [])
-        provides = {}
-        for hook in hooks:
-            items = getattr(plugin, hook)() or []
-            provides[hook] = [getattr(i, "name", repr(i)) for i in items]
         rows.append({
             "name": name,
             "version": dist.version if dist else __version__,
-            "source": f"entry point of {dist.project_name}" if dist else "built-in",
+            "source": f"entry point of {dist.metadata['Name']}" if dist else "built-in",
             "hooks": hooks,
-            "provides": provides,
+            "provides": {hook: _provides(plugin, hook) for hook in hooks},
         })
     return rows
+
+
+def _provides(plugin, hook: str) -> list[str]:
+    if hook == "k3_subcommands":  # what commands it adds
+        sub = argparse.ArgumentParser().add_subparsers()
+        getattr(plugin, hook)(subparsers=sub)
+        return sorted(sub.choices)
+    return [getattr(i, "name", repr(i)) for i in getattr(plugin, hook)() or []]
+
+
+def add_subcommands(subparsers) -> None:
+    """Let every plugin (the wizard and the UI among them) add its `k3` subcommands."""
+    get_plugin_manager().hook.k3_subcommands(subparsers=subparsers)
