@@ -25,7 +25,9 @@ def write_atomic(path, data: bytes) -> None:
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", metavar="MODEL_DIR", help="checkpoint directory (config.json + safetensors shards)")
+    p.add_argument("model", metavar="MODEL_DIR", nargs="?",
+                   help="checkpoint directory (config.json + safetensors shards); default: the saved profile "
+                        "(`k3 setup` writes it)")
     g = p.add_argument_group("compute")
     g.add_argument("--kernels", metavar="NAME",
                    help="kernel backend: avx512, avx2, neon, scalar or reference (default: K3_KERNELS, else the "
@@ -94,9 +96,27 @@ def budget_options(args) -> dict:
     return options
 
 
+def apply_profile(args) -> None:
+    """Without MODEL_DIR, take the model, packed trunk and budgets from the saved profile."""
+    from .profile import load_profile, profile_path
+
+    if args.model:
+        return
+    profile = load_profile()
+    if profile is None:
+        raise UsageError(f"no MODEL_DIR given and no saved profile at {profile_path()}: run `k3 setup` "
+                         "(or `k3 setup --source demo --yes` for the demo model), or give MODEL_DIR")
+    args.model = profile.model
+    if args.trunk is None:
+        args.trunk = profile.trunk
+    if args.preset is None and args.trunk_gb is None and args.cache_gb is None:
+        args.preset, args.trunk_gb, args.cache_gb = profile.preset, profile.trunk_gb, profile.cache_gb
+
+
 def open_engine(args):
     from .engine import Engine
 
+    apply_profile(args)
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads must be at least 1, got {args.threads}")
     return Engine(args.model, kernels=args.kernels, threads=args.threads, expert_store=args.expert_store,

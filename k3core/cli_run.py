@@ -93,6 +93,9 @@ def cmd_run(args) -> int:
     from .session import Session
     from .tokenizer import load_tokenizer
 
+    from .cli_common import apply_profile
+
+    apply_profile(args)
     kind, prompt = prompt_source(args)
     if (args.chat or args.thinking or args.system) and kind != "text":
         raise UsageError("--chat, --thinking and --system need a text prompt (--prompt or --prompt-file)")

@@ -1,0 +1,63 @@
+"""The saved profile: which model, packed trunk and memory preset `k3 run` / `k3 chat` / `k3 ui` use
+when no MODEL_DIR is given. The setup wizard writes it; anyone may edit it (it is small JSON).
+
+Location: $K3_CONFIG_DIR/profile.json, else $XDG_CONFIG_HOME/k3/profile.json, else
+~/.config/k3/profile.json. Writes are atomic.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .errors import K3Error
+
+FORMAT, VERSION = "k3-profile", 1
+
+
+class ProfileError(K3Error):
+    exit_code = 2
+
+
+@dataclass
+class Profile:
+    model: str                    # checkpoint directory
+    trunk: str | None = None      # packed trunk directory, or None for a resident trunk
+    preset: str | None = None     # laptop | desktop | workstation | server | max
+    trunk_gb: float | None = None
+    cache_gb: float | None = None
+    source: str | None = None     # where the model came from (hf://repo@sha, a path, demo)
+
+
+def profile_path() -> Path:
+    if os.environ.get("K3_CONFIG_DIR"):
+        return Path(os.environ["K3_CONFIG_DIR"]) / "profile.json"
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return base / "k3" / "profile.json"
+
+
+def save_profile(profile: Profile, path: Path | None = None) -> Path:
+    target = path or profile_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"format": FORMAT, "version": VERSION, **asdict(profile)}, indent=1) + "\n")
+    os.replace(tmp, target)
+    return target
+
+
+def load_profile(path: Path | None = None) -> Profile | None:
+    """The saved profile, or None when there is none; a damaged one is an error naming the file."""
+    source = path or profile_path()
+    if not source.exists():
+        return None
+    try:
+        data = json.loads(source.read_text())
+        if data.get("format") != FORMAT or data.get("version") != VERSION:
+            raise ValueError(f"format {data.get('format')!r} version {data.get('version')!r}")
+        fields = {k: data.get(k) for k in Profile.__dataclass_fields__}
+        if not isinstance(fields["model"], str):
+            raise ValueError("no model directory")
+        return Profile(**fields)
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        raise ProfileError(f"{source}: not a k3 profile ({exc}); run `k3 setup` again or delete it") from None
