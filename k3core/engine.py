@@ -60,7 +60,8 @@ class Engine:
         check_plan(self.plan)
         self.placer = placer_cls(self.checkpoint, c, options)
         self.store = store_cls(self.checkpoint, c, options)
-        self.on_route: Callable | None = None
+        self.on_route: Callable | None = None   # (layer, expert ids [T, k]) after each routing
+        self.on_layer: Callable | None = None   # (layer, layers) as each layer starts: progress for slow tokens
         self.tokens_forwarded = 0
 
     def attention_for(self, layer: int):
@@ -85,6 +86,8 @@ class Engine:
         c, kr = self.config, self.kernels
         stream = Residual(self.placer.embed_rows(ids))
         for L in range(c.num_hidden_layers):
+            if self.on_layer is not None:
+                self.on_layer(L, c.num_hidden_layers)
             decoder_layer(L, self.placer.layer(L), stream, state.layers[L], c, kr, self.attention_for(L),
                           self.store, self.on_route)
         model = self.placer.model()
