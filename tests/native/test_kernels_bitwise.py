@@ -45,6 +45,18 @@ def activations(r, shape, adversarial=False):
     return x
 
 
+def cancelling(r, shape):
+    """Inputs on which the summation order shows: large values that cancel only when lane j meets
+    lane j+8 in the fold, among small ones that survive only if they are added at the right step."""
+    x = r.standard_normal(shape).astype(np.float32)
+    cols = shape[-1]
+    for start in range(0, cols - 8, 16):
+        big = np.float32(r.choice([1e16, -3e15, 7e17]))
+        x[..., start] = big
+        x[..., start + 8] = -big
+    return x
+
+
 def bf16_weights(r, rows, cols, adversarial=False):
     w = (r.standard_normal((rows, cols)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
     if adversarial:
@@ -102,6 +114,30 @@ def test_mxfp4_matches_scalar(backend, adversarial):
             want = kernels("scalar").mxfp4_linear(packed, scale, x)
             for threads in THREADS:
                 assert same(kernels(backend, threads).mxfp4_linear(packed, scale, x), want), (backend, cols, rows)
+
+
+@pytest.mark.parametrize("backend", SIMD)
+def test_the_lane_order_shows_on_cancelling_inputs(backend):
+    """Products that cancel only when lane j meets lane j+8 in the fold: any other lane mapping or
+    fold order gives other bits (swapping lanes 0 and 1 turns [1e16, 1, 0.., -1e16 at 8] from 1 into 0)."""
+    x = np.zeros((1, 32), np.float32)
+    x[0, 0], x[0, 1], x[0, 8] = 1e16, 1.0, -1e16
+    ones = np.full((1, 32), 0x22, np.uint8)[:, :16], np.full((1, 1), 127, np.uint8)  # every weight 1.0
+    assert kernels(backend).linear(Param(np.ones((1, 32), np.float32), "F32"), x)[0, 0] == 1.0
+    assert kernels(backend).mxfp4_linear(*ones, x)[0, 0] == 1.0
+    r = rng(7)
+    for cols in (17, 33, 100, 257):
+        x, w = cancelling(r, (5, cols)), bf16_weights(r, 9, cols)
+        for start in range(0, cols - 8, 16):
+            w[:, start + 8] = w[:, start]  # equal weights: the large products cancel exactly
+        want = kernels("scalar").linear(Param(w, "BF16"), x)
+        assert same(kernels(backend).linear(Param(w, "BF16"), x), want), cols
+    packed = np.full((9, 48), 0x22, np.uint8)
+    packed[:, 2:] = r.integers(0, 256, (9, 46), dtype=np.uint8)  # elements 0..3 and 8.. vary, but 0 == 8
+    packed[:, 4] = packed[:, 0]
+    scale = r.integers(120, 130, (9, 3), dtype=np.uint8)
+    xm = cancelling(r, (5, 96))
+    assert same(kernels(backend).mxfp4_linear(packed, scale, xm), kernels("scalar").mxfp4_linear(packed, scale, xm))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -1,0 +1,287 @@
+// The AVX-512 (F/BW/VL) backend of kernels.h. Each (row, token) keeps its 16 double lanes in two zmm:
+// for BF16/F16/F32 the first holds lanes 0..7 and the second lanes 8..15; for MXFP4 the first holds the
+// even lanes 0, 2, .., 14 and the second the odd lanes (the low nibbles of 8 packed bytes are 8 even
+// lanes). x is widened to double once per call in the matching order; the fold is the scalar one.
+// GCC 12 warns falsely inside its own AVX-512 headers (_mm512_undefined_*, GCC bug 105593).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <vector>
+
+#include "kernels.h"
+
+namespace k3 {
+namespace {
+
+// Tiles: R rows x TT tokens share every widened weight block; each tile type sets kRowsGemv (R for one
+// token) and kRowsGemm x kTokens (R x TT for a batch). Batches walk 8 tiles of rows at a time, all token
+// blocks over those rows, so the chunk's weights stay in cache while x streams. Every loop over a tile's
+// accumulator array is fully unrolled (#pragma GCC unroll), the final one too: one rolled loop and GCC
+// keeps the array in memory, storing every accumulator on every step.
+
+template <class Tile>
+void for_tiles(size_t r0, size_t r1, size_t tokens, const Tile& tile) {
+    if (tokens == 1) {
+        size_t o = r0;
+        for (; o + Tile::kRowsGemv <= r1; o += Tile::kRowsGemv) tile.template run<Tile::kRowsGemv, 1>(o, 0);
+        for (; o < r1; ++o) tile.template run<1, 1>(o, 0);
+        return;
+    }
+    const size_t chunk = 8 * Tile::kRowsGemm;
+    for (size_t c0 = r0; c0 < r1; c0 += chunk) {
+        const size_t c1 = c0 + chunk < r1 ? c0 + chunk : r1;
+        for (size_t t = 0; t < tokens; t += Tile::kTokens) {
+            const size_t tt = tokens - t < Tile::kTokens ? tokens - t : Tile::kTokens;
+            size_t o = c0;
+            for (; o + Tile::kRowsGemm <= c1; o += Tile::kRowsGemm)
+                tile.template run_tokens<Tile::kRowsGemm>(o, t, tt);
+            for (; o < c1; ++o) tile.template run_tokens<1>(o, t, tt);
+        }
+    }
+}
+
+// Calls tile.run<R, TT>(o, t) with TT = tt (1..4) known at compile time.
+template <int R, class Tile>
+void run_tokens_dispatch(const Tile& tile, size_t o, size_t t, size_t tt) {
+    switch (tt) {
+        case 1: tile.template run<R, 1>(o, t); break;
+        case 2: tile.template run<R, 2>(o, t); break;
+        case 3: tile.template run<R, 3>(o, t); break;
+        default: tile.template run<R, 4>(o, t); break;
+    }
+}
+
+// ---- x widened to double -------------------------------------------------------------------------------
+
+// Token t's row at xd + t * stride; elements past `in` are +0.0, and +0.0 * +0.0 added to a lane changes
+// no bit (a lane that starts at +0.0 is never -0.0).
+const double* widen_x(const float* x, size_t in, size_t tokens, size_t stride) {
+    thread_local std::vector<double> buf;
+    buf.resize(tokens * stride);
+    for (size_t t = 0; t < tokens; ++t) {
+        const float* xt = x + t * in;
+        double* dt = buf.data() + t * stride;
+        size_t i = 0;
+        for (; i + 8 <= in; i += 8) _mm512_storeu_pd(dt + i, _mm512_cvtps_pd(_mm256_loadu_ps(xt + i)));
+        for (; i < in; ++i) dt[i] = xt[i];
+        for (; i < stride; ++i) dt[i] = 0.0;
+    }
+    return buf.data();
+}
+
+// MXFP4 order, per group of 32: elements 0,2,..,14 | 1,3,..,15 | 16,18,..,30 | 17,19,..,31.
+const double* widen_x_even_odd(const float* x, size_t in, size_t tokens) {
+    thread_local std::vector<double> buf;
+    buf.resize(tokens * in);
+    const __m512i even = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
+    const __m512i odd = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
+    for (size_t i = 0; i < tokens * in; i += kLanes) {
+        const __m512d a = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
+        const __m512d b = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8));
+        _mm512_storeu_pd(buf.data() + i, _mm512_permutex2var_pd(a, even, b));
+        _mm512_storeu_pd(buf.data() + i + 8, _mm512_permutex2var_pd(a, odd, b));
+    }
+    return buf.data();
+}
+
+// ---- the fold ----------------------------------------------------------------------------------------------
+
+float fold(__m512d lanes0to7, __m512d lanes8to15) {
+    alignas(64) double acc[kLanes];
+    _mm512_store_pd(acc, lanes0to7);
+    _mm512_store_pd(acc + 8, lanes8to15);
+    return to_f32(lane_combine(acc));
+}
+
+float fold_even_odd(__m512d even, __m512d odd) {
+    const __m512i lo = _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11);
+    const __m512i hi = _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15);
+    return fold(_mm512_permutex2var_pd(even, lo, odd), _mm512_permutex2var_pd(even, hi, odd));
+}
+
+// ---- BF16 / F16 / F32: 16 weights widened to two zmm of doubles --------------------------------------------
+
+struct Bf16 {
+    using Elem = uint16_t;
+    static __m512d eight(const Elem* p) {  // bf16 -> f32 is a 16-bit shift; f32 -> f64 is exact
+        const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+        return _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
+    }
+    static void load(const Elem* p, __m512d& lo, __m512d& hi) { lo = eight(p), hi = eight(p + 8); }
+};
+
+struct F16 {
+    using Elem = uint16_t;
+    static void load(const Elem* p, __m512d& lo, __m512d& hi) {  // f16 -> f32 is exact, subnormals too
+        const __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+        lo = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
+        hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)));
+    }
+};
+
+struct F32 {
+    using Elem = float;
+    static void load(const Elem* p, __m512d& lo, __m512d& hi) {
+        lo = _mm512_cvtps_pd(_mm256_loadu_ps(p));
+        hi = _mm512_cvtps_pd(_mm256_loadu_ps(p + 8));
+    }
+};
+
+// The last n < 16 weights of a row, zero padded (x is zero there too).
+template <class W>
+void load_tail(const typename W::Elem* p, size_t n, __m512d& lo, __m512d& hi) {
+    typename W::Elem buf[kLanes] = {};
+    for (size_t i = 0; i < n; ++i) buf[i] = p[i];
+    W::load(buf, lo, hi);
+}
+
+template <class W>
+struct LinearTile {
+    static constexpr int kRowsGemv = 4, kRowsGemm = 3, kTokens = 4;
+    const typename W::Elem* w;
+    size_t in;
+    const double* xd;
+    size_t stride;
+    float* y;
+    size_t out;
+
+    template <int R>
+    void run_tokens(size_t o, size_t t, size_t tt) const { run_tokens_dispatch<R>(*this, o, t, tt); }
+
+    // Rows o..o+R-1 for tokens t0..t0+TT-1: each 16-weight block is widened once for all TT tokens.
+    template <int R, int TT>
+    void run(size_t o, size_t t0) const {
+        __m512d acc[R][TT][2];
+#pragma GCC unroll 16
+        for (int k = 0; k < R * TT * 2; ++k) acc[k / (TT * 2)][k / 2 % TT][k % 2] = _mm512_setzero_pd();
+        const typename W::Elem* row = w + o * in;
+        for (size_t i = 0; i < in; i += kLanes) {
+            if (i * sizeof(typename W::Elem) % 64 == 0)  // stream the rows 2 KB ahead
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r)
+                    _mm_prefetch(reinterpret_cast<const char*>(row + r * in + i) + 2048, _MM_HINT_T1);
+            __m512d lo[R], hi[R];
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) {
+                if (i + kLanes <= in) W::load(row + r * in + i, lo[r], hi[r]);
+                else load_tail<W>(row + r * in + i, in - i, lo[r], hi[r]);
+            }
+#pragma GCC unroll 8
+            for (int t = 0; t < TT; ++t) {
+                const double* xt = xd + (t0 + t) * stride + i;
+                const __m512d x0 = _mm512_loadu_pd(xt), x1 = _mm512_loadu_pd(xt + 8);
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) {
+                    acc[r][t][0] = _mm512_fmadd_pd(lo[r], x0, acc[r][t][0]);
+                    acc[r][t][1] = _mm512_fmadd_pd(hi[r], x1, acc[r][t][1]);
+                }
+            }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+            for (int t = 0; t < TT; ++t) y[(t0 + t) * out + o + r] = fold(acc[r][t][0], acc[r][t][1]);
+    }
+};
+
+template <class W>
+void linear_rows(const void* w, size_t in, const float* x, size_t tokens, float* y, size_t out, size_t r0,
+                 size_t r1) {
+    const size_t stride = (in + kLanes - 1) / kLanes * kLanes;
+    const auto* wt = static_cast<const typename W::Elem*>(w);
+    const LinearTile<W> tile{wt, in, widen_x(x, in, tokens, stride), stride, y, out};
+    for_tiles(r0, r1, tokens, tile);
+}
+
+void linear(WeightType type, const void* w, size_t in, const float* x, size_t tokens, float* y, size_t out,
+            size_t r0, size_t r1) {
+    if (type == WeightType::BF16) linear_rows<Bf16>(w, in, x, tokens, y, out, r0, r1);
+    else if (type == WeightType::F16) linear_rows<F16>(w, in, x, tokens, y, out, r0, r1);
+    else linear_rows<F32>(w, in, x, tokens, y, out, r0, r1);
+}
+
+// ---- MXFP4 -------------------------------------------------------------------------------------------------
+
+// kScaled.v[s][c] = E2M1[c] * 2^(s - 127), exactly the scalar weight (scale 255: +-0.0). A group's 16
+// values are two zmm, and vpermt2pd looks 8 codes up at once: it reads only bits 3..0 of each 64-bit index.
+struct ScaledE2m1 {
+    alignas(64) double v[256][16];
+    ScaledE2m1() {
+        for (int s = 0; s < 256; ++s)
+            for (int c = 0; c < 16; ++c) v[s][c] = e2m1(static_cast<uint8_t>(c)) * e8m0(static_cast<uint8_t>(s));
+    }
+};
+const ScaledE2m1 kScaled;
+
+struct Mx4Tile {
+    static constexpr int kRowsGemv = 4, kRowsGemm = 2, kTokens = 4;
+    const uint8_t* packed;
+    const uint8_t* scale;
+    size_t in;
+    const double* xd;
+    float* y;
+    size_t out;
+
+    template <int R>
+    void run_tokens(size_t o, size_t t, size_t tt) const { run_tokens_dispatch<R>(*this, o, t, tt); }
+
+    // Rows o..o+R-1 for tokens t0..t0+TT-1. Half h of a group is 8 packed bytes: zero-extended to 64-bit
+    // lanes they index the even lanes of its 16 elements (low nibbles; the high nibble is ignored by the
+    // lookup) and, shifted right by 4, the odd lanes.
+    template <int R, int TT>
+    void run(size_t o, size_t t0) const {
+        __m512d even[R][TT], odd[R][TT];
+#pragma GCC unroll 16
+        for (int k = 0; k < R * TT; ++k) even[k / TT][k % TT] = odd[k / TT][k % TT] = _mm512_setzero_pd();
+        const size_t groups = in / kGroup, row_bytes = in / 2;
+        const uint8_t* p = packed + o * row_bytes;
+        const uint8_t* s = scale + o * groups;
+        const char* next = reinterpret_cast<const char*>(p + R * row_bytes);  // the next tile: a line per group
+        for (size_t g = 0; g < groups; ++g) {
+            _mm_prefetch(next + 64 * g, _MM_HINT_T0);
+            __m512d table_lo[R], table_hi[R];
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) {
+                table_lo[r] = _mm512_load_pd(kScaled.v[s[r * groups + g]]);
+                table_hi[r] = _mm512_load_pd(kScaled.v[s[r * groups + g]] + 8);
+            }
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; ++h) {  // elements 0..15, then 16..31: lane order within each lane
+                __m512d we[R], wo[R];
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) {
+                    const uint8_t* bytes = p + r * row_bytes + 16 * g + 8 * h;
+                    const __m512i idx = _mm512_cvtepu8_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes)));
+                    we[r] = _mm512_permutex2var_pd(table_lo[r], idx, table_hi[r]);
+                    wo[r] = _mm512_permutex2var_pd(table_lo[r], _mm512_srli_epi64(idx, 4), table_hi[r]);
+                }
+#pragma GCC unroll 8
+                for (int t = 0; t < TT; ++t) {
+                    const double* xt = xd + (t0 + t) * in + kGroup * g + kLanes * h;
+                    const __m512d xe = _mm512_loadu_pd(xt), xo = _mm512_loadu_pd(xt + 8);
+#pragma GCC unroll 8
+                    for (int r = 0; r < R; ++r) {
+                        even[r][t] = _mm512_fmadd_pd(we[r], xe, even[r][t]);
+                        odd[r][t] = _mm512_fmadd_pd(wo[r], xo, odd[r][t]);
+                    }
+                }
+            }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+            for (int t = 0; t < TT; ++t) y[(t0 + t) * out + o + r] = fold_even_odd(even[r][t], odd[r][t]);
+    }
+};
+
+void mxfp4(const uint8_t* packed, const uint8_t* scale, size_t in, const float* x, size_t tokens, float* y,
+           size_t out, size_t r0, size_t r1) {
+    const Mx4Tile tile{packed, scale, in, widen_x_even_odd(x, in, tokens), y, out};
+    for_tiles(r0, r1, tokens, tile);
+}
+
+}  // namespace
+
+const MatrixKernels kAvx512 = {"avx512", linear, mxfp4};
+
+}  // namespace k3
