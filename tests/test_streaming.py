@@ -128,3 +128,16 @@ def test_a_plan_that_does_not_fit_is_refused_before_loading(tiny_model, tmp_path
     code = main(["run", str(tiny_model), "--ids", "1", "--cache-gb", "100000"])
     err = capsys.readouterr().err
     assert code == 2 and "does not fit" in err and "expert cache" in err
+
+
+def test_a_budget_that_holds_everything_pins_everything(packed):
+    from k3core.checkpoint import open_checkpoint
+    from k3core.plugins.pinned import layout
+    from k3core.trunk import load_trunk
+    model, trunk_dir = packed
+    trunk, config = load_trunk(trunk_dir), open_checkpoint(model).config
+    everything = layout(trunk, config, {"pinned_layers": config.num_hidden_layers})
+    chosen = layout(trunk, config, {"trunk_gb": everything.pinned_bytes / 1e9})
+    assert chosen == everything and chosen.ring_slots == 0  # not stuck where a bigger ring was needed
+    nothing = layout(trunk, config, {"pinned_layers": 0})
+    assert layout(trunk, config, {"trunk_gb": nothing.ring_slots * nothing.slot_bytes / 1e9}).pinned == ()

@@ -52,10 +52,13 @@ def layout(trunk, config, options) -> Layout:
         head_pinned = bool(options.get("pin_head", k == n))
     else:
         budget = float(options["trunk_gb"]) * 1e9 if options.get("trunk_gb") is not None else float("inf")
-        k, head_pinned = 0, False
-        while k < n and sum(sizes[:k + 1]) + ring * max(sizes[k + 1:] + [head_block]) <= budget:
-            k += 1
-        head_pinned = k == n and sum(sizes) + head.nbytes <= budget
+
+        def need(k, head_pinned):  # pinned bytes + the ring for whatever still streams
+            streamed = sizes[k:] + ([] if head_pinned else [head_block])
+            return sum(sizes[:k]) + (head.nbytes if head_pinned else 0) + (ring * max(streamed) if streamed else 0)
+
+        fits = [(k, h) for k in range(n + 1) for h in ((False, True) if k == n else (False,)) if need(k, h) <= budget]
+        k, head_pinned = max(fits, default=(0, False), key=lambda kh: (kh[0], kh[1]))
     streamed = sizes[k:] + ([] if head_pinned else [head_block])
     slot = max(streamed) if streamed else 0
     pinned_bytes = sum(sizes[:k]) + (head.nbytes if head_pinned else 0)

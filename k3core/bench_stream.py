@@ -1,0 +1,241 @@
+"""`k3 bench stream`: streaming as it runs — expert read throughput against a raw O_DIRECT probe of
+the same files, I/O share of wall time, s/token and peak RSS at several budgets (each run in its
+own process, under a memory cgroup where the machine allows it), and a projection to full K3.
+
+Not a test: it measures and prints; it asserts nothing about speed.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .checkpoint import EXPERT_PARTS, expert_prefix, open_checkpoint
+
+# Full Kimi K3, per decode token (SPEC §1, STREAMING-FACTS): all 93 trunk layers, lm_head, 1,472 experts.
+K3_TRUNK_BYTES = 108.81e9
+K3_HEAD_BYTES = 2.35e9
+K3_EXPERTS_PER_TOKEN = 16 * 92
+K3_EXPERT_BYTES = 17_547_264
+ALIGN = 4096
+CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+CGROUP_V2 = Path("/sys/fs/cgroup")
+
+
+def raw_probe(model_dir, seconds: float = 3.0, depth: int = 16) -> dict:
+    """O_DIRECT reads of whole expert runs of this checkpoint, `depth` at a time: what the disk gives."""
+    ckpt = open_checkpoint(model_dir)
+    c = ckpt.config
+    spans = []
+    for layer in range(c.first_k_dense_replace, c.num_hidden_layers):
+        for e in range(c.num_experts):
+            first = ckpt.index[expert_prefix(layer, e) + EXPERT_PARTS[0]]
+            last = ckpt.index[expert_prefix(layer, e) + EXPERT_PARTS[-1]]
+            start = first.offset - first.offset % ALIGN
+            spans.append((str(first.file), start, -(-(last.offset + last.nbytes - start) // ALIGN) * ALIGN))
+    size = max(n for _, _, n in spans)
+    buffers = [mmap.mmap(-1, size) for _ in range(depth)]
+    fds = {}
+    for path, _, _ in spans:
+        if path not in fds:
+            fds[path] = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+
+    def read(job):
+        (path, start, n), buf = job
+        return os.preadv(fds[path], [memoryview(buf)[:n]], start)
+
+    done, t0, i = 0, time.perf_counter(), 0
+    with ThreadPoolExecutor(depth) as pool:
+        while time.perf_counter() - t0 < seconds:
+            batch = [(spans[(i + k) % len(spans)], buffers[k]) for k in range(depth)]
+            done += sum(pool.map(read, batch))
+            i += depth
+    elapsed = time.perf_counter() - t0
+    for fd in fds.values():
+        os.close(fd)
+    return {"bytes": done, "seconds": elapsed, "rate": done / elapsed, "queue_depth": depth}
+
+
+def _cgroup(limit_bytes: int):
+    """A memory cgroup (v1 where mounted, else v2) limited to `limit_bytes`, or None."""
+    name = f"k3-bench-{os.getpid()}-{time.monotonic_ns()}"
+    for root, limit_file, kind in ((CGROUP_V1, "memory.limit_in_bytes", "cgroup v1"),
+                                   (CGROUP_V2, "memory.max", "cgroup v2")):
+        try:
+            if kind == "cgroup v2" and "memory" not in (root / "cgroup.controllers").read_text():
+                continue
+            path = root / name
+            path.mkdir()
+            (path / limit_file).write_text(str(limit_bytes))
+            return path, kind
+        except OSError:
+            continue
+    return None
+
+
+def _peak_of(cg) -> int | None:
+    path, kind = cg
+    for name in ("memory.max_usage_in_bytes", "memory.peak"):
+        try:
+            return int((path / name).read_text())
+        except OSError:
+            continue
+    return None
+
+
+def run_budget(model_dir, trunk_dir, trunk_gb: float, cache_gb: float, ids: str, gen: int,
+               overhead_gb: float) -> dict:
+    """One `k3 run` in its own process under a memory limit of budget + overhead."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        cmd = [sys.executable, "-m", "k3core", "run", str(model_dir), "--trunk", str(trunk_dir), "--trunk-gb",
+               str(trunk_gb), "--cache-gb", str(cache_gb), "--ids", ids, "--gen", str(gen), "--quiet", "--json",
+               str(report), "--max-context", "256"]
+        limit = int((trunk_gb + cache_gb + overhead_gb) * 1e9)
+        cg = _cgroup(limit)
+        started = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                preexec_fn=(lambda: (cg[0] / "cgroup.procs").write_text(str(os.getpid())))
+                                if cg else None)
+        _, err = proc.communicate()
+        wall = time.perf_counter() - started
+        peak_cgroup = _peak_of(cg) if cg else None
+        if cg:
+            cg[0].rmdir()
+        if proc.returncode != 0:
+            return {"trunk_gb": trunk_gb, "cache_gb": cache_gb, "error": err.decode()[-2000:],
+                    "exit": proc.returncode, "limit_bytes": limit, "limit_kind": cg[1] if cg else None}
+        r = json.loads(report.read_text())
+    s = r["stats"]
+    return {"trunk_gb": trunk_gb, "cache_gb": cache_gb, "limit_bytes": limit,
+            "limit_kind": cg[1] if cg else "none (getrusage only)", "process_wall_seconds": wall,
+            "prefill_seconds": r["prefill_seconds"], "seconds_per_token": r["seconds_per_token"],
+            "peak_rss_bytes": r["peak_rss_bytes"], "peak_cgroup_bytes": peak_cgroup,
+            "pinned_layers": s.get("pinned_layers"), "ring_slots": s.get("ring_slots"),
+            "trunk_bytes_read": r["trunk_bytes_read"], "trunk_read_rate": r["trunk_read_rate"],
+            "expert_bytes_read": r["expert_bytes_read"], "expert_read_rate": r["expert_read_rate"],
+            "expert_true_hit_rate": r["expert_true_hit_rate"], "io_share_of_wall": r["io_share_of_wall"],
+            "tokens": len(r["generated_ids"]), "read_modes": [s.get("trunk_read_mode"), s.get("expert_read_mode")]}
+
+
+def projection(row: dict, probe: dict, compute_per_byte: float) -> dict:
+    """Full K3 at the same shares, from this run's measured rates: nothing pinned below the budget's
+    share of the trunk, experts at the measured hit rate, compute in proportion to bytes touched."""
+    trunk_stream = K3_TRUNK_BYTES + K3_HEAD_BYTES
+    expert_bytes = K3_EXPERTS_PER_TOKEN * K3_EXPERT_BYTES * (1 - (row.get("expert_true_hit_rate") or 0))
+    read_rate = row.get("expert_read_rate") or probe["rate"]
+    io = (trunk_stream + expert_bytes) / read_rate
+    compute = compute_per_byte * (K3_TRUNK_BYTES + K3_HEAD_BYTES + K3_EXPERTS_PER_TOKEN * K3_EXPERT_BYTES)
+    return {"io_seconds": io, "compute_seconds": compute, "serial_seconds_per_token": io + compute,
+            "overlapped_seconds_per_token": max(io, compute)}
+
+
+def default_budgets(model_dir, trunk_dir) -> list[tuple[float, float]]:
+    """(trunk GB, cache GB): the ring alone (nothing pinned, cache floor), about half the layers
+    pinned with a small cache, and everything pinned with every expert cached."""
+    from .plugins.pinned import layout
+    from .trunk import load_trunk
+
+    trunk, ckpt = load_trunk(trunk_dir), open_checkpoint(model_dir)
+    config = ckpt.config
+    ring = layout(trunk, config, {"pinned_layers": 0})
+    half = layout(trunk, config, {"pinned_layers": config.num_hidden_layers // 2})
+    everything = layout(trunk, config, {"pinned_layers": config.num_hidden_layers})
+    one = sum(ckpt.index[expert_prefix(config.first_k_dense_replace, 0) + p].nbytes for p in EXPERT_PARTS)
+    experts = (config.num_hidden_layers - config.first_k_dense_replace) * config.num_experts * one
+    gb = lambda lay: (lay.pinned_bytes + lay.ring_slots * lay.slot_bytes) / 1e9 + 0.001  # noqa: E731
+    return [(gb(ring), 0.0), (gb(half), 0.5), (gb(everything) + 0.1, experts / 1e9 + 0.1)]
+
+
+def cmd_stream(args) -> int:
+    from .budget import human
+    from .pack import pack
+
+    model, trunk = Path(args.model), Path(args.trunk)
+    if not (trunk / "manifest.json").exists():
+        print(f"packing {model} into {trunk} first …", file=sys.stderr)
+        pack(model, trunk)
+    budgets = [tuple(float(v) for v in b.split(":")) for b in args.budgets.split(",")] if args.budgets \
+        else default_budgets(model, trunk)
+    probe = raw_probe(model, seconds=args.probe_seconds)
+    rows = [run_budget(model, trunk, t, c, args.ids, args.gen, args.overhead_gb) for t, c in budgets]
+    ok = [r for r in rows if "error" not in r]
+    full = max(ok, key=lambda r: r["trunk_gb"] + r["cache_gb"]) if ok else None
+    doc = {"model": str(model), "raw_o_direct_probe": probe, "runs": rows,
+           "overhead_gb_allowed": args.overhead_gb}
+    if full and full["seconds_per_token"]:
+        per_token = _bytes_touched_per_token(model)
+        doc["compute_bytes_per_second"] = per_token / full["seconds_per_token"]
+        doc["projection_full_k3"] = [dict(preset=r["trunk_gb"], **projection(r, probe, 1 / doc["compute_bytes_per_second"]))
+                                     for r in ok]
+    if args.json:
+        print(json.dumps(doc, indent=1))
+        return 0
+    print(f"raw O_DIRECT probe of the expert bytes: {human(probe['rate'])}/s at queue depth {probe['queue_depth']}")
+    print(f"\n| trunk GB | cache GB | limit ({ok[0]['limit_kind'] if ok else '-'}) | pinned | s/token prefill | "
+          "s/token decode | peak RSS | RSS − budget | expert read | vs probe | TRUE hits | I/O share |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['trunk_gb']:.2f} | {r['cache_gb']:.2f} | {human(r['limit_bytes'])} | failed (exit {r['exit']}) "
+                  f"| | | | | | | | |")
+            continue
+        rate = r["expert_read_rate"]
+        share = f"{100 * rate / probe['rate']:.0f} %" if rate else "n/a"
+        over = r["peak_rss_bytes"] - (r["trunk_gb"] + r["cache_gb"]) * 1e9
+        print(f"| {r['trunk_gb']:.2f} | {r['cache_gb']:.2f} | {human(r['limit_bytes'])} | {r['pinned_layers']} | "
+              f"{r['prefill_seconds']:.2f} | {r['seconds_per_token']:.2f} | {human(r['peak_rss_bytes'])} | "
+              f"{human(over)} | {human(rate) + '/s' if rate else 'n/a'} | "
+              f"{share} | "
+              f"{100 * (r['expert_true_hit_rate'] or 0):.0f} % | {100 * (r['io_share_of_wall'] or 0):.0f} % |")
+    if "projection_full_k3" in doc:
+        print(f"\ncompute rate (everything resident, every expert cached): {human(doc['compute_bytes_per_second'])}/s "
+              "of weights touched")
+        print("projection to full K3 (nothing pinned, no expert hits; read rate and compute rate as measured here):")
+        p = doc["projection_full_k3"][0]
+        print(f"  I/O {p['io_seconds']:.1f} s + compute {p['compute_seconds']:.1f} s = {p['serial_seconds_per_token']:.1f} "
+              f"s/token serial, {p['overlapped_seconds_per_token']:.1f} s/token if fully overlapped")
+    return 0
+
+
+def _bytes_touched_per_token(model) -> float:
+    """Weight bytes one decode token reads on this model: every trunk tensor but the embedding
+    (one row) and top-k experts in every MoE layer."""
+    ckpt = open_checkpoint(model)
+    c = ckpt.config
+    trunk = sum(ckpt.index[n].nbytes for n in ckpt.index.names()
+                if ".experts." not in n and "embed_tokens" not in n and not n.startswith(("vision_", "mm_")))
+    first = expert_prefix(c.first_k_dense_replace, 0)
+    expert = sum(ckpt.index[first + p].nbytes for p in EXPERT_PARTS)
+    return trunk + (c.num_hidden_layers - c.first_k_dense_replace) * c.num_experts_per_token * expert
+
+
+def add_parser(sub) -> None:
+    import argparse
+
+    p = sub.add_parser(
+        "stream", help="expert reads vs a raw O_DIRECT probe, s/token and peak RSS at several budgets",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Runs `k3 run` at several trunk/cache budgets, each in its own process under a memory\n"
+                    "cgroup limited to budget + --overhead-gb where the machine allows it (else peak RSS from\n"
+                    "getrusage only), next to a raw O_DIRECT read probe of the same expert bytes; then projects\n"
+                    "s/token for the full 1.56 TB model from the measured read and compute rates.",
+        epilog="examples:\n  k3 make-model /data/k3-wide --shape wide && k3 pack /data/k3-wide /data/k3-wide-trunk\n"
+               "  k3 bench stream /data/k3-wide --trunk /data/k3-wide-trunk\n"
+               "  k3 bench stream /data/k3-wide --trunk /data/k3-wide-trunk --budgets 3:0,6:0.5 --gen 4 --json")
+    p.add_argument("model", metavar="MODEL_DIR")
+    p.add_argument("--trunk", required=True, metavar="DIR", help="packed trunk (made first if missing)")
+    p.add_argument("--budgets", metavar="T:C,…", help="trunk GB:cache GB pairs (default: ring only, half, all)")
+    p.add_argument("--ids", default="1,2,3,4,5,6,7,8", help="prompt ids (default 1..8)")
+    p.add_argument("--gen", type=int, default=6, help="ids to generate per run (default 6)")
+    p.add_argument("--overhead-gb", type=float, default=1.5,
+                   help="memory allowed above the budgets (Python, numpy, activations; default 1.5)")
+    p.add_argument("--probe-seconds", type=float, default=3.0, help="length of the raw read probe (default 3)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_stream)
