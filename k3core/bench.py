@@ -316,7 +316,7 @@ targets (printed with ✓/✗, never asserted):
 def add_parser(subparsers) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
     bench = subparsers.add_parser("bench", help="measure kernel and memory throughput on this machine",
-                                  description="Benchmarks. `k3 bench kernels --help` for the kernel table.",
+                                  description="Benchmarks on this machine; `k3 bench BENCH --help` explains each.",
                                   formatter_class=fmt)
     sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
     bench.set_defaults(func=lambda args: bench.print_help() or 2)
@@ -331,3 +331,5 @@ def add_parser(subparsers) -> None:
     k.add_argument("--quick", action="store_true", help="tiny shapes and 0.01 s per cell (for tests)")
     k.add_argument("--seconds", type=float, metavar="S", help="time per cell (default 1; 0.01 with --quick)")
     k.set_defaults(func=cmd_kernels)
+    from .bench_stream import add_parser as add_stream
+    add_stream(sub)
