@@ -83,11 +83,24 @@ MX_WIDTHS = [32, 96, 160, 352]
 SHAPES = [(1, 1), (3, 2), (17, 5), (33, 64)]  # (rows, tokens)
 
 
+def cancel_pairs(w, x, r):
+    """Make the products of columns s and s+8 (s = 0, 16, 32, …) equal and opposite, and large:
+    they cancel exactly only if lane s meets lane s+8 where the contract says."""
+    for s in range(0, x.shape[1] - 8, 16):
+        w[:, s + 8] = w[:, s]
+        big = np.float32(r.choice([1e12, -3e15, 7e17]))
+        x[:, s], x[:, s + 8] = big, -big
+
+
+INPUTS = ["random", "adversarial", "cancelling"]
+
+
 @pytest.mark.parametrize("backend", SIMD)
 @pytest.mark.parametrize("dtype", ["BF16", "F16", "F32"])
-@pytest.mark.parametrize("adversarial", [False, True])
-def test_linear_matches_scalar(backend, dtype, adversarial):
+@pytest.mark.parametrize("inputs", INPUTS)
+def test_linear_matches_scalar(backend, dtype, inputs):
     r = rng(1)
+    adversarial = inputs == "adversarial"
     for cols in WIDTHS:
         for rows, tokens in SHAPES:
             if dtype == "BF16":
@@ -97,6 +110,8 @@ def test_linear_matches_scalar(backend, dtype, adversarial):
             else:
                 w = activations(r, (rows, cols), adversarial)
             x = activations(r, (tokens, cols), adversarial)
+            if inputs == "cancelling":
+                cancel_pairs(w, x, r)
             want = kernels("scalar").linear(Param(w, dtype), x)
             for threads in THREADS:
                 got = kernels(backend, threads).linear(Param(w, dtype), x)
@@ -104,13 +119,18 @@ def test_linear_matches_scalar(backend, dtype, adversarial):
 
 
 @pytest.mark.parametrize("backend", SIMD)
-@pytest.mark.parametrize("adversarial", [False, True])
-def test_mxfp4_matches_scalar(backend, adversarial):
+@pytest.mark.parametrize("inputs", INPUTS)
+def test_mxfp4_matches_scalar(backend, inputs):
     r = rng(2)
     for cols in MX_WIDTHS:
         for rows, tokens in SHAPES:
-            packed, scale = mxfp4_weights(r, rows, cols, adversarial)
-            x = activations(r, (tokens, cols), adversarial)
+            packed, scale = mxfp4_weights(r, rows, cols, inputs == "adversarial")
+            x = activations(r, (tokens, cols), inputs == "adversarial")
+            if inputs == "cancelling":  # element s is the low nibble of byte s/2; s+8 that of byte s/2+4
+                for s in range(0, cols - 8, 16):
+                    packed[:, s // 2 + 4] = (packed[:, s // 2 + 4] & 0xF0) | (packed[:, s // 2] & 0x0F)
+                    big = np.float32(r.choice([1e12, -3e15, 7e17]))
+                    x[:, s], x[:, s + 8] = big, -big
             want = kernels("scalar").mxfp4_linear(packed, scale, x)
             for threads in THREADS:
                 assert same(kernels(backend, threads).mxfp4_linear(packed, scale, x), want), (backend, cols, rows)
