@@ -21,9 +21,12 @@ install: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# The first run, as a user makes it: `k3 setup` generates the demo model, verifies, packs and saves the
+# profile (it prints where: K3_CONFIG_DIR, else ~/.config/k3); `k3 run` then uses that profile.
 demo: $(STAMP)
-	$(VENV)/bin/k3 make-model $(DEMO_DIR) --shape tiny --seed 0 --if-missing
-	$(VENV)/bin/k3 run $(DEMO_DIR) --ids 1,2,3,4,5,6,7,8 --gen 12
+	$(VENV)/bin/k3 setup --source demo --dest $(DEMO_DIR) --yes
+	$(VENV)/bin/k3 run --prompt "The capital of France is" --max-tokens 24
+	$(VENV)/bin/k3 ui  # the chat page on the same profile: prints its URL (127.0.0.1:7860); Ctrl-C stops it
 
 bench-index: $(STAMP)
 	$(PY) benchmarks/index_bench.py
@@ -36,3 +39,12 @@ clean:
 .PHONY: neon-check
 neon-check:
 	bash native/neon-check.sh
+
+# The chat page in a real headless browser: Debian's chromium (installed if missing) driven by Playwright
+# from PyPI (never Playwright's own browser download). Types a prompt, watches it stream, presses Stop,
+# runs the Setup tab on the demo source; screenshots in build/screenshots/. `make test` skips tests/browser.
+.PHONY: browser-check
+browser-check: $(STAMP)
+	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	$(PY) -m pip install --quiet 'playwright>=1.40'
+	K3_BROWSER_CHECK=1 $(PY) -m pytest -q tests/browser

@@ -183,8 +183,10 @@ def render(messages, tokenizer, mode: str = "instruct", *, add_generation_prompt
     template = chat_template(tokenizer) if use_template else None
     if template is None:
         return build_ids(tokenizer, segments(messages, mode, add_generation_prompt))
-    if not allow_markup_in_text:
+    if not allow_markup_in_text:  # what people typed; the model's own replies are its tokens, not input
         for i, m in enumerate(normalize(messages)):
+            if m["role"] == "assistant":
+                continue
             for k, v in m.items():
                 if k != "role" and tokenizer.encode(v, allow_special=True) != tokenizer.encode(v):
                     raise UsageError(f"message {i} ({m['role']}): {k!r} contains special-token text, which the "

@@ -140,7 +140,8 @@ def test_plugins_json_lists_every_builtin_with_its_hooks(capsys):
     assert code == 0
     assert rows["k3.kda"]["provides"] == {"k3_attention_backends": ["kda"]}
     assert rows["k3.reference_kernels"]["hooks"] == ["k3_kernel_backends"]
-    assert all(r["source"] == "built-in" and r["version"] for r in rows.values())
+    assert all(r["source"] == "built-in" and r["version"] for n, r in rows.items() if n.startswith("k3."))
+    assert rows["wizard"]["source"] == "entry point of k3" and "setup" in rows["wizard"]["provides"]["k3_subcommands"]
 
 
 def test_python_dash_m_runs_the_same_command_with_exit_codes(tiny_model):

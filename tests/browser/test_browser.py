@@ -1,0 +1,232 @@
+"""The chat page in a real headless browser (Debian's chromium driven by Playwright), as a person
+uses it: type a prompt, watch tokens stream and the per-layer progress of a slow first token, press
+Stop (the engine stops, the next turn works), see thinking collapsed, run the Setup tab on the demo
+source, look at Memory and Plugins. Screenshots go to build/screenshots/ (or $K3_SCREENSHOTS)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.browser.conftest import CHROMIUM
+from tests.ui.conftest import ui_args
+from tests.ui.test_app import free_port
+
+pytestmark = [pytest.mark.filterwarnings("ignore:.*no_silent_downcasting"),  # Gradio's queue analytics
+              pytest.mark.filterwarnings("ignore:The copy keyword is deprecated")]
+SHOTS = Path(os.environ.get("K3_SCREENSHOTS") or Path(__file__).resolve().parents[2] / "build" / "screenshots")
+
+
+@pytest.fixture(scope="module")
+def page(small_model, tmp_path_factory):
+    from playwright.sync_api import sync_playwright
+
+    from ui.app import build
+    from ui.host import EngineHost
+    from ui.server import launch
+
+    config = tmp_path_factory.mktemp("k3-config")  # the Setup tab writes a profile: not the user's
+    old = os.environ.get("K3_CONFIG_DIR")
+    os.environ["K3_CONFIG_DIR"] = str(config)
+    host = EngineHost(ui_args(small_model))
+    app = build(host.args, host=host)
+    app.demo.queue(max_size=8, default_concurrency_limit=None)
+    url = launch(app.demo, "127.0.0.1", free_port(), block=False, quiet=True)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+        pg.goto(url)
+        pg.wait_for_selector("#k3-input textarea", timeout=60_000)
+        pg.k3_url, pg.k3_throttle = url, Throttle()
+        host.engine.on_layer = pg.k3_throttle
+        yield pg, app, config
+        browser.close()
+    app.demo.close()
+    host.close()
+    if old is None:
+        os.environ.pop("K3_CONFIG_DIR", None)
+    else:
+        os.environ["K3_CONFIG_DIR"] = old
+
+
+def shot(pg, name):
+    pg.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def bot_text(pg) -> str:
+    return " ".join(pg.locator("#k3-chat [data-testid=bot]").all_inner_texts())
+
+
+def wait_until(pred, timeout=60.0, every=0.05):
+    end = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(every)
+
+
+def greedy(pg):
+    """Temperature 0: the same reply every run (the test model writes long, odd text either way)."""
+    box = pg.locator("#k3-temperature input[type=number]")
+    box.fill("0")
+    box.press("Enter")
+    pg.wait_for_function("document.querySelector('#k3-temperature input[type=number]').value === '0'")
+
+
+class Throttle:
+    """Engine.on_layer that makes the model slow on demand: `first` seconds a layer in a turn's prompt
+    pass, `then` in later passes (0 = full speed). The UI chains its own progress hook to it."""
+
+    def __init__(self):
+        self.first = self.then = 0.0
+        self.passes = 0
+
+    def set(self, first: float, then: float | None = None) -> None:
+        self.first, self.then, self.passes = first, first if then is None else then, 0
+
+    def __call__(self, layer, layers):
+        self.passes += layer == 0
+        delay = self.first if self.passes <= 1 else self.then
+        if delay:
+            time.sleep(delay)
+
+
+def test_chat_streams_shows_layer_progress_and_stops(page):
+    pg, app, _ = page
+    shot(pg, "01-start")
+    engine = app.host.engine
+    greedy(pg)
+    pg.k3_throttle.set(0.25, 0.03)  # prompt pass 2.5 s, then ~0.3 s a token
+    try:
+        pg.fill("#k3-input textarea", "a long one")  # greedy: no end before max tokens
+        pg.click("#k3-send")
+        pg.wait_for_function("document.querySelector('#k3-status')?.innerText.includes('reading the prompt: layer')",
+                             timeout=20_000)
+        status = pg.inner_text("#k3-status")
+        assert re.search(r"reading the prompt: layer \d+ / 10", status), status
+        shot(pg, "02-first-token-progress")
+        wait_until(lambda: len(bot_text(pg).strip("… ")) > 0, 30)
+        first = bot_text(pg)
+        wait_until(lambda: bot_text(pg) != first and len(bot_text(pg)) > len(first), 30)
+        pg.wait_for_function("/token \\d+: layer/.test(document.querySelector('#k3-status')?.innerText)",
+                             timeout=10_000)
+        shot(pg, "03-streaming")
+        forwarded = engine.tokens_forwarded
+        pg.click("#k3-stop")
+        pg.wait_for_function("document.querySelector('#k3-note')?.innerText.includes('stopped')", timeout=30_000)
+    finally:
+        pg.k3_throttle.set(0)
+    stopped_at = engine.tokens_forwarded
+    assert stopped_at - forwarded < 20
+    time.sleep(1.0)
+    assert engine.tokens_forwarded == stopped_at, "the engine kept decoding after Stop"
+    shot(pg, "04-stopped")
+    pg.fill("#k3-input textarea", "and a second question")
+    pg.keyboard.press("Enter")
+    pg.wait_for_function("/\\d+ reused/.test(document.querySelector('#k3-note')?.innerText) && "
+                         "document.querySelectorAll('#k3-chat [data-testid=user]').length == 2", timeout=60_000)
+    note = pg.inner_text("#k3-note")
+    assert re.search(r"prompt \d+ tokens: [1-9]\d* reused", note), note
+    shot(pg, "05-follow-up")
+
+
+def test_a_second_tab_waits_its_turn_and_sees_only_its_own_chat(page):
+    pg, app, _ = page
+    other = pg.context.browser.new_page(viewport={"width": 1400, "height": 1000})
+    other.goto(pg.k3_url)
+    other.wait_for_selector("#k3-input textarea", timeout=60_000)
+    greedy(other)
+    pg.bring_to_front()
+    pg.click("#k3-clear")
+    pg.wait_for_function("document.querySelector('#k3-note')?.innerText.includes('new conversation')")
+    pg.k3_throttle.set(0.02)  # ~0.2 s a token
+    try:
+        pg.fill("#k3-input textarea", "a long one")
+        pg.click("#k3-send")
+        wait_until(lambda: len(bot_text(pg).strip("… ")) > 0, 30)
+        other.bring_to_front()
+        other.fill("#k3-input textarea", "a third one")
+        other.click("#k3-send")
+        other.wait_for_function("/queue/i.test(document.querySelector('#k3-chat')?.innerText)", timeout=10_000)
+        shot(other, "06-second-tab-queued")
+    finally:
+        pg.k3_throttle.set(0)
+    pg.bring_to_front()
+    pg.click("#k3-stop")
+    other.wait_for_function("document.querySelector('#k3-note')?.innerText.includes('generated')", timeout=60_000)
+    users = other.locator("#k3-chat [data-testid=user]").all_inner_texts()
+    assert [u.strip() for u in users] == ["a third one"]
+    assert "a third one" not in pg.inner_text("#k3-chat")
+    shot(other, "07-second-tab-answered")
+    other.close()
+
+
+def test_thinking_is_collapsed_apart_from_the_answer(page):
+    pg, _, _ = page
+    pg.click("#k3-clear")
+    pg.wait_for_function("document.querySelector('#k3-note')?.innerText.includes('new conversation')")
+    pg.get_by_label("thinking").check()  # which suggests temperature 1.0
+    pg.wait_for_function("document.querySelector('#k3-temperature input[type=number]').value === '1'")
+    greedy(pg)
+    pg.fill("#k3-input textarea", "hello there")
+    pg.click("#k3-send")
+    pg.wait_for_function("document.querySelector('#k3-note')?.innerText.includes('generated')", timeout=60_000)
+    title = pg.locator("#k3-chat .thought-group .title")
+    assert title.count() >= 1 and "Thinking" in title.first.inner_text()
+    pg.wait_for_function("""() => {  // open while it streamed, collapsed once the reply is done
+        const c = document.querySelector('#k3-chat .thought-group .content');
+        return !c || c.getBoundingClientRect().height < 2; }""", timeout=10_000)
+    shot(pg, "08-thinking-collapsed")
+    pg.get_by_label("instruct").check()
+
+
+def test_setup_tab_runs_the_demo_source(page, tmp_path):
+    pg, _, config = page
+    pg.get_by_role("tab", name="Setup").click()
+    dest = tmp_path / "demo-model"
+    pg.fill("#k3-setup-source textarea, #k3-setup-source input", "demo")
+    pg.fill("#k3-setup-dest textarea, #k3-setup-dest input", str(dest))
+    pg.click("#k3-setup-run")
+    pg.wait_for_function("document.querySelector('#k3-setup-status')?.innerText.includes('done')", timeout=240_000)
+    steps = pg.inner_text("#k3-setup-steps")
+    assert steps.count("✓") == 7, steps
+    state = json.loads((dest / ".k3-setup.json").read_text())
+    assert set(state["steps"]) == {"check", "space", "download", "verify", "pack", "profile", "next"}
+    profile = json.loads((config / "profile.json").read_text())
+    assert profile["model"] == str(dest)
+    shot(pg, "09-setup-done")
+    pg.click("#k3-setup-run")  # again: every step comes back from the state file, as in a terminal
+    pg.wait_for_function("document.querySelector('#k3-setup-log textarea')?.value.includes('done earlier') && "
+                         "document.querySelector('#k3-setup-status')?.innerText.includes('done')", timeout=60_000)
+    assert pg.input_value("#k3-setup-log textarea").count("done earlier") == 7
+    pg.click("#k3-setup-use")
+    pg.wait_for_function("document.querySelector('#k3-setup-status')?.innerText.includes('now serving')",
+                         timeout=120_000)
+    assert "demo-model" in pg.inner_text("#k3-title")
+    shot(pg, "10-setup-serving")
+    pg.get_by_role("tab", name="Chat").click()  # the new model answers, in a new conversation
+    pg.click("#k3-clear")
+    pg.wait_for_function("document.querySelector('#k3-note')?.innerText.includes('new conversation')")
+    pg.fill("#k3-input textarea", "hello there")
+    pg.click("#k3-send")
+    pg.wait_for_function("document.querySelector('#k3-note')?.innerText.includes('0 reused')", timeout=60_000)
+    pg.wait_for_function("document.querySelector('#k3-plugins')?.innerText.includes('pinned placer')")
+    assert pg.locator("#k3-chat [data-testid=user]").count() == 1
+
+
+def test_memory_and_plugins_tabs(page):
+    pg, _, _ = page
+    pg.get_by_role("tab", name="Memory").click()
+    pg.wait_for_function("!document.querySelector('#k3-trunk-gb input')?.disabled")  # a packed trunk now
+    pg.click("#k3-plan-preview")
+    pg.wait_for_function("document.querySelector('#k3-memory-status')?.innerText.includes('preview')")
+    assert "pinned trunk" in pg.inner_text("#k3-plan")
+    shot(pg, "11-memory")
+    pg.get_by_role("tab", name="Plugins").click()
+    pg.wait_for_selector("#k3-plugins-tab table")
+    assert "k3_subcommands" in pg.inner_text("#k3-plugins-tab")
+    shot(pg, "12-plugins")

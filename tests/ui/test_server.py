@@ -1,0 +1,104 @@
+"""Where `k3 ui` may listen: loopback by default; any other address is refused (exit 2, before the
+engine is opened or a socket bound) unless the explicit exposure flag is given, and then a warning
+is printed; --auth never prints the password; no public share link, ever."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+from k3core.errors import UsageError
+from tests.ui.conftest import ui_args
+from ui import server
+
+
+@pytest.mark.parametrize("host", [None, "127.0.0.1", "127.1.2.3", "localhost", "::1", "[::1]"])
+def test_loopback_is_allowed(host):
+    assert server.check_host(host, expose=False) == (host or "127.0.0.1")
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.10", "10.0.0.1", "example.com", "localhost.evil"])
+def test_anything_else_needs_the_explicit_flag(host):
+    with pytest.raises(UsageError, match="i-know-this-exposes-the-model"):
+        server.check_host(host, expose=False)
+    assert server.check_host(host, expose=True) == host
+
+
+def test_the_command_refuses_before_opening_anything(tmp_path):
+    missing = tmp_path / "no-such-model"  # the refusal must come before the engine is even looked for
+    out = subprocess.run([sys.executable, "-m", "k3core", "ui", str(missing), "--host", "0.0.0.0"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "refusing to listen on 0.0.0.0" in out.stderr and "no-such-model" not in out.stderr
+
+
+def test_without_a_model_or_a_profile_it_says_how_to_get_one(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "k3core", "ui"], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "K3_CONFIG_DIR": str(tmp_path)})
+    assert out.returncode == 2 and "k3 setup" in out.stderr
+
+
+def test_auth_is_user_colon_password():
+    assert server.parse_auth("me:se:cret") == ("me", "se:cret")
+    assert server.parse_auth(None) is None
+    for bad in ("nopassword", ":x", "x:"):
+        with pytest.raises(UsageError):
+            server.parse_auth(bad)
+
+
+class FakeDemo:
+    def __init__(self):
+        self.launched = None
+
+    def queue(self, **kw):
+        self.queued = kw
+        return self
+
+    def launch(self, **kw):
+        self.launched = kw
+
+    def block_thread(self):
+        pass
+
+
+class FakeHost:
+    closed = 0
+
+    def __init__(self, args):
+        self.args = args
+
+    def close(self):
+        FakeHost.closed += 1
+
+
+@pytest.fixture
+def fake_app(monkeypatch):
+    """serve() with a stand-in engine and app: what it asks Gradio to do, without binding anything."""
+    demo = FakeDemo()
+    monkeypatch.setattr(server, "EngineHost", FakeHost)
+    monkeypatch.setattr("ui.app.build", lambda args, host: types.SimpleNamespace(demo=demo, host=host))
+    monkeypatch.setattr(server, "_look", lambda: {})
+    return demo
+
+
+def test_exposing_warns_never_shares_and_hides_the_password(fake_app, capsys, small_model):
+    demo, closed = fake_app, FakeHost.closed
+    args = ui_args(small_model, "--host", "0.0.0.0", "--i-know-this-exposes-the-model", "--auth", "me:hunter2",
+                   "--port", "7999", "--queue-size", "5")
+    assert server.serve(args) == 0
+    out = capsys.readouterr()
+    assert "WARNING: listening on 0.0.0.0" in out.err and "hunter2" not in out.out + out.err
+    kw = demo.launched
+    assert kw["server_name"] == "0.0.0.0" and kw["server_port"] == 7999 and kw["share"] is False
+    assert kw["auth"] == ("me", "hunter2") and demo.queued["max_size"] == 5 and FakeHost.closed == closed + 1
+
+
+def test_the_default_is_loopback_without_a_share_link(fake_app, monkeypatch, small_model):
+    demo = fake_app
+    monkeypatch.setenv("GRADIO_SHARE", "True")  # not even Gradio's own environment switch
+    server.serve(ui_args(small_model))
+    assert demo.launched["server_name"] == "127.0.0.1" and demo.launched["server_port"] == 7860
+    assert demo.launched["share"] is False and demo.launched["auth"] is None

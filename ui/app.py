@@ -1,0 +1,183 @@
+"""The Gradio Blocks of `k3 ui`: the Chat tab with the live engine panel beside it, then Setup, Memory
+and Plugins. Handlers stay thin: conversations live in ui/chat.py, the engine in ui/host.py, the
+panel in ui/engine_panel.py. Engine-bound events share one concurrency slot ("engine") and the
+bounded queue shows each waiting tab its position; everything else runs at once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import gradio as gr
+
+from k3core.budget import human
+from k3core.errors import K3Error
+from k3core.sampling import SamplingParams
+
+from .chat import Chats
+from .engine_panel import Monitor
+from .host import EngineHost
+from .messages import turn_note
+from .setup_tab import setup_tab
+from .tabs import memory_tab, plugins_markdown, plugins_tab
+
+ENGINE = {"concurrency_limit": 1, "concurrency_id": "engine"}  # one forward pass at a time, all tabs
+FREE = {"concurrency_limit": None}                               # never waits for the engine
+
+CSS = """
+#k3-title h1 { margin-bottom: 0; }
+#k3-note { min-height: 1.5em; font-size: 0.85em; opacity: 0.8; }
+.k3-panel { width: 100%; font-size: 0.86em; border-collapse: collapse; }
+.k3-panel th, .k3-panel td { border: none !important; border-bottom: 1px solid var(--border-color-primary) !important;
+  padding: 4px 8px 4px 0 !important; text-align: left; vertical-align: top; background: none !important; }
+.k3-panel th { font-weight: 600; white-space: nowrap; width: 9.5em; }
+.k3-panel td { font-variant-numeric: tabular-nums; }
+.k3-panel progress { width: 100%; height: 0.7em; }
+"""
+
+
+def theme():
+    return gr.themes.Soft(primary_hue="indigo", neutral_hue="slate")  # fonts ship with Gradio: nothing fetched
+
+
+@dataclass
+class App:
+    demo: gr.Blocks
+    host: EngineHost
+    chats: Chats
+    monitor: Monitor
+
+
+def sampling(temperature, top_p, top_k, max_tokens, seed) -> SamplingParams:
+    try:
+        return SamplingParams(temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
+                              max_tokens=int(max_tokens), seed=int(seed) if str(seed or "").strip() else None)
+    except (K3Error, ValueError, TypeError) as exc:
+        raise gr.Error(str(exc)) from None
+
+
+def header(host: EngineHost) -> str:
+    root = Path(host.args.model)
+    size = sum(f.stat().st_size for f in root.glob("*.safetensors"))
+    c = host.engine.config
+    return (f"# k3 · Kimi K3 on this machine\n**{root.name}** · {human(size)} of weights on disk · {c.num_hidden_layers} layers · "
+            f"{c.num_experts} experts per MoE layer · streamed through {human(host.engine.plan.total)} of RAM")
+
+
+def build(args, host: EngineHost | None = None) -> App:
+    host = host or EngineHost(args)
+    monitor = Monitor(host)
+    chats = Chats(host, monitor, keep_states=getattr(args, "keep_states", 2))
+    with gr.Blocks(title="k3 · Kimi K3", analytics_enabled=False) as demo:
+        title = gr.Markdown(header(host), elem_id="k3-title")
+        with gr.Tabs():
+            with gr.Tab("Chat", id="chat"):
+                chat_tab(demo, chats, monitor)
+            with gr.Tab("Setup", id="setup"):
+                setup_tab(host, chats, title, header)
+            with gr.Tab("Memory", id="memory") as memory:
+                controls, current = memory_tab(host, chats)
+            with gr.Tab("Plugins", id="plugins") as plugins:
+                listing = plugins_tab(host)
+        # the engine may have been reopened since the page loaded: show what is in force now
+        memory.select(current, None, controls, api_visibility="private", concurrency_limit=None)
+        plugins.select(lambda: plugins_markdown(host), None, listing, api_visibility="private",
+                       concurrency_limit=None)
+    return App(demo, host, chats, monitor)
+
+
+def chat_tab(demo: gr.Blocks, chats: Chats, monitor: Monitor) -> None:
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=3):
+            chatbot = gr.Chatbot(label="Kimi K3", height=540, elem_id="k3-chat", autoscroll=True,
+                                 buttons=["copy", "copy_all"], feedback_options=None,
+                                 placeholder="Ask anything. Replies stream token by token; Stop halts the "
+                                             "engine at the next token.")
+            note = gr.Markdown(elem_id="k3-note")
+            with gr.Row():
+                box = gr.Textbox(show_label=False, placeholder="Message Kimi K3 (Enter to send)", scale=8,
+                                 autofocus=True, elem_id="k3-input")
+                send = gr.Button("Send", variant="primary", scale=1, elem_id="k3-send")
+                stop = gr.Button("Stop", variant="stop", scale=1, elem_id="k3-stop")
+            with gr.Row():
+                retry = gr.Button("↻ Retry", size="sm", elem_id="k3-retry")
+                undo = gr.Button("↶ Undo", size="sm", elem_id="k3-undo")
+                clear = gr.Button("✕ Clear", size="sm", elem_id="k3-clear")
+        with gr.Column(scale=2):
+            gr.Markdown("### Engine")
+            panel = gr.HTML(monitor.render(), elem_id="k3-panel")
+            with gr.Accordion("Mode and sampling", open=True):
+                mode = gr.Radio(["instruct", "thinking"], value="instruct", label="Mode",
+                                info="thinking: the model reasons first; shown collapsed above the answer")
+                system = gr.Textbox(label="System prompt", lines=2, placeholder="(none)",
+                                    info="changing it recomputes the conversation on the next turn")
+                temperature = gr.Slider(0, 2, value=0.6, step=0.05, label="Temperature", info="0 = greedy",
+                                        elem_id="k3-temperature")
+                top_p = gr.Slider(0.05, 1, value=1.0, step=0.01, label="Top-p")
+                top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k", info="0 = off")
+                max_tokens = gr.Slider(1, 4096, value=512, step=1, label="Max tokens")
+                seed = gr.Textbox(label="Seed", placeholder="random", elem_id="k3-seed",
+                                  info="empty = a fresh seed each reply (shown below the chat); sampling only")
+    knobs = [mode, system, temperature, top_p, top_k, max_tokens, seed]
+
+    def run(key, text, mode_, system_, *params):
+        p = sampling(*params)
+        for u in chats.reply(key, text, p, mode_, system_ or None):
+            failed = u.status == "error"
+            yield u.messages, text if failed else "", ("⚠ " if failed else "") + u.note, monitor.render()
+
+    def send_fn(text, mode_, system_, t, tp, tk, mt, sd, request: gr.Request):
+        if not (text or "").strip():
+            yield chats.messages(request.session_hash), "", "", monitor.render()
+            return
+        yield from run(request.session_hash, text, mode_, system_, t, tp, tk, mt, sd)
+
+    def retry_fn(mode_, system_, t, tp, tk, mt, sd, request: gr.Request):
+        text = chats.undo(request.session_hash)
+        if not text:
+            yield chats.messages(request.session_hash), "", "nothing to retry", monitor.render()
+            return
+        yield from run(request.session_hash, text, mode_, system_, t, tp, tk, mt, sd)
+
+    def stop_fn(request: gr.Request):
+        chats.stop(request.session_hash)
+        info = chats.info(request.session_hash)
+        said = turn_note("", info["last"], info["sampled"]) if info["last"] else "stopped"
+        return chats.messages(request.session_hash), said, monitor.render()
+
+    def undo_fn(request: gr.Request):
+        text = chats.undo(request.session_hash)
+        info = chats.info(request.session_hash)
+        return (chats.messages(request.session_hash), text,
+                f"undone; the next turn recomputes {info['history_tokens']} tokens of history" if text else "")
+
+    def clear_fn(request: gr.Request):
+        chats.clear(request.session_hash)
+        return [], "", "new conversation"
+
+    def suggested(mode_):
+        p = SamplingParams.suggested(mode_)
+        return p.temperature, p.top_p
+
+    go = dict(outputs=[chatbot, box, note, panel], show_progress="minimal", show_progress_on=[chatbot], **ENGINE)
+    sent = send.click(send_fn, [box, *knobs], api_name="send", **go)
+    submitted = box.submit(send_fn, [box, *knobs], api_visibility="private", **go)
+    retried = retry.click(retry_fn, knobs, api_name="retry", **go)
+    running = [sent, submitted, retried]
+    stop.click(stop_fn, None, [chatbot, note, panel], cancels=running, api_name="stop", **FREE)
+    undo.click(undo_fn, None, [chatbot, box, note], cancels=running, api_name="undo", **FREE)
+    clear.click(clear_fn, None, [chatbot, box, note], cancels=running, api_name="clear", **FREE)
+    mode.change(suggested, mode, [temperature, top_p], api_visibility="private", **FREE)
+
+    timer = gr.Timer(1.0)
+    timer.tick(monitor.render, None, panel, queue=False, api_visibility="private")
+
+    def forget(request: gr.Request):  # the tab closed: its conversation and decode state go
+        chats.forget(request.session_hash)
+
+    def session_info(request: gr.Request) -> dict:
+        """This session's conversation size, whether its decode state is live, and its last turn's stats."""
+        return chats.info(request.session_hash)
+
+    demo.unload(forget)
+    gr.api(session_info, api_name="session", **FREE)

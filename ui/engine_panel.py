@@ -1,0 +1,180 @@
+"""The live engine panel: what a 1.56 TB model streaming through a small machine is doing right now.
+`Monitor` is written by the turn worker (its `on_layer` is chained into `Engine.on_layer`; plain
+numbers only, never a Gradio object) and rendered to HTML by whoever polls it (a gr.Timer tick).
+Speeds and bytes come from the engine's own counters and wall-clock stamps, never from estimates.
+"""
+from __future__ import annotations
+
+import html
+import threading
+import time
+
+from k3core.budget import human
+from k3core.report import peak_rss_bytes
+
+IO_KEYS = ("trunk_bytes_read", "expert_bytes_read", "expert_requests", "expert_hits", "tokens_forwarded")
+
+
+def _io(stats: dict) -> dict:
+    return {k: stats.get(k, 0) for k in IO_KEYS}
+
+
+def _minus(a: dict, b: dict) -> dict:
+    return {k: a[k] - b[k] for k in IO_KEYS}
+
+
+class Monitor:
+    def __init__(self, host):
+        self.host = host
+        self._lock = threading.Lock()
+        self.live: dict | None = None   # the turn running now
+        self.last: dict | None = None   # the last turn that ended
+        self.waiting = 0                # turns waiting for the engine lock
+
+    def queued(self, delta: int) -> None:
+        """A turn starts (+1) or stops (-1) waiting for the engine lock."""
+        with self._lock:
+            self.waiting += delta
+
+    # ---- written by the turn worker (the thread that holds the engine lock) ----
+    def begin(self, note: str = "", sampled: bool = True) -> None:
+        """A turn starts; `note` says what is unusual about it (e.g. a freed state being recomputed)."""
+        s = _io(self.host.engine.stats())
+        with self._lock:
+            self.live = {"note": note, "sampled": sampled, "t0": time.perf_counter(), "calls": 0, "layer": 0,
+                         "layers": self.host.engine.config.num_hidden_layers, "start": s, "first": None,
+                         "prev": s, "now": s, "t_first": None, "t_call": None}
+
+    def on_layer(self, layer: int, layers: int) -> None:
+        """Engine.on_layer: a forward pass is at `layer` of `layers`; layer 0 starts a new pass."""
+        live = self.live
+        if live is None:
+            return
+        if layer == 0:
+            now, s = time.perf_counter(), _io(self.host.engine.stats())
+            with self._lock:
+                live["calls"] += 1
+                if live["calls"] == 2:  # the prompt pass is done: its output is the first token
+                    live["first"], live["t_first"] = s, now
+                live["prev"], live["now"], live["t_call"] = live["now"], s, now
+        live["layer"], live["layers"] = layer + 1, layers
+
+    def end(self, stats: dict | None, reason: str) -> None:
+        """The turn is over: keep its numbers (ChatSession's stats when it finished)."""
+        with self._lock:
+            live, self.live = self.live, None
+        if live is None:
+            return
+        s = _io(self.host.engine.stats())
+        turn = _minus(s, live["start"])
+        st = stats or {}
+        prefill_io = _minus(live["first"], live["start"]) if live["first"] else turn
+        n = st.get("generated_tokens", max(live["calls"], 0))
+        decode_io = _minus(s, live["first"]) if live["first"] and n > 1 else None
+        self.last = {"reason": reason, "sampled": live["sampled"], "generated": n,
+                     "prefill_tokens": prefill_io["tokens_forwarded"], "prefill_seconds": st.get("prefill_seconds"),
+                     "seconds_per_token": st.get("seconds_per_token"), "seed": st.get("seed"),
+                     "prefill_io": prefill_io, "decode_io": decode_io, "turn_io": turn,
+                     "reused": st.get("reused_tokens")}
+
+    # ---- read by anyone ----
+    def snapshot(self) -> dict:
+        with self._lock:
+            live = dict(self.live) if self.live else None
+        return {"live": live, "last": self.last, "waiting": self.waiting}
+
+    def render(self) -> str:
+        try:
+            self._html = render(self.host, self.snapshot())
+        except Exception:  # noqa: BLE001 - e.g. the engine is being reopened: keep the last picture
+            pass
+        return getattr(self, "_html", "")
+
+
+def _rate(tokens, seconds) -> str:
+    if not tokens or not seconds:
+        return "–"
+    per_s = tokens / seconds
+    return f"{per_s:.1f} tok/s" if per_s >= 1 else f"{seconds / tokens:.1f} s/token"
+
+
+def _read(io: dict | None, per: int = 1) -> str:
+    if not io:
+        return "–"
+    return f"{human(io['trunk_bytes_read'] / per)} trunk · {human(io['expert_bytes_read'] / per)} experts"
+
+
+def _hits(io: dict | None) -> str:
+    if not io or not io["expert_requests"]:
+        return "–"
+    return f"{100 * io['expert_hits'] / io['expert_requests']:.1f} % of {io['expert_requests']} expert reads"
+
+
+def _status(live: dict | None, waiting: int) -> str:
+    queue = f" · {waiting} waiting" if waiting else ""
+    if live is None:
+        return "idle" + queue
+    elapsed = time.perf_counter() - (live["t_call"] or live["t0"])
+    what = "reading the prompt" if live["calls"] <= 1 else f"token {live['calls']}"
+    return (f"{what}: layer {live['layer']} / {live['layers']} ({elapsed:.1f} s){queue}"
+            f'<br><progress value="{live["layer"]}" max="{live["layers"]}"></progress>')
+
+
+def _live_rows(live: dict) -> list[tuple[str, str, str]]:
+    generated = max(live["calls"] - 1, 0)  # pass k yields token k; pass `calls` is running
+    rows = [("this turn", live["note"], "turn-note")] if live["note"] else []
+    rows.append(("tokens so far", str(generated), "tokens"))
+    first = live["first"]
+    if first:
+        prompt = _minus(first, live["start"])
+        rows.append(("prefill", f"{prompt['tokens_forwarded']} tokens, "
+                                f"{_rate(prompt['tokens_forwarded'], live['t_first'] - live['t0'])}", "prefill"))
+        if generated > 1:
+            rows.append(("decode", _rate(generated - 1, live["t_call"] - live["t_first"]), "decode"))
+            rows.append(("read per token", _read(_minus(live["now"], live["prev"])), "read"))
+        else:
+            rows.append(("read by the prompt pass", _read(prompt), "read"))
+    rows.append(("true hit rate", _hits(_minus(live["now"], live["start"])), "hits"))
+    return rows
+
+
+def _last_rows(last: dict) -> list[tuple[str, str, str]]:
+    n, spt = last["generated"], last["seconds_per_token"]
+    how = f"seed {last['seed']}" if last["sampled"] else "greedy"
+    rows = [("last reply", f"{n} tokens ({last['reason']}), {how}", "tokens"),
+            ("prefill", f"{last['prefill_tokens']} tokens, {_rate(last['prefill_tokens'], last['prefill_seconds'])}",
+             "prefill"),
+            ("decode", _rate(1, spt) if spt else "–", "decode")]
+    if last["decode_io"]:
+        rows.append(("read per token", _read(last["decode_io"], n - 1), "read"))
+    else:
+        rows.append(("read by the prompt pass", _read(last["prefill_io"]), "read"))
+    rows.append(("true hit rate", _hits(last["turn_io"]), "hits"))
+    return rows
+
+
+def render(host, snap: dict) -> str:
+    """The panel as an HTML table; each value cell has an id (k3-status, k3-tokens, …) for tests."""
+    engine, live, last = host.engine, snap["live"], snap["last"]
+    stats, plan, c = engine.stats(), engine.plan, engine.config
+    rows = [("engine", None, "status")]
+    rows += _live_rows(live) if live else _last_rows(last) if last else []
+    rss, pinned, b = peak_rss_bytes(), stats.get("pinned_layers"), host.budget
+    ring = f", ring of {stats['ring_slots']} slots" if stats.get("ring_slots") else ""
+    rows += [
+        ("peak RSS", f"{human(rss)} of {human(plan.total)} planned ({100 * rss / plan.total:.0f} %), "
+                     f"{human(plan.available)} available", "rss"),
+        ("hit rate since start", _hits(_io(stats)), "hits-all"),
+        ("pinned layers", f"{pinned} / {c.num_hidden_layers}{ring}" if pinned is not None else "–", "pinned"),
+        ("read since start", _read(_io(stats)), "io"),
+        ("budget", f"{b['preset']}: " + (f"trunk {b['trunk_gb']:g} GB, " if b["trunk"] and b["trunk_gb"] else
+                                          "trunk held whole, " if not b["trunk"] else "")
+         + f"expert cache {b['cache_gb']:g} GB", "budget"),
+        ("engine plugins", f"{engine.kernels.name} kernels · {engine.placer.name} placer · {engine.store.name} store",
+         "plugins"),
+    ]
+    cells = []
+    for name, value, elem in rows:
+        shown = _status(live, snap["waiting"]) if value is None else html.escape(value)
+        cells.append(f'<tr><th>{html.escape(name)}</th><td id="k3-{elem}">{shown}</td></tr>')
+    return f'<table class="k3-panel">{"".join(cells)}</table>'

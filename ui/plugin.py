@@ -1,0 +1,54 @@
+"""Adds `k3 ui` through k3's `k3_subcommands` hook (entry point `ui = "ui.plugin"`), the same way a
+third-party package would. Parsing only: Gradio is imported when the command runs, so every other
+`k3` command starts as fast as before.
+"""
+from __future__ import annotations
+
+import argparse
+
+from k3core.cli_common import EXIT_CODES, add_engine_args
+from k3core.hookspecs import hookimpl
+
+from .server import EXPOSE_FLAG
+
+
+def cmd_ui(args) -> int:
+    from .server import serve
+
+    return serve(args)
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "ui", formatter_class=argparse.RawDescriptionHelpFormatter, help="the chat page in your browser",
+        description="A chat page (Gradio) over one engine: streaming replies with Stop, retry, undo and\n"
+                    "sampling controls; a live engine panel (speed, memory, bytes read per token, layer\n"
+                    "progress); Setup, Memory and Plugins tabs. Listens on 127.0.0.1 only, unless told\n"
+                    f"otherwise with --host and {EXPOSE_FLAG}.",
+        epilog="examples:\n"
+               "  k3 ui                                   # the saved profile (k3 setup writes it)\n"
+               "  k3 ui demo-model --port 7861\n"
+               f"  k3 ui /models/K3 --host 0.0.0.0 {EXPOSE_FLAG} --auth me:secret\n\n" + EXIT_CODES)
+    add_engine_args(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--port", type=int, default=7860, metavar="N", help="port (default 7860)")
+    g.add_argument("--host", metavar="ADDR", help="address to listen on (default 127.0.0.1); anything but loopback "
+                   f"also needs {EXPOSE_FLAG}")
+    g.add_argument(EXPOSE_FLAG, dest="expose", action="store_true",
+                   help="allow --host to be a non-loopback address (prints a warning)")
+    g.add_argument("--auth", metavar="USER:PASSWORD", help="require this login (or set K3_UI_AUTH); the password "
+                   "is never printed")
+    g.add_argument("--queue-size", type=int, default=16, metavar="N",
+                   help="requests that may wait for the engine at once (default 16); more are turned away")
+    g.add_argument("--keep-states", type=int, default=2, metavar="N",
+                   help="browser sessions whose decode state stays in memory (default 2; about 0.6 GB each on "
+                        "the real model); others recompute their history on their next turn")
+    g = p.add_argument_group("chat")
+    g.add_argument("--tok", metavar="DIR", help="tokenizer directory (default: MODEL_DIR)")
+    p.set_defaults(func=cmd_ui)
+    return p
+
+
+@hookimpl
+def k3_subcommands(subparsers):
+    add_parser(subparsers)

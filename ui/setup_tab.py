@@ -1,0 +1,143 @@
+"""The Setup tab: the setup wizard's seven steps (wizard.steps.Setup: the same code and the same
+<dest>/.k3-setup.json as `k3 setup`) run from the browser on a worker thread. The wizard's output
+streams into the page and each step's state is read back from the state file, so a run stopped
+anywhere, here or in a terminal, resumes from either. "Use the saved profile" then reopens the engine
+on what the wizard set up. Without the wizard package installed the tab only says so.
+"""
+from __future__ import annotations
+
+import io
+import threading
+import time
+from pathlib import Path
+
+import gradio as gr
+
+from k3core.errors import K3Error
+
+try:
+    from wizard.state import read_state
+    from wizard.steps import STEPS, Options, Setup
+except ImportError:  # a build without the wizard
+    Setup = None
+
+PRESETS = ["auto", "laptop", "desktop", "workstation", "server", "max"]
+
+
+class Sink(io.TextIOBase):
+    """A stream the wizard prints to (not a terminal, so it prints plain lines); keeps the last lines."""
+
+    def __init__(self, keep: int = 400):
+        self.lines, self.keep, self._part, self._lock = [], keep, "", threading.Lock()
+
+    def write(self, s: str) -> int:
+        with self._lock:
+            parts = (self._part + s).split("\n")
+            self._part = parts.pop()
+            self.lines = (self.lines + parts)[-self.keep:]
+        return len(s)
+
+    def isatty(self) -> bool:
+        return False
+
+    def text(self) -> str:
+        with self._lock:
+            return "\n".join(self.lines + ([self._part] if self._part else []))
+
+
+def steps_table(dest: str | None, running: bool = False) -> str:
+    """The seven steps as the state file records them; the first unfinished one is running (if a run is)."""
+    try:
+        state = read_state(Path(dest)) if dest else None
+    except K3Error as exc:
+        return f"⚠ {exc}"
+    steps = (state or {}).get("steps", {})
+    rows, current = ["| | step | result |", "|---|---|---|"], running
+    for i, (name, title) in enumerate(STEPS, 1):
+        rec = steps.get(name)
+        if rec:
+            mark, result = "✓", rec.get("result", "")
+        elif current:
+            mark, result, current = "▶", "running…", False
+        else:
+            mark, result = "·", ""
+        rows.append(f"| {mark} | {i}. {title} | {result.replace('|', '/')} |")
+    where = f"state file: `{Path(dest) / '.k3-setup.json'}`" if state else "no setup started in this directory yet"
+    return "\n".join(rows) + f"\n\n{where}"
+
+
+def run_setup(source: str, dest: str, trunk_dir: str, preset: str, no_pack: bool, vision: bool, jobs: int,
+              poll: float = 0.5):
+    """Run (or resume) the wizard; yields (steps table, output so far, status line) until it ends."""
+    sink = Sink()
+    opts = Options(source=(source or "").strip() or "demo", dest=(dest or "").strip() or None,
+                   trunk_dir=(trunk_dir or "").strip() or None, preset=preset, vision=bool(vision),
+                   jobs=int(jobs), yes=True, no_pack=bool(no_pack))
+    try:
+        setup = Setup(opts, out=sink, err=sink)
+    except K3Error as exc:
+        yield steps_table(dest), "", f"⚠ {exc}"
+        return
+    where, outcome = str(setup.dest), {}
+
+    def work():
+        try:
+            outcome["code"] = setup.run()
+        except K3Error as exc:
+            outcome["error"] = str(exc)
+        except Exception as exc:  # noqa: BLE001 - shown in the page; finished steps are kept
+            outcome["error"] = f"{type(exc).__name__}: {exc}"
+
+    worker = threading.Thread(target=work, name="k3-setup", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        yield steps_table(where, running=True), sink.text(), f"running in {where}…"
+        time.sleep(poll)
+    if "error" in outcome:
+        status = f"⚠ stopped: {outcome['error']} — finished steps are kept; Run again to resume"
+    else:
+        status = "✓ done: the profile is saved. Use it now below, or restart `k3 ui`."
+    yield steps_table(where), sink.text(), status
+
+
+def setup_tab(host, chats, title, header) -> None:
+    """`title`: the page's header Markdown, redrawn by `header(host)` when another model is opened."""
+    if Setup is None:
+        gr.Markdown("The setup wizard (`k3 setup`) is not installed in this build.", elem_id="k3-setup")
+        return
+    gr.Markdown("The same seven steps as `k3 setup`, sharing its state file: stop anywhere (here or in a "
+                "terminal) and run again to resume. A Hugging Face token comes from `HF_TOKEN` or `hf auth login` "
+                "in the environment `k3 ui` was started from; it is never asked for here.")
+    with gr.Row():
+        with gr.Column(scale=1):
+            source = gr.Textbox("demo", label="Source", elem_id="k3-setup-source",
+                                info="demo, hf://OWNER/NAME[@REVISION], or a checkpoint directory")
+            dest = gr.Textbox(str(Path.cwd() / "demo-model"), label="Destination", elem_id="k3-setup-dest")
+            trunk_dir = gr.Textbox(label="Packed trunk directory", placeholder="DEST/trunk")
+            preset = gr.Dropdown(PRESETS, value="auto", label="Memory preset saved in the profile")
+            with gr.Row():
+                no_pack = gr.Checkbox(False, label="Skip packing")
+                vision = gr.Checkbox(False, label="Vision shards too")
+            jobs = gr.Slider(1, 16, value=4, step=1, label="Files in parallel")
+            with gr.Row():
+                show = gr.Button("Show progress", size="sm")
+                run = gr.Button("Run / resume", variant="primary", elem_id="k3-setup-run")
+            use = gr.Button("Use the saved profile now (reopens the engine)", elem_id="k3-setup-use")
+        with gr.Column(scale=2):
+            status = gr.Markdown(elem_id="k3-setup-status")
+            table = gr.Markdown(steps_table(None), elem_id="k3-setup-steps")
+            log = gr.Textbox(label="Wizard output", lines=14, max_lines=14, autoscroll=True, interactive=False,
+                             elem_id="k3-setup-log")
+
+    def use_fn():
+        try:
+            host.open_profile()
+        except K3Error as exc:
+            return f"⚠ {exc}", gr.skip()
+        chats.reset_all("a new model was opened: this is a new conversation")
+        return f"✓ now serving {host.args.model}", header(host)
+
+    run.click(run_setup, [source, dest, trunk_dir, preset, no_pack, vision, jobs], [table, log, status],
+              api_name="setup", concurrency_limit=1, concurrency_id="setup")
+    show.click(steps_table, dest, table, api_visibility="private", concurrency_limit=None)
+    use.click(use_fn, None, [status, title], api_name="use_profile", concurrency_limit=1, concurrency_id="engine")

@@ -1,0 +1,105 @@
+"""The Memory and Plugins tabs of `k3 ui` (the Setup tab is ui/setup_tab.py). Memory previews the
+memory plan of a preset or custom budgets and applies it by reopening the engine (an engine-bound
+event: it waits for the running reply); Plugins lists what is installed and what is active.
+"""
+from __future__ import annotations
+
+import gradio as gr
+
+from k3core.budget import PRESETS
+from k3core.errors import K3Error
+from k3core.plugin_manager import describe_plugins
+
+from .host import PRESET_CHOICES
+
+
+def _plan_text(plan) -> str:
+    return f"```\n{plan.text()}\n```"
+
+
+def _presets_table() -> str:
+    rows = "\n".join(f"| {name} | {trunk:g} | {cache:g} |" for name, (trunk, cache) in PRESETS.items())
+    return ("| preset | trunk GB (pinned layers + ring) | expert cache GB |\n|---|---|---|\n" + rows +
+            "\n\n*auto* picks the largest preset that fits MemAvailable. The trunk budget applies to a packed "
+            "trunk (`k3 pack`); without one the whole trunk is resident.")
+
+
+def _trunk_info(b: dict) -> str:
+    return (f"packed trunk {b['trunk']}: pinned layers + streaming ring" if b["trunk"] else
+            "no packed trunk: the whole trunk is resident")
+
+
+def memory_tab(host, chats):
+    """Builds the tab; returns (its controls, a function giving their current values) for Tab.select."""
+    b = host.budget
+    gr.Markdown("Budgets decide what stays in RAM: the pinned trunk layers, the streaming ring and the expert "
+                "cache. Every budget gives the same tokens; only speed changes.")
+    with gr.Row():
+        with gr.Column(scale=1):
+            preset = gr.Dropdown(PRESET_CHOICES, value=b["preset"], label="Preset", elem_id="k3-preset")
+            trunk_gb = gr.Number(b["trunk_gb"], label="Trunk GB (custom)", interactive=bool(b["trunk"]),
+                                 elem_id="k3-trunk-gb", info=_trunk_info(b))
+            cache_gb = gr.Number(b["cache_gb"], label="Expert cache GB (custom)")
+            save = gr.Checkbox(False, label="Also save as my profile (k3 run / chat / ui use it by default)")
+            with gr.Row():
+                preview = gr.Button("Preview plan", elem_id="k3-plan-preview")
+                apply = gr.Button("Apply (reloads the engine)", variant="primary", elem_id="k3-plan-apply")
+            status = gr.Markdown(elem_id="k3-memory-status")
+        with gr.Column(scale=2):
+            plan = gr.Markdown(_plan_text(host.engine.plan), elem_id="k3-plan")
+            gr.Markdown(_presets_table())
+
+    def preview_fn(preset_, trunk_, cache_):
+        try:
+            p = host.preview(preset_, trunk_, cache_)
+        except K3Error as exc:
+            return "", f"⚠ {exc}"
+        verdict = "fits" if p.fits else "does NOT fit: applying would be refused"
+        return _plan_text(p), f"preview: {verdict} (the running engine's memory counts as used)"
+
+    def apply_fn(preset_, trunk_, cache_, save_):
+        try:
+            p = host.reload(preset_, trunk_, cache_, save=save_)
+        except K3Error as exc:
+            return _plan_text(host.engine.plan), f"⚠ not applied: {exc}"
+        chats.free_states()
+        return _plan_text(p), ("applied: the engine was reopened; each conversation recomputes its history on "
+                               "its next turn" + (" · saved as your profile" if save_ else ""))
+
+    def current():  # the engine may have been reopened (Apply, or Setup's "use the saved profile")
+        b = host.budget
+        return (gr.update(value=b["preset"]), gr.update(value=b["trunk_gb"], interactive=bool(b["trunk"]),
+                                                       info=_trunk_info(b)),
+                b["cache_gb"], _plan_text(host.engine.plan))
+
+    inputs = [preset, trunk_gb, cache_gb]
+    preview.click(preview_fn, inputs, [plan, status], api_name="plan_preview", concurrency_limit=None)
+    preset.change(preview_fn, inputs, [plan, status], api_visibility="private", concurrency_limit=None)
+    apply.click(apply_fn, [*inputs, save], [plan, status], api_name="plan_apply", concurrency_limit=1,
+                concurrency_id="engine")
+    return [preset, trunk_gb, cache_gb, plan], current
+
+
+def plugins_markdown(host) -> str:
+    engine = host.engine
+    c = engine.config
+    kda = next((L for L in range(c.num_hidden_layers) if not c.is_mla(L)), None)
+    mla = next((L for L in range(c.num_hidden_layers) if c.is_mla(L)), None)
+    active = [("kernels", engine.kernels.name), ("trunk placer", engine.placer.name),
+              ("expert store", engine.store.name)]
+    active += [(f"{kind} attention", engine.attention_for(L).name) for kind, L in (("kda", kda), ("mla", mla))
+               if L is not None]
+    out = ["### Active implementations", "| kind | in use |", "|---|---|"]
+    out += [f"| {kind} | `{name}` |" for kind, name in active]
+    out += ["", "### Installed plugins", "| plugin | version | from | hooks → what each provides |", "|---|---|---|---|"]
+    for row in describe_plugins(engine.pm):
+        hooks = "<br>".join(f"`{h}`: {', '.join(row['provides'][h]) or '–'}" for h in row["hooks"])
+        out.append(f"| {row['name']} | {row['version']} | {row['source']} | {hooks} |")
+    out += ["", "A third-party package adds a plugin through the `k3` entry-point group; `K3_PLUGINS=a,b` loads "
+                "only those (`k3 plugins` lists the same in a terminal)."]
+    return "\n".join(out)
+
+
+def plugins_tab(host):
+    """Builds the tab; returns its Markdown (redrawn with plugins_markdown when the tab is selected)."""
+    return gr.Markdown(plugins_markdown(host), elem_id="k3-plugins-tab")

@@ -1,0 +1,303 @@
+"""`k3 setup`'s seven steps and the state machine that runs them: (1) machine check, (2) destination and
+free space, (3) download (or generate the demo), (4) verify, (5) pack the trunk, (6) profile, (7) the next
+command. Each step says what it will do and how long it should take, then its result; finished steps are
+recorded in <dest>/.k3-setup.json, so a killed wizard run again continues where it stopped.
+"""
+from __future__ import annotations
+
+import getpass
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from k3core import budget, doctor
+from k3core.errors import K3Error, UsageError
+from k3core.pack import Meter as PackMeter, pack
+from k3core.profile import Profile, save_profile
+
+from .download import Downloader
+from .hub import Hub
+from .local_files import derive_index, generate_demo, measure_local
+from .plan import parse_source, plan_demo, plan_hub, plan_local, preflight, remaining_bytes
+from .progress import estimate, hash_rate, human
+from .state import PARTIAL_DIR, PENDING, VERIFIED, SetupState
+from .verify import check_files, table_problems
+
+STEPS = [("check", "machine check"), ("space", "destination and free space"), ("download", "download"),
+         ("verify", "verify"), ("pack", "pack the trunk"), ("profile", "profile"), ("next", "next command")]
+DEMO_SHAPE, DEMO_SEED = "small", 0
+
+
+@dataclass
+class Options:
+    source: str = "hf://moonshotai/Kimi-K3"
+    dest: str | None = None
+    trunk_dir: str | None = None
+    preset: str = "auto"
+    vision: bool = False
+    jobs: int = 4
+    yes: bool = False
+    dry_run: bool = False
+    no_pack: bool = False
+    read_mb: int = 64
+    stall: float = 60.0
+
+
+class Setup:
+    def __init__(self, opts: Options, out=None, err=None):
+        self.opts, self.out, self.err = opts, out or sys.stdout, err or sys.stderr
+        self.src = parse_source(opts.source)
+        self.interactive = not opts.yes and sys.stdin is not None and sys.stdin.isatty()
+        self._hub = None
+        if self.src.kind == "dir":
+            if opts.dest and Path(opts.dest).resolve() != self.src.path:
+                raise UsageError("a local --source is used in place: leave out --dest (put the packed trunk "
+                                 "elsewhere with --trunk-dir)")
+            self.dest = self.src.path
+        else:
+            default = "demo-model" if self.src.kind == "demo" else self.src.repo.split("/")[1]
+            self.dest = Path(opts.dest or self.ask(f"Destination directory [{default}]: ", default)).absolute()
+        self.trunk = Path(opts.trunk_dir).absolute() if opts.trunk_dir else self.dest / "trunk"
+        self.st: SetupState | None = None
+
+    # ---- talking ------------------------------------------------------------------------------------
+    def say(self, text: str = "") -> None:
+        print(text, file=self.out, flush=True)
+
+    def ask(self, question: str, default: str) -> str:
+        if self.opts.yes:
+            return default
+        if not self.interactive:
+            raise UsageError("no terminal to ask on: pass --yes (and --dest DIR) to run without questions")
+        return input(question).strip() or default
+
+    def hub(self) -> Hub:
+        if self._hub is None:
+            ask = (lambda: getpass.getpass("Hugging Face token (input hidden; or set HF_TOKEN): ").strip() or None)
+            self._hub = Hub(self.src.repo, ask_token=ask if self.interactive else None)
+        return self._hub
+
+    def command(self) -> str:
+        src = f"{self.src}@{self.src.revision}" if self.src.kind == "hf" and self.src.revision != "main" else self.src
+        extra = (" --vision" if self.opts.vision else "") + (" --no-pack" if self.opts.no_pack else "")
+        return f"k3 setup --source {shlex.quote(str(src))} --dest {shlex.quote(str(self.dest))} --yes{extra}"
+
+    # ---- the state machine --------------------------------------------------------------------------
+    def run(self) -> int:
+        if self.opts.dry_run:
+            from .dryrun import dry_run
+            return dry_run(self)
+        identity = {"source": str(self.src), "repo": self.src.repo, "revision": self.src.revision,
+                    "vision": self.opts.vision}
+        try:
+            self.dest.mkdir(parents=True, exist_ok=True)
+            self.st = SetupState.open(self.dest, identity)
+        except PermissionError as exc:
+            raise UsageError(f"{self.dest}: not writable ({exc.strerror}); k3 setup keeps its state there: choose "
+                             "a --dest you can write to") from None
+        self.st.set_facts(command=self.command())
+        self.say(f"k3 setup: {self.src} -> {self.dest}  (state: {self.dest / '.k3-setup.json'})")
+        try:
+            for i, (name, title) in enumerate(STEPS, 1):
+                key = self.key(name)
+                if done := self.st.step(name, key):
+                    self.say(f"[{i}/7] {title}: done earlier: {done['result']}")
+                    continue
+                what, how_long = self.describe(name)
+                self.say(f"[{i}/7] {title}: {what} ({how_long})")
+                t0 = time.perf_counter()
+                try:
+                    result = getattr(self, f"step_{name}")()
+                except Exception as exc:
+                    self.st.log(f"step {name} failed: {type(exc).__name__}: {exc}")
+                    raise
+                self.say(f"      -> {result}  [{time.perf_counter() - t0:.1f} s]")
+                self.st.finish(name, result, key)
+        except KeyboardInterrupt:
+            self.st.log("interrupted")
+            print(f"\nk3 setup: interrupted; finished work is kept. To continue: {self.command()}", file=self.err)
+            raise
+        finally:
+            self.st.close()
+        return 0
+
+    def key(self, name: str):
+        if name == "pack":
+            return "no-pack" if self.opts.no_pack else str(self.trunk)
+        if name in ("profile", "next"):
+            return [self.opts.preset, None if self.opts.no_pack else str(self.trunk)]
+        return None
+
+    def describe(self, name: str) -> tuple[str, str]:
+        f, files = self.st.facts, self.st.files
+        disk = f.get("disk_rate")
+        total = sum(r["size"] for r in files.values()) or f.get("fetch_bytes", 0)
+        hashing = hash_rate(disk, self.opts.jobs)
+        if name == "check":
+            return "CPU and kernels, build flags, RAM -> preset, disk read speed, O_DIRECT (k3 doctor)", "a few s"
+        if name == "space":
+            what = {"hf": f"resolve {self.src.revision} to a commit, list the files, ",
+                    "dir": "open the checkpoint with k3core, ", "demo": ""}[self.src.kind]
+            return what + "check the checkpoint and packed trunk fit", "a few s"
+        if name == "download":
+            if self.src.kind == "dir":
+                return "nothing to download: the checkpoint is used in place", "instant"
+            if self.src.kind == "demo":
+                return f"generate the built-in demo model ({DEMO_SHAPE} shape, seed {DEMO_SEED})", "a few s"
+            left = remaining_bytes(files)
+            return (f"{len(files)} files, {human(left)} to fetch, {self.opts.jobs} at a time, resumable",
+                    estimate(left, f.get("net_rate")))
+        if name == "verify":
+            todo = sum(r["size"] for r in files.values() if r["status"] != VERIFIED)
+            return f"re-read every file: size and hash against the record{self.table_note()}", estimate(todo, hashing)
+        if name == "pack":
+            if self.opts.no_pack:
+                return "skipped (--no-pack)", "instant"
+            return f"k3 pack {self.dest} {self.trunk}", estimate(2 * f.get("trunk_bytes", total), disk)
+        if name == "profile":
+            return "choose a memory preset from RAM and save the profile k3 run / k3 chat use", "instant"
+        return "print the command to run next", "instant"
+
+    def table_note(self) -> str:
+        return " and the published shard-size table" if self.st.facts.get("official") else ""
+
+    # ---- (1) machine check -------------------------------------------------------------------------
+    def step_check(self) -> str:
+        checks = [c for c in doctor.run_checks(str(self.dest), self.opts.read_mb) if c.name != "disk space"]
+        width = max(len(c.name) for c in checks)
+        for c in checks:
+            self.say(f"      {c.status:<4}  {c.name:<{width}}  {c.finding}")
+            if c.status != "ok":
+                self.say(f"      {'':<4}  {'':<{width}}  fix: {c.fix}")
+            if c.name == "disk read" and c.data.get("bytes_per_s"):
+                self.st.set_facts(disk_rate=c.data["bytes_per_s"])
+        counts = {s: sum(c.status == s for c in checks) for s in ("ok", "warn", "fail")}
+        tail = "; fix each failure before `k3 run` (the download does not need it)" if counts["fail"] else ""
+        return ", ".join(f"{n} {s}" for s, n in counts.items()) + tail
+
+    # ---- (2) destination and free space ------------------------------------------------------------
+    def step_space(self) -> str:
+        head = ""
+        if self.src.kind == "hf":
+            sha = self.st.facts.get("commit") or self.hub().resolve(self.src.revision)
+            self.st.set_facts(commit=sha, endpoint=self.hub().endpoint)
+            if not self.st.files:
+                plan = plan_hub(self.hub(), sha, self.opts.vision, self.opts.jobs)
+                self.st.set_facts(**plan.facts())
+                self.st.set_files(plan.files)
+            f = self.st.facts
+            head = (f"{self.src.revision} = commit {sha[:12]}; {len(self.st.files)} files"
+                    + (f" ({len(f['vision_shards'])} vision shard(s) left out: --vision fetches them)"
+                       if f["vision_shards"] and not self.opts.vision else "") + "; ")
+        elif self.src.kind == "dir":
+            plan = plan_local(self.dest)
+            self.st.set_facts(**plan.facts())
+            self.st.set_files({k: r for k, r in plan.files.items() if k not in self.st.files} | self.st.files)
+            head = f"a K3 checkpoint, {len(self.st.files)} files, used in place; "
+        else:
+            plan = plan_demo()
+            self.st.set_facts(**plan.facts(), fetch_bytes=plan.fetch_bytes)
+        return head + preflight(self.space_needs())
+
+    def space_needs(self) -> list:
+        f = self.st.facts
+        fetch = remaining_bytes(self.st.files) if self.src.kind == "hf" else (
+            f.get("fetch_bytes", 0) if not self.st.files else 0)
+        needs = [(self.dest, fetch, "checkpoint")]
+        if not self.opts.no_pack and not self.st.step("pack", self.key("pack")):
+            needs.append((self.trunk, f.get("trunk_bytes", 0), "packed trunk"))
+        return needs
+
+    # ---- (3) download / generate -------------------------------------------------------------------
+    def step_download(self) -> str:
+        if self.src.kind == "dir":
+            return "nothing to download"
+        if self.src.kind == "demo":
+            summary = generate_demo(self.dest, self.trunk, self.st, DEMO_SHAPE, DEMO_SEED)
+            (self.dest / PARTIAL_DIR).rmdir()
+            return summary
+        preflight(self.space_needs())      # again: space may have gone since step 2, or since the last run
+        left = remaining_bytes(self.st.files)
+        if self.interactive and left and self.ask(f"      download {human(left)} into {self.dest} now? [Y/n] ",
+                                                  "y").lower() not in ("y", "yes"):
+            raise UsageError(f"stopped before downloading, as asked; to continue: {self.command()}")
+        summary = self.downloader().run([k for k, r in self.st.files.items() if r["remote"]])
+        derive_index(self.dest, self.st)
+        try:
+            (self.dest / PARTIAL_DIR).rmdir()      # empty once every file is in place
+        except OSError:
+            pass
+        return summary
+
+    def downloader(self) -> Downloader:
+        return Downloader(self.hub(), self.st.facts["commit"], self.dest, self.st, jobs=self.opts.jobs,
+                          stall=self.opts.stall, stream=self.err)
+
+    # ---- (4) verify --------------------------------------------------------------------------------
+    def step_verify(self) -> str:
+        files = self.st.files
+        if self.src.kind == "dir" and not any(r.get("sha256") or r.get("oid") for r in files.values()):
+            return measure_local(self.dest, self.st)
+        refetched = []
+        for attempt in (1, 2):
+            todo = {k: r for k, r in files.items() if r["status"] != VERIFIED}
+            bad = check_files(self.dest, todo, self.opts.jobs, self.err)
+            if self.st.facts.get("official"):
+                bad |= {k: v for k, v in table_problems({k: r["size"] for k, r in files.items()},
+                                                        self.opts.vision).items() if k in files}
+            for name in todo:
+                if name not in bad:
+                    self.st.update_file(name, status=VERIFIED)
+            if not bad:
+                break
+            for name, problem in sorted(bad.items()):
+                self.say(f"      BAD {name}: {problem}")
+                self.st.log(f"verify: {name}: {problem}")
+            if self.src.kind != "hf":
+                raise K3Error(f"{len(bad)} file(s) differ from what was recorded when they were set up: "
+                              f"{', '.join(sorted(bad))}; the directory changed or the disk is damaged")
+            if attempt == 2:
+                raise K3Error(f"{len(bad)} file(s) still bad after fetching them again: {', '.join(sorted(bad))}; "
+                              "the Hub's copy or this disk is damaged")
+            for name in bad:
+                (self.dest / name).unlink(missing_ok=True)
+                self.st.update_file(name, status=PENDING, bytes=0)
+            self.say(f"      fetching only the bad file(s) again: {', '.join(sorted(bad))}")
+            self.downloader().run([k for k in bad if files[k]["remote"]])
+            derive_index(self.dest, self.st)
+            refetched += sorted(bad)
+        what = f"{len(files)} files match their size and hash{self.table_note()}"
+        return what + (f"; fetched again: {', '.join(refetched)}" if refetched else "")
+
+    # ---- (5) pack, (6) profile, (7) next -----------------------------------------------------------
+    def step_pack(self) -> str:
+        if self.opts.no_pack:
+            return "skipped: the whole trunk will be held in RAM"
+        meter = PackMeter(self.err)
+        try:
+            r = pack(self.dest, self.trunk, progress=meter, say=lambda msg: self.say(f"      {msg}"))
+        finally:
+            meter.close()
+        return f"{self.trunk}: {r.runs} runs, {human(r.trunk_bytes)} ({r.status})"
+
+    def step_profile(self) -> str:
+        preset, why = self.opts.preset, "as asked"
+        if preset == "auto":
+            available = budget.mem_available()
+            try:
+                preset, why = budget.auto_preset(available), f"the largest that fits {human(available)} available"
+            except K3Error:
+                preset, why = "laptop", f"the smallest; {human(available)} available is less than it wants"
+        sha = self.st.facts.get("commit")
+        source = f"{self.src}@{sha}" if sha else str(self.src)
+        trunk = None if self.opts.no_pack else str(self.trunk)
+        path = save_profile(Profile(model=str(self.dest), trunk=trunk, preset=preset, source=source))
+        return f"preset {preset} ({why}); saved {path}"
+
+    def step_next(self) -> str:
+        self.say("      k3 chat                                              # talk to it (uses the saved profile)")
+        self.say('      k3 run --prompt "The capital of France is" --max-tokens 24')
+        self.say(f"      k3 verify {self.dest}   # re-check every file, any time")
+        return "k3 chat"
