@@ -22,7 +22,8 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 # The first run, as a user makes it: `k3 setup` generates the demo model, verifies, packs and saves the
-# profile (it prints where: K3_CONFIG_DIR, else ~/.config/k3); `k3 run` then uses that profile.
+# profile (it prints where: K3_CONFIG_DIR, else ~/.config/k3); `k3 run` then uses that profile, and `k3 ui` serves
+# the chat page on it until Ctrl-C.
 demo: $(STAMP)
 	$(VENV)/bin/k3 setup --source demo --dest $(DEMO_DIR) --yes
 	$(VENV)/bin/k3 run --prompt "The capital of France is" --max-tokens 24
