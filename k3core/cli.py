@@ -71,10 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="k3", formatter_class=fmt,
         description="Run Kimi K3 on one CPU machine, exactly: the same ids at every memory budget.",
-        epilog="examples:\n"
-               "  k3 make-model demo-model --shape tiny        # a small checkpoint in the real format\n"
-               "  k3 run demo-model --ids 1,2,3 --gen 8        # greedy ids + a run report\n"
-               "  k3 plugins                                   # what is installed, hook by hook\n\n"
+        epilog="first time:\n"
+               "  k3 doctor /nvme                              # is this machine ready? (CPU, RAM, disk speed)\n"
+               "  k3 setup --dest /nvme/Kimi-K3                # download, verify, pack, save a profile (resumable)\n"
+               "  k3 setup --source demo --dest demo-model --yes   # or the small built-in demo model\n"
+               "then:\n"
+               "  k3 chat                                      # talk in the terminal (the saved profile)\n"
+               "  k3 ui                                        # ... or in the browser, on 127.0.0.1\n"
+               "  k3 run --prompt 'Hello' --max-tokens 40      # one generation, streamed, with a run report\n"
+               "  k3 run MODEL --ids 1,2,3 --gen 8 --json r.json   # token ids in and out\n"
+               "every command has --help with examples.\n\n"
                + EXIT_CODES)
     p.add_argument("--version", action="version", version=f"k3 {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
