@@ -125,9 +125,9 @@ def test_cli_runs_streamed_with_a_plan_and_a_report(tiny_model, tmp_path, capsys
 
 
 def test_a_plan_that_does_not_fit_is_refused_before_loading(tiny_model, tmp_path, capsys):
-    code = main(["run", str(tiny_model), "--ids", "1", "--cache-gb", "100000"])
+    code = main(["run", str(tiny_model), "--ids", "1", "--max-context", str(10**11)])  # ~64 TB of MLA cache
     err = capsys.readouterr().err
-    assert code == 2 and "does not fit" in err and "expert cache" in err
+    assert code == 2 and "does not fit" in err and "MLA cache" in err
 
 
 def test_a_budget_that_holds_everything_pins_everything(packed):

@@ -7,7 +7,8 @@ from __future__ import annotations
 import copy
 import threading
 
-from k3core.budget import memory_plan, resolve_budget
+from k3core import budget
+from k3core.budget import check_plan, memory_plan, resolve_budget
 from k3core.cli_common import budget_options, open_engine
 from k3core.errors import UsageError
 from k3core.profile import Profile, load_profile, save_profile
@@ -55,10 +56,18 @@ class EngineHost:
     def reload(self, preset: str | None, trunk_gb=None, cache_gb=None, save: bool = False):
         """Close the engine and open it again with these budgets (the old ones come back if the new
         ones fail). Call with no turn running: it takes the engine lock. Returns the new plan."""
-        self._reopen(self._with(preset, trunk_gb, cache_gb))
+        a = self._with(preset, trunk_gb, cache_gb)
+        self._check_fits(a)  # before anything is closed: a refusal leaves the running engine as it was
+        self._reopen(a)
         if save:
             self.save_profile()
         return self.engine.plan
+
+    def _check_fits(self, a) -> None:
+        """The new budgets' plan against what is free once the running engine's memory is released."""
+        e = self.engine
+        check_plan(memory_plan(e.checkpoint, type(e.placer), type(e.store), budget_options(a), a.max_context,
+                               available=budget.mem_available() + e.plan.total))
 
     def open_profile(self):
         """Switch to the model, trunk and budgets of the saved profile (what `k3 setup` just wrote)."""

@@ -15,6 +15,13 @@ from ..interfaces import CachePolicy, ExpertStore
 DEFAULT_CACHE_GB = 1.0
 
 
+def cache_slots(config, options, slot_bytes: int) -> int:
+    """Slots for --cache-gb: never fewer than one token's top-k, never more than the model has experts."""
+    wanted = int(float(options.get("cache_gb", DEFAULT_CACHE_GB)) * 1e9 // slot_bytes)
+    every = (config.num_hidden_layers - config.first_k_dense_replace) * config.num_experts
+    return max(config.num_experts_per_token, min(wanted, every))
+
+
 class LRUPolicy(CachePolicy):
     """The retention rule the store follows, for `k3 sim-cache`."""
 
@@ -43,9 +50,7 @@ class LRUStore(ExpertStore):
         super().__init__(checkpoint, config, options)
         self.reader = ExpertReader(checkpoint, direct_io=self.options.get("direct_io", True))
         self.slot_bytes = expert_slot_bytes(checkpoint)
-        cache_bytes = float(self.options.get("cache_gb", DEFAULT_CACHE_GB)) * 1e9
-        # the arena always holds one token's top-k, however small the cache
-        self.slots = max(config.num_experts_per_token, int(cache_bytes // self.slot_bytes))
+        self.slots = cache_slots(config, self.options, self.slot_bytes)
         self._arena = memoryview(aligned_buffer(self.slots * self.slot_bytes))
         self._resident: OrderedDict[tuple[int, int], int] = OrderedDict()  # key -> slot, LRU first
         self._weights: dict[int, object] = {}  # slot -> ExpertWeights viewing it
@@ -59,8 +64,10 @@ class LRUStore(ExpertStore):
     @classmethod
     def plan(cls, checkpoint, config, options):
         slot = expert_slot_bytes(checkpoint)
-        slots = max(config.num_experts_per_token, int(float(options.get("cache_gb", DEFAULT_CACHE_GB)) * 1e9 // slot))
-        return [("expert cache", slots * slot, f"{slots} slots × {human(slot)}")]
+        slots = cache_slots(config, options, slot)
+        every = (config.num_hidden_layers - config.first_k_dense_replace) * config.num_experts
+        return [("expert cache", slots * slot, f"{slots} slots × {human(slot)}"
+                 + (" (every expert of the model)" if slots == every else ""))]
 
     def capacity(self) -> int:
         return self.slots

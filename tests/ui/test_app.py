@@ -151,12 +151,14 @@ def test_the_queue_is_bounded(served, host):
     assert len(refused) < len(jobs)
 
 
-def test_the_memory_plan_previews_and_applying_reopens_the_engine(served, host):
+def test_the_memory_plan_previews_and_applying_reopens_the_engine(served, host, monkeypatch):
     _, url = served
     client = Client(url, verbose=False)
     plan, status = client.predict("desktop", None, None, api_name="/plan_preview")
     assert "memory plan" in plan and "preview: fits" in status
-    plan, status = client.predict("custom", None, 5000, api_name="/plan_preview")
+    with monkeypatch.context() as m:
+        m.setattr("k3core.budget.mem_available", lambda: 100 << 20)  # a machine with 100 MB free
+        plan, status = client.predict("custom", None, 1, api_name="/plan_preview")
     assert "does NOT fit" in status
     send(client, "hello there").result(timeout=60)
     old = host.engine
@@ -164,5 +166,7 @@ def test_the_memory_plan_previews_and_applying_reopens_the_engine(served, host):
     assert status.startswith("applied") and host.engine is not old and host.budget["preset"] == "laptop"
     final = send(client, "and a second question").result(timeout=60)
     assert "the engine was reopened" in final[2] and session(client)["last"]["reused_tokens"] == 0
-    plan, status = client.predict("custom", None, 5000, False, api_name="/plan_apply")
-    assert "not applied" in status and host.budget["preset"] == "laptop"  # the old budgets came back
+    with monkeypatch.context() as m:  # budgets that need a terabyte: refused before the engine is closed
+        m.setattr("k3core.budget.WORKING_BYTES", 1 << 40)
+        plan, status = client.predict("custom", None, 1, False, api_name="/plan_apply")
+    assert "not applied" in status and "DOES NOT FIT" in status and host.budget["preset"] == "laptop"  # the old budgets came back

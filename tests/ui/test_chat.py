@@ -75,7 +75,7 @@ def test_closing_the_reply_stops_the_engine_and_the_session_stays_usable(host, r
     # the cut reply is closed in the history, so the next turn still only forwards its own tokens
     held = chats.info("s")["state_tokens"]
     nxt = finish(chats.reply("s", "and a second question", GREEDY))[-1]
-    assert nxt.status == "done"
+    assert nxt.status == "done", nxt.note
     assert nxt.stats["reused_tokens"] == held == last["prompt_tokens"] + last["generated_tokens"] - 1
     assert [m["role"] for m in nxt.messages] == ["user", "assistant", "user", "assistant"]
 
