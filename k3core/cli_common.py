@@ -3,9 +3,7 @@ engine (with its memory plan shown first), atomic output files and the exit-code
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from pathlib import Path
 
 from .errors import UsageError
 
@@ -15,13 +13,6 @@ EXIT_CODES = """exit codes:
   2  bad usage, config, checkpoint or input (the message names the field, file or tensor)
   4  the run finished but its ids are unsound (an expert read failed); do not trust them
   130 interrupted (Ctrl-C)"""
-
-
-def write_atomic(path, data: bytes) -> None:
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, target)
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:

@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from .cli_common import EXIT_CODES, add_engine_args, add_sampling_args, open_engine, sampling_params, write_atomic
+from .atomic import write_bytes_atomic as write_atomic
+from .cli_common import EXIT_CODES, add_engine_args, add_sampling_args, open_engine, sampling_params
 from .errors import UsageError
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import fcntl
 import hashlib
-import json
 import os
 import shutil
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
+from .atomic import fsync_dir, write_json_atomic
 from .checkpoint import PREFIX, VISION_PREFIXES, Checkpoint, open_checkpoint
 from .errors import CheckpointError, TrunkError, UsageError
 from .trunk import (FORMAT, MANIFEST, PARTIAL, TRUNK, VERSION, _align, _canon, _diff_text, _read_json, _sha,
@@ -227,27 +227,9 @@ class PackResult:
     seconds: float
 
 
-def _fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(json.dumps(obj, indent=1).encode() + b"\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
 def _save_state(path, fp, plan_sha, done):
     state = {"format": STATE_FORMAT, "version": VERSION, "checkpoint": fp, "plan_sha256": plan_sha, "done": done}
-    _write_json_atomic(path, {**state, "sha256": _sha(_canon(state))})
+    write_json_atomic(path, {**state, "sha256": _sha(_canon(state))})
 
 
 def _resume_point(out: Path, fp, plan, plan_sha, mover) -> tuple[list, list[str]]:
@@ -374,9 +356,9 @@ def pack(model, trunk_dir, *, progress=None, say=None, chunk_bytes: int = CHUNK)
         finally:
             os.close(fd)
         # manifest first: a kill before the rename leaves a state whose runs all check; the next pack finishes
-        _write_json_atomic(out / MANIFEST, _manifest(fp, plan, total, [d["sha256"] for d in done]))
+        write_json_atomic(out / MANIFEST, _manifest(fp, plan, total, [d["sha256"] for d in done]))
         os.replace(out / PARTIAL, trunk)
-        _fsync_dir(out)
+        fsync_dir(out)
         (out / STATE).unlink()
     finally:
         mover.close()

@@ -11,6 +11,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .atomic import write_json_atomic
 from .errors import K3Error
 
 FORMAT, VERSION = "k3-profile", 1
@@ -40,9 +41,7 @@ def profile_path() -> Path:
 def save_profile(profile: Profile, path: Path | None = None) -> Path:
     target = path or profile_path()
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"format": FORMAT, "version": VERSION, **asdict(profile)}, indent=1) + "\n")
-    os.replace(tmp, target)
+    write_json_atomic(target, {"format": FORMAT, "version": VERSION, **asdict(profile)})
     return target
 
 

@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+from k3core.atomic import write_json_atomic
 from k3core.errors import K3Error
 
 FORMAT, VERSION = "k3-setup-state", 1
@@ -42,18 +43,6 @@ def read_state(dest: Path) -> dict | None:
     return data
 
 
-def write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(json.dumps(obj, indent=1).encode() + b"\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class SetupState:
