@@ -15,7 +15,7 @@ from . import plugin_manager as plugins
 from .attnres import Residual, fold
 from .budget import DEFAULT_CONTEXT, check_plan, memory_plan
 from .checkpoint import PREFIX, check_binding, open_checkpoint
-from .errors import InputError, K3Error
+from .errors import InputError
 from .mlp import dense_mlp
 from .moe import latent_moe
 
@@ -106,30 +106,17 @@ class Engine:
         """Teacher forcing: the logits at every position of `ids` from a fresh state, [T, V]."""
         return self.forward(ids, self.new_state(), all_logits=True)
 
-    def generate(self, prompt: Sequence[int], n: int, full_recompute: bool = False, on_token=None):
-        """Greedy decode of n ids. Incremental (state carried) unless full_recompute, which
-        runs the whole sequence from scratch for every new id. Returns (ids, logits [n, V])."""
-        if len(prompt) == 0:
-            raise InputError("the prompt is empty: give at least one token id")
-        self.check_ids(prompt)
-        seq, out, rows = list(prompt), [], []
-        state = self.new_state()
-        pending = list(prompt)
-        for _ in range(n):
-            if full_recompute:
-                logits = self.forward(seq, self.new_state())
-            else:
-                logits = self.forward(pending, state)  # the first step consumes the whole prompt
-            if not np.all(np.isfinite(logits)):
-                raise K3Error(f"non-finite logits at generated position {len(out)}")
-            token = int(np.argmax(logits))  # ties: lowest id
-            out.append(token)
-            rows.append(logits)
-            seq.append(token)
-            pending = [token]
-            if on_token is not None:
-                on_token(token)
-        return out, np.array(rows, dtype=np.float32).reshape(n, self.config.vocab_size)
+    def generate(self, prompt: Sequence[int], n: int, full_recompute: bool = False):
+        """Greedy decode of n ids (the session loop with greedy sampling and no stop ids).
+        Incremental unless full_recompute, which runs the whole sequence from scratch for every
+        new id. Returns (ids, logits [n, V])."""
+        from .sampling import SamplingParams
+        from .session import Session
+
+        rows = []
+        *_, done = Session(self, None).generate(prompt, SamplingParams(max_tokens=n), on_logits=rows.append,
+                                                full_recompute=full_recompute)
+        return done.ids, np.array(rows, dtype=np.float32).reshape(n, self.config.vocab_size)
 
     def stats(self) -> dict:
         return {**self.placer.stats(), **self.store.stats(), "tokens_forwarded": self.tokens_forwarded}

@@ -141,3 +141,10 @@ def test_a_budget_that_holds_everything_pins_everything(packed):
     assert chosen == everything and chosen.ring_slots == 0  # not stuck where a bigger ring was needed
     nothing = layout(trunk, config, {"pinned_layers": 0})
     assert layout(trunk, config, {"trunk_gb": nothing.ring_slots * nothing.slot_bytes / 1e9}).pinned == ()
+
+
+def test_a_trunk_budget_below_the_ring_is_refused_naming_it(packed):
+    from k3core.budget import PlanError
+    model, trunk = packed
+    with pytest.raises(PlanError, match="cannot hold even the ring: 2 slots"):
+        Engine(model, options=dict(trunk_dir=trunk, trunk_gb=1e-6))

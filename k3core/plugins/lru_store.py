@@ -15,11 +15,14 @@ from ..interfaces import CachePolicy, ExpertStore
 DEFAULT_CACHE_GB = 1.0
 
 
+def all_experts(config) -> int:
+    return (config.num_hidden_layers - config.first_k_dense_replace) * config.num_experts
+
+
 def cache_slots(config, options, slot_bytes: int) -> int:
     """Slots for --cache-gb: never fewer than one token's top-k, never more than the model has experts."""
     wanted = int(float(options.get("cache_gb", DEFAULT_CACHE_GB)) * 1e9 // slot_bytes)
-    every = (config.num_hidden_layers - config.first_k_dense_replace) * config.num_experts
-    return max(config.num_experts_per_token, min(wanted, every))
+    return max(config.num_experts_per_token, min(wanted, all_experts(config)))
 
 
 class LRUPolicy(CachePolicy):
@@ -65,9 +68,8 @@ class LRUStore(ExpertStore):
     def plan(cls, checkpoint, config, options):
         slot = expert_slot_bytes(checkpoint)
         slots = cache_slots(config, options, slot)
-        every = (config.num_hidden_layers - config.first_k_dense_replace) * config.num_experts
         return [("expert cache", slots * slot, f"{slots} slots × {human(slot)}"
-                 + (" (every expert of the model)" if slots == every else ""))]
+                 + (" (every expert of the model)" if slots == all_experts(config) else ""))]
 
     def capacity(self) -> int:
         return self.slots
