@@ -1,6 +1,6 @@
 """`python -m k3core` is the `k3` command."""
 import sys
 
-from .cli import main
+from .cli.main import main
 
 sys.exit(main())

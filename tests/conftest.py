@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from k3core.testmodel import make_model
+from k3core.model.testmodel import make_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
 K3_IN_C = FIXTURES / "k3-in-c"

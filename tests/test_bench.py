@@ -3,7 +3,7 @@ table's target marks and bad usage. Tiny shapes; no timing assertions."""
 import json
 
 from k3core import _native
-from k3core.cli import main
+from k3core.cli.main import main
 
 BENCHES = {"bf16_t1", "mxfp4_t1", "experts", "bf16_t8", "bf16_t64", "mxfp4_t8", "mxfp4_t64"}
 

@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from k3core import cachesim
+from k3core.cli import sim_cache as cachesim
 from k3core import plugin_manager as plugins
 from k3core.errors import InputError, UsageError
 from k3core.hookspecs import hookimpl

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from k3core.chat import (CHAT_TEMPLATE, Conversation, render, render_template, segments, split_reply)
+from k3core.text.chat import (CHAT_TEMPLATE, Conversation, render, render_template, segments, split_reply)
 from k3core.errors import CheckpointError, UsageError
 
 O, S, C, E, BOS = 1001, 1002, 1003, 1004, 1000
@@ -14,7 +14,7 @@ SYSTEM, USER, RESPONSE, THINK, TOOLS, TOOL_RESULT, HI, HELLO, SP, BE, BRIEF = ra
 
 
 class FakeTokenizer:
-    """The k3core.tokenizer interface in miniature: whole words from a small vocabulary, anything else
+    """The k3core.text.tokenizer interface in miniature: whole words from a small vocabulary, anything else
     as UTF-8 bytes (so encode(a) + encode(b) != encode(a + b), as with BPE); added tokens 1000..1004."""
 
     WORDS = {"system": SYSTEM, "user": USER, "response": RESPONSE, "think": THINK, "tools": TOOLS,
@@ -198,7 +198,7 @@ def test_real_tokenizer_both_paths_agree(model_factory):
     """The same checks with the tiktoken-based tokenizer of a generated checkpoint."""
     import json
 
-    from k3core.tokenizer import load_tokenizer
+    from k3core.text.tokenizer import load_tokenizer
 
     root = model_factory("small")
     tok, jtok = load_tokenizer(root), load_tokenizer(root)

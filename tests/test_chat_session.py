@@ -1,9 +1,9 @@
 """ChatSession: a reply whose text spells an added token (the model emitted, say, <|sep|> as text)
 does not break the next turn, and the next turn still feeds the model its exact ids."""
-from k3core.chat_session import ChatSession
-from k3core.engine import Engine
-from k3core.sampling import SamplingParams
-from k3core.tokenizer import load_tokenizer
+from k3core.text.chat_session import ChatSession
+from k3core.model.engine import Engine
+from k3core.text.sampling import SamplingParams
+from k3core.text.tokenizer import load_tokenizer
 
 
 def test_a_reply_that_spells_markup_does_not_break_the_next_turn(small_model):

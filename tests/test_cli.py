@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from k3core.cli import main
+from k3core.cli.main import main
 
 HEAD = "language_model.model."
 
@@ -179,7 +179,7 @@ def test_a_text_prompt_streams_text_and_the_same_seed_gives_the_same_text(capsys
 
 
 def test_greedy_is_temperature_zero_for_text_and_ids(capsys, small_model, tmp_path):
-    from k3core.tokenizer import load_tokenizer
+    from k3core.text.tokenizer import load_tokenizer
     ids = ",".join(map(str, load_tokenizer(small_model).encode("Hello, world")))
     run_k3(capsys, "run", small_model, "--prompt", "Hello, world", "--gen", "8", "--quiet", "--json", tmp_path / "a.json")
     _, by_ids, _ = run_k3(capsys, "run", small_model, "--ids", ids, "--gen", "8", "--temperature", "0", "--quiet")
@@ -188,7 +188,7 @@ def test_greedy_is_temperature_zero_for_text_and_ids(capsys, small_model, tmp_pa
 
 
 def test_chat_thinking_mode_opens_think_and_keeps_thinking_off_stdout(capsys, small_model, tmp_path):
-    from k3core.tokenizer import load_tokenizer
+    from k3core.text.tokenizer import load_tokenizer
     tok = load_tokenizer(small_model)
     code, out, _ = run_k3(capsys, "run", small_model, "--prompt", "Hi", "--chat", "--thinking", "--gen", "6",
                           "--quiet", "--json", tmp_path / "r.json")

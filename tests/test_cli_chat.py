@@ -96,8 +96,8 @@ def test_save_and_load_continue_identically(chat, tmp_path):
 
 
 def test_a_state_from_another_model_is_refused_and_the_chat_goes_on(chat, tiny_model, tmp_path):
-    from k3core.engine import Engine
-    from k3core.state_file import save_state
+    from k3core.model.engine import Engine
+    from k3core.io.state_file import save_state
     with Engine(tiny_model) as engine:
         state = engine.new_state()
         engine.forward([1, 2, 3], state)

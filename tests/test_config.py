@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from k3core.config import load_config, parse_config
+from k3core.model.config import load_config, parse_config
 from k3core.errors import ConfigError
-from k3core.testmodel import COMMON, SHAPES, config_json, shape_config
+from k3core.model.testmodel import COMMON, SHAPES, config_json, shape_config
 
 from .conftest import K3_IN_C
 

@@ -9,7 +9,9 @@ import sys
 import pytest
 
 import k3core
-from k3core import _native, budget, doctor
+from k3core import _native
+from k3core.model import budget
+from k3core.cli import doctor
 from k3core.errors import K3Error
 
 NAMES = ["cpu -> kernels", "build", "fp environment", "ram -> preset", "disk space", "disk read", "O_DIRECT",

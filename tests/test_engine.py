@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from k3core import _native
-from k3core.engine import Engine
+from k3core.model.engine import Engine
 from k3core.errors import InputError
 
 PROMPT = [5, 17, 200, 33, 91, 128, 7, 250]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from k3core import _native
-from k3core.engine import Engine
+from k3core.model.engine import Engine
 
 from .conftest import ORACLES
 

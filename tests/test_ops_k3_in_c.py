@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 
-from k3core.attnres import Residual
-from k3core.config import Config
-from k3core.engine import decoder_layer
+from k3core.model.attnres import Residual
+from k3core.model.config import Config
+from k3core.model.engine import decoder_layer
 from k3core.interfaces import ExpertWeights, Param, Weights
-from k3core.moe import latent_moe
+from k3core.model.moe import latent_moe
 from k3core.plugins.kda import KDA
 from k3core.plugins.mla import MLA
 from k3core.plugins.reference_kernels import ReferenceKernels

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from k3core import pack
-from k3core import trunk as trunkfmt
-from k3core.checkpoint import PREFIX, VISION_PREFIXES, layer_prefix, open_checkpoint
+from k3core.io import pack
+from k3core.io import trunk as trunkfmt
+from k3core.model.checkpoint import PREFIX, VISION_PREFIXES, layer_prefix, open_checkpoint
 from k3core.errors import K3Error, TrunkError, UsageError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -256,7 +256,7 @@ def test_kill_9_in_the_middle_of_a_run_resumes_after_the_last_recorded_run(tiny_
     out = tmp_path / "trunk"
     proc = run_script(f"""
         import os, signal
-        from k3core import pack
+        from k3core.io import pack
         def progress(p):                 # layer.3 partly written, layers 0-2 recorded: SIGKILL, no cleanup
             if p.key == "layer.3" and p.moved > 0 and not p.run_finished:
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -277,7 +277,7 @@ def test_kill_9_of_a_running_k3_pack_from_outside_resumes(tiny_model, reference,
     out = tmp_path / "trunk"
     proc = run_script(f"""
         import argparse, sys, time
-        from k3core import pack
+        from k3core.io import pack
         write = pack._pwrite_full
         pack._pwrite_full = lambda *a: (time.sleep(0.08), write(*a))
         parser = argparse.ArgumentParser(prog="k3")

@@ -6,7 +6,7 @@ import pytest
 
 from k3core import _native
 from k3core import plugin_manager as plugins
-from k3core.engine import Engine
+from k3core.model.engine import Engine
 from k3core.errors import PluginError
 from k3core.hookspecs import hookimpl
 from k3core.plugins.kda import KDA

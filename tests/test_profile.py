@@ -2,8 +2,8 @@
 one is refused naming the file; no profile and no MODEL_DIR is a clear usage error."""
 import pytest
 
-from k3core.cli import main
-from k3core.profile import Profile, ProfileError, load_profile, save_profile
+from k3core.cli.main import main
+from k3core.io.profile import Profile, ProfileError, load_profile, save_profile
 
 
 @pytest.fixture(autouse=True)

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from k3core.engine import Engine
-from k3core.state_file import StateFileError, load_state, save_state
+from k3core.model.engine import Engine
+from k3core.io.state_file import StateFileError, load_state, save_state
 
 
 def test_saved_state_continues_exactly(tiny_model, tmp_path):

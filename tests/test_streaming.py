@@ -7,11 +7,11 @@ import shutil
 import numpy as np
 import pytest
 
-from k3core import expert_io
-from k3core.cli import main
-from k3core.engine import Engine
+from k3core.io import expert_io
+from k3core.cli.main import main
+from k3core.model.engine import Engine
 from k3core.errors import TrunkError, UnsoundRunError
-from k3core.pack import pack
+from k3core.io.pack import pack
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 CONFIGS = {
@@ -131,9 +131,9 @@ def test_a_plan_that_does_not_fit_is_refused_before_loading(tiny_model, tmp_path
 
 
 def test_a_budget_that_holds_everything_pins_everything(packed):
-    from k3core.checkpoint import open_checkpoint
+    from k3core.model.checkpoint import open_checkpoint
     from k3core.plugins.pinned import layout
-    from k3core.trunk import load_trunk
+    from k3core.io.trunk import load_trunk
     model, trunk_dir = packed
     trunk, config = load_trunk(trunk_dir), open_checkpoint(model).config
     everything = layout(trunk, config, {"pinned_layers": config.num_hidden_layers})
@@ -144,7 +144,7 @@ def test_a_budget_that_holds_everything_pins_everything(packed):
 
 
 def test_a_trunk_budget_below_the_ring_is_refused_naming_it(packed):
-    from k3core.budget import PlanError
+    from k3core.model.budget import PlanError
     model, trunk = packed
     with pytest.raises(PlanError, match="cannot hold even the ring: 2 slots"):
         Engine(model, options=dict(trunk_dir=trunk, trunk_gb=1e-6))

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import gradio as gr
 
-from k3core.budget import human
+from k3core.model.budget import human
 from k3core.errors import K3Error
-from k3core.sampling import SamplingParams
+from k3core.text.sampling import SamplingParams
 
 from .chat import Chats
 from .engine_panel import Monitor

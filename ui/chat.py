@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from k3core.chat_session import ChatSession
+from k3core.text.chat_session import ChatSession
 from k3core.errors import K3Error
 
 from .messages import display, partial, turn_note

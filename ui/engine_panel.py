@@ -9,8 +9,8 @@ import html
 import threading
 import time
 
-from k3core.budget import human
-from k3core.report import peak_rss_bytes
+from k3core.model.budget import human
+from k3core.model.report import peak_rss_bytes
 
 IO_KEYS = ("trunk_bytes_read", "expert_bytes_read", "expert_requests", "expert_hits", "tokens_forwarded")
 

@@ -7,19 +7,19 @@ from __future__ import annotations
 import copy
 import threading
 
-from k3core import budget
-from k3core.budget import check_plan, memory_plan, resolve_budget
-from k3core.cli_common import budget_options, open_engine
+from k3core.model import budget
+from k3core.model.budget import check_plan, memory_plan, resolve_budget
+from k3core.cli.common import budget_options, open_engine
 from k3core.errors import UsageError
-from k3core.profile import Profile, load_profile, save_profile
-from k3core.tokenizer import load_tokenizer
+from k3core.io.profile import Profile, load_profile, save_profile
+from k3core.text.tokenizer import load_tokenizer
 
 PRESET_CHOICES = ["laptop", "desktop", "workstation", "server", "max", "auto", "custom"]
 
 
 class EngineHost:
     def __init__(self, args):
-        """`args`: the parsed `k3 ui` flags (k3core.cli_common.add_engine_args plus --tok)."""
+        """`args`: the parsed `k3 ui` flags (k3core.cli.common.add_engine_args plus --tok)."""
         self.lock = threading.Lock()
         self.engine = open_engine(args)  # fills args.model, trunk and budgets from the profile if needed
         self.args = args

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from k3core.cli_common import EXIT_CODES, add_engine_args
+from k3core.cli.common import EXIT_CODES, add_engine_args
 from k3core.hookspecs import hookimpl
 
 from .server import EXPOSE_FLAG

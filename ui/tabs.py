@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from k3core.budget import PRESETS
+from k3core.model.budget import PRESETS
 from k3core.errors import K3Error
 from k3core.plugin_manager import describe_plugins
 

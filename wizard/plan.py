@@ -12,10 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from k3core.checkpoint import PREFIX, VISION_PREFIXES, open_checkpoint
-from k3core.doctor import TRUNK_BYTES
+from k3core.model.checkpoint import PREFIX, VISION_PREFIXES, open_checkpoint
+from k3core.cli.doctor import TRUNK_BYTES
 from k3core.errors import K3Error, UsageError
-from k3core.pack import EXPERTS, plan_runs
+from k3core.io.pack import EXPERTS, plan_runs
 
 from .hub import HubError
 from .progress import human
@@ -153,7 +153,7 @@ def plan_local(directory: Path) -> Plan:
 
 
 def plan_demo() -> Plan:
-    from k3core.testmodel import planned_bytes, shape_config
+    from k3core.model.testmodel import planned_bytes, shape_config
 
     size = planned_bytes(shape_config("small"))
     return Plan({}, size, fetch_bytes=size + (1 << 20))   # the trunk is at most the whole (tiny) model

@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from k3core.atomic import write_json_atomic
+from k3core.io.atomic import write_json_atomic
 from k3core.errors import K3Error
 
 FORMAT, VERSION = "k3-setup-state", 1

@@ -12,10 +12,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from k3core import budget, doctor
+from k3core.model import budget
+from k3core.cli import doctor
 from k3core.errors import K3Error, UsageError
-from k3core.pack import Meter as PackMeter, pack
-from k3core.profile import Profile, save_profile
+from k3core.io.pack import Meter as PackMeter, pack
+from k3core.io.profile import Profile, save_profile
 
 from .download import Downloader
 from .hub import Hub

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
 
-from k3core.checkpoint import open_checkpoint
+from k3core.model.checkpoint import open_checkpoint
 from k3core.errors import K3Error, UsageError
 
 from . import OFFICIAL_REPO

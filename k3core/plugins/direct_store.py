@@ -5,8 +5,8 @@ where the filesystem allows. Every request is a miss by design: its TRUE hit rat
 """
 from __future__ import annotations
 
-from ..expert_io import ExpertReader, aligned_buffer, expert_slot_bytes
-from ..budget import human
+from ..io.expert_io import ExpertReader, aligned_buffer, expert_slot_bytes
+from ..model.budget import human
 from ..hookspecs import hookimpl
 from ..interfaces import ExpertStore
 

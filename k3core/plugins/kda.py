@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..checkpoint import FLOAT, MATRIX
+from ..model.checkpoint import FLOAT, MATRIX
 from ..hookspecs import hookimpl
 from ..interfaces import AttentionBackend, TensorSpec
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from ..expert_io import ExpertReader, aligned_buffer, expert_slot_bytes
-from ..budget import human
+from ..io.expert_io import ExpertReader, aligned_buffer, expert_slot_bytes
+from ..model.budget import human
 from ..hookspecs import hookimpl
 from ..interfaces import CachePolicy, ExpertStore
 

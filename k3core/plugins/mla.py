@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..checkpoint import FLOAT, MATRIX
+from ..model.checkpoint import FLOAT, MATRIX
 from ..hookspecs import hookimpl
 from ..interfaces import AttentionBackend, Param, TensorSpec
 

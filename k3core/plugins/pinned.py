@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..budget import PlanError, human
-from ..checkpoint import HEAD
+from ..model.budget import PlanError, human
+from ..model.checkpoint import HEAD
 from ..errors import UnsoundRunError, UsageError
-from ..expert_io import ALIGN, aligned_buffer
+from ..io.expert_io import ALIGN, aligned_buffer
 from ..hookspecs import hookimpl
 from ..interfaces import Param, TrunkPlacer, Weights
-from ..trunk import load_trunk, open_trunk
+from ..io.trunk import load_trunk, open_trunk
 
 MIN_RING = 2
 HEAD_BLOCK_BYTES = 64 << 20  # lm_head streams in row blocks of about this size when it is not pinned

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..hookspecs import hookimpl
 from ..interfaces import ExpertWeights, KernelBackend, Param
-from ..mxfp4 import E2M1, scale_multipliers
+from ..model.mxfp4 import E2M1, scale_multipliers
 
 LANES = 16
 _BLOCK_BYTES = 32 << 20  # rows of a weight widened to float64 at once

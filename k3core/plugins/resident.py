@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from ..checkpoint import HEAD, PREFIX, VISION_PREFIXES, layer_prefix
+from ..model.checkpoint import HEAD, PREFIX, VISION_PREFIXES, layer_prefix
 from ..hookspecs import hookimpl
 from ..interfaces import Param, TrunkPlacer, Weights
 

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from k3core.chat_session import ChatSession
-from k3core.engine import Engine
-from k3core.sampling import SamplingParams
-from k3core.tokenizer import load_tokenizer
+from k3core.text.chat_session import ChatSession
+from k3core.model.engine import Engine
+from k3core.text.sampling import SamplingParams
+from k3core.text.tokenizer import load_tokenizer
 
 GREEDY = SamplingParams(max_tokens=6)  # short greedy replies: the random test model stays in plain text
 

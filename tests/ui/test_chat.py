@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from k3core.sampling import SamplingParams
+from k3core.text.sampling import SamplingParams
 
 from tests.ui.conftest import GREEDY, slowed
 from ui.chat import Chats

@@ -8,7 +8,7 @@ from pathlib import Path
 import huggingface_hub.constants as hf_constants
 import pytest
 
-from k3core.cli import main
+from k3core.cli.main import main
 
 from .hubserver import MockHub
 

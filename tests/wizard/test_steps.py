@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from k3core import doctor
-from k3core.profile import load_profile
+from k3core.cli import doctor
+from k3core.io.profile import load_profile
 from wizard import plan as plan_module
 from wizard.steps import Setup
 from wizard.verify import published_sizes
@@ -171,7 +171,7 @@ def test_plugin_adds_setup_and_verify(k3):
 
 
 def test_help_text(capsys):
-    from k3core.cli import main
+    from k3core.cli.main import main
     with pytest.raises(SystemExit):
         main(["setup", "--help"])
     out = capsys.readouterr().out

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 from .chat import CLOSE, EOM, MODES, SEP, Conversation, render
-from .errors import UsageError
+from ..errors import UsageError
 from .sampling import SamplingParams
 from .session import Event, Session
 

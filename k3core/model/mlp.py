@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .interfaces import KernelBackend, Weights
+from ..interfaces import KernelBackend, Weights
 
 
 def dense_mlp(w: Weights, x: np.ndarray, c, kr: KernelBackend, prefix: str = "mlp.") -> np.ndarray:

@@ -19,14 +19,14 @@ import numpy as np
 import regex
 
 from . import mxfp4
-from .chat import CHAT_TEMPLATE
+from ..text.chat import CHAT_TEMPLATE
 from .checkpoint import (HEAD, expert_prefix, expert_specs, layer_prefix, layer_trunk_specs,
                          model_specs)
 from .config import Config, parse_config
-from .errors import UsageError
-from .plugins.kda import A_LOG_STORED, KDA
-from .plugins.mla import MLA
-from .tokenizer import PAT_STR
+from ..errors import UsageError
+from ..plugins.kda import A_LOG_STORED, KDA
+from ..plugins.mla import MLA
+from ..text.tokenizer import PAT_STR
 
 MARKER = "k3-test-model.json"
 GENERATOR_VERSION = 2

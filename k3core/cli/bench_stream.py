@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .checkpoint import EXPERT_PARTS, expert_prefix, open_checkpoint
+from ..model.checkpoint import EXPERT_PARTS, expert_prefix, open_checkpoint
 
 # Full Kimi K3, per decode token (SPEC §1, STREAMING-FACTS): all 93 trunk layers, lm_head, 1,472 experts.
 K3_TRUNK_BYTES = 108.81e9
@@ -139,8 +139,8 @@ def projection(row: dict, probe: dict, compute_per_byte: float) -> dict:
 def default_budgets(model_dir, trunk_dir) -> list[tuple[float, float]]:
     """(trunk GB, cache GB): the ring alone (nothing pinned, cache floor), about half the layers
     pinned with a small cache, and everything pinned with every expert cached."""
-    from .plugins.pinned import layout
-    from .trunk import load_trunk
+    from ..plugins.pinned import layout
+    from ..io.trunk import load_trunk
 
     trunk, ckpt = load_trunk(trunk_dir), open_checkpoint(model_dir)
     config = ckpt.config
@@ -154,8 +154,8 @@ def default_budgets(model_dir, trunk_dir) -> list[tuple[float, float]]:
 
 
 def cmd_stream(args) -> int:
-    from .budget import human
-    from .pack import pack
+    from ..model.budget import human
+    from ..io.pack import pack
 
     model, trunk = Path(args.model), Path(args.trunk)
     if not (trunk / "manifest.json").exists():

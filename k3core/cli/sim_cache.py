@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError, UsageError
-from .interfaces import CachePolicy
+from ..errors import InputError, UsageError
+from ..interfaces import CachePolicy
 
 DEFAULT_EXPERT_BYTES = 17_547_264  # one real K3 routed expert (w1, w2, w3 packed + scales)
 K3_IN_C_PAIRS, K3_IN_C_TOKENS = 100_096, 68  # 8 full-recompute steps on 5 ids: 5+6+…+12 forwards
@@ -215,7 +215,7 @@ def format_report(r: dict) -> str:
 
 
 def cmd_sim_cache(args) -> int:
-    from .plugin_manager import expert_stores, get_plugin_manager
+    from ..plugin_manager import expert_stores, get_plugin_manager
 
     gbs = parse_gb(args.gb)
     pairs, meta, binary = read_trace(args.trace)

@@ -10,12 +10,12 @@ import json
 import os
 import sys
 
-from . import __version__
-from .cli_common import EXIT_CODES
-from .errors import K3Error
+from .. import __version__
+from .common import EXIT_CODES
+from ..errors import K3Error
 
 def cmd_presets(args) -> int:
-    from .budget import PRESETS, WORKING_BYTES, auto_preset, mem_available
+    from ..model.budget import PRESETS, WORKING_BYTES, auto_preset, mem_available
 
     available = mem_available()
     try:
@@ -37,7 +37,7 @@ def cmd_presets(args) -> int:
 
 
 def cmd_make_model(args) -> int:
-    from .testmodel import make_model, planned_bytes, shape_config
+    from ..model.testmodel import make_model, planned_bytes, shape_config
 
     size = planned_bytes(shape_config(args.shape))
     print(f"{args.dir}: {args.shape} test model, seed {args.seed}, {args.layout} config, {size / 1e6:,.1f} MB")
@@ -53,7 +53,7 @@ def cmd_make_model(args) -> int:
 
 
 def cmd_plugins(args) -> int:
-    from .plugin_manager import describe_plugins, get_plugin_manager
+    from ..plugin_manager import describe_plugins, get_plugin_manager
 
     rows = describe_plugins(get_plugin_manager())
     if args.json:
@@ -85,8 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"k3 {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    from .cli_chat import add_parser as add_chat
-    from .cli_run import add_parser as add_run
+    from .chat import add_parser as add_chat
+    from .run import add_parser as add_run
     add_run(sub)
     add_chat(sub)
 
@@ -123,10 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true", help="machine-readable output")
     pl.set_defaults(func=cmd_plugins)
     from .bench import add_parser as add_bench
-    from .cachesim import add_parser as add_sim_cache
+    from .sim_cache import add_parser as add_sim_cache
     from .doctor import add_parser as add_doctor
-    from .pack import add_parser as add_pack
-    from .plugin_manager import add_subcommands
+    from ..io.pack import add_parser as add_pack
+    from ..plugin_manager import add_subcommands
     add_pack(sub)
     add_doctor(sub)
     add_bench(sub)

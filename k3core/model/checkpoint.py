@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import Config, load_config
-from .errors import BindingError
-from .interfaces import TensorSpec
-from .safetensors_index import ShardIndex
+from ..errors import BindingError
+from ..interfaces import TensorSpec
+from ..io.safetensors_index import ShardIndex
 
 PREFIX = "language_model.model."
 HEAD = "language_model.lm_head.weight"

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 # (our name, nested key path, flat key, type). Nested paths are relative to text_config.
 _REQUIRED = [

@@ -11,9 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-from .atomic import write_bytes_atomic as write_atomic
-from .cli_common import EXIT_CODES, add_engine_args, add_sampling_args, open_engine, sampling_params
-from .errors import UsageError
+from ..io.atomic import write_bytes_atomic as write_atomic
+from .common import EXIT_CODES, add_engine_args, add_sampling_args, open_engine, sampling_params
+from ..errors import UsageError
 
 
 def parse_ids(text: str, source: str) -> list[int]:
@@ -66,7 +66,7 @@ class TraceRecorder:
     def write(self, directory, engine):
         import numpy as np
 
-        from .checkpoint import EXPERT_PARTS, expert_prefix
+        from ..model.checkpoint import EXPERT_PARTS, expert_prefix
 
         c = engine.config
         first_moe = min(c.first_k_dense_replace, c.num_hidden_layers - 1)
@@ -83,18 +83,18 @@ def _text_prompt(args, tokenizer, text):
     """(prompt ids, stop ids, channel the generation prefix opened)."""
     if not args.chat:
         return tokenizer.encode(text), (), None
-    from .chat import Conversation
+    from ..text.chat import Conversation
     conv = Conversation(tokenizer, "thinking" if args.thinking else "instruct", system=args.system)
     conv.add_user(text)
     return conv.prompt(), tuple(conv.stop_ids), "think" if args.thinking else "response"
 
 
 def cmd_run(args) -> int:
-    from .report import report_text, run_report
-    from .session import Session
-    from .tokenizer import load_tokenizer
+    from ..model.report import report_text, run_report
+    from ..text.session import Session
+    from ..text.tokenizer import load_tokenizer
 
-    from .cli_common import apply_profile
+    from .common import apply_profile
 
     apply_profile(args)
     kind, prompt = prompt_source(args)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .interfaces import ExpertStore, KernelBackend, Weights
+from ..interfaces import ExpertStore, KernelBackend, Weights
 from .mlp import dense_mlp
 
 P = "block_sparse_moe."

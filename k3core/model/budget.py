@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import K3Error
+from ..errors import K3Error
 
 GB = 1e9
 # (trunk GB, expert-cache GB), as the C engine offered them (STREAMING-FACTS.md)

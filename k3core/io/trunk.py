@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import Checkpoint, layer_prefix
-from .errors import CheckpointError, TrunkError
-from .interfaces import Param, Weights
+from ..model.checkpoint import Checkpoint, layer_prefix
+from ..errors import CheckpointError, TrunkError
+from ..interfaces import Param, Weights
 from .safetensors_index import DTYPES
 
 FORMAT, VERSION = "k3-trunk", 1

@@ -11,11 +11,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import plugin_manager as plugins
+from .. import plugin_manager as plugins
 from .attnres import Residual, fold
 from .budget import DEFAULT_CONTEXT, check_plan, memory_plan
 from .checkpoint import PREFIX, check_binding, open_checkpoint
-from .errors import InputError
+from ..errors import InputError
 from .mlp import dense_mlp
 from .moe import latent_moe
 
@@ -110,8 +110,8 @@ class Engine:
         """Greedy decode of n ids (the session loop with greedy sampling and no stop ids).
         Incremental unless full_recompute, which runs the whole sequence from scratch for every
         new id. Returns (ids, logits [n, V])."""
-        from .sampling import SamplingParams
-        from .session import Session
+        from ..text.sampling import SamplingParams
+        from ..text.session import Session
 
         rows = []
         *_, done = Session(self, None).generate(prompt, SamplingParams(max_tokens=n), on_logits=rows.append,

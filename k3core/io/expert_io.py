@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .checkpoint import EXPERT_PARTS, expert_prefix
-from .errors import UnsoundRunError
-from .interfaces import ExpertWeights
+from ..model.checkpoint import EXPERT_PARTS, expert_prefix
+from ..errors import UnsoundRunError
+from ..interfaces import ExpertWeights
 
 ALIGN = 4096
 QUEUE_DEPTH = 16

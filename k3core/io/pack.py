@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__
+from .. import __version__
 from .atomic import fsync_dir, write_json_atomic
-from .checkpoint import PREFIX, VISION_PREFIXES, Checkpoint, open_checkpoint
-from .errors import CheckpointError, TrunkError, UsageError
+from ..model.checkpoint import PREFIX, VISION_PREFIXES, Checkpoint, open_checkpoint
+from ..errors import CheckpointError, TrunkError, UsageError
 from .trunk import (FORMAT, MANIFEST, PARTIAL, TRUNK, VERSION, _align, _canon, _diff_text, _read_json, _sha,
                     fingerprint, fingerprint_diff, load_trunk)
 from .safetensors_index import DTYPES

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import K3Error, UsageError
+from ..errors import K3Error, UsageError
 
 MASK64 = (1 << 64) - 1
 _LN2_HI = 6.93147180369123816490e-01  # 0x3fe62e42fee00000: k * _LN2_HI is exact for |k| < 2**11

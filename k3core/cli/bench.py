@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import UsageError
+from ..errors import UsageError
 
 MB = 1e6
 TARGET_MX_PER_CORE, TARGET_BF16_PROBE, TARGET_VS_NUMPY = 10.0, 0.60, 3.0
@@ -184,7 +184,7 @@ def row(work, backend, threads, m, probe, numpy_row=None):
 
 
 def run_kernels(backends, threads, seconds, quick, log=lambda *_: None):
-    from . import _native
+    from .. import _native
     s = QUICK if quick else REAL
     probe_rows, in_cache = measure_probe(s, threads, seconds)
     probe = {p["threads"]: p["gbps"] for p in probe_rows}
@@ -213,8 +213,8 @@ def llc_bytes():
 
 
 def machine_info():
-    from . import _native
-    from .plugins.native_kernels import default_threads
+    from .. import _native
+    from ..plugins.native_kernels import default_threads
     try:
         with open("/proc/cpuinfo") as f:
             cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
@@ -273,8 +273,8 @@ def _csv(text, what, convert=str):
 def cmd_kernels(args) -> int:
     import sys
 
-    from . import _native
-    from .plugins.native_kernels import default_threads
+    from .. import _native
+    from ..plugins.native_kernels import default_threads
     available = _native.available_backends()
     backends = _csv(args.backends, "backends") if args.backends else available
     unknown = [b for b in backends if b not in available]

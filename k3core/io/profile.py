@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .atomic import write_json_atomic
-from .errors import K3Error
+from ..errors import K3Error
 
 FORMAT, VERSION = "k3-profile", 1
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import K3Error
+from ..errors import K3Error
 from .trunk import fingerprint
 
 FORMAT, VERSION = "k3-state", 1
@@ -49,7 +49,7 @@ def save_state(path, engine, state, extra: dict | None = None) -> None:
 
 def load_state(path, engine):
     """(DecodeState, extra) from a file written by save_state for this very model."""
-    from .engine import DecodeState
+    from ..model.engine import DecodeState
 
     try:
         with np.load(path, allow_pickle=False) as data:

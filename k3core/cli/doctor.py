@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import budget
-from .budget import GB, PRESETS, WORKING_BYTES, human
-from .errors import K3Error, UsageError
+from ..model import budget
+from ..model.budget import GB, PRESETS, WORKING_BYTES, human
+from ..errors import K3Error, UsageError
 
 CHECKPOINT_BYTES = 1_560_936_091_448  # the released checkpoint, every shard
 TRUNK_BYTES = 113.5e9                 # a packed trunk (k3 pack): dense trunk + embed + lm_head
@@ -228,7 +228,7 @@ def check_threads() -> Check:
 
 def run_checks(path: str, read_mb: int) -> list[Check]:
     try:
-        from . import _native  # ImportError when the extension was never built or is stale
+        from .. import _native  # ImportError when the extension was never built or is stale
         checks = [check_cpu(_native), check_build(_native), check_fp(_native)]
     except ImportError as exc:
         why = f"k3core._native does not import ({exc})"

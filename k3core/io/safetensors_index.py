@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from k3core.errors import CheckpointError
-from k3core.header_scan import (Table, fingerprints, fp_of, pair, parse_compact, string_blob,
+from ..errors import CheckpointError
+from .header_scan import (Table, fingerprints, fp_of, pair, parse_compact, string_blob,
                                 word_view, weight_map_compact, WeightMap)
 
 DTYPES = {"U8": (1, np.dtype("u1")), "I8": (1, np.dtype("i1")), "BF16": (2, np.dtype("<u2")),

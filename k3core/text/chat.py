@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Mapping, Sequence
 
-from .errors import CheckpointError, K3Error, UsageError
+from ..errors import CheckpointError, K3Error, UsageError
 
 OPEN, SEP, CLOSE, EOM = "<|open|>", "<|sep|>", "<|close|>", "<|end_of_msg|>"
 MODES = {"instruct": "response", "thinking": "think"}  # mode -> the channel the prefix opens

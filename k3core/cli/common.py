@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .errors import UsageError
+from ..errors import UsageError
 
 EXIT_CODES = """exit codes:
   0  success
@@ -61,7 +61,7 @@ def add_sampling_args(p: argparse.ArgumentParser, default_max: int) -> None:
 
 
 def sampling_params(args):
-    from .sampling import SamplingParams
+    from ..text.sampling import SamplingParams
 
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           repetition_penalty=args.repeat_penalty, seed=args.seed, max_tokens=args.max_tokens,
@@ -69,7 +69,7 @@ def sampling_params(args):
 
 
 def budget_options(args) -> dict:
-    from .budget import resolve_budget
+    from ..model.budget import resolve_budget
 
     if args.ring < 2:
         raise UsageError(f"--ring must be at least 2 slots (a one-slot asynchronous ring overwrites the layer "
@@ -89,7 +89,7 @@ def budget_options(args) -> dict:
 
 def apply_profile(args) -> None:
     """Without MODEL_DIR, take the model, packed trunk and budgets from the saved profile."""
-    from .profile import load_profile, profile_path
+    from ..io.profile import load_profile, profile_path
 
     if args.model:
         return
@@ -105,7 +105,7 @@ def apply_profile(args) -> None:
 
 
 def open_engine(args):
-    from .engine import Engine
+    from ..model.engine import Engine
 
     apply_profile(args)
     if args.threads is not None and args.threads < 1:
