@@ -1,12 +1,17 @@
 // The pybind11 module k3core._native: a Kernels object per backend (scalar, avx2, avx512, neon) whose
 // methods take and return numpy arrays, release the GIL, and split output rows over a thread pool.
+// Each method first checks the floating-point environment, once per call; then it takes every array
+// argument through one checked view (element type, C-contiguous, number of dimensions) and checks the
+// shapes against each other. A refusal is a ValueError that names the kernel and the array.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <memory>
+#include <algorithm>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu_features.h"
@@ -66,22 +71,131 @@ void check_fp_environment() {
                                  "results would differ from every other configuration");
 }
 
-template <typename T>
-const T* in_ptr(const py::array& a, const char* what, int ndim) {
-    check_fp_environment();
-    if (!py::isinstance<py::array_t<T>>(a) || !(a.flags() & py::array::c_style))
-        throw std::invalid_argument(std::string(what) + ": expected a C-contiguous " +
-                                    py::str(py::dtype::of<T>()).cast<std::string>() + " array, got " +
-                                    py::str(a.dtype()).cast<std::string>());
-    if (ndim >= 0 && a.ndim() != ndim)
-        throw std::invalid_argument(std::string(what) + ": expected " + std::to_string(ndim) + " dimensions");
-    return static_cast<const T*>(a.data());
+// The ndim to ask of view() for the elementwise kernels, which take arrays of any shape.
+constexpr int kAnyRank = -1;
+
+std::string shape_text(const std::vector<size_t>& shape) {
+    std::string s = "[";
+    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
 }
 
-py::array_t<float> new_f32(std::vector<py::ssize_t> shape) { return py::array_t<float>(shape); }
+// A numpy array argument that passed its checks: its data, shape and element count, and the name
+// refusals call it by.
+template <typename T>
+struct View {
+    std::string name;
+    const T* ptr;
+    std::vector<size_t> shape;
+    size_t size;
 
-void require(bool ok, const std::string& message) {
-    if (!ok) throw std::invalid_argument(message);
+    size_t rows() const { return shape[0]; }
+    size_t cols() const { return shape[1]; }
+    std::string text() const { return name + " " + shape_text(shape); }
+};
+
+// "x [5, 37], w [37, 4]": the names and shapes of some arrays, for a refusal.
+template <typename... V>
+std::string shapes(const V&... views) {
+    std::string s;
+    ((s += (s.empty() ? "" : ", ") + views.text()), ...);
+    return s;
+}
+
+std::vector<const float*> pointers(const std::vector<View<float>>& views) {
+    std::vector<const float*> p;
+    for (const auto& v : views) p.push_back(v.ptr);
+    return p;
+}
+
+// An MXFP4 weight [rows, in]: packed nibbles [rows, in/2] and E8M0 scales [rows, in/32].
+struct Mxfp4 {
+    View<uint8_t> packed, scale;
+
+    size_t rows() const { return packed.rows(); }
+    size_t in() const { return packed.cols() * 2; }
+};
+
+// The argument checks of one kernel call. Making one checks the floating-point environment, once per
+// call; every refusal is a std::invalid_argument (ValueError in Python) led by the kernel's name. The
+// message of a refusal is built only when the check fails.
+class Call {
+   public:
+    explicit Call(const char* kernel) : kernel_(kernel) { check_fp_environment(); }
+
+    [[noreturn]] void refuse(const std::string& why) const {
+        throw std::invalid_argument(std::string(kernel_) + ": " + why);
+    }
+
+    // a as a C-contiguous array of T with ndim dimensions (any number for kAnyRank).
+    template <typename T>
+    View<T> view(const py::array& a, const std::string& name, int ndim = 2) const {
+        if (!py::isinstance<py::array_t<T>>(a))
+            refuse(name + " must be a " + dtype_name(py::dtype::of<T>()) + " array, got " + dtype_name(a.dtype()));
+        if (!(a.flags() & py::array::c_style)) refuse(name + " must be C-contiguous");
+        if (ndim != kAnyRank && a.ndim() != ndim)
+            refuse(name + " must have " + std::to_string(ndim) + " dimensions, got " + std::to_string(a.ndim()));
+        return {name, static_cast<const T*>(a.data()), std::vector<size_t>(a.shape(), a.shape() + a.ndim()),
+                static_cast<size_t>(a.size())};
+    }
+
+    // Each array of a list argument, the i-th named "<name>[i]".
+    template <typename T>
+    std::vector<View<T>> views(const std::vector<py::array>& arrays, const std::string& name, int ndim) const {
+        std::vector<View<T>> v;
+        for (size_t i = 0; i < arrays.size(); ++i)
+            v.push_back(view<T>(arrays[i], name + "[" + std::to_string(i) + "]", ndim));
+        return v;
+    }
+
+    // The two arrays of an MXFP4 weight, each 2-D uint8; require_scale_fits checks them against each other.
+    Mxfp4 mxfp4(const py::array& packed, const std::string& packed_name, const py::array& scale,
+                const std::string& scale_name) const {
+        return {view<uint8_t>(packed, packed_name), view<uint8_t>(scale, scale_name)};
+    }
+
+    void require_scale_fits(const Mxfp4& w) const {
+        if (w.scale.rows() != w.rows() || w.scale.cols() * k3::kGroup != w.in())
+            refuse(w.scale.name + " shape " + shape_text(w.scale.shape) + " does not fit " + w.packed.text() +
+                   ": an MXFP4 scale is [rows, packed columns / " + std::to_string(k3::kGroup / 2) + "]");
+    }
+
+    // A matrix product's input has as many columns as its weight takes.
+    void require_columns(const char* input, size_t has, const char* weight, size_t takes) const {
+        if (has != takes)
+            refuse(std::string(input) + " has " + std::to_string(has) + " columns, " + weight + " " +
+                   std::to_string(takes));
+    }
+
+    template <typename T>
+    void require_same_size(const View<T>& a, const View<T>& b) const {
+        if (a.size != b.size)
+            refuse(b.name + " has " + std::to_string(b.size) + " values, " + a.name + " " + std::to_string(a.size));
+    }
+
+   private:
+    static std::string dtype_name(const py::dtype& d) { return py::str(d).cast<std::string>(); }
+
+    const char* kernel_;
+};
+
+template <typename T = float>
+py::array_t<T> new_array(const std::vector<size_t>& shape) {
+    return py::array_t<T>(shape);
+}
+
+// A new array holding v's values: the state a kernel then advances in place.
+py::array_t<float> copy_of(const View<float>& v) {
+    auto a = new_array(v.shape);
+    std::copy_n(v.ptr, v.size, a.mutable_data());
+    return a;
+}
+
+// Runs f with the GIL released: the kernels touch no Python object.
+template <typename F>
+void without_gil(F&& f) {
+    py::gil_scoped_release release;
+    f();
 }
 
 class Kernels {
@@ -93,240 +207,236 @@ class Kernels {
     void set_threads(unsigned n) { pool_.set_threads(n); }
 
     py::array_t<float> linear(const py::array& w, const std::string& dtype, const py::array& x) {
-        k3::WeightType type;
-        const void* wp;
-        if (dtype == "BF16") type = k3::WeightType::BF16, wp = in_ptr<uint16_t>(w, "weight", 2);
-        else if (dtype == "F16") type = k3::WeightType::F16, wp = in_ptr<uint16_t>(w, "weight", 2);
-        else if (dtype == "F32") type = k3::WeightType::F32, wp = in_ptr<float>(w, "weight", 2);
-        else throw std::invalid_argument("linear: weight dtype " + dtype + " is not BF16, F16 or F32");
-        const float* xp = in_ptr<float>(x, "x", 2);
-        const size_t out = w.shape(0), in = w.shape(1), tokens = x.shape(0);
-        require(static_cast<size_t>(x.shape(1)) == in, "linear: x has " + std::to_string(x.shape(1)) +
-                                                           " columns, the weight " + std::to_string(in));
-        auto y = new_f32({static_cast<py::ssize_t>(tokens), static_cast<py::ssize_t>(out)});
+        const Call call("linear");
+        if (dtype == "BF16") return linear_product(call, k3::WeightType::BF16, call.view<uint16_t>(w, "weight"), x);
+        if (dtype == "F16") return linear_product(call, k3::WeightType::F16, call.view<uint16_t>(w, "weight"), x);
+        if (dtype == "F32") return linear_product(call, k3::WeightType::F32, call.view<float>(w, "weight"), x);
+        call.refuse("weight dtype " + dtype + " is not BF16, F16 or F32");
+    }
+
+    py::array_t<float> mxfp4_linear(const py::array& packed, const py::array& scale, const py::array& x_array) {
+        const Call call("mxfp4_linear");
+        const Mxfp4 w = call.mxfp4(packed, "packed", scale, "scale");
+        call.require_scale_fits(w);
+        const auto x = call.view<float>(x_array, "x");
+        call.require_columns("x", x.cols(), "the weight", w.in());
+        auto y = new_array({x.rows(), w.rows()});
         float* yp = y.mutable_data();
-        {
-            py::gil_scoped_release release;
-            pool_.parallel_rows(out, rows_per_part(in * tokens), [&](size_t r0, size_t r1) {
-                mk_->linear(type, wp, in, xp, tokens, yp, out, r0, r1);
-            });
-        }
+        without_gil([&] { mxfp4_rows(w, x.ptr, x.rows(), yp); });
         return y;
     }
 
-    py::array_t<float> mxfp4_linear(const py::array& packed, const py::array& scale, const py::array& x) {
-        const uint8_t* pp = in_ptr<uint8_t>(packed, "packed", 2);
-        const uint8_t* sp = in_ptr<uint8_t>(scale, "scale", 2);
-        const float* xp = in_ptr<float>(x, "x", 2);
-        const size_t out = packed.shape(0), in = packed.shape(1) * 2, tokens = x.shape(0);
-        require(static_cast<size_t>(scale.shape(0)) == out && static_cast<size_t>(scale.shape(1)) * k3::kGroup == in,
-                "mxfp4_linear: scale shape does not match packed (need [rows, in/32])");
-        require(static_cast<size_t>(x.shape(1)) == in, "mxfp4_linear: x width does not match the weight");
-        auto y = new_f32({static_cast<py::ssize_t>(tokens), static_cast<py::ssize_t>(out)});
-        float* yp = y.mutable_data();
-        {
-            py::gil_scoped_release release;
-            mxfp4_rows(pp, sp, in, xp, tokens, yp, out);
-        }
-        return y;
-    }
-
-    // w2 · SiTU-GLU(w1 z, w3 z) in one call, float32 between the steps.
+    // w2 · SiTU-GLU(w1 z, w3 z) in one call, float32 between the steps. The packed arrays are checked
+    // against z and each other before each scale against its packed array, so a refusal names the wrong one.
     py::array_t<float> expert(const py::array& w1p, const py::array& w1s, const py::array& w2p,
                               const py::array& w2s, const py::array& w3p, const py::array& w3s,
-                              const py::array& z, double beta, double linear_beta) {
-        const float* zp = in_ptr<float>(z, "z", 2);
-        const size_t tokens = z.shape(0), latent = z.shape(1), inter = w1p.shape(0);
-        require(static_cast<size_t>(w1p.shape(1)) * 2 == latent && static_cast<size_t>(w2p.shape(1)) * 2 == inter &&
-                    static_cast<size_t>(w2p.shape(0)) == latent && w3p.shape(0) == w1p.shape(0),
-                "expert: w1/w2/w3 shapes do not fit the latent width");
-        const uint8_t *a = in_ptr<uint8_t>(w1p, "w1", 2), *as = in_ptr<uint8_t>(w1s, "w1 scale", 2),
-                      *b = in_ptr<uint8_t>(w2p, "w2", 2), *bs = in_ptr<uint8_t>(w2s, "w2 scale", 2),
-                      *c = in_ptr<uint8_t>(w3p, "w3", 2), *cs = in_ptr<uint8_t>(w3s, "w3 scale", 2);
-        auto y = new_f32({static_cast<py::ssize_t>(tokens), static_cast<py::ssize_t>(latent)});
+                              const py::array& z_array, double beta, double linear_beta) {
+        const Call call("expert");
+        const auto z = call.view<float>(z_array, "z");
+        const Mxfp4 w1 = call.mxfp4(w1p, "w1", w1s, "w1 scale"), w2 = call.mxfp4(w2p, "w2", w2s, "w2 scale"),
+                    w3 = call.mxfp4(w3p, "w3", w3s, "w3 scale");
+        const size_t tokens = z.rows(), latent = z.cols(), inter = w1.rows();
+        call.require_columns("z", latent, "w1", w1.in());
+        call.require_columns("z", latent, "w3", w3.in());
+        if (w3.rows() != inter)
+            call.refuse("w3 has " + std::to_string(w3.rows()) + " rows, w1 " + std::to_string(inter));
+        call.require_columns("SiTU-GLU(w1 z, w3 z)", inter, "w2", w2.in());
+        if (w2.rows() != latent)
+            call.refuse("w2 has " + std::to_string(w2.rows()) + " rows, z " + std::to_string(latent) +
+                        " columns (the output is as wide as z)");
+        call.require_scale_fits(w1);
+        call.require_scale_fits(w2);
+        call.require_scale_fits(w3);
+        auto y = new_array({tokens, latent});
         float* yp = y.mutable_data();
-        {
-            py::gil_scoped_release release;
+        without_gil([&] {
             std::vector<float> g(tokens * inter), u(tokens * inter), h(tokens * inter);
-            mxfp4_rows(a, as, latent, zp, tokens, g.data(), inter);
-            mxfp4_rows(c, cs, latent, zp, tokens, u.data(), inter);
+            mxfp4_rows(w1, z.ptr, tokens, g.data());
+            mxfp4_rows(w3, z.ptr, tokens, u.data());
             k3::ops::situ_glu(g.data(), u.data(), g.size(), beta, linear_beta, h.data());
-            mxfp4_rows(b, bs, inter, h.data(), tokens, yp, latent);
-        }
+            mxfp4_rows(w2, h.data(), tokens, yp);
+        });
         return y;
     }
 
-    py::array_t<float> rmsnorm(const py::array& x, const py::object& w, double eps) {
-        const float* xp = in_ptr<float>(x, "x", 2);
-        const size_t rows = x.shape(0), n = x.shape(1);
+    py::array_t<float> rmsnorm(const py::array& x_array, const std::optional<py::array>& w_array, double eps) {
+        const Call call("rmsnorm");
+        const auto x = call.view<float>(x_array, "x");
         const float* wp = nullptr;
-        if (!w.is_none()) {
-            py::array wa = w.cast<py::array>();
-            wp = in_ptr<float>(wa, "weight", 1);
-            require(static_cast<size_t>(wa.shape(0)) == n, "rmsnorm: weight length does not match x");
+        if (w_array) {
+            const auto w = call.view<float>(*w_array, "weight", 1);
+            if (w.size != x.cols())
+                call.refuse("weight has " + std::to_string(w.size) + " values, x " + std::to_string(x.cols()) +
+                            " columns");
+            wp = w.ptr;
         }
-        auto y = new_f32({static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(n)});
+        auto y = new_array(x.shape);
         float* yp = y.mutable_data();
-        py::gil_scoped_release release;
-        k3::ops::rmsnorm(xp, rows, n, wp, eps, yp);
+        without_gil([&] { k3::ops::rmsnorm(x.ptr, x.rows(), x.cols(), wp, eps, yp); });
         return y;
     }
 
-    py::array_t<float> l2norm_heads(const py::array& x, size_t heads, double eps) {
-        const float* xp = in_ptr<float>(x, "x", 2);
-        require(heads > 0 && x.shape(1) % heads == 0, "l2norm_heads: width is not a multiple of heads");
-        auto y = new_f32({x.shape(0), x.shape(1)});
+    py::array_t<float> l2norm_heads(const py::array& x_array, size_t heads, double eps) {
+        const Call call("l2norm_heads");
+        const auto x = call.view<float>(x_array, "x");
+        if (heads == 0 || x.cols() % heads != 0)
+            call.refuse("x has " + std::to_string(x.cols()) + " columns, not a multiple of " + std::to_string(heads) +
+                        " heads");
+        auto y = new_array(x.shape);
         float* yp = y.mutable_data();
-        py::gil_scoped_release release;
-        k3::ops::l2norm_heads(xp, x.shape(0), heads, x.shape(1) / heads, eps, yp);
+        without_gil([&] { k3::ops::l2norm_heads(x.ptr, x.rows(), heads, x.cols() / heads, eps, yp); });
         return y;
     }
 
-    py::array_t<float> situ_glu(const py::array& g, const py::array& u, double beta, double linear_beta) {
-        const float *gp = in_ptr<float>(g, "g", -1), *up = in_ptr<float>(u, "u", -1);
-        require(g.size() == u.size(), "situ_glu: g and u differ in size");
-        auto y = same_shape(g);
+    py::array_t<float> situ_glu(const py::array& g_array, const py::array& u_array, double beta, double linear_beta) {
+        const Call call("situ_glu");
+        const auto g = call.view<float>(g_array, "g", kAnyRank), u = call.view<float>(u_array, "u", kAnyRank);
+        call.require_same_size(g, u);
+        auto y = new_array(g.shape);
         float* yp = y.mutable_data();
-        py::gil_scoped_release release;
-        k3::ops::situ_glu(gp, up, g.size(), beta, linear_beta, yp);
+        without_gil([&] { k3::ops::situ_glu(g.ptr, u.ptr, g.size, beta, linear_beta, yp); });
         return y;
     }
 
-    py::array_t<float> sigmoid(const py::array& x) {
-        const float* xp = in_ptr<float>(x, "x", -1);
-        auto y = same_shape(x);
+    py::array_t<float> sigmoid(const py::array& x_array) {
+        const Call call("sigmoid");
+        const auto x = call.view<float>(x_array, "x", kAnyRank);
+        auto y = new_array(x.shape);
         float* yp = y.mutable_data();
-        py::gil_scoped_release release;
-        k3::ops::sigmoid(xp, x.size(), yp);
+        without_gil([&] { k3::ops::sigmoid(x.ptr, x.size, yp); });
         return y;
     }
 
-    py::array_t<float> mul_sigmoid(const py::array& y, const py::array& g) {
-        const float *yp = in_ptr<float>(y, "y", -1), *gp = in_ptr<float>(g, "g", -1);
-        require(y.size() == g.size(), "mul_sigmoid: y and g differ in size");
-        auto out = same_shape(y);
+    py::array_t<float> mul_sigmoid(const py::array& y_array, const py::array& g_array) {
+        const Call call("mul_sigmoid");
+        const auto y = call.view<float>(y_array, "y", kAnyRank), g = call.view<float>(g_array, "g", kAnyRank);
+        call.require_same_size(y, g);
+        auto out = new_array(y.shape);
         float* op = out.mutable_data();
-        py::gil_scoped_release release;
-        k3::ops::mul_sigmoid(yp, gp, y.size(), op);
+        without_gil([&] { k3::ops::mul_sigmoid(y.ptr, g.ptr, y.size, op); });
         return out;
     }
 
-    py::tuple short_conv(const py::array& x, const py::array& history, const py::array& w) {
-        const float *xp = in_ptr<float>(x, "x", 2), *wp = in_ptr<float>(w, "w", 2);
-        in_ptr<float>(history, "history", 2);
-        const size_t tokens = x.shape(0), channels = x.shape(1), k = w.shape(1);
-        require(static_cast<size_t>(w.shape(0)) == channels && static_cast<size_t>(history.shape(0)) == k - 1 &&
-                    static_cast<size_t>(history.shape(1)) == channels,
-                "short_conv: shapes must be x [T, C], history [K-1, C], w [C, K]");
-        auto y = new_f32({static_cast<py::ssize_t>(tokens), static_cast<py::ssize_t>(channels)});
-        py::array_t<float> hist(history.request());  // a copy, updated in place below
+    py::tuple short_conv(const py::array& x_array, const py::array& history_array, const py::array& w_array) {
+        const Call call("short_conv");
+        const auto x = call.view<float>(x_array, "x"), history = call.view<float>(history_array, "history"),
+                   w = call.view<float>(w_array, "w");
+        const size_t tokens = x.rows(), channels = x.cols(), k = w.cols();
+        if (w.rows() != channels || history.rows() + 1 != k || history.cols() != channels)
+            call.refuse("shapes must be x [T, C], history [K-1, C], w [C, K]; got " + shapes(x, history, w));
+        auto y = new_array({tokens, channels});
+        auto hist = copy_of(history);  // updated in place below
         float *yp = y.mutable_data(), *hp = hist.mutable_data();
-        {
-            py::gil_scoped_release release;
-            k3::ops::short_conv(xp, tokens, channels, hp, wp, k, yp);
-        }
+        without_gil([&] { k3::ops::short_conv(x.ptr, tokens, channels, hp, w.ptr, k, yp); });
         return py::make_tuple(y, hist);
     }
 
-    py::array_t<float> kda_decay(const py::array& z, const py::array& a_log, const py::array& dt_bias,
-                                 double lower_bound) {
-        const float *zp = in_ptr<float>(z, "z", 3), *ap = in_ptr<float>(a_log, "A_log", 1),
-                    *dp = in_ptr<float>(dt_bias, "dt_bias", 1);
-        const size_t tokens = z.shape(0), heads = z.shape(1), d = z.shape(2);
-        require(static_cast<size_t>(a_log.shape(0)) >= heads && static_cast<size_t>(dt_bias.shape(0)) == heads * d,
-                "kda_decay: A_log needs one value per head, dt_bias one per channel");
-        auto alpha = same_shape(z);
+    py::array_t<float> kda_decay(const py::array& z_array, const py::array& a_log_array,
+                                 const py::array& dt_bias_array, double lower_bound) {
+        const Call call("kda_decay");
+        const auto z = call.view<float>(z_array, "z", 3), a_log = call.view<float>(a_log_array, "A_log", 1),
+                   dt_bias = call.view<float>(dt_bias_array, "dt_bias", 1);
+        const size_t tokens = z.shape[0], heads = z.shape[1], d = z.shape[2];
+        if (a_log.size < heads || dt_bias.size != heads * d)
+            call.refuse("A_log needs one value per head, dt_bias one per channel; got " + shapes(z, a_log, dt_bias));
+        auto alpha = new_array(z.shape);
         float* out = alpha.mutable_data();
-        py::gil_scoped_release release;
-        k3::ops::kda_decay(zp, tokens, heads, d, ap, dp, lower_bound, out);
+        without_gil([&] { k3::ops::kda_decay(z.ptr, tokens, heads, d, a_log.ptr, dt_bias.ptr, lower_bound, out); });
         return alpha;
     }
 
-    py::tuple kda_recurrence(const py::array& q, const py::array& k, const py::array& v, const py::array& alpha,
-                             const py::array& beta, const py::array& state, double scale) {
-        const float *qp = in_ptr<float>(q, "q", 3), *kp = in_ptr<float>(k, "k", 3), *vp = in_ptr<float>(v, "v", 3),
-                    *ap = in_ptr<float>(alpha, "alpha", 3), *bp = in_ptr<float>(beta, "beta", 2);
-        in_ptr<float>(state, "state", 3);
-        const size_t tokens = q.shape(0), heads = q.shape(1), d = q.shape(2);
-        require(k.size() == q.size() && v.size() == q.size() && alpha.size() == q.size() &&
-                    static_cast<size_t>(beta.size()) == tokens * heads && static_cast<size_t>(state.size()) == heads * d * d,
-                "kda_recurrence: q, k, v, alpha [T, heads, D], beta [T, heads], state [heads, D, D]");
-        auto o = same_shape(q);
-        py::array_t<float> S(state.request());  // a copy, advanced in place below
+    py::tuple kda_recurrence(const py::array& q_array, const py::array& k_array, const py::array& v_array,
+                             const py::array& alpha_array, const py::array& beta_array, const py::array& state_array,
+                             double scale) {
+        const Call call("kda_recurrence");
+        const auto q = call.view<float>(q_array, "q", 3), k = call.view<float>(k_array, "k", 3),
+                   v = call.view<float>(v_array, "v", 3), alpha = call.view<float>(alpha_array, "alpha", 3),
+                   beta = call.view<float>(beta_array, "beta", 2), state = call.view<float>(state_array, "state", 3);
+        const size_t tokens = q.shape[0], heads = q.shape[1], d = q.shape[2];
+        if (k.shape != q.shape || v.shape != q.shape || alpha.shape != q.shape ||
+            beta.shape != std::vector<size_t>{tokens, heads} || state.shape != std::vector<size_t>{heads, d, d})
+            call.refuse("shapes must be q, k, v, alpha [T, heads, D], beta [T, heads], state [heads, D, D]; got " +
+                        shapes(q, k, v, alpha, beta, state));
+        auto o = new_array(q.shape);
+        auto S = copy_of(state);  // advanced in place below
         float *op = o.mutable_data(), *sp = S.mutable_data();
-        {
-            py::gil_scoped_release release;
+        without_gil([&] {
             pool_.parallel_rows(heads, rows_per_part(tokens * d * d * 4), [&](size_t h0, size_t h1) {
-                k3::ops::kda_recurrence(qp, kp, vp, ap, bp, tokens, heads, d, sp, scale, op, h0, h1);
+                k3::ops::kda_recurrence(q.ptr, k.ptr, v.ptr, alpha.ptr, beta.ptr, tokens, heads, d, sp, scale, op,
+                                        h0, h1);
             });
-        }
+        });
         return py::make_tuple(o, S);
     }
 
-    py::array_t<float> mqa_attention(const py::array& q, const py::array& keys, const py::array& values, double scale) {
-        const float *qp = in_ptr<float>(q, "q", 2), *kp = in_ptr<float>(keys, "keys", 2),
-                    *vp = in_ptr<float>(values, "values", 2);
-        const size_t heads = q.shape(0), dk = q.shape(1), n = keys.shape(0), dv = values.shape(1);
-        require(static_cast<size_t>(keys.shape(1)) == dk && static_cast<size_t>(values.shape(0)) == n && n > 0,
-                "mqa_attention: q [heads, dk], keys [n, dk], values [n, dv], n > 0");
-        auto out = new_f32({static_cast<py::ssize_t>(heads), static_cast<py::ssize_t>(dv)});
+    py::array_t<float> mqa_attention(const py::array& q_array, const py::array& keys_array,
+                                     const py::array& values_array, double scale) {
+        const Call call("mqa_attention");
+        const auto q = call.view<float>(q_array, "q"), keys = call.view<float>(keys_array, "keys"),
+                   values = call.view<float>(values_array, "values");
+        const size_t heads = q.rows(), dk = q.cols(), n = keys.rows(), dv = values.cols();
+        if (keys.cols() != dk || values.rows() != n || n == 0)
+            call.refuse("shapes must be q [heads, dk], keys [n, dk], values [n, dv], n > 0; got " +
+                        shapes(q, keys, values));
+        auto out = new_array({heads, dv});
         float* op = out.mutable_data();
-        {
-            py::gil_scoped_release release;
+        without_gil([&] {
             pool_.parallel_rows(heads, rows_per_part(n * (dk + dv)), [&](size_t h0, size_t h1) {
-                k3::ops::mqa_attention(qp, dk, kp, n, vp, dv, scale, op, h0, h1);
+                k3::ops::mqa_attention(q.ptr, dk, keys.ptr, n, values.ptr, dv, scale, op, h0, h1);
             });
-        }
+        });
         return out;
     }
 
-    py::tuple router(const py::array& logits, const py::array& bias, size_t top_k, bool renormalize, double scaling) {
-        const float *lp = in_ptr<float>(logits, "logits", 2), *bp = in_ptr<float>(bias, "bias", 1);
-        const size_t tokens = logits.shape(0), experts = logits.shape(1);
-        require(static_cast<size_t>(bias.shape(0)) == experts && top_k >= 1 && top_k <= experts,
-                "router: bias needs one value per expert and 1 <= top_k <= experts");
-        py::array_t<int64_t> ids({static_cast<py::ssize_t>(tokens), static_cast<py::ssize_t>(top_k)});
-        auto w = new_f32({static_cast<py::ssize_t>(tokens), static_cast<py::ssize_t>(top_k)});
+    py::tuple router(const py::array& logits_array, const py::array& bias_array, size_t top_k, bool renormalize,
+                     double scaling) {
+        const Call call("router");
+        const auto logits = call.view<float>(logits_array, "logits"), bias = call.view<float>(bias_array, "bias", 1);
+        const size_t tokens = logits.rows(), experts = logits.cols();
+        if (bias.size != experts || top_k < 1 || top_k > experts)
+            call.refuse("bias needs one value per expert and 1 <= top_k <= experts; got " + shapes(logits, bias) +
+                        ", top_k " + std::to_string(top_k));
+        auto ids = new_array<int64_t>({tokens, top_k});
+        auto w = new_array({tokens, top_k});
         int64_t* ip = ids.mutable_data();
         float* wp = w.mutable_data();
-        {
-            py::gil_scoped_release release;
-            k3::ops::router(lp, tokens, experts, bp, top_k, renormalize, scaling, ip, wp);
-        }
+        without_gil([&] {
+            k3::ops::router(logits.ptr, tokens, experts, bias.ptr, top_k, renormalize, scaling, ip, wp);
+        });
         return py::make_tuple(ids, w);
     }
 
-    py::array_t<float> combine(const std::vector<py::array>& outs, const py::array& weights) {
-        require(!outs.empty() && static_cast<size_t>(weights.size()) == outs.size(),
-                "combine: one weight per output, at least one output");
-        const float* wp = in_ptr<float>(weights, "weights", 1);
-        std::vector<const float*> ptrs;
-        for (const auto& o : outs) {
-            ptrs.push_back(in_ptr<float>(o, "output", -1));
-            require(o.size() == outs[0].size(), "combine: outputs differ in size");
-        }
-        auto y = same_shape(outs[0]);
+    py::array_t<float> combine(const std::vector<py::array>& out_arrays, const py::array& weights_array) {
+        const Call call("combine");
+        const auto outs = call.views<float>(out_arrays, "outputs", kAnyRank);
+        const auto weights = call.view<float>(weights_array, "weights", 1);
+        if (outs.empty() || weights.size != outs.size())
+            call.refuse("one weight per output, at least one output; got " + std::to_string(weights.size) +
+                        " weights, " + std::to_string(outs.size()) + " outputs");
+        for (const auto& o : outs) call.require_same_size(outs[0], o);
+        const std::vector<const float*> ptrs = pointers(outs);
+        auto y = new_array(outs[0].shape);
         float* yp = y.mutable_data();
-        py::gil_scoped_release release;
-        k3::ops::combine(ptrs.data(), wp, ptrs.size(), outs[0].size(), yp);
+        without_gil([&] { k3::ops::combine(ptrs.data(), weights.ptr, ptrs.size(), outs[0].size, yp); });
         return y;
     }
 
-    py::array_t<float> attnres(const std::vector<py::array>& sources, const py::array& fold, double eps) {
-        require(!sources.empty(), "attnres: no sources");
-        const double* fp = in_ptr<double>(fold, "fold", 1);
-        std::vector<const float*> ptrs;
-        for (const auto& s : sources) {
-            ptrs.push_back(in_ptr<float>(s, "source", 2));
-            require(s.shape(0) == sources[0].shape(0) && s.shape(1) == sources[0].shape(1),
-                    "attnres: sources differ in shape");
-        }
-        const size_t tokens = sources[0].shape(0), hidden = sources[0].shape(1);
-        require(static_cast<size_t>(fold.shape(0)) == hidden, "attnres: fold length does not match hidden");
-        auto y = new_f32({static_cast<py::ssize_t>(tokens), static_cast<py::ssize_t>(hidden)});
+    py::array_t<float> attnres(const std::vector<py::array>& source_arrays, const py::array& fold_array,
+                               double eps) {
+        const Call call("attnres");
+        const auto sources = call.views<float>(source_arrays, "sources", 2);
+        const auto fold = call.view<double>(fold_array, "fold", 1);
+        if (sources.empty()) call.refuse("no sources");
+        for (const auto& s : sources)
+            if (s.shape != sources[0].shape) call.refuse("sources differ in shape: " + shapes(sources[0], s));
+        const size_t tokens = sources[0].rows(), hidden = sources[0].cols();
+        if (fold.size != hidden)
+            call.refuse("fold has " + std::to_string(fold.size) + " values, the sources " + std::to_string(hidden) +
+                        " columns");
+        const std::vector<const float*> ptrs = pointers(sources);
+        auto y = new_array({tokens, hidden});
         float* yp = y.mutable_data();
-        py::gil_scoped_release release;
-        k3::ops::attnres(ptrs.data(), ptrs.size(), tokens, hidden, fp, eps, yp);
+        without_gil([&] { k3::ops::attnres(ptrs.data(), ptrs.size(), tokens, hidden, fold.ptr, eps, yp); });
         return y;
     }
 
@@ -335,15 +445,25 @@ class Kernels {
         return work_per_row ? (kMinWorkPerPart + work_per_row - 1) / work_per_row : 1;
     }
 
-    static py::array_t<float> same_shape(const py::array& a) {
-        std::vector<py::ssize_t> shape(a.shape(), a.shape() + a.ndim());
-        return py::array_t<float>(shape);
+    template <typename W>
+    py::array_t<float> linear_product(const Call& call, k3::WeightType type, const View<W>& w,
+                                      const py::array& x_array) {
+        const auto x = call.view<float>(x_array, "x");
+        call.require_columns("x", x.cols(), "the weight", w.cols());
+        const size_t out = w.rows(), in = w.cols(), tokens = x.rows();
+        auto y = new_array({tokens, out});
+        float* yp = y.mutable_data();
+        without_gil([&] {
+            pool_.parallel_rows(out, rows_per_part(in * tokens), [&](size_t r0, size_t r1) {
+                mk_->linear(type, w.ptr, in, x.ptr, tokens, yp, out, r0, r1);
+            });
+        });
+        return y;
     }
 
-    void mxfp4_rows(const uint8_t* p, const uint8_t* s, size_t in, const float* x, size_t tokens, float* y,
-                    size_t out) {
-        pool_.parallel_rows(out, rows_per_part(in * tokens), [&](size_t r0, size_t r1) {
-            mk_->mxfp4(p, s, in, x, tokens, y, out, r0, r1);
+    void mxfp4_rows(const Mxfp4& w, const float* x, size_t tokens, float* y) {
+        pool_.parallel_rows(w.rows(), rows_per_part(w.in() * tokens), [&](size_t r0, size_t r1) {
+            mk_->mxfp4(w.packed.ptr, w.scale.ptr, w.in(), x, tokens, y, w.rows(), r0, r1);
         });
     }
 

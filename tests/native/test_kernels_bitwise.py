@@ -268,6 +268,30 @@ def test_bad_arguments_are_refused_with_a_clear_message():
         _native.Kernels("no-such-backend", 1)
 
 
+def test_bad_expert_arrays_are_refused_naming_the_array():
+    k = kernels("scalar").k
+    e, z = expert_case(rng(6), latent=96, inter=64)
+    good = [e.w1_packed, e.w1_scale, e.w2_packed, e.w2_scale, e.w3_packed, e.w3_scale]
+    assert k.expert(*good, z, 4.0, 25.0).shape == (3, 96)
+
+    def refused(index, array, match, z=z):
+        arrays = list(good)
+        if index is not None:
+            arrays[index] = array
+        with pytest.raises(ValueError, match=match):
+            k.expert(*arrays, z, 4.0, 25.0)
+
+    refused(3, np.zeros((96, 3), np.uint8), r"expert: w2 scale shape \[96, 3\] does not fit w2 \[96, 32\]")
+    refused(5, np.zeros((65, 3), np.uint8), r"expert: w3 scale shape \[65, 3\]")
+    refused(None, None, "expert: z must be a float32 array, got float64", z=z.astype(np.float64))
+    refused(4, np.zeros((64, 96), np.uint8)[:, ::2], "expert: w3 must be C-contiguous")
+    refused(2, e.w2_packed.astype(np.uint16), "expert: w2 must be a uint8 array, got uint16")
+    refused(1, e.w1_scale[None], "expert: w1 scale must have 2 dimensions, got 3")
+    refused(0, np.zeros((64, 64), np.uint8), "expert: z has 96 columns, w1 128")
+    refused(4, e.w3_packed[:63], "expert: w3 has 63 rows, w1 64")
+    refused(2, np.zeros((96, 48), np.uint8), r"expert: SiTU-GLU\(w1 z, w3 z\) has 64 columns, w2 96")
+
+
 @pytest.mark.skipif(__import__("platform").machine() != "x86_64", reason="sets MXCSR through glibc's x86-64 fenv_t")
 def test_kernels_refuse_to_run_with_flush_to_zero_on():
     import ctypes
