@@ -3,6 +3,13 @@
 Every message names the file, field or tensor at fault; nothing here prints or exits.
 """
 
+EXIT_CODES = """exit codes:
+  0  success
+  1  runtime failure (a bug, or the machine ran out of something)
+  2  bad usage, config, checkpoint or input (the message names the field, file or tensor)
+  4  the run finished but its ids are unsound (an expert read failed); do not trust them
+  130 interrupted (Ctrl-C)"""
+
 
 class K3Error(Exception):
     """Base of every error k3 reports to a user instead of a traceback."""
@@ -70,6 +77,12 @@ class TokenizerError(K3Error):
 
 class PluginError(K3Error):
     """A plugin is missing, misnamed, or does not satisfy its interface."""
+
+    exit_code = 2
+
+
+class PlanError(K3Error):
+    """The memory plan does not fit in the memory available, or a budget cannot hold what it must."""
 
     exit_code = 2
 

@@ -1,17 +1,22 @@
-"""The small typed interfaces a plugin implements or receives: one per replaceable kind.
-
-Plugins see these and the hook specs (k3core.hookspecs), nothing else of the engine.
-Arrays are numpy; activations crossing an interface are float32 and C-contiguous.
+"""The typed interfaces a plugin implements or receives: one per replaceable kind, the context the
+engine hands a placer or store (checkpoint, budget, the plugin's own options), and the cache policy
+a store and `k3 sim-cache` share. Plugins reach all of it through k3core.plugin_api; the contract in
+words is docs/PLUGINS.md. Arrays are numpy; activations crossing an interface are float32, C-contiguous.
 """
 from __future__ import annotations
 
+import math
+import os
+import typing
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, Sequence
+from collections import OrderedDict
+from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
+from typing import Any, ClassVar, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from .errors import CheckpointError
+from .errors import CheckpointError, UsageError
 
 
 @dataclass(frozen=True)
@@ -86,11 +91,112 @@ class ExpertWeights:
     w3_scale: np.ndarray
 
 
+# ---- what a placer or store is given ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PluginOptions:
+    """A trunk placer's or expert store's own options: subclass it as a frozen dataclass whose fields
+    all have defaults, and name the subclass in the plugin's `Options`. The base has no fields: a
+    plugin that keeps it takes no options."""
+
+    @classmethod
+    def build(cls, given, owner: str) -> "PluginOptions":
+        """`given` (a mapping, an instance of this class, or None) checked and turned into an instance.
+        An unknown name or a wrong type is a UsageError naming it and the valid options."""
+        if isinstance(given, cls):
+            return given
+        if isinstance(given, PluginOptions):
+            raise UsageError(f"{owner} takes {cls.__qualname__} options, got {type(given).__qualname__}")
+        if given is not None and not isinstance(given, Mapping):
+            raise UsageError(f"{owner}: options must be a mapping of name to value, got {type(given).__name__}")
+        given = dict(given or {})
+        hints = typing.get_type_hints(cls)
+        known = [f.name for f in fields(cls)]
+        valid = (f"its options are: {', '.join(f'{n} ({_type_name(hints[n])})' for n in known)}" if known
+                 else "it takes no options")
+        unknown = sorted(set(given) - set(known), key=str)
+        if unknown:
+            raise UsageError(f"{owner} has no option {', '.join(map(repr, unknown))}; {valid}")
+        wrong = [f"{name} must be {_type_name(hints[name])}, got {value!r}" for name, value in given.items()
+                 if not _has_type(value, hints[name])]
+        missing = [f.name for f in fields(cls) if f.name not in given and f.default is MISSING
+                   and f.default_factory is MISSING]
+        if missing:
+            wrong.append(f"{', '.join(missing)} must be given (no default)")
+        if wrong:
+            raise UsageError(f"{owner}: " + "; ".join(wrong))
+        return cls(**given)
+
+
+def _type_name(kind) -> str:
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    if args:
+        return " or ".join(_type_name(a) for a in args) + (" or None" if type(None) in typing.get_args(kind) else "")
+    return getattr(kind, "__name__", str(kind))
+
+
+def _has_type(value, kind) -> bool:
+    args = typing.get_args(kind)
+    if args:
+        return any(_has_type(value, a) for a in args)
+    if kind is type(None):
+        return value is None
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind) if isinstance(kind, type) else True
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The memory budgets in force, presets already applied (EngineConfig.budget())."""
+
+    cache_gb: float                    # the expert store's RAM
+    trunk_dir: Path | None = None      # the packed trunk (`k3 pack`), None when there is none
+    trunk_gb: float | None = None      # pinned trunk layers + the ring; None: no limit
+    ring_slots: int = 2                # slots of the streaming ring
+    pinned_layers: int | None = None   # pin exactly this many layers instead of what trunk_gb holds
+    preset: str | None = None          # the preset the numbers came from, if any
+
+
+@dataclass(frozen=True)
+class PluginContext:
+    """What a trunk placer or an expert store is built from: the opened checkpoint (`root`, `config`,
+    `index`: tensor name -> file, offset, nbytes, shape, dtype), the budgets, and its own options."""
+
+    checkpoint: Any
+    budget: Budget
+    options: PluginOptions
+
+    @property
+    def config(self):
+        return self.checkpoint.config
+
+
+class PlanRow(NamedTuple):
+    """One line of the memory plan: what is held, how many bytes, and how that was counted."""
+
+    item: str
+    bytes: int
+    detail: str
+
+
+def default_threads() -> int:
+    """The CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+# ---- the replaceable kinds -------------------------------------------------------------------------
+
 class KernelBackend(ABC):
     """The numeric kernels. Every backend follows docs/NUMERICS.md's accumulation order."""
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
+    # True: every kernel gives the scalar backend's bits (the native backends, and any plugin).
+    # False only for the numpy `reference`, whose exp/tanh are numpy's: bit-identical where none is used.
+    bit_exact: ClassVar[bool] = True
 
     def available(self) -> bool:
         return True
@@ -166,7 +272,7 @@ class KernelBackend(ABC):
 
 
 class AttentionBackend(ABC):
-    """One attention kind ("kda" or "mla") for one or more layers."""
+    """One attention kind for the layers the config gives it (`config.attention_kind(layer)`)."""
 
     kind: ClassVar[str]
     name: ClassVar[str]
@@ -178,6 +284,10 @@ class AttentionBackend(ABC):
     @abstractmethod
     def new_state(self, config, layer: int) -> Any:
         """The empty decode state of a layer (it must support copy.deepcopy)."""
+
+    @abstractmethod
+    def state_bytes(self, config, layer: int, context: int) -> int:
+        """Bytes the decode state of `layer` holds after `context` positions (for the memory plan)."""
 
     @abstractmethod
     def forward(self, w: Weights, x: np.ndarray, state: Any, config, kernels: KernelBackend) -> np.ndarray:
@@ -193,46 +303,86 @@ class AttentionBackend(ABC):
 
 
 class CachePolicy(ABC):
-    """Which experts a store keeps, as a pure decision rule over (layer, expert) keys, so that
-    `k3 sim-cache` can replay a recorded trace through it without reading anything."""
+    """Which experts a store keeps, as a pure decision rule over (layer, expert) keys with `slots`
+    places: the store asks it on every request, and `k3 sim-cache` replays a recorded trace through
+    the very same object without reading anything. Every miss becomes resident."""
 
     def __init__(self, slots: int):
         self.slots = slots
+        self.evictions = 0
 
     @abstractmethod
-    def access(self, key: tuple[int, int]) -> bool:
-        """Record one request; True if `key` was resident before it (a TRUE hit)."""
+    def access(self, key: tuple[int, int], keep: Sequence[tuple[int, int]] = ()) -> tuple[bool, tuple | None]:
+        """One request for `key`: (hit, evicted). `hit` is True if `key` was resident before it (a
+        TRUE hit). On a miss `key` becomes resident; when every place was taken, `evicted` is the key
+        that left to make room, never one of `keep` (the other keys of the same fetch)."""
+
+    @abstractmethod
+    def discard(self, key: tuple[int, int]) -> None:
+        """`key` is not resident after all (its read failed)."""
+
+
+class LRUPolicy(CachePolicy):
+    """Least recently used out: the `lru` store's rule, and the reference row of `k3 sim-cache`."""
+
+    def __init__(self, slots: int):
+        super().__init__(slots)
+        self._order: OrderedDict = OrderedDict()  # least recently used first
+
+    def access(self, key, keep=()):
+        if key in self._order:
+            self._order.move_to_end(key)
+            return True, None
+        evicted = None
+        if len(self._order) >= self.slots:
+            evicted = next((k for k in self._order if k not in keep), None)
+            if evicted is None:
+                raise ValueError(f"an LRU of {self.slots} places cannot keep {len(keep)} experts at once")
+            del self._order[evicted]
+            self.evictions += 1
+        self._order[key] = None
+        return False, evicted
+
+    def discard(self, key):
+        self._order.pop(key, None)
 
 
 class ExpertStore(ABC):
-    """Where routed experts come from: read on demand, cached, or otherwise."""
+    """Where routed experts come from: read on demand, cached, or otherwise.
+
+    Call order: `plan(ctx)` (before anything loads; may be called without ever building the store),
+    `__init__(ctx)`, then any number of `fetch`, `capacity` and `stats` calls from one thread, then
+    `close()` once. A fetch's ExpertWeights may view the store's buffers: they stay valid until the
+    next fetch, and must then never change under a caller still holding them."""
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
+    Options: ClassVar[type[PluginOptions]] = PluginOptions
+
+    @classmethod
+    def plan(cls, ctx: PluginContext) -> list[PlanRow]:
+        """What this store would hold in RAM, for the memory plan."""
+        return []
 
     @classmethod
     def cache_policy(cls, slots: int) -> CachePolicy | None:
         """The store's retention rule for `slots` expert slots; None for a store that keeps nothing."""
         return None
 
-    def __init__(self, checkpoint, config, options: Mapping[str, Any]):
-        self.checkpoint, self.config, self.options = checkpoint, config, dict(options)
-
-    @classmethod
-    def plan(cls, checkpoint, config, options: Mapping[str, Any]) -> list[tuple[str, int, str]]:
-        """What this store would hold in RAM: (item, bytes, detail) rows for the memory plan."""
-        return []
+    def __init__(self, ctx: PluginContext):
+        self.ctx, self.checkpoint, self.config, self.options = ctx, ctx.checkpoint, ctx.config, ctx.options
 
     def capacity(self) -> int:
-        """How many experts one fetch may ask for (at least the router's top-k)."""
+        """How many distinct experts one fetch may ask for (at least the router's top-k)."""
         return self.config.num_experts_per_token
 
     @abstractmethod
     def fetch(self, layer: int, experts: Sequence[int]) -> list[ExpertWeights]:
-        """The distinct experts of `layer`, in the order asked; valid until the next fetch. A failed
-        read raises, never returns junk."""
+        """The distinct experts of `layer`, in the order asked. A failed or short read raises
+        UnsoundRunError; it never returns other bytes."""
 
     def stats(self) -> dict:
+        """Counters under the names in STORE_STATS (plugin_api)."""
         return {}
 
     def close(self) -> None:
@@ -240,23 +390,27 @@ class ExpertStore(ABC):
 
 
 class TrunkPlacer(ABC):
-    """Which trunk (non-expert) tensors stay in RAM and how the others arrive."""
+    """Which trunk (non-expert) tensors stay in RAM and how the others arrive.
+
+    Call order: `plan(ctx)`, `__init__(ctx)`, then per forward pass `embed_rows`, `layer(L)` for
+    L = 0, 1, … in order, `model()`, `head_blocks()`; `stats()` any time; `close()` once. What
+    `layer` and `head_blocks` hand out stays valid until the next such call."""
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
-
-    def __init__(self, checkpoint, config, options: Mapping[str, Any]):
-        self.checkpoint, self.config, self.options = checkpoint, config, dict(options)
+    Options: ClassVar[type[PluginOptions]] = PluginOptions
 
     @classmethod
-    def plan(cls, checkpoint, config, options: Mapping[str, Any]) -> list[tuple[str, int, str]]:
-        """What this placer would hold in RAM: (item, bytes, detail) rows for the memory plan."""
+    def plan(cls, ctx: PluginContext) -> list[PlanRow]:
+        """What this placer would hold in RAM, for the memory plan."""
         return []
+
+    def __init__(self, ctx: PluginContext):
+        self.ctx, self.checkpoint, self.config, self.options = ctx, ctx.checkpoint, ctx.config, ctx.options
 
     @abstractmethod
     def layer(self, layer: int) -> Weights:
-        """The trunk tensors of one layer, names relative to `layers.{layer}.`; valid until the
-        next call."""
+        """The trunk tensors of one layer, names relative to `layers.{layer}.`."""
 
     @abstractmethod
     def model(self) -> Weights:
@@ -268,10 +422,11 @@ class TrunkPlacer(ABC):
 
     @abstractmethod
     def head_blocks(self):
-        """lm_head as (first row, Param of consecutive rows) blocks in row order; a block is valid
-        until the next one is asked for. Rows are independent, so blocking never changes a bit."""
+        """lm_head as (first row, Param of consecutive rows) blocks in row order. Rows are
+        independent, so blocking never changes a bit."""
 
     def stats(self) -> dict:
+        """Counters under the names in PLACER_STATS (plugin_api)."""
         return {}
 
     def close(self) -> None:

@@ -2,13 +2,16 @@
 
 K3_PLUGINS=name,name loads only those third-party entry-point plugins; K3_PLUGINS=none loads none.
 Built-ins and k3's own packages (the setup wizard, the browser UI) always load. A hook
-implementation with a misspelled name fails loudly.
+implementation with a misspelled name fails loudly. `get_plugin_manager()` builds the manager once
+per process (per K3_PLUGINS value); `new_plugin_manager(extra)` builds a private one with extra
+in-process plugins registered last, so they come first.
 """
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
 import os
+from dataclasses import dataclass
 
 import pluggy
 
@@ -17,9 +20,8 @@ from .errors import PluginError
 from .plugins import BUILTINS
 
 ENTRY_POINT_GROUP = "k3"
-
-
 FIRST_PARTY = "k3"  # the distribution k3core, wizard and ui ship in
+BUILTIN_PREFIX = "k3."
 
 
 class K3PluginManager(pluggy.PluginManager):
@@ -45,17 +47,21 @@ def _load_entry_points(pm: K3PluginManager) -> None:
                           f"in group {ENTRY_POINT_GROUP!r}")
 
 
-def get_plugin_manager() -> pluggy.PluginManager:
+def new_plugin_manager(extra=()) -> K3PluginManager:
+    """Built-ins, then the entry points K3_PLUGINS allows, then `extra` plugin objects (modules or
+    objects with @hookimpl methods), checked against the hook specs."""
     pm = K3PluginManager()
     pm.add_hookspecs(hookspecs)
     for module in BUILTINS:
-        pm.register(module, name="k3." + module.__name__.rsplit(".", 1)[-1])
+        pm.register(module, name=BUILTIN_PREFIX + module.__name__.rsplit(".", 1)[-1])
     try:
         _load_entry_points(pm)
     except PluginError:
         raise
     except Exception as exc:  # a third-party plugin that fails to import must say which
         raise PluginError(f"loading plugins from entry-point group {ENTRY_POINT_GROUP!r} failed: {exc}") from exc
+    for plugin in extra:
+        pm.register(plugin)
     try:
         pm.check_pending()
     except pluggy.PluginValidationError as exc:
@@ -63,57 +69,97 @@ def get_plugin_manager() -> pluggy.PluginManager:
     return pm
 
 
-def _pick(items, name: str | None, what: str, flag: str, usable=lambda item: True):
+_MANAGERS: dict[str | None, K3PluginManager] = {}
+
+
+def get_plugin_manager() -> K3PluginManager:
+    """The process's plugin manager for the current K3_PLUGINS selection, built on first use."""
+    key = os.environ.get("K3_PLUGINS")
+    if key not in _MANAGERS:
+        _MANAGERS[key] = new_plugin_manager()
+    return _MANAGERS[key]
+
+
+@dataclass(frozen=True)
+class Offered:
+    """One implementation a hook returned, and which plugin offered it."""
+
+    item: object
+    plugin: str
+
+    @property
+    def name(self) -> str:
+        return getattr(self.item, "name", repr(self.item))
+
+
+def offered(pm, hook: str) -> list[Offered]:
+    """Every item the plugins return for `hook`, in pluggy's call order (later-registered first,
+    `trylast` built-ins at the end), each with the name of the plugin that offered it."""
+    out = []
+    for impl in reversed(getattr(pm.hook, hook).get_hookimpls()):
+        out += [Offered(item, impl.plugin_name) for item in impl.function() or []]
+    return out
+
+
+def origin(pm, plugin: str) -> str:
+    """Where a plugin comes from: "built-in", or "DIST VERSION" of its distribution."""
+    dist = pm.dists.get(plugin) if isinstance(pm, K3PluginManager) else None
+    if dist is not None:
+        return f"{dist.metadata['Name']} {dist.version}"
+    return "built-in" if plugin.startswith(BUILTIN_PREFIX) else f"in-process plugin {plugin}"
+
+
+def _pick(options: list[Offered], name: str | None, what: str, flag: str, usable=lambda item: True) -> Offered:
     if name is not None:
-        for item in items:
-            if item.name == name:
-                if not usable(item):
+        for o in options:
+            if o.name == name:
+                if not usable(o.item):
                     raise PluginError(f"{what} {name!r} is installed but not available on this machine")
-                return item
-        known = ", ".join(sorted({i.name for i in items})) or "none"
+                return o
+        known = ", ".join(sorted({o.name for o in options})) or "none"
         raise PluginError(f"no {what} named {name!r} (installed: {known}); see `k3 plugins`")
-    for item in items:
-        if usable(item):
-            return item
+    for o in options:
+        if usable(o.item):
+            return o
     raise PluginError(f"no {what} is installed and available; pass {flag} or install a plugin")
 
 
-def _flatten(results) -> list:
-    return [item for group in results for item in (group or [])]
-
-
 def kernel_backends(pm) -> list:
-    return _flatten(pm.hook.k3_kernel_backends())
+    return [o.item for o in offered(pm, "k3_kernel_backends")]
 
 
-def choose_kernels(pm, name: str | None = None):
+def choose_kernels(pm, name: str | None = None) -> Offered:
     name = name or os.environ.get("K3_KERNELS") or None
-    return _pick(kernel_backends(pm), name, "kernel backend", "--kernels", lambda k: k.available())
+    return _pick(offered(pm, "k3_kernel_backends"), name, "kernel backend", "--kernels", lambda k: k.available())
 
 
 def attention_backends(pm) -> list:
-    return _flatten(pm.hook.k3_attention_backends())
+    return [o.item for o in offered(pm, "k3_attention_backends")]
 
 
 def choose_attention(pm, kind: str, name: str | None = None):
-    options = [b for b in attention_backends(pm) if b.kind == kind]
+    return choose_attention_offered(pm, kind, name).item
+
+
+def choose_attention_offered(pm, kind: str, name: str | None = None) -> Offered:
+    options = [o for o in offered(pm, "k3_attention_backends") if o.item.kind == kind]
     return _pick(options, name, f"{kind} attention backend", f"--attention {kind}=NAME")
 
 
 def expert_stores(pm) -> list:
-    return _flatten(pm.hook.k3_expert_stores())
+    return [o.item for o in offered(pm, "k3_expert_stores")]
 
 
-def choose_expert_store(pm, name: str | None = None):
-    return _pick(expert_stores(pm), name, "expert store", "--expert-store")
+def choose_expert_store(pm, name: str | None = None) -> Offered:
+    return _pick(offered(pm, "k3_expert_stores"), name, "expert store", "--expert-store")
 
 
 def trunk_placers(pm) -> list:
-    return _flatten(pm.hook.k3_trunk_placers())
+    return [o.item for o in offered(pm, "k3_trunk_placers")]
 
 
-def choose_trunk_placer(pm, name: str | None = None):
-    return _pick(trunk_placers(pm), name, "trunk placer", "--trunk-placer")
+def choose_trunk_placer(pm, name: str | None = None) -> Offered:
+    return _pick(offered(pm, "k3_trunk_placers"), name, "trunk placer", "--trunk-placer")
 
 
 def describe_plugins(pm) -> list[dict]:

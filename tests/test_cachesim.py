@@ -13,7 +13,7 @@ from k3core.cli import sim_cache as cachesim
 from k3core import plugin_manager as plugins
 from k3core.errors import InputError, UsageError
 from k3core.hookspecs import hookimpl
-from k3core.interfaces import CachePolicy, ExpertStore
+from k3core.interfaces import CachePolicy, ExpertStore, LRUPolicy
 
 from .conftest import K3_IN_C
 
@@ -31,26 +31,36 @@ def pairs_of(seq, layer=1):
     return np.asarray([(layer, e) for e in seq], dtype=np.int64)
 
 
+def replay_lru(trace, slots):
+    """(hits, evictions) of the LRUPolicy the `lru` store decides with, over keys of one layer."""
+    return cachesim.replay_policy(LRUPolicy(slots), pairs_of(trace.tolist()), slots)[:2]
+
+
 class FifoPolicy(CachePolicy):
     def __init__(self, slots):
         super().__init__(slots)
         self.queue, self.evictions = [], 0
 
-    def access(self, key):
+    def access(self, key, keep=()):
         if key in self.queue:
-            return True
-        if len(self.queue) >= self.slots:
-            self.queue.pop(0)
-            self.evictions += 1
+            return True, None
+        evicted = self.queue.pop(0) if len(self.queue) >= self.slots else None
+        self.evictions += evicted is not None
         self.queue.append(key)
-        return False
+        return False, evicted
+
+    def discard(self, key):
+        self.queue.remove(key)
 
 
 class LyingPolicy(CachePolicy):
     """Reads every expert just before use and calls it a hit: the hit-rate lie."""
 
-    def access(self, key):
-        return True
+    def access(self, key, keep=()):
+        return True, None
+
+    def discard(self, key):
+        pass
 
 
 class _Store(ExpertStore):
@@ -84,9 +94,7 @@ class OfferStores:
 
 
 def pm_with(*stores):
-    pm = plugins.get_plugin_manager()
-    pm.register(OfferStores(*stores))
-    return pm
+    return plugins.new_plugin_manager([OfferStores(*stores)])
 
 
 def info(tokens=1, expert_bytes=GB):
@@ -102,7 +110,7 @@ def row(report, gb, policy):
 
 def test_cyclic_scan_one_larger_than_the_cache():
     trace = keys([0, 1, 2] * 3)  # 3 keys cycled through 2 slots
-    assert cachesim.replay_lru(trace, 2) == (0, 7)  # LRU evicts exactly the key needed next
+    assert replay_lru(trace, 2) == (0, 7)  # LRU evicts exactly the key needed next
     # Belady: miss 0 1 2(evict 1) · hit 0 · miss 1(evict 0) · hit 2 · miss 0(evict 2) · hit 1 · miss 2
     assert cachesim.replay_belady(trace, 2) == (3, 4)
 
@@ -110,7 +118,7 @@ def test_cyclic_scan_one_larger_than_the_cache():
 @pytest.mark.parametrize("slots, lru_misses, opt_misses", [(3, 10, 7), (4, 8, 6)])
 def test_textbook_reference_string(slots, lru_misses, opt_misses):
     n = len(TEXTBOOK)
-    lru_hits, lru_ev = cachesim.replay_lru(keys(TEXTBOOK), slots)
+    lru_hits, lru_ev = replay_lru(keys(TEXTBOOK), slots)
     opt_hits, opt_ev = cachesim.replay_belady(keys(TEXTBOOK), slots)
     assert (n - lru_hits, n - opt_hits) == (lru_misses, opt_misses)
     assert (lru_ev, opt_ev) == (lru_misses - slots, opt_misses - slots)  # both admit every miss
@@ -154,7 +162,7 @@ def test_lru_matches_the_stack_distance_definition():
     for slots in (1, 4, 12, 29):
         hits = sum(1 for i, k in enumerate(trace)
                    if k in trace[:i] and len(set(trace[i - trace[:i][::-1].tolist().index(k):i])) < slots)
-        assert cachesim.replay_lru(keys(trace), slots)[0] == hits
+        assert replay_lru(keys(trace), slots)[0] == hits
 
 
 def test_belady_never_below_lru_and_monotone_in_size():
@@ -164,7 +172,7 @@ def test_belady_never_below_lru_and_monotone_in_size():
         distinct = np.unique(trace).size
         previous = -1
         for slots in (1, 3, 10, 40, 150):
-            lru, opt = cachesim.replay_lru(trace, slots)[0], cachesim.replay_belady(trace, slots)[0]
+            lru, opt = replay_lru(trace, slots)[0], cachesim.replay_belady(trace, slots)[0]
             assert lru <= opt <= len(trace) - distinct
             assert opt >= previous
             previous = opt

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from k3core import _native
-from k3core.model.engine import Engine
+from k3core import EngineConfig, greedy_ids, open_engine
 from k3core.errors import InputError
 
 PROMPT = [5, 17, 200, 33, 91, 128, 7, 250]
@@ -12,7 +12,7 @@ PROMPT = [5, 17, 200, 33, 91, 128, 7, 250]
 
 @pytest.fixture(scope="module", params=["tiny", "small"])
 def engine(request, model_factory):
-    with Engine(model_factory(request.param)) as e:
+    with open_engine(EngineConfig(model_factory(request.param))) as e:
         yield e
 
 
@@ -21,8 +21,8 @@ def bits(a):
 
 
 def test_incremental_decode_equals_full_recomputation_bit_for_bit(engine):
-    ids_inc, logits_inc = engine.generate(PROMPT, 6)
-    ids_full, logits_full = engine.generate(PROMPT, 6, full_recompute=True)
+    ids_inc, logits_inc = greedy_ids(engine, PROMPT, 6)
+    ids_full, logits_full = greedy_ids(engine, PROMPT, 6, full_recompute=True)
     assert ids_inc == ids_full
     assert np.array_equal(bits(logits_inc), bits(logits_full))
 
@@ -53,14 +53,14 @@ def test_a_copied_state_continues_identically(engine):
 def test_token_ids_outside_the_vocabulary_are_refused(engine):
     V = engine.config.vocab_size
     with pytest.raises(InputError, match=f"id {V} at position 1"):
-        engine.generate([1, V], 1)
+        greedy_ids(engine, [1, V], 1)
     with pytest.raises(InputError, match="id -1 at position 0"):
         engine.forward([-1], engine.new_state())
 
 
 def test_an_empty_prompt_is_refused(engine):
     with pytest.raises(InputError, match="empty"):
-        engine.generate([], 1)
+        greedy_ids(engine, [], 1)
 
 
 @pytest.mark.parametrize("shape", ["tiny", "small"])
@@ -68,8 +68,8 @@ def test_every_native_backend_and_thread_count_gives_the_same_bits(model_factory
     runs = {}
     for backend in _native.available_backends():
         for threads in (1, 2, 5):
-            with Engine(model_factory(shape), kernels=backend, threads=threads) as e:
-                ids, logits = e.generate(PROMPT, 5)
+            with open_engine(EngineConfig(model_factory(shape), kernels=backend, threads=threads)) as e:
+                ids, logits = greedy_ids(e, PROMPT, 5)
                 runs[(backend, threads)] = (ids, bits(logits).tobytes(), bits(e.logits(PROMPT)).tobytes())
     first = next(iter(runs.values()))
     assert all(r == first for r in runs.values()), [k for k, r in runs.items() if r != first]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from k3core import _native
-from k3core.model.engine import Engine
+from k3core import EngineConfig, greedy_ids, open_engine
 
 from .conftest import ORACLES
 
@@ -34,7 +34,7 @@ def gate1(engine, o):
 
 
 def gate_decode(engine, o, full_recompute):
-    ids, logits = engine.generate([int(t) for t in o["prompt_ids"]], len(o["greedy_ids"]), full_recompute)
+    ids, logits = greedy_ids(engine, [int(t) for t in o["prompt_ids"]], len(o["greedy_ids"]), full_recompute)
     return ids == list(o["greedy_ids"]), logit_error(logits, o["greedy_logits"])
 
 
@@ -49,7 +49,7 @@ def gated(request, model_factory):
     for name, sha in meta["files_sha256"].items():  # the oracle belongs to exactly these bytes
         assert hashlib.sha256((model / name).read_bytes()).hexdigest() == sha, name
     assert o["min_top2_gap"] > 1e-3  # no near-ties: exact ids are a fair demand
-    with Engine(model, kernels=backend) as engine:
+    with open_engine(EngineConfig(model, kernels=backend)) as engine:
         yield engine, o
 
 

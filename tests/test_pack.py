@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from k3core.cli import pack as pack_cli
 from k3core.io import pack
 from k3core.io import trunk as trunkfmt
 from k3core.model.checkpoint import PREFIX, VISION_PREFIXES, layer_prefix, open_checkpoint
@@ -59,7 +60,7 @@ def same_pack(a, b):
 def cli(argv):
     """`k3 pack …` as cli.main will run it: K3Error → its exit code, message on stderr."""
     parser = argparse.ArgumentParser(prog="k3")
-    pack.add_parser(parser.add_subparsers(dest="command"))
+    pack_cli.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["pack", *map(str, argv)])
     try:
         return args.func(args)
@@ -277,11 +278,12 @@ def test_kill_9_of_a_running_k3_pack_from_outside_resumes(tiny_model, reference,
     out = tmp_path / "trunk"
     proc = run_script(f"""
         import argparse, sys, time
+        from k3core.cli import pack as pack_cli
         from k3core.io import pack
         write = pack._pwrite_full
         pack._pwrite_full = lambda *a: (time.sleep(0.08), write(*a))
         parser = argparse.ArgumentParser(prog="k3")
-        pack.add_parser(parser.add_subparsers())
+        pack_cli.add_parser(parser.add_subparsers())
         args = parser.parse_args(["pack", {str(tiny_model)!r}, {str(out)!r}])
         sys.exit(args.func(args))
         """)
@@ -306,7 +308,7 @@ def test_ctrl_c_keeps_finished_runs_and_says_how_to_resume(tiny_model, reference
         def __call__(self, p):
             if p.run_finished and p.runs_done == 2:
                 raise KeyboardInterrupt
-    monkeypatch.setattr(pack, "Meter", Interrupt)
+    monkeypatch.setattr(pack_cli, "Meter", Interrupt)
     with pytest.raises(KeyboardInterrupt):   # cli.main turns it into exit 130
         cli([tiny_model, tmp_path / "trunk"])
     assert "run the same command to resume" in capsys.readouterr().err

@@ -6,7 +6,7 @@ import pytest
 
 from k3core import _native
 from k3core import plugin_manager as plugins
-from k3core.model.engine import Engine
+from k3core import EngineConfig, greedy_ids, open_engine
 from k3core.errors import PluginError
 from k3core.hookspecs import hookimpl
 from k3core.plugins.kda import KDA
@@ -39,7 +39,7 @@ def install_dist(tmp_path, monkeypatch, module_source, name="thirdparty"):
 
 
 def test_every_kind_has_a_builtin_registered_through_the_hooks():
-    pm = plugins.get_plugin_manager()
+    pm = plugins.new_plugin_manager()
     assert [b.name for b in plugins.kernel_backends(pm)] == ["avx512", "avx2", "neon", "scalar", "reference"]
     assert {(b.kind, b.name) for b in plugins.attention_backends(pm)} == {("kda", "kda"), ("mla", "mla")}
     assert [s.name for s in plugins.expert_stores(pm)] == ["lru", "direct"]
@@ -47,16 +47,16 @@ def test_every_kind_has_a_builtin_registered_through_the_hooks():
 
 
 def test_an_installed_attention_plugin_wins_over_the_trylast_builtin(tiny_model):
-    pm = plugins.get_plugin_manager()
-    pm.register(ThirdParty())
+    pm = plugins.new_plugin_manager([ThirdParty()])
     assert plugins.choose_attention(pm, "kda").name == "counting-kda"
     assert plugins.choose_attention(pm, "kda", "kda").name == "kda"
     CountingKDA.calls = 0
-    with Engine(tiny_model, pm=pm) as engine:
-        ids, _ = engine.generate([1, 2, 3], 2)
+    with open_engine(EngineConfig(tiny_model), plugins=[ThirdParty()]) as engine:
+        ids, _ = greedy_ids(engine, [1, 2, 3], 2)
+        assert any("'counting-kda'" in n and "the default here" in n for n in engine.notices)
     assert CountingKDA.calls > 0
-    with Engine(tiny_model) as engine:
-        assert engine.generate([1, 2, 3], 2)[0] == ids
+    with open_engine(EngineConfig(tiny_model)) as engine:
+        assert greedy_ids(engine, [1, 2, 3], 2)[0] == ids
 
 
 def test_the_first_available_kernel_backend_is_chosen():
@@ -71,7 +71,7 @@ def test_the_first_available_kernel_backend_is_chosen():
         def k3_kernel_backends(self):
             return [Unavailable()]
 
-    pm = plugins.get_plugin_manager()
+    pm = plugins.new_plugin_manager()
     pm.register(Offers())
     assert plugins.kernel_backends(pm)[0].name == "needs-a-gpu"
     assert plugins.choose_kernels(pm).name == _native.available_backends()[0]
@@ -92,15 +92,15 @@ def test_entry_point_plugins_load_and_report_their_version(tmp_path, monkeypatch
             return [OtherStore]
     """)
     monkeypatch.delenv("K3_PLUGINS", raising=False)
-    pm = plugins.get_plugin_manager()
+    pm = plugins.new_plugin_manager()
     assert [s.name for s in plugins.expert_stores(pm)] == ["other", "lru", "direct"]
     row = next(r for r in plugins.describe_plugins(pm) if r["name"] == "thirdparty")
     assert row["version"] == "1.2.3" and row["provides"] == {"k3_expert_stores": ["other"]}
     monkeypatch.setenv("K3_PLUGINS", "none")
-    assert [s.name for s in plugins.expert_stores(plugins.get_plugin_manager())] == ["lru", "direct"]
+    assert [s.name for s in plugins.expert_stores(plugins.new_plugin_manager())] == ["lru", "direct"]
     monkeypatch.setenv("K3_PLUGINS", "missing-one")
     with pytest.raises(PluginError, match="missing-one"):
-        plugins.get_plugin_manager()
+        plugins.new_plugin_manager()
 
 
 def test_a_misspelled_hook_fails_loudly(tmp_path, monkeypatch):
@@ -113,10 +113,17 @@ def test_a_misspelled_hook_fails_loudly(tmp_path, monkeypatch):
     """, name="typo")
     monkeypatch.delenv("K3_PLUGINS", raising=False)
     with pytest.raises(PluginError, match="k3_kernel_backend"):
-        plugins.get_plugin_manager()
+        plugins.new_plugin_manager()
+
+
+def test_the_process_plugin_manager_is_built_once_per_selection(monkeypatch):
+    monkeypatch.setenv("K3_PLUGINS", "none")
+    assert plugins.get_plugin_manager() is plugins.get_plugin_manager()
+    monkeypatch.delenv("K3_PLUGINS")
+    assert plugins.get_plugin_manager() is plugins.get_plugin_manager()
 
 
 def test_unknown_names_list_what_is_installed():
-    pm = plugins.get_plugin_manager()
+    pm = plugins.new_plugin_manager()
     with pytest.raises(PluginError, match=r"installed: direct, lru"):
         plugins.choose_expert_store(pm, "lru-typo")

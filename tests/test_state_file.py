@@ -2,12 +2,12 @@
 import numpy as np
 import pytest
 
-from k3core.model.engine import Engine
+from k3core import EngineConfig, greedy_ids, open_engine
 from k3core.io.state_file import StateFileError, load_state, save_state
 
 
 def test_saved_state_continues_exactly(tiny_model, tmp_path):
-    with Engine(tiny_model) as engine:
+    with open_engine(EngineConfig(tiny_model)) as engine:
         state = engine.new_state()
         engine.forward([5, 6, 7, 8], state)
         save_state(tmp_path / "s.npz", engine, state, extra={"note": "hi"})
@@ -19,26 +19,26 @@ def test_saved_state_continues_exactly(tiny_model, tmp_path):
 
 
 def test_a_state_from_another_model_is_refused(tiny_model, model_factory, tmp_path):
-    with Engine(tiny_model) as engine:
+    with open_engine(EngineConfig(tiny_model)) as engine:
         state = engine.new_state()
         engine.forward([1, 2], state)
         save_state(tmp_path / "s.npz", engine, state)
-    with Engine(model_factory("small")) as other:
+    with open_engine(EngineConfig(model_factory("small"))) as other:
         with pytest.raises(StateFileError, match="another model"):
             load_state(tmp_path / "s.npz", other)
 
 
 def test_garbage_is_not_a_state_file(tiny_model, tmp_path):
     (tmp_path / "x.npz").write_bytes(b"not a zip")
-    with Engine(tiny_model) as engine, pytest.raises(StateFileError, match="not a k3 state file"):
+    with open_engine(EngineConfig(tiny_model)) as engine, pytest.raises(StateFileError, match="not a k3 state file"):
         load_state(tmp_path / "x.npz", engine)
 
 
 def test_a_state_from_the_same_shape_with_other_weights_is_refused(tiny_model, model_factory, tmp_path):
-    with Engine(tiny_model) as engine:
+    with open_engine(EngineConfig(tiny_model)) as engine:
         state = engine.new_state()
         engine.forward([1, 2], state)
         save_state(tmp_path / "s.npz", engine, state)
-    with Engine(model_factory("tiny", seed=1)) as other:
+    with open_engine(EngineConfig(model_factory("tiny", seed=1))) as other:
         with pytest.raises(StateFileError, match="weights differ"):
             load_state(tmp_path / "s.npz", other)

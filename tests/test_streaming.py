@@ -9,19 +9,19 @@ import pytest
 
 from k3core.io import expert_io
 from k3core.cli.main import main
-from k3core.model.engine import Engine
+from k3core import EngineConfig, greedy_ids, open_engine
 from k3core.errors import TrunkError, UnsoundRunError
 from k3core.io.pack import pack
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 CONFIGS = {
     "resident, lru 1 GB": dict(),
-    "pinned 0 layers, ring 2, direct": dict(expert_store="direct", options=dict(pinned_layers=0, ring_slots=2)),
-    "pinned 5 layers, ring 3, lru floor": dict(options=dict(pinned_layers=5, ring_slots=3, cache_gb=0.0)),
-    "pinned all layers and head": dict(options=dict(pinned_layers=99)),
-    "pinned all layers, head streamed": dict(options=dict(pinned_layers=99, pin_head=False)),
-    "pinned 1 layer, ring 2, lru small": dict(options=dict(pinned_layers=1, ring_slots=2, cache_gb=0.0005)),
-    "budget-chosen pins, ring 3, lru large": dict(options=dict(trunk_gb="60%", ring_slots=3, cache_gb=2.0)),
+    "pinned 0 layers, ring 2, direct": dict(expert_store="direct", pin_layers=0, ring=2),
+    "pinned 5 layers, ring 3, lru floor": dict(pin_layers=5, ring=3, cache_gb=0.0),
+    "pinned all layers and head": dict(pin_layers=99),
+    "pinned all layers, head streamed": dict(pin_layers=99, placer_options={"pin_head": False}),
+    "pinned 1 layer, ring 2, lru small": dict(pin_layers=1, ring=2, cache_gb=0.0005),
+    "budget-chosen pins, ring 3, lru large": dict(trunk_gb="60%", ring=3, cache_gb=2.0),
 }
 
 
@@ -33,14 +33,13 @@ def packed(request, model_factory, tmp_path_factory):
     return model, trunk
 
 
-def run(model, trunk, expert_store=None, options=None):
-    options = dict(options or {})
-    if options.get("trunk_gb") == "60%":  # a budget that pins some layers of whichever model
-        options["trunk_gb"] = 0.6 * (trunk / "trunk.bin").stat().st_size / 1e9
-    if "pinned_layers" in options or "trunk_gb" in options:
-        options["trunk_dir"] = trunk
-    with Engine(model, expert_store=expert_store, options=options) as engine:
-        ids, logits = engine.generate(PROMPT, 6)
+def run(model, trunk, **fields):
+    if fields.get("trunk_gb") == "60%":  # a budget that pins some layers of whichever model
+        fields["trunk_gb"] = 0.6 * (trunk / "trunk.bin").stat().st_size / 1e9
+    if "pin_layers" in fields or "trunk_gb" in fields:
+        fields["trunk"] = trunk
+    with open_engine(EngineConfig(model, **fields)) as engine:
+        ids, logits = greedy_ids(engine, PROMPT, 6)
         return ids, logits.view(np.uint32).tobytes(), engine.stats()
 
 
@@ -62,8 +61,8 @@ def test_every_budget_and_store_gives_the_resident_run_s_bits(packed):
 
 def test_streamed_layers_are_read_every_token_and_pinned_ones_once(packed):
     model, trunk = packed
-    none_pinned = run(model, trunk, options=dict(pinned_layers=0))[2]["trunk_bytes_read"]
-    all_pinned = run(model, trunk, options=dict(pinned_layers=99))[2]["trunk_bytes_read"]
+    none_pinned = run(model, trunk, pin_layers=0)[2]["trunk_bytes_read"]
+    all_pinned = run(model, trunk, pin_layers=99)[2]["trunk_bytes_read"]
     assert none_pinned > 3 * all_pinned
 
 
@@ -73,7 +72,7 @@ def test_a_truncated_trunk_bin_is_refused(packed, tmp_path):
     with open(copy / "trunk.bin", "r+b") as f:
         f.truncate((copy / "trunk.bin").stat().st_size // 2)
     with pytest.raises(TrunkError, match="truncated"):
-        run(model, copy, options=dict(pinned_layers=1))
+        run(model, copy, pin_layers=1)
 
 
 def test_a_trunk_packed_from_another_checkpoint_is_refused(packed, model_factory, tmp_path):
@@ -81,7 +80,7 @@ def test_a_trunk_packed_from_another_checkpoint_is_refused(packed, model_factory
     other = tmp_path / "other"
     pack(model_factory("tiny", seed=1), other, progress=None)
     with pytest.raises(TrunkError, match="another checkpoint"):
-        run(model_factory("tiny"), other, options=dict(pinned_layers=1))
+        run(model_factory("tiny"), other, pin_layers=1)
 
 
 def test_an_expert_read_that_comes_up_short_ends_the_run_with_exit_4(tiny_model, tmp_path, capsys, monkeypatch):
@@ -101,12 +100,12 @@ def test_an_expert_read_that_comes_up_short_ends_the_run_with_exit_4(tiny_model,
 
 def test_a_shard_truncated_after_indexing_is_unsound(tiny_model, tmp_path):
     model = shutil.copytree(tiny_model, tmp_path / "m")
-    with Engine(model, expert_store="direct") as engine:
+    with open_engine(EngineConfig(model, expert_store="direct")) as engine:
         for shard in model.glob("model-0000[2-9]-*.safetensors"):
             with open(shard, "r+b") as f:
                 f.truncate(shard.stat().st_size // 2)
         with pytest.raises(UnsoundRunError) as err:
-            engine.generate(PROMPT, 2)
+            greedy_ids(engine, PROMPT, 2)
     assert err.value.exit_code == 4
 
 
@@ -127,24 +126,29 @@ def test_cli_runs_streamed_with_a_plan_and_a_report(tiny_model, tmp_path, capsys
 def test_a_plan_that_does_not_fit_is_refused_before_loading(tiny_model, tmp_path, capsys):
     code = main(["run", str(tiny_model), "--ids", "1", "--max-context", str(10**11)])  # ~64 TB of MLA cache
     err = capsys.readouterr().err
-    assert code == 2 and "does not fit" in err and "MLA cache" in err
+    assert code == 2 and "does not fit" in err and "MLA state" in err
 
 
 def test_a_budget_that_holds_everything_pins_everything(packed):
-    from k3core.model.checkpoint import open_checkpoint
-    from k3core.plugins.pinned import layout
+    from k3core.interfaces import Budget
     from k3core.io.trunk import load_trunk
+    from k3core.model.checkpoint import open_checkpoint
+    from k3core.plugins.pinned import PinnedOptions, layout
     model, trunk_dir = packed
-    trunk, config = load_trunk(trunk_dir), open_checkpoint(model).config
-    everything = layout(trunk, config, {"pinned_layers": config.num_hidden_layers})
-    chosen = layout(trunk, config, {"trunk_gb": everything.pinned_bytes / 1e9})
+    trunk, config, opts = load_trunk(trunk_dir), open_checkpoint(model).config, PinnedOptions()
+
+    def lay(**budget):
+        return layout(trunk, config, Budget(cache_gb=1.0, trunk_dir=trunk_dir, **budget), opts)
+
+    everything = lay(pinned_layers=config.num_hidden_layers)
+    chosen = lay(trunk_gb=everything.pinned_bytes / 1e9)
     assert chosen == everything and chosen.ring_slots == 0  # not stuck where a bigger ring was needed
-    nothing = layout(trunk, config, {"pinned_layers": 0})
-    assert layout(trunk, config, {"trunk_gb": nothing.ring_slots * nothing.slot_bytes / 1e9}).pinned == ()
+    nothing = lay(pinned_layers=0)
+    assert lay(trunk_gb=nothing.ring_slots * nothing.slot_bytes / 1e9).pinned == ()
 
 
 def test_a_trunk_budget_below_the_ring_is_refused_naming_it(packed):
-    from k3core.model.budget import PlanError
+    from k3core import PlanError
     model, trunk = packed
     with pytest.raises(PlanError, match="cannot hold even the ring: 2 slots"):
-        Engine(model, options=dict(trunk_dir=trunk, trunk_gb=1e-6))
+        open_engine(EngineConfig(model, trunk=trunk, trunk_gb=1e-6))

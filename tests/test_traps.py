@@ -5,7 +5,7 @@ import pytest
 
 import k3core.model.engine
 from k3core.model import moe
-from k3core.model.engine import Engine
+from k3core import EngineConfig, greedy_ids, open_engine
 from k3core.model.mlp import dense_mlp
 from k3core.plugins.reference_kernels import ReferenceKernels, _f64, _sigmoid64
 
@@ -118,7 +118,7 @@ def passes(result):
 
 @pytest.fixture(scope="module", params=["tiny", "small"])
 def setup(request, model_factory):
-    with Engine(model_factory(request.param)) as engine:
+    with open_engine(EngineConfig(model_factory(request.param))) as engine:
         yield engine, oracle(request.param)[0]
 
 

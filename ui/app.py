@@ -10,9 +10,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from k3core.model.budget import human
-from k3core.errors import K3Error
-from k3core.text.sampling import SamplingParams
+from k3core import K3Error, SamplingParams, human
 
 from .chat import Chats
 from .engine_panel import Monitor
@@ -57,17 +55,16 @@ def sampling(temperature, top_p, top_k, max_tokens, seed) -> SamplingParams:
 
 
 def header(host: EngineHost) -> str:
-    root = Path(host.args.model)
+    root = host.model
     size = sum(f.stat().st_size for f in root.glob("*.safetensors"))
     c = host.engine.config
     return (f"# k3 · Kimi K3 on this machine\n**{root.name}** · {human(size)} of weights on disk · {c.num_hidden_layers} layers · "
             f"{c.num_experts} experts per MoE layer · streamed through {human(host.engine.plan.total)} of RAM")
 
 
-def build(args, host: EngineHost | None = None) -> App:
-    host = host or EngineHost(args)
+def build(host: EngineHost, keep_states: int = 2) -> App:
     monitor = Monitor(host)
-    chats = Chats(host, monitor, keep_states=getattr(args, "keep_states", 2))
+    chats = Chats(host, monitor, keep_states=keep_states)
     with gr.Blocks(title="k3 · Kimi K3", analytics_enabled=False) as demo:
         title = gr.Markdown(header(host), elem_id="k3-title")
         with gr.Tabs():

@@ -13,8 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from k3core.text.chat_session import ChatSession
-from k3core.errors import K3Error
+from k3core import ChatSession, K3Error, Observer
 
 from .messages import display, partial, turn_note
 
@@ -42,6 +41,16 @@ class Slot:
         self.used = time.monotonic()
         self.notice = ""                 # said once on the next turn (e.g. "state was freed")
         self.sampled = False             # whether the last turn sampled (its seed matters) or was greedy
+
+
+class Touched(Observer):
+    """Whether a turn's forward pass reached the engine (then its decode state may be half-advanced)."""
+
+    def __init__(self):
+        self.yes = False
+
+    def on_layer(self, layer, layers):
+        self.yes = True
 
 
 class Chats:
@@ -223,23 +232,15 @@ class Chats:
         note = self._session(slot, mode, system) or slot.notice
         slot.notice = ""
         self._evict(slot)
-        chat, engine = slot.chat, self.host.engine
+        chat = slot.chat
         events.put(("started", (display(chat.conv.messages) + [{"role": "user", "content": text}], note)))
-        mark, touched, outer = (len(chat.conv.messages), len(chat.history)), [False], engine.on_layer
-
-        def on_layer(layer, layers):
-            touched[0] = True
-            if self.monitor:
-                self.monitor.on_layer(layer, layers)
-            if outer is not None:
-                outer(layer, layers)
-
-        engine.on_layer, done = on_layer, None
+        mark, touched, done = (len(chat.conv.messages), len(chat.history)), Touched(), None
         slot.sampled = not params.greedy
         if self.monitor:
             self.monitor.begin(note, sampled=slot.sampled)
+        observers = [touched] + ([self.monitor] if self.monitor else [])
         try:
-            for event in chat.ask(text, params, cancelled=stop.is_set):
+            for event in chat.ask(text, params, cancelled=stop.is_set, observers=observers):
                 if event.kind == "done":
                     done = event
                 events.put((event.kind, event))
@@ -251,18 +252,16 @@ class Chats:
             self._roll_back(chat, mark, touched)
             events.put(("error", f"{type(exc).__name__}: {exc}"))
         finally:
-            if engine.on_layer is on_layer:  # unless someone else has set it meanwhile
-                engine.on_layer = outer
             if self.monitor:
                 self.monitor.end(done.stats if done else None, done.reason if done else "error")
 
     @staticmethod
-    def _roll_back(chat: ChatSession, mark: tuple[int, int], touched: list) -> None:
+    def _roll_back(chat: ChatSession, mark: tuple[int, int], touched: "Touched") -> None:
         """A failed turn: the conversation as before it; a state the engine touched is rebuilt
         from the exact history on the next turn."""
         del chat.conv.messages[mark[0]:]
         del chat.history[mark[1]:]
-        if touched[0]:
+        if touched.yes:
             chat.session.reset()
 
     # ---- stop, undo, clear ----

@@ -1,5 +1,5 @@
 """The live engine panel: what a 1.56 TB model streaming through a small machine is doing right now.
-`Monitor` is written by the turn worker (its `on_layer` is chained into `Engine.on_layer`; plain
+`Monitor` is written by the turn worker (it is an Observer of the turn's forward passes; plain
 numbers only, never a Gradio object) and rendered to HTML by whoever polls it (a gr.Timer tick).
 Speeds and bytes come from the engine's own counters and wall-clock stamps, never from estimates.
 """
@@ -9,8 +9,7 @@ import html
 import threading
 import time
 
-from k3core.model.budget import human
-from k3core.model.report import peak_rss_bytes
+from k3core import Observer, human, peak_rss_bytes
 
 IO_KEYS = ("trunk_bytes_read", "expert_bytes_read", "expert_requests", "expert_hits", "tokens_forwarded")
 
@@ -23,7 +22,7 @@ def _minus(a: dict, b: dict) -> dict:
     return {k: a[k] - b[k] for k in IO_KEYS}
 
 
-class Monitor:
+class Monitor(Observer):
     def __init__(self, host):
         self.host = host
         self._lock = threading.Lock()
@@ -46,7 +45,7 @@ class Monitor:
                          "prev": s, "now": s, "t_first": None, "t_call": None}
 
     def on_layer(self, layer: int, layers: int) -> None:
-        """Engine.on_layer: a forward pass is at `layer` of `layers`; layer 0 starts a new pass."""
+        """Observer.on_layer: a forward pass is at `layer` of `layers`; layer 0 starts a new pass."""
         live = self.live
         if live is None:
             return

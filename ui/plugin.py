@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import argparse
 
-from k3core.cli.common import EXIT_CODES, add_engine_args
-from k3core.hookspecs import hookimpl
+from k3core import EXIT_CODES, add_engine_arguments, engine_config_from_args
+from k3core.plugin_api import hookimpl
 
-from .server import EXPOSE_FLAG
+from .server import EXPOSE_FLAG, ServerOptions
 
 
 def cmd_ui(args) -> int:
     from .server import serve
 
-    return serve(args)
+    return serve(engine_config_from_args(args), server_options(args))
+
+
+def server_options(args) -> ServerOptions:
+    return ServerOptions(host=args.host, port=args.port, expose=args.expose, auth=args.auth,
+                         queue_size=args.queue_size, keep_states=args.keep_states)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -29,7 +34,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                "  k3 ui                                   # the saved profile (k3 setup writes it)\n"
                "  k3 ui demo-model --port 7861\n"
                f"  k3 ui /models/K3 --host 0.0.0.0 {EXPOSE_FLAG} --auth me:secret\n\n" + EXIT_CODES)
-    add_engine_args(p)
+    add_engine_arguments(p)
     g = p.add_argument_group("server")
     g.add_argument("--port", type=int, default=7860, metavar="N", help="port (default 7860)")
     g.add_argument("--host", metavar="ADDR", help="address to listen on (default 127.0.0.1); anything but loopback "

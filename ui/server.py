@@ -8,12 +8,25 @@ from __future__ import annotations
 import ipaddress
 import os
 import sys
+from dataclasses import dataclass
 
-from k3core.errors import UsageError
+from k3core import EngineConfig, UsageError
 
 from .host import EngineHost
 
 EXPOSE_FLAG = "--i-know-this-exposes-the-model"
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """How `k3 ui` serves (its flags, beside the engine's EngineConfig)."""
+
+    host: str | None = None      # None: 127.0.0.1
+    port: int = 7860
+    expose: bool = False         # allow a non-loopback host
+    auth: str | None = None      # USER:PASSWORD, else K3_UI_AUTH
+    queue_size: int = 16         # requests that may wait for the engine
+    keep_states: int = 2         # browser sessions whose decode state stays in memory
 
 
 def is_loopback(host: str) -> bool:
@@ -71,20 +84,23 @@ def warn_exposed(host: str, auth) -> None:
           + "; traffic is plain HTTP", file=sys.stderr)
 
 
-def serve(args) -> int:
+def serve(config: EngineConfig, opts: ServerOptions) -> int:
     """`k3 ui`: check the address first, then open the engine, build the app and serve until Ctrl-C."""
-    host = check_host(args.host, args.expose)
-    auth = parse_auth(args.auth or os.environ.get("K3_UI_AUTH"))
+    host = check_host(opts.host, opts.expose)
+    auth = parse_auth(opts.auth or os.environ.get("K3_UI_AUTH"))
     if not is_loopback(host):
         warn_exposed(host, auth)
-    engine = EngineHost(args)  # no model, no profile, a plan that does not fit: said before Gradio loads
+    engine = EngineHost(config)  # no model, no profile, a plan that does not fit: said before Gradio loads
+    for notice in engine.engine.notices:
+        print(notice, file=sys.stderr)
     try:
         os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
         from .app import build
 
-        demo = build(args, host=engine).demo.queue(max_size=args.queue_size, default_concurrency_limit=None)
-        print(f"k3 ui: model {engine.args.model}", flush=True)
-        launch(demo, host, args.port, auth, block=True)
+        demo = build(engine, keep_states=opts.keep_states).demo.queue(max_size=opts.queue_size,
+                                                                      default_concurrency_limit=None)
+        print(f"k3 ui: model {engine.model}", flush=True)
+        launch(demo, host, opts.port, auth, block=True)
     finally:
         engine.close()
     return 0

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from k3core.errors import K3Error
+from k3core import K3Error
 
 try:
     from wizard.state import read_state
@@ -135,7 +135,7 @@ def setup_tab(host, chats, title, header) -> None:
         except K3Error as exc:
             return f"⚠ {exc}", gr.skip()
         chats.reset_all("a new model was opened: this is a new conversation")
-        return f"✓ now serving {host.args.model}", header(host)
+        return f"✓ now serving {host.model}", header(host)
 
     run.click(run_setup, [source, dest, trunk_dir, preset, no_pack, vision, jobs], [table, log, status],
               api_name="setup", concurrency_limit=1, concurrency_id="setup")

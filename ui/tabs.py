@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from k3core.model.budget import PRESETS
-from k3core.errors import K3Error
-from k3core.plugin_manager import describe_plugins
+from k3core import PRESETS, K3Error, describe_plugins
 
 from .host import PRESET_CHOICES
 
@@ -83,16 +81,15 @@ def memory_tab(host, chats):
 def plugins_markdown(host) -> str:
     engine = host.engine
     c = engine.config
-    kda = next((L for L in range(c.num_hidden_layers) if not c.is_mla(L)), None)
-    mla = next((L for L in range(c.num_hidden_layers) if c.is_mla(L)), None)
     active = [("kernels", engine.kernels.name), ("trunk placer", engine.placer.name),
               ("expert store", engine.store.name)]
-    active += [(f"{kind} attention", engine.attention_for(L).name) for kind, L in (("kda", kda), ("mla", mla))
-               if L is not None]
+    active += [(f"{kind} attention", engine.attention_for(next(L for L in range(c.num_hidden_layers)
+                                                                if c.attention_kind(L) == kind)).name)
+               for kind in c.attention_kinds]
     out = ["### Active implementations", "| kind | in use |", "|---|---|"]
     out += [f"| {kind} | `{name}` |" for kind, name in active]
     out += ["", "### Installed plugins", "| plugin | version | from | hooks → what each provides |", "|---|---|---|---|"]
-    for row in describe_plugins(engine.pm):
+    for row in describe_plugins():
         hooks = "<br>".join(f"`{h}`: {', '.join(row['provides'][h]) or '–'}" for h in row["hooks"])
         out.append(f"| {row['name']} | {row['version']} | {row['source']} | {hooks} |")
     out += ["", "A third-party package adds a plugin through the `k3` entry-point group; `K3_PLUGINS=a,b` loads "

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx2
 from huggingface_hub import get_session
 
-from k3core.errors import K3Error
+from k3core import K3Error
 
 from .hub import TransientError
 from .progress import Meter

@@ -5,7 +5,7 @@ doctor's measured disk rate. Writes nothing but the disk test's temporary file, 
 from __future__ import annotations
 
 
-from k3core.cli import doctor
+from k3core import measure_read
 
 from .plan import _existing, plan_demo, plan_hub, plan_local, remaining_bytes, space_check
 from .progress import estimate, hash_rate, human, rate_text
@@ -49,7 +49,7 @@ def dry_run(setup) -> int:
     s.say(f"  destination  {s.dest}" + ("" if o.no_pack else f"; packed trunk in {s.trunk}"))
     s.say(f"  disk         {space}")
     try:
-        disk = doctor.measure_read(str(_existing(s.dest)), max(1, min(o.read_mb, 64)))["bytes_per_s"]
+        disk = measure_read(str(_existing(s.dest)), max(1, min(o.read_mb, 64)))["bytes_per_s"]
     except OSError:
         disk = None
     total = sum(r["size"] for r in files.values()) or fetch

@@ -16,8 +16,7 @@ from huggingface_hub import HfApi, get_session, get_token, hf_hub_url
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled, RevisionNotFoundError
 from huggingface_hub.utils import build_hf_headers
 
-from k3core import __version__
-from k3core.errors import K3Error
+from k3core import K3Error, __version__
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 RESERVED_PREFIX = ".k3-"            # the wizard's own files in the destination: a listing may not name them

@@ -10,7 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
-from k3core.errors import K3Error, UsageError
+from k3core import TEST_MODEL_MARKER, K3Error, UsageError, make_test_model
 
 from .plan import HUB_INDEX, INDEX, record
 from .progress import human
@@ -36,15 +36,13 @@ def derive_index(dest: Path, st: SetupState) -> None:
 
 
 def generate_demo(dest: Path, keep: Path, st: SetupState, shape: str, seed: int) -> str:
-    """make_model into a staging directory, then each file into `dest` (replacing an older test model's)."""
-    from k3core.model.testmodel import MARKER, make_model
-
+    """make_test_model into a staging directory, then each file into `dest` (replacing an older test model's)."""
     here = [p for p in dest.iterdir() if not p.name.startswith(".k3-") and p != keep]
-    if here and not (dest / MARKER).exists():
+    if here and not (dest / TEST_MODEL_MARKER).exists():
         raise UsageError(f"{dest} already holds files that are not a k3 test model; give the demo an empty --dest")
     staging = dest / PARTIAL_DIR / "demo-model"
     shutil.rmtree(staging, ignore_errors=True)
-    make_model(staging, shape, seed)
+    make_test_model(staging, shape, seed)
     for p in here:                     # an older test model (e.g. the tiny one of an earlier `make demo`)
         if p.is_file():
             p.unlink()

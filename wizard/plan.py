@@ -12,10 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from k3core.model.checkpoint import PREFIX, VISION_PREFIXES, open_checkpoint
-from k3core.cli.doctor import TRUNK_BYTES
-from k3core.errors import K3Error, UsageError
-from k3core.io.pack import EXPERTS, plan_runs
+from k3core import (RELEASED_TRUNK_BYTES, VISION_PREFIXES, K3Error, UsageError, generated_model_bytes,
+                    packed_trunk_bytes)
 
 from .hub import HubError
 from .progress import human
@@ -26,7 +24,6 @@ META_SUFFIXES = (".json", ".model", ".py", ".jinja", ".tiktoken", ".txt")
 INDEX = "model.safetensors.index.json"
 HUB_INDEX = "model.safetensors.index.hub.json"   # the Hub's index, kept when the vision shards are left out
 MARGIN = 256 << 20                               # free space kept beyond what the plan needs
-RUN_ALIGN, TENSOR_ALIGN = 4096, 64               # k3 pack's alignment (k3core/pack.py): the estimate's slack
 
 
 class SpaceError(K3Error):
@@ -82,22 +79,6 @@ def _tensors(header: dict):
     return ((k, v) for k, v in header.items() if k != "__metadata__" and isinstance(v, dict))
 
 
-def trunk_from_headers(headers: dict[str, dict]) -> int:
-    """Bytes k3 pack will write: every non-expert, non-vision tensor, plus its alignment slack."""
-    total, runs = 0, set()
-    for header in headers.values():
-        for name, t in _tensors(header):
-            if name.startswith(VISION_PREFIXES):
-                continue
-            layer, _, rel = name[len(PREFIX + "layers."):].partition(".") if name.startswith(PREFIX + "layers.") \
-                else ("model", "", name)
-            if not rel.startswith(EXPERTS):
-                start, end = t.get("data_offsets", (0, 0))
-                total += int(end) - int(start) + TENSOR_ALIGN
-                runs.add(layer)
-    return total + RUN_ALIGN * len(runs)
-
-
 def plan_hub(hub, sha: str, vision: bool, jobs: int = 4) -> Plan:
     files, skipped = [], []
     for f in hub.listing(sha):
@@ -113,13 +94,13 @@ def plan_hub(hub, sha: str, vision: bool, jobs: int = 4) -> Plan:
             raise HubError(f"{hub.repo}@{sha[:12]}: the Hub's listing disagrees with the published shard sizes of "
                            f"the released checkpoint ({'; '.join(f'{k}: {v}' for k, v in list(diffs.items())[:3])}"
                            f"{' …' if len(diffs) > 3 else ''}); refusing to download")
-        vision_names, trunk = list(OFFICIAL_VISION), int(TRUNK_BYTES)
+        vision_names, trunk = list(OFFICIAL_VISION), int(RELEASED_TRUNK_BYTES)
     else:          # other repositories and mirrors: read each shard's header (ranged GETs, no tensor data)
         with ThreadPoolExecutor(max(1, jobs)) as pool:
             headers = dict(zip((w.path for w in weights), pool.map(lambda w: hub.read_header(w.path, sha), weights)))
         vision_names = [n for n, h in headers.items()
                         if any(True for _ in _tensors(h)) and all(k.startswith(VISION_PREFIXES) for k, _ in _tensors(h))]
-        trunk = trunk_from_headers(headers)
+        trunk = packed_trunk_bytes(headers)
     out = {}
     for f in files:
         is_vision = f.path in vision_names
@@ -137,11 +118,7 @@ def plan_hub(hub, sha: str, vision: bool, jobs: int = 4) -> Plan:
 # ---- a local directory, the demo --------------------------------------------------------------------
 def plan_local(directory: Path) -> Plan:
     """Use a checkpoint in place: k3core must open it; sizes come from disk, hashes are measured."""
-    ckpt = open_checkpoint(directory)
-    try:
-        trunk = plan_runs(ckpt.index)[1]
-    finally:
-        ckpt.close()
+    trunk = packed_trunk_bytes(directory)
     out = {}
     for p in sorted(directory.iterdir()):
         suffix = p.suffix
@@ -153,9 +130,7 @@ def plan_local(directory: Path) -> Plan:
 
 
 def plan_demo() -> Plan:
-    from k3core.model.testmodel import planned_bytes, shape_config
-
-    size = planned_bytes(shape_config("small"))
+    size = generated_model_bytes("small")
     return Plan({}, size, fetch_bytes=size + (1 << 20))   # the trunk is at most the whole (tiny) model
 
 

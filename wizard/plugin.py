@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from k3core.hookspecs import hookimpl
+from k3core.plugin_api import hookimpl
 
 PRESETS = ["auto", "laptop", "desktop", "workstation", "server", "max"]
 
@@ -52,7 +52,7 @@ exit codes:
 
 
 def cmd_setup(args) -> int:
-    from k3core.errors import UsageError
+    from k3core import UsageError
 
     from .steps import Options, Setup
 

@@ -10,7 +10,7 @@ import threading
 import time
 from collections import deque
 
-from k3core.model.budget import human as _human
+from k3core import human as _human
 
 WINDOW = 10.0   # seconds of history behind the rate
 HASH_RATE = 1.5e9   # bytes/s one core hashes sha256 (for estimates)

@@ -12,8 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from k3core.io.atomic import write_json_atomic
-from k3core.errors import K3Error
+from k3core import K3Error, write_json_atomic
 
 FORMAT, VERSION = "k3-setup-state", 1
 STATE, LOG, LOCK, PARTIAL_DIR = ".k3-setup.json", ".k3-setup.log", ".k3-setup.lock", ".k3-partial"

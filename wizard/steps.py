@@ -12,11 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from k3core.model import budget
-from k3core.cli import doctor
-from k3core.errors import K3Error, UsageError
-from k3core.io.pack import Meter as PackMeter, pack
-from k3core.io.profile import Profile, save_profile
+from k3core import (K3Error, PackMeter, Profile, UsageError, auto_preset, machine_checks, mem_available, pack_trunk,
+                    save_profile)
 
 from .download import Downloader
 from .hub import Hub
@@ -166,7 +163,7 @@ class Setup:
 
     # ---- (1) machine check -------------------------------------------------------------------------
     def step_check(self) -> str:
-        checks = [c for c in doctor.run_checks(str(self.dest), self.opts.read_mb) if c.name != "disk space"]
+        checks = [c for c in machine_checks(str(self.dest), self.opts.read_mb) if c.name != "disk space"]
         width = max(len(c.name) for c in checks)
         for c in checks:
             self.say(f"      {c.status:<4}  {c.name:<{width}}  {c.finding}")
@@ -278,7 +275,7 @@ class Setup:
             return "skipped: the whole trunk will be held in RAM"
         meter = PackMeter(self.err)
         try:
-            r = pack(self.dest, self.trunk, progress=meter, say=lambda msg: self.say(f"      {msg}"))
+            r = pack_trunk(self.dest, self.trunk, progress=meter, say=lambda msg: self.say(f"      {msg}"))
         finally:
             meter.close()
         return f"{self.trunk}: {r.runs} runs, {human(r.trunk_bytes)} ({r.status})"
@@ -286,9 +283,9 @@ class Setup:
     def step_profile(self) -> str:
         preset, why = self.opts.preset, "as asked"
         if preset == "auto":
-            available = budget.mem_available()
+            available = mem_available()
             try:
-                preset, why = budget.auto_preset(available), f"the largest that fits {human(available)} available"
+                preset, why = auto_preset(available), f"the largest that fits {human(available)} available"
             except K3Error:
                 preset, why = "laptop", f"the smallest; {human(available)} available is less than it wants"
         sha = self.st.facts.get("commit")

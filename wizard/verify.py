@@ -11,8 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
 
-from k3core.model.checkpoint import open_checkpoint
-from k3core.errors import K3Error, UsageError
+from k3core import K3Error, UsageError, check_checkpoint
 
 from . import OFFICIAL_REPO
 from .progress import Meter, human
@@ -116,7 +115,7 @@ def is_official(repo: str | None) -> bool:
 # ---- `k3 verify` ------------------------------------------------------------------------------
 def _structure(dest: Path) -> str | None:
     try:
-        open_checkpoint(dest).close()
+        check_checkpoint(dest)
     except K3Error as exc:
         return str(exc)
     return None

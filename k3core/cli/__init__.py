@@ -1,4 +1,4 @@
 """The `k3` command: argument parsing, human and JSON output, exit codes, and the tools behind
-subcommands (doctor, bench, sim-cache). Built on the front door (k3core.api) and the model's own
-modules; nothing else in k3core imports from here.
+subcommands (doctor, bench, sim-cache, pack). Built on the model, text and io rooms; of the rest of
+k3core only the front door (api.py) imports from here, to hand plugins the engine flags and the doctor.
 """

@@ -214,7 +214,7 @@ def llc_bytes():
 
 def machine_info():
     from .. import _native
-    from ..plugins.native_kernels import default_threads
+    from ..interfaces import default_threads
     try:
         with open("/proc/cpuinfo") as f:
             cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
@@ -274,7 +274,7 @@ def cmd_kernels(args) -> int:
     import sys
 
     from .. import _native
-    from ..plugins.native_kernels import default_threads
+    from ..interfaces import default_threads
     available = _native.available_backends()
     backends = _csv(args.backends, "backends") if args.backends else available
     unknown = [b for b in backends if b not in available]

@@ -139,18 +139,20 @@ def projection(row: dict, probe: dict, compute_per_byte: float) -> dict:
 def default_budgets(model_dir, trunk_dir) -> list[tuple[float, float]]:
     """(trunk GB, cache GB): the ring alone (nothing pinned, cache floor), about half the layers
     pinned with a small cache, and everything pinned with every expert cached."""
-    from ..plugins.pinned import layout
-    from ..io.trunk import load_trunk
+    from ..api import EngineConfig, memory_plan
 
-    trunk, ckpt = load_trunk(trunk_dir), open_checkpoint(model_dir)
+    ckpt = open_checkpoint(model_dir)
     config = ckpt.config
-    ring = layout(trunk, config, {"pinned_layers": 0})
-    half = layout(trunk, config, {"pinned_layers": config.num_hidden_layers // 2})
-    everything = layout(trunk, config, {"pinned_layers": config.num_hidden_layers})
     one = sum(ckpt.index[expert_prefix(config.first_k_dense_replace, 0) + p].nbytes for p in EXPERT_PARTS)
     experts = (config.num_hidden_layers - config.first_k_dense_replace) * config.num_experts * one
-    gb = lambda lay: (lay.pinned_bytes + lay.ring_slots * lay.slot_bytes) / 1e9 + 0.001  # noqa: E731
-    return [(gb(ring), 0.0), (gb(half), 0.5), (gb(everything) + 0.1, experts / 1e9 + 0.1)]
+    ckpt.close()
+
+    def trunk_gb(pinned: int) -> float:  # what the pinned placer's plan holds: pinned layers + the ring
+        plan = memory_plan(EngineConfig(model_dir, trunk=trunk_dir, trunk_placer="pinned", pin_layers=pinned))
+        return sum(r.bytes for r in plan.trunk) / 1e9 + 0.001
+
+    n = config.num_hidden_layers
+    return [(trunk_gb(0), 0.0), (trunk_gb(n // 2), 0.5), (trunk_gb(n) + 0.1, experts / 1e9 + 0.1)]
 
 
 def cmd_stream(args) -> int:

@@ -9,7 +9,7 @@ import signal
 import sys
 import time
 
-from .common import EXIT_CODES, add_engine_args, add_sampling_args, open_engine, sampling_params
+from .common import EXIT_CODES, add_engine_args, add_sampling_args, engine_config, open_engine, sampling_params
 from ..errors import K3Error
 
 HELP = """commands:
@@ -103,11 +103,12 @@ def cmd_chat(args) -> int:
     from ..text.tokenizer import load_tokenizer
 
     params = sampling_params(args)
+    config = engine_config(args)
     tty = sys.stdout.isatty()
-    with open_engine(args) as engine:
-        chat = ChatSession(engine, load_tokenizer(args.tok or args.model),
+    with open_engine(config) as engine:
+        chat = ChatSession(engine, load_tokenizer(config.tokenizer or config.model),
                            "thinking" if args.thinking else "instruct", args.system)
-        print(f"k3 chat: {args.model} ({chat.mode} mode). /help for commands, Ctrl-D to leave.")
+        print(f"k3 chat: {config.model} ({chat.mode} mode). /help for commands, Ctrl-D to leave.")
         while True:
             try:
                 line = input("> ")

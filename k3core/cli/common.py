@@ -1,18 +1,14 @@
-"""What `k3 run` and `k3 chat` share: the engine and budget flags, the sampling flags, opening an
-engine (with its memory plan shown first), atomic output files and the exit-code text."""
+"""What `k3 run`, `k3 chat` and the subcommands of plugins (`k3 ui`) share: the engine and budget flags
+and their EngineConfig, the sampling flags, and opening an engine with its memory plan and plugin
+notices shown first. The exit-code text lives in k3core.errors."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from ..errors import UsageError
+from ..errors import EXIT_CODES, UsageError
 
-EXIT_CODES = """exit codes:
-  0  success
-  1  runtime failure (a bug, or the machine ran out of something)
-  2  bad usage, config, checkpoint or input (the message names the field, file or tensor)
-  4  the run finished but its ids are unsound (an expert read failed); do not trust them
-  130 interrupted (Ctrl-C)"""
+__all__ = ["EXIT_CODES", "add_engine_args", "add_sampling_args", "engine_config", "open_engine", "sampling_params"]
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -21,8 +17,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "(`k3 setup` writes it)")
     g = p.add_argument_group("compute")
     g.add_argument("--kernels", metavar="NAME",
-                   help="kernel backend: avx512, avx2, neon, scalar or reference (default: K3_KERNELS, else the "
-                        "best this CPU runs); every backend gives the same bits")
+                   help="kernel backend: avx512, avx2, neon, scalar (the same bits on each) or reference (numpy, "
+                        "slow) (default: K3_KERNELS, else the best this CPU runs)")
     g.add_argument("--threads", type=int, metavar="N",
                    help="kernel threads (default: the CPUs this process may use); never changes a bit")
     g = p.add_argument_group("memory (see docs/STREAMING.md)")
@@ -42,6 +38,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    "third party's (see `k3 plugins`)")
     g.add_argument("--trunk-placer", metavar="NAME", help="trunk placer plugin (default: pinned with --trunk, else "
                    "resident)")
+    g.add_argument("--attention", action="append", default=[], metavar="KIND=NAME",
+                   help="attention backend for one kind of layer, e.g. kda=kda (repeatable; default: the first "
+                        "installed for each kind)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser, default_max: int) -> None:
@@ -68,48 +67,43 @@ def sampling_params(args):
                           stop_ids=tuple(args.stop_id), stop_strings=tuple(args.stop))
 
 
-def budget_options(args) -> dict:
-    from ..model.budget import resolve_budget
-
-    if args.ring < 2:
-        raise UsageError(f"--ring must be at least 2 slots (a one-slot asynchronous ring overwrites the layer "
-                         f"being computed), got {args.ring}")
-    budget = resolve_budget(args.preset, args.trunk_gb, args.cache_gb)
-    options = {"cache_gb": budget.cache_gb, "ring_slots": args.ring}
-    if args.trunk:
-        options["trunk_dir"] = args.trunk
-        options["trunk_gb"] = budget.trunk_gb
-        if args.pin_layers is not None:
-            options["pinned_layers"] = args.pin_layers
-    elif args.trunk_gb is not None or args.pin_layers is not None:
-        raise UsageError("--trunk-gb and --pin-layers apply to a packed trunk: give --trunk DIR (made by `k3 pack`), "
-                         "or leave them out to hold the whole trunk in RAM")
-    return options
+def _attention(pairs) -> dict:
+    out = {}
+    for pair in pairs:
+        kind, sep, name = pair.partition("=")
+        if not sep or not kind or not name:
+            raise UsageError(f"--attention takes KIND=NAME (e.g. kda=kda), got {pair!r}")
+        out[kind] = name
+    return out
 
 
-def apply_profile(args) -> None:
-    """Without MODEL_DIR, take the model, packed trunk and budgets from the saved profile."""
-    from ..io.profile import load_profile, profile_path
+def engine_config(args):
+    """The EngineConfig of parsed engine flags; without MODEL_DIR, the saved profile's model, packed
+    trunk and budgets (flags given still win)."""
+    from ..api import EngineConfig, config_from_profile
 
-    if args.model:
-        return
-    profile = load_profile()
-    if profile is None:
-        raise UsageError(f"no MODEL_DIR given and no saved profile at {profile_path()}: run `k3 setup` "
-                         "(or `k3 setup --source demo --yes` for the demo model), or give MODEL_DIR")
-    args.model = profile.model
-    if args.trunk is None:
-        args.trunk = profile.trunk
-    if args.preset is None and args.trunk_gb is None and args.cache_gb is None:
-        args.preset, args.trunk_gb, args.cache_gb = profile.preset, profile.trunk_gb, profile.cache_gb
+    fields = dict(kernels=args.kernels, threads=args.threads, attention=_attention(args.attention),
+                  trunk_placer=args.trunk_placer, expert_store=args.expert_store, trunk=args.trunk,
+                  preset=args.preset, trunk_gb=args.trunk_gb, cache_gb=args.cache_gb, ring=args.ring,
+                  pin_layers=args.pin_layers, max_context=args.max_context,
+                  tokenizer=getattr(args, "tok", None))
+    try:
+        return EngineConfig(args.model, **fields) if args.model else config_from_profile(**fields)
+    except UsageError as exc:  # name the flags, not the fields
+        text = str(exc)
+        for name in fields:
+            text = text.replace(f"  - {name} ", f"  - --{FLAGS.get(name, name.replace('_', '-'))} ")
+        raise UsageError(text) from None
 
 
-def open_engine(args):
-    from ..model.engine import Engine
+FLAGS = {"tokenizer": "tok", "pin_layers": "pin-layers", "max_context": "max-context"}
 
-    apply_profile(args)
-    if args.threads is not None and args.threads < 1:
-        raise UsageError(f"--threads must be at least 1, got {args.threads}")
-    return Engine(args.model, kernels=args.kernels, threads=args.threads, expert_store=args.expert_store,
-                  trunk_placer=args.trunk_placer, options=budget_options(args), max_context=args.max_context,
-                  on_plan=lambda plan: print(plan.text(), file=sys.stderr))
+
+def open_engine(config):
+    """Open `config`'s engine, printing the memory plan and any plugin notice to stderr first."""
+    from ..api import open_engine as open_
+
+    engine = open_(config, on_plan=lambda plan: print(plan.text(), file=sys.stderr))
+    for notice in engine.notices:
+        print(notice, file=sys.stderr)
+    return engine

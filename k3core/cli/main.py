@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import add_parser as add_bench
     from .sim_cache import add_parser as add_sim_cache
     from .doctor import add_parser as add_doctor
-    from ..io.pack import add_parser as add_pack
+    from .pack import add_parser as add_pack
     from ..plugin_manager import add_subcommands
     add_pack(sub)
     add_doctor(sub)

@@ -12,8 +12,10 @@ import time
 from pathlib import Path
 
 from ..io.atomic import write_bytes_atomic as write_atomic
-from .common import EXIT_CODES, add_engine_args, add_sampling_args, open_engine, sampling_params
 from ..errors import UsageError
+from ..model.checkpoint import EXPERT_PARTS, expert_prefix
+from ..model.engine import Observer
+from .common import EXIT_CODES, add_engine_args, add_sampling_args, engine_config, open_engine, sampling_params
 
 
 def parse_ids(text: str, source: str) -> list[int]:
@@ -54,23 +56,24 @@ def prompt_source(args) -> tuple[str, object]:
     return "text", text
 
 
-class TraceRecorder:
-    """(layer, expert) of every routing decision, written as int32 pairs (the k3-in-c format)."""
+class TraceRecorder(Observer):
+    """(layer, expert) of every routing decision, written as int32 pairs (the k3-in-c format), with the
+    slot bytes the store really uses per expert (what `k3 sim-cache` sizes its caches by)."""
 
     def __init__(self):
         self.pairs = []
 
-    def __call__(self, layer, ids):
-        self.pairs.extend((layer, int(e)) for e in ids.reshape(-1))
+    def on_route(self, layer, expert_ids):
+        self.pairs.extend((layer, int(e)) for e in expert_ids.reshape(-1))
 
     def write(self, directory, engine):
         import numpy as np
 
-        from ..model.checkpoint import EXPERT_PARTS, expert_prefix
-
         c = engine.config
-        first_moe = min(c.first_k_dense_replace, c.num_hidden_layers - 1)
-        expert_bytes = sum(engine.checkpoint.index[expert_prefix(first_moe, 0) + p].nbytes for p in EXPERT_PARTS)
+        expert_bytes = engine.store.stats().get("expert_slot_bytes")
+        if not expert_bytes:
+            first_moe = min(c.first_k_dense_replace, c.num_hidden_layers - 1)
+            expert_bytes = sum(engine.checkpoint.index[expert_prefix(first_moe, 0) + p].nbytes for p in EXPERT_PARTS)
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         write_atomic(out / "expert_trace.bin", np.asarray(self.pairs, "<i4").reshape(-1, 2).tobytes())
@@ -89,14 +92,22 @@ def _text_prompt(args, tokenizer, text):
     return conv.prompt(), tuple(conv.stop_ids), "think" if args.thinking else "response"
 
 
+class LogitsRecorder(Observer):
+    """The logits row of every generated id (--dump-logits)."""
+
+    def __init__(self):
+        self.rows = []
+
+    def on_token(self, token, logits):
+        self.rows.append(logits)
+
+
 def cmd_run(args) -> int:
     from ..model.report import report_text, run_report
     from ..text.session import Session
     from ..text.tokenizer import load_tokenizer
 
-    from .common import apply_profile
-
-    apply_profile(args)
+    config = engine_config(args)
     kind, prompt = prompt_source(args)
     if (args.chat or args.thinking or args.system) and kind != "text":
         raise UsageError("--chat, --thinking and --system need a text prompt (--prompt or --prompt-file)")
@@ -107,17 +118,15 @@ def cmd_run(args) -> int:
             raise UsageError(f"{flag} {path}: its directory does not exist")
     params = sampling_params(args)
     start = time.perf_counter()
-    with open_engine(args) as engine:
-        tokenizer = load_tokenizer(args.tok or args.model) if kind == "text" else None
+    with open_engine(config) as engine:
+        tokenizer = load_tokenizer(config.tokenizer or config.model) if kind == "text" else None
         ids, stop_ids, channel = _text_prompt(args, tokenizer, prompt) if kind == "text" else (prompt, (), None)
         engine.check_ids(ids)
-        trace = TraceRecorder() if args.dump_trace else None
-        engine.on_route = trace
-        logits = []
+        trace, logits = TraceRecorder() if args.dump_trace else None, LogitsRecorder()
         session = Session(engine, tokenizer)
         load_seconds = time.perf_counter() - start
-        events = session.generate(ids, params, stop_ids=stop_ids, channel=channel, on_logits=logits.append,
-                                  full_recompute=args.full_recompute)
+        events = session.generate(ids, params, stop_ids=stop_ids, channel=channel, full_recompute=args.full_recompute,
+                                  observers=[logits] + ([trace] if trace else []))
         for event in events:
             if event.kind == "text" and kind == "text":
                 print(event.text, end="", flush=True, file=sys.stderr if event.channel == "think" else sys.stdout)
@@ -137,7 +146,7 @@ def cmd_run(args) -> int:
         print(report_text(report), file=sys.stderr)
     if args.dump_logits:
         import numpy as np
-        write_atomic(args.dump_logits, np.stack(logits).astype("<f4").tobytes())
+        write_atomic(args.dump_logits, np.stack(logits.rows).astype("<f4").tobytes())
     if args.json:
         write_atomic(args.json, (json.dumps(report, indent=1) + "\n").encode())
     return 0

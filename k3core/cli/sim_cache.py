@@ -1,20 +1,20 @@
 """`k3 sim-cache`: replay a recorded expert-routing trace through cache policies offline.
 
-Policies: a reference LRU, Belady-optimal (MIN) and every registered expert store's own
-`cache_policy(slots)`. Reported per size: TRUE hit rate, misses, GB read per token-forward, retention.
+Policies: the reference LRU (LRUPolicy, the very object the `lru` store decides with), Belady-optimal
+(MIN) and every registered expert store's own `cache_policy(slots)`. Reported per size: TRUE hit rate,
+misses, GB read per token-forward, retention.
 """
 from __future__ import annotations
 
 import heapq
 import json
 import math
-from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import InputError, UsageError
-from ..interfaces import CachePolicy
+from ..interfaces import CachePolicy, LRUPolicy
 
 DEFAULT_EXPERT_BYTES = 17_547_264  # one real K3 routed expert (w1, w2, w3 packed + scales)
 K3_IN_C_PAIRS, K3_IN_C_TOKENS = 100_096, 68  # 8 full-recompute steps on 5 ids: 5+6+…+12 forwards
@@ -95,21 +95,6 @@ def visit_repeats(pairs: np.ndarray, keys: np.ndarray) -> int:
     return len(keys) - len(np.unique(visit * (int(keys.max()) + 1) + keys))
 
 
-def replay_lru(keys, slots: int) -> tuple[int, int]:
-    """(hits, evictions) of a plain LRU of `slots` entries that admits every miss."""
-    cache, hits, evictions = OrderedDict(), 0, 0
-    for key in keys.tolist():
-        if key in cache:
-            cache.move_to_end(key)
-            hits += 1
-            continue
-        if len(cache) >= slots:
-            cache.popitem(last=False)
-            evictions += 1
-        cache[key] = None
-    return hits, evictions
-
-
 def replay_belady(keys, slots: int, nxt=None) -> tuple[int, int]:
     """(hits, evictions) of Belady's MIN: on a miss with the cache full, evict the resident key
     whose next use is farthest away. A max-heap of (-next use, key) with stale entries skipped."""
@@ -131,11 +116,11 @@ def replay_belady(keys, slots: int, nxt=None) -> tuple[int, int]:
 
 
 def replay_policy(policy: CachePolicy, pairs: np.ndarray, slots: int) -> tuple[int, int, str]:
-    """(hits, evictions, note) of a store's policy. Evictions come from its `evictions` counter
-    if it keeps one, else are inferred as misses − slots (a policy that admits every miss)."""
+    """(hits, evictions, note) of a policy, one request at a time. Evictions come from its
+    `evictions` counter if it keeps one, else are inferred as misses − slots (every miss is admitted)."""
     access, hits = policy.access, 0
     for layer, expert in pairs.tolist():
-        hits += bool(access((layer, expert)))
+        hits += bool(access((layer, expert))[0])
     counted = getattr(policy, "evictions", None)
     if isinstance(counted, int):
         return hits, counted, ""
@@ -168,7 +153,7 @@ def simulate(pairs, gbs, info: dict, stores=()) -> dict:
         if slots < 1:
             raise UsageError(f"--gb {gb:g}: {gb * 1e9:,.0f} bytes hold no expert of {info['expert_bytes']:,} bytes")
         bound = replay_belady(keys, slots, nxt)
-        rows.append(_row(gb, slots, "lru", *replay_lru(keys, slots), n, info))
+        rows.append(_row(gb, slots, "lru", *replay_policy(LRUPolicy(slots), pairs, slots)[:2], n, info))
         rows.append(_row(gb, slots, "belady", *bound, n, info))
         for store in stores:
             policy = store.cache_policy(slots)

@@ -1,13 +1,11 @@
 """Reading routed experts from the shards: where each expert's bytes lie, and concurrent positioned
-reads into page-aligned buffers, with O_DIRECT where the filesystem allows it (else buffered, said).
+reads into page-aligned buffers (aligned_io: O_DIRECT where the filesystem allows it, else buffered, said).
 
 Stores own the buffers and decide what to keep; this module only reads, and a failed or short read
 raises UnsoundRunError (exit 4) instead of handing back anything.
 """
 from __future__ import annotations
 
-import errno
-import mmap
 import os
 import threading
 import time
@@ -16,11 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model.checkpoint import EXPERT_PARTS, expert_prefix
 from ..errors import UnsoundRunError
 from ..interfaces import ExpertWeights
+from ..model.checkpoint import EXPERT_PARTS, expert_prefix
+from .aligned_io import ALIGN, align_down, align_up, open_for_reading, read_into
 
-ALIGN = 4096
 QUEUE_DEPTH = 16
 
 
@@ -34,40 +32,15 @@ class Piece:
     parts: tuple  # ((part name, shape, offset in this piece's buffer, nbytes), ...)
 
 
-def _align_down(n: int) -> int:
-    return n - n % ALIGN
-
-
-def _align_up(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
-
-
-def aligned_buffer(nbytes: int) -> mmap.mmap:
-    """Anonymous memory: page-aligned, as O_DIRECT wants."""
-    return mmap.mmap(-1, max(ALIGN, _align_up(nbytes)))
-
-
-def _open_direct(path: str) -> int:
-    """An O_DIRECT descriptor, proven by one aligned read (some filesystems take the flag, then refuse)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    probe = aligned_buffer(ALIGN)
-    try:
-        os.preadv(fd, [memoryview(probe)], 0)
-    except OSError:
-        os.close(fd)
-        raise
-    finally:
-        probe.close()
-    return fd
-
-
 class ExpertReader:
+    """Reads the experts of one checkpoint into buffers the caller owns (see `slot_bytes`)."""
+
     def __init__(self, checkpoint, direct_io: bool = True):
         self.index = checkpoint.index
         self.config = checkpoint.config
         self.direct_io = direct_io
         self.mode = "O_DIRECT" if direct_io else "buffered (O_DIRECT not asked for)"
-        self._fds: dict[str, tuple[int, bool]] = {}
+        self._files: dict = {}
         self._layouts: dict[tuple[int, int], tuple[Piece, ...]] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(QUEUE_DEPTH, thread_name_prefix="k3-expert-read")
@@ -89,8 +62,8 @@ class ExpertReader:
             groups.append(current)
             pieces, names = [], iter(EXPERT_PARTS)
             for g in groups:
-                start = _align_down(g[0].offset)
-                end = _align_up(g[-1].offset + g[-1].nbytes)
+                start = align_down(g[0].offset)
+                end = align_up(g[-1].offset + g[-1].nbytes)
                 parts = tuple((next(names), i.shape, i.offset - start, i.nbytes) for i in g)
                 pieces.append(Piece(str(g[0].file), start, end - start, parts))
             self._layouts[key] = tuple(pieces)
@@ -99,7 +72,7 @@ class ExpertReader:
     def slot_bytes(self, layer: int, expert: int) -> int:
         """Buffer bytes that hold any expert laid out like this one, wherever its pieces start
         relative to a 4 KiB boundary (its aligned pieces, back to back)."""
-        return sum(_align_up(p.parts[-1][2] + p.parts[-1][3] - p.parts[0][2]) + ALIGN
+        return sum(align_up(p.parts[-1][2] + p.parts[-1][3] - p.parts[0][2]) + ALIGN
                    for p in self.layout(layer, expert))
 
     def read(self, requests) -> list[ExpertWeights]:
@@ -136,44 +109,28 @@ class ExpertReader:
 
     def _read_piece(self, piece: Piece, view: memoryview):
         """Bytes into `view`; returns None, or a string saying what went wrong."""
-        fd, direct = self._fd(piece.file)
         payload_end = piece.parts[-1][2] + piece.parts[-1][3]
-        done = 0
         try:
-            while done < piece.length:
-                n = os.preadv(fd, [view[done:]], piece.start + done)
-                if n == 0:
-                    break
-                done += n
-                if direct and n % ALIGN:  # O_DIRECT reads stop short only at end of file
-                    break
+            done = read_into(self._file(piece.file), view, piece.start, piece.length)
         except OSError as exc:
             return f"{exc.strerror} (errno {exc.errno})"
         if done < payload_end:
             return f"short read: {done} of {payload_end} bytes at offset {piece.start}"
         return None
 
-    def _fd(self, path: str) -> tuple[int, bool]:
+    def _file(self, path: str):
         with self._lock:
-            if path not in self._fds:
-                self._fds[path] = self._open(path)
-            return self._fds[path]
-
-    def _open(self, path: str) -> tuple[int, bool]:
-        if self.direct_io and hasattr(os, "O_DIRECT"):
-            try:
-                return _open_direct(path), True
-            except OSError as exc:
-                if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
-                    raise
-                self.mode = f"buffered (O_DIRECT refused by the filesystem: {exc.strerror})"
-        return os.open(path, os.O_RDONLY), False
+            if path not in self._files:
+                self._files[path] = opened = open_for_reading(path, self.direct_io)
+                if self.direct_io and not opened.direct:
+                    self.mode = opened.mode
+            return self._files[path]
 
     def close(self):
         self._pool.shutdown(wait=True)
-        for fd, _ in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        for opened in self._files.values():
+            os.close(opened.fd)
+        self._files.clear()
 
 
 def expert_slot_bytes(checkpoint) -> int:

@@ -1,12 +1,12 @@
-"""`k3 pack`: copy every layer's trunk run (and the model-level run) into one 4096-aligned trunk.bin
-with a versioned manifest.json, resumably; and `k3 pack --verify`. The format and its reader
-(`open_trunk`, used by the trunk placers) are in k3core/trunk.py.
+"""Packing: copy every layer's trunk run (and the model-level run) into one 4096-aligned trunk.bin
+with a versioned manifest.json, resumably; verifying a pack; and the packed size of a checkpoint
+before it is packed. The format and its reader (`open_trunk`, used by the trunk placers) are in
+io/trunk.py; the `k3 pack` command in cli/pack.py.
 
 Checked by tests/test_pack.py against ShardIndex.read: every tensor's bytes, kills and torn writes.
 """
 from __future__ import annotations
 
-import argparse
 import fcntl
 import hashlib
 import os
@@ -33,7 +33,7 @@ CHUNK = 64 << 20
 EXPERTS = "block_sparse_moe.experts."
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
@@ -93,6 +93,28 @@ def plan_runs(index) -> tuple[list[_Planned], int]:
         at = run.offset + run.length
         plan.append(run)
     return plan, _align(at, ALIGN)
+
+
+def packed_size(index) -> int:
+    """Bytes trunk.bin will have for the checkpoint behind `index`."""
+    return plan_runs(index)[1]
+
+
+def packed_size_of_headers(headers: dict) -> int:
+    """An upper bound of packed_size from parsed safetensors headers alone ({shard: header dict}), for
+    a checkpoint not downloaded yet: every trunk tensor with a tensor's alignment slack, and a run's."""
+    total, runs = 0, set()
+    for header in headers.values():
+        for name, t in header.items():
+            if name == "__metadata__" or not isinstance(t, dict) or name.startswith(VISION_PREFIXES):
+                continue
+            layer, _, rel = name[len(PREFIX + "layers."):].partition(".") if name.startswith(PREFIX + "layers.") \
+                else ("model", "", name)
+            if not rel.startswith(EXPERTS):
+                start, end = t.get("data_offsets", (0, 0))
+                total += int(end) - int(start) + TENSOR_ALIGN
+                runs.add(layer)
+    return total + ALIGN * len(runs)
 
 
 # ---- moving bytes: read ahead one chunk, hash and write the current one in parallel -----------------
@@ -199,7 +221,7 @@ class Meter:
 
     def __call__(self, p: Progress):
         eta = "?" if p.eta is None else time.strftime("%H:%M:%S", time.gmtime(p.eta))
-        line = (f"{self.verb} {p.runs_done}/{p.runs_total} runs, {_size(p.bytes_done)} of {_size(p.bytes_total)}, "
+        line = (f"{self.verb} {p.runs_done}/{p.runs_total} runs, {size_text(p.bytes_done)} of {size_text(p.bytes_total)}, "
                 f"{p.rate / 1e9:.2f} GB/s, ETA {eta} ({p.key})")
         if self.tty and (p.run_finished or time.monotonic() - self.last > 0.2):
             self.last = time.monotonic()
@@ -264,7 +286,7 @@ def _resume_point(out: Path, fp, plan, plan_sha, mover) -> tuple[list, list[str]
         os.close(fd)
     if done:
         notes.append(f"resuming after {len(done)} of {len(plan)} runs "
-                     f"({_size(sum(d['length'] for d in done))} already packed)")
+                     f"({size_text(sum(d['length'] for d in done))} already packed)")
     return done, notes
 
 
@@ -285,8 +307,8 @@ def _preflight(out: Path, need: int, freeable: int):
         probe = probe.parent
     free = shutil.disk_usage(probe).free
     if free + freeable < need + (16 << 20):
-        raise TrunkError(f"not enough free space: the pack needs {_size(need)} more and the filesystem holding "
-                         f"{probe} has {_size(free)} free", file=out)
+        raise TrunkError(f"not enough free space: the pack needs {size_text(need)} more and the filesystem holding "
+                         f"{probe} has {size_text(free)} free", file=out)
 
 
 def _manifest(fp, plan, total, shas) -> dict:
@@ -404,66 +426,3 @@ def verify(trunk_dir, model=None, *, deep=False, progress=None) -> list[str]:
         mover.close()
         sources.close()
     return problems
-
-
-# ---- `k3 pack` ----------------------------------------------------------------------------------
-def cmd_pack(args) -> int:
-    err = sys.stderr
-    meter = None if args.quiet else Meter(err, "verified" if args.verify else "packed")
-    if args.verify:
-        if args.paths or (args.deep and not args.model):
-            raise UsageError("use: k3 pack --verify TRUNK_DIR [--model MODEL_DIR [--deep]]")
-        if problems := verify(args.verify, args.model, deep=args.deep, progress=meter):
-            raise TrunkError(f"{args.verify}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
-        if not args.quiet:
-            trunk = load_trunk(args.verify)
-            tied = f"; it belongs to {args.model}" if args.model else ""
-            print(f"{args.verify}: {len(trunk.runs)} runs, {_size(trunk.size)}, every sha256 matches{tied}")
-        return 0
-    if len(args.paths) != 2 or args.model or args.deep:
-        raise UsageError("use: k3 pack MODEL_DIR TRUNK_DIR, or k3 pack --verify TRUNK_DIR [--model MODEL_DIR]")
-    say = (lambda msg: None) if args.quiet else (lambda msg: print(f"k3 pack: {msg}", file=err, flush=True))
-    try:
-        r = pack(args.paths[0], args.paths[1], progress=meter, say=say)
-    except KeyboardInterrupt:
-        print("\nk3 pack: interrupted; finished runs are kept: run the same command to resume", file=err)
-        raise
-    finally:
-        if meter:
-            meter.close()
-    if not args.quiet and r.status != "up-to-date":
-        print(f"{args.paths[1]}: {r.runs} runs, {_size(r.trunk_bytes)}; copied {r.runs_copied} runs, "
-              f"{_size(r.bytes_copied)} in {r.seconds:.1f} s ({r.bytes_copied / max(r.seconds, 1e-9) / 1e9:.2f} GB/s)")
-    return 0
-
-
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "pack", formatter_class=argparse.RawDescriptionHelpFormatter,
-        help="copy the dense trunk into one aligned file for fast streaming (resumable)",
-        usage="%(prog)s MODEL_DIR TRUNK_DIR [--quiet]\n       %(prog)s --verify TRUNK_DIR [--model MODEL_DIR [--deep]]",
-        description=
-        "Copy every layer's trunk (all its tensors but the routed experts) and the model-level tensors\n"
-        "(embedding, final norms, lm_head) out of the checkpoint into TRUNK_DIR/trunk.bin, one run per layer\n"
-        "at a 4096-aligned offset, so the engine reads a whole layer with one O_DIRECT read. On the released\n"
-        "K3 that is ~113.5 GB, written once; the engine's pinned/streamed trunk placers read it.\n"
-        "TRUNK_DIR/manifest.json records each run's offset, length, sha256 and tensors, and a fingerprint of\n"
-        "the checkpoint (shard sizes, header and sampled data hashes, config.json) that ties the pack to it.\n\n"
-        "Resumable: after Ctrl-C, a kill or a power cut, run the same command again; it re-checks the last\n"
-        "finished run and continues after it. On a finished pack of the same checkpoint it does nothing.",
-        epilog="examples:\n"
-               "  k3 pack /models/Kimi-K3 /nvme/k3-trunk            # pack, or resume, or confirm it is done\n"
-               "  k3 pack --verify /nvme/k3-trunk                   # re-hash every run against the manifest\n"
-               "  k3 pack --verify /nvme/k3-trunk --model /models/Kimi-K3          # ...and the fingerprint\n"
-               "  k3 pack --verify /nvme/k3-trunk --model /models/Kimi-K3 --deep   # ...and the source bytes\n\n"
-               "exit codes:\n  0    packed (or already packed); verify found nothing wrong\n"
-               "  2    bad checkpoint, not enough free space, or a verify problem (each is named)\n"
-               "  130  interrupted: finished runs are kept for the next `k3 pack`")
-    p.add_argument("paths", nargs="*", metavar="DIR", help="MODEL_DIR (the checkpoint) and TRUNK_DIR (the pack)")
-    p.add_argument("--verify", metavar="TRUNK_DIR", help="check a finished pack instead of packing")
-    p.add_argument("--model", metavar="MODEL_DIR", help="with --verify: also check the pack belongs to this checkpoint")
-    p.add_argument("--deep", action="store_true",
-                   help="with --verify --model: also re-read each run from the checkpoint and compare hashes")
-    p.add_argument("--quiet", action="store_true", help="no progress or notes; errors only")
-    p.set_defaults(func=cmd_pack)
-    return p

@@ -19,6 +19,7 @@ HEAD = "language_model.lm_head.weight"
 VISION_PREFIXES = ("vision_tower.", "mm_projector.")
 MATRIX = ("BF16",)
 FLOAT = ("BF16", "F16", "F32")
+A_LOG_STORED = 128  # released A_log holds 128 floats; only the first `kda_num_heads` mean anything
 EXPERT_PARTS = ("w1.weight_packed", "w1.weight_scale", "w2.weight_packed",
                 "w2.weight_scale", "w3.weight_packed", "w3.weight_scale")
 

@@ -86,6 +86,15 @@ class Config:
         """Zero-based layer `layer` is MLA iff layer+1 is in the ONE-based full_attn_layers."""
         return (layer + 1) in self.full_attn_layers
 
+    def attention_kind(self, layer: int) -> str:
+        """The attention backend kind of a layer: "mla" for full_attn_layers, "kda" for the rest."""
+        return "mla" if self.is_mla(layer) else "kda"
+
+    @property
+    def attention_kinds(self) -> tuple[str, ...]:
+        """The kinds this model's layers use, in first-use order."""
+        return tuple(dict.fromkeys(self.attention_kind(L) for L in range(self.num_hidden_layers)))
+
     def is_dense(self, layer: int) -> bool:
         return layer < self.first_k_dense_replace
 

@@ -1,7 +1,8 @@
-"""The engine: the Kimi K3 forward pass over the layers (SPEC §4), and greedy generation.
+"""The engine: the Kimi K3 forward pass over the layers (SPEC §4) on a decode state.
 
-Placement, expert reads, attention and kernels are plugins; this file only wires the
-residual stream (AttnRes), the layer order and the decode state together.
+Placement, expert reads, attention and kernels are plugins (chosen by engine_config.resolve); this file
+only wires the residual stream (AttnRes), the layer order and the decode state together. Whoever wants
+to watch a pass (progress, routing) passes Observers as an argument; nothing is stored on the engine.
 """
 from __future__ import annotations
 
@@ -11,13 +12,29 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .. import plugin_manager as plugins
-from .attnres import Residual, fold
-from .budget import DEFAULT_CONTEXT, check_plan, memory_plan
-from .checkpoint import PREFIX, check_binding, open_checkpoint
 from ..errors import InputError
+from .attnres import Residual, fold
+from .checkpoint import PREFIX
+from .engine_config import EngineConfig, resolve
 from .mlp import dense_mlp
 from .moe import latent_moe
+
+
+class Observer:
+    """Watches forward passes and generations. Override what you need; the defaults do nothing.
+
+    Passed as an argument (`Engine.forward(..., observers=[o])`, `generate_ids`, `Session.generate`,
+    `ChatSession.ask`), called on the thread that runs the pass. An exception raised here stops the
+    pass; the decode state it was advancing must then be treated as spent."""
+
+    def on_layer(self, layer: int, layers: int) -> None:
+        """A forward pass starts layer `layer` of `layers` (layer 0 starts a new pass)."""
+
+    def on_route(self, layer: int, expert_ids: np.ndarray) -> None:
+        """Layer `layer` routed its tokens: expert ids int64 [T, k] in rank order."""
+
+    def on_token(self, token: int, logits: np.ndarray) -> None:
+        """A generation picked `token` from `logits` [V] (float32)."""
 
 
 @dataclass
@@ -32,40 +49,37 @@ class DecodeState:
 
 
 class Engine:
-    """A loaded model. `forward` consumes new ids into a DecodeState and returns logits."""
+    """A loaded model. `forward` consumes new ids into a DecodeState and returns logits.
 
-    def __init__(self, model_dir, *, kernels: str | None = None, threads: int | None = None,
-                 expert_store: str | None = None, trunk_placer: str | None = None, attention: dict | None = None,
-                 options: dict | None = None, max_context: int = DEFAULT_CONTEXT, available: int | None = None,
-                 on_plan: Callable | None = None, pm=None):
-        """`options` go to the placer and the store (trunk_dir, trunk_gb, cache_gb, ring_slots, …).
-        The memory plan is made, shown to `on_plan` and checked before anything is loaded."""
-        self.pm = pm or plugins.get_plugin_manager()
-        self.kernels = plugins.choose_kernels(self.pm, kernels)
-        if threads is not None:
-            self.kernels.set_threads(threads)
-        attention = attention or {}
-        self.checkpoint = open_checkpoint(model_dir)
-        self.config = c = self.checkpoint.config
-        self._attention = {kind: plugins.choose_attention(self.pm, kind, attention.get(kind)) for kind in ("kda", "mla")}
-        check_binding(self.checkpoint, self.attention_for)
-        options = dict(options or {})
-        # the default placer follows from whether a packed trunk was given
-        placer_cls = plugins.choose_trunk_placer(
-            self.pm, trunk_placer or ("pinned" if options.get("trunk_dir") else "resident"))
-        store_cls = plugins.choose_expert_store(self.pm, expert_store)
-        self.plan = memory_plan(self.checkpoint, placer_cls, store_cls, options, max_context, available)
-        if on_plan is not None:
-            on_plan(self.plan)
-        check_plan(self.plan)
-        self.placer = placer_cls(self.checkpoint, c, options)
-        self.store = store_cls(self.checkpoint, c, options)
-        self.on_route: Callable | None = None   # (layer, expert ids [T, k]) after each routing
-        self.on_layer: Callable | None = None   # (layer, layers) as each layer starts: progress for slow tokens
+    Built by `k3core.open_engine(EngineConfig(...))`: the memory plan is made, shown to `on_plan` and
+    checked before any weight is loaded."""
+
+    def __init__(self, config: EngineConfig, *, pm=None, on_plan: Callable | None = None,
+                 available: int | None = None):
+        r = resolve(config, pm)
+        try:
+            self.config_in, self.checkpoint, self.kernels = config, r.checkpoint, r.kernels
+            self.config = r.checkpoint.config
+            self._attention, self.notices = r.attention, r.notices
+            self.plan = r.plan(available)
+            if on_plan is not None:
+                on_plan(self.plan)
+            self.plan.check()
+            if config.threads is not None:
+                self.kernels.set_threads(config.threads)
+            self.placer = r.placer(r.placer_ctx)
+            try:
+                self.store = r.store(r.store_ctx)
+            except BaseException:
+                self.placer.close()
+                raise
+        except BaseException:
+            r.checkpoint.close()
+            raise
         self.tokens_forwarded = 0
 
     def attention_for(self, layer: int):
-        return self._attention["mla" if self.config.is_mla(layer) else "kda"]
+        return self._attention[self.config.attention_kind(layer)]
 
     def new_state(self) -> DecodeState:
         c = self.config
@@ -78,7 +92,8 @@ class Engine:
             raise InputError(f"token ids must be in 0..{self.config.vocab_size - 1} for this model: {shown}"
                              + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""))
 
-    def forward(self, ids: Sequence[int], state: DecodeState, all_logits: bool = False) -> np.ndarray:
+    def forward(self, ids: Sequence[int], state: DecodeState, all_logits: bool = False,
+                observers: Sequence[Observer] = ()) -> np.ndarray:
         """Consume `ids` after what `state` holds; logits [T, V] if all_logits else [V] (last)."""
         if len(ids) == 0:
             raise InputError("nothing to forward: the id list is empty")
@@ -86,10 +101,10 @@ class Engine:
         c, kr = self.config, self.kernels
         stream = Residual(self.placer.embed_rows(ids))
         for L in range(c.num_hidden_layers):
-            if self.on_layer is not None:
-                self.on_layer(L, c.num_hidden_layers)
+            for o in observers:
+                o.on_layer(L, c.num_hidden_layers)
             decoder_layer(L, self.placer.layer(L), stream, state.layers[L], c, kr, self.attention_for(L),
-                          self.store, self.on_route)
+                          self.store, observers)
         model = self.placer.model()
         h = stream.mix(kr, fold(model, PREFIX + "output_attn_res"), c.rms_norm_eps)
         if not all_logits:
@@ -106,18 +121,6 @@ class Engine:
         """Teacher forcing: the logits at every position of `ids` from a fresh state, [T, V]."""
         return self.forward(ids, self.new_state(), all_logits=True)
 
-    def generate(self, prompt: Sequence[int], n: int, full_recompute: bool = False):
-        """Greedy decode of n ids (the session loop with greedy sampling and no stop ids).
-        Incremental unless full_recompute, which runs the whole sequence from scratch for every
-        new id. Returns (ids, logits [n, V])."""
-        from ..text.sampling import SamplingParams
-        from ..text.session import Session
-
-        rows = []
-        *_, done = Session(self, None).generate(prompt, SamplingParams(max_tokens=n), on_logits=rows.append,
-                                                full_recompute=full_recompute)
-        return done.ids, np.array(rows, dtype=np.float32).reshape(n, self.config.vocab_size)
-
     def stats(self) -> dict:
         return {**self.placer.stats(), **self.store.stats(), "tokens_forwarded": self.tokens_forwarded}
 
@@ -133,7 +136,7 @@ class Engine:
         self.close()
 
 
-def decoder_layer(L: int, w, stream: Residual, layer_state, c, kr, attention, store, on_route=None) -> None:
+def decoder_layer(L: int, w, stream: Residual, layer_state, c, kr, attention, store, observers=()) -> None:
     """One layer (SPEC §4.1): AttnRes in, attention, AttnRes, MLP or latent MoE; updates `stream`."""
     h = stream.mix(kr, fold(w, "self_attention_res"), c.rms_norm_eps) if stream.blocks else stream.prefix
     if L % c.attn_res_block_size == 0:
@@ -142,4 +145,4 @@ def decoder_layer(L: int, w, stream: Residual, layer_state, c, kr, attention, st
     stream.add(attention.forward(w, x, layer_state, c, kr))
     h = stream.mix(kr, fold(w, "mlp_res"), c.rms_norm_eps)
     x = kr.rmsnorm(h, w.vec("post_attention_layernorm.weight"), c.rms_norm_eps)
-    stream.add(dense_mlp(w, x, c, kr) if c.is_dense(L) else latent_moe(w, x, L, c, kr, store, on_route))
+    stream.add(dense_mlp(w, x, c, kr) if c.is_dense(L) else latent_moe(w, x, L, c, kr, store, observers))

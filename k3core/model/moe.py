@@ -21,10 +21,10 @@ def route(w: Weights, x: np.ndarray, c, kr: KernelBackend) -> tuple[np.ndarray, 
 
 
 def latent_moe(w: Weights, x: np.ndarray, layer: int, c, kr: KernelBackend, store: ExpertStore,
-               on_route=None) -> np.ndarray:
+               observers=()) -> np.ndarray:
     ids, weights = route(w, x, c, kr)
-    if on_route is not None:
-        on_route(layer, ids)
+    for o in observers:
+        o.on_route(layer, ids)
     z = kr.linear(w[P + "routed_expert_down_proj.weight"], x)  # H → latent
     outs = np.empty((x.shape[0], ids.shape[1], z.shape[1]), np.float32)  # [T, k, latent]
     wanted = sorted({int(e) for e in ids.flat})  # each expert read once for all the tokens that chose it

@@ -20,13 +20,12 @@ import regex
 
 from . import mxfp4
 from ..text.chat import CHAT_TEMPLATE
-from .checkpoint import (HEAD, expert_prefix, expert_specs, layer_prefix, layer_trunk_specs,
+from .. import plugin_manager
+from ..errors import UsageError
+from ..text.tokenizer import PAT_STR
+from .checkpoint import (A_LOG_STORED, HEAD, expert_prefix, expert_specs, layer_prefix, layer_trunk_specs,
                          model_specs)
 from .config import Config, parse_config
-from ..errors import UsageError
-from ..plugins.kda import A_LOG_STORED, KDA
-from ..plugins.mla import MLA
-from ..text.tokenizer import PAT_STR
 
 MARKER = "k3-test-model.json"
 GENERATOR_VERSION = 2
@@ -137,7 +136,8 @@ def _dtype_for(name: str, allowed: tuple) -> str:
 def plan_shards(c: Config) -> list[tuple[str, list[Planned]]]:
     """(file name, tensors in data order) per shard: layer L in shard L+1, then model-level,
     then vision. Each expert's six tensors form one gap-free run (SPEC §3)."""
-    attention = {"kda": KDA(), "mla": MLA()}
+    pm = plugin_manager.get_plugin_manager()  # the real format: the built-in backends' tensors, by name
+    attention = {kind: plugin_manager.choose_attention(pm, kind, kind) for kind in c.attention_kinds}
     groups: list[list[Planned]] = []
 
     def planned(name, spec):
@@ -146,7 +146,7 @@ def plan_shards(c: Config) -> list[tuple[str, list[Planned]]]:
         return Planned(name, dtype, tuple(shape), int(np.prod(shape)) * _ITEMSIZE[dtype])
 
     for L in range(c.num_hidden_layers):
-        backend = attention["mla" if c.is_mla(L) else "kda"]
+        backend = attention[c.attention_kind(L)]
         tensors = [planned(layer_prefix(L) + s.name, s) for s in layer_trunk_specs(c, L, backend)]
         if not c.is_dense(L):
             for e in range(c.num_experts):

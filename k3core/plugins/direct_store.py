@@ -5,29 +5,35 @@ where the filesystem allows. Every request is a miss by design: its TRUE hit rat
 """
 from __future__ import annotations
 
-from ..io.expert_io import ExpertReader, aligned_buffer, expert_slot_bytes
-from ..model.budget import human
-from ..hookspecs import hookimpl
-from ..interfaces import ExpertStore
+from dataclasses import dataclass
+
+from ..plugin_api import (ExpertReader, ExpertStore, PlanRow, PluginOptions, aligned_buffer, expert_slot_bytes,
+                          hookimpl, human)
+
+
+@dataclass(frozen=True)
+class DirectOptions(PluginOptions):
+    direct_io: bool = True  # O_DIRECT reads where the filesystem allows them
 
 
 class DirectStore(ExpertStore):
     name = "direct"
     description = "read the selected experts from disk on every use; no cache"
+    Options = DirectOptions
 
-    def __init__(self, checkpoint, config, options):
-        super().__init__(checkpoint, config, options)
-        self.reader = ExpertReader(checkpoint, direct_io=self.options.get("direct_io", True))
-        self.slot_bytes = expert_slot_bytes(checkpoint)
-        self.slots = config.num_experts_per_token
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.reader = ExpertReader(self.checkpoint, direct_io=self.options.direct_io)
+        self.slot_bytes = expert_slot_bytes(self.checkpoint)
+        self.slots = self.config.num_experts_per_token
         self._arena = aligned_buffer(self.slots * self.slot_bytes)
         self.requests = 0
 
     @classmethod
-    def plan(cls, checkpoint, config, options):
-        slot = expert_slot_bytes(checkpoint)
-        k = config.num_experts_per_token
-        return [("expert scratch", k * slot, f"{k} slots × {human(slot)} (no cache)")]
+    def plan(cls, ctx):
+        slot = expert_slot_bytes(ctx.checkpoint)
+        k = ctx.config.num_experts_per_token
+        return [PlanRow("expert scratch", k * slot, f"{k} slots × {human(slot)} (no cache)")]
 
     def capacity(self) -> int:
         return self.slots
@@ -43,7 +49,7 @@ class DirectStore(ExpertStore):
     def stats(self):
         return {"expert_requests": self.requests, "expert_hits": 0, "expert_evictions": 0,
                 "expert_bytes_read": self.reader.bytes_read, "expert_read_seconds": self.reader.seconds,
-                "expert_read_mode": self.reader.mode, "expert_slots": self.slots}
+                "expert_read_mode": self.reader.mode, "expert_slots": self.slots, "expert_slot_bytes": self.slot_bytes}
 
     def close(self):
         self.reader.close()

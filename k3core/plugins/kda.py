@@ -9,12 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model.checkpoint import FLOAT, MATRIX
-from ..hookspecs import hookimpl
-from ..interfaces import AttentionBackend, TensorSpec
+from ..plugin_api import FLOAT, MATRIX, AttentionBackend, TensorSpec, hookimpl
 
 L2_EPS = 1e-6
-A_LOG_STORED = 128  # released A_log holds 128 floats; only the first `heads` mean anything
 
 
 @dataclass
@@ -49,6 +46,9 @@ class KDA(AttentionBackend):
         heads, D, P = c.kda_num_heads, c.kda_head_dim, c.kda_proj_dim
         return KDAState(np.zeros((heads, D, D), np.float32),
                         np.zeros((3, c.short_conv_kernel_size - 1, P), np.float32))
+
+    def state_bytes(self, c, layer, context):
+        return 4 * (c.kda_num_heads * c.kda_head_dim ** 2 + 3 * (c.short_conv_kernel_size - 1) * c.kda_proj_dim)
 
     def state_arrays(self, state):
         return {"S": state.S, "history": state.history}

@@ -10,9 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..model.checkpoint import FLOAT, MATRIX
-from ..hookspecs import hookimpl
-from ..interfaces import AttentionBackend, Param, TensorSpec
+from ..plugin_api import FLOAT, MATRIX, AttentionBackend, Param, TensorSpec, hookimpl
 
 
 @dataclass
@@ -45,6 +43,9 @@ class MLA(AttentionBackend):
 
     def new_state(self, c, layer):
         return MLACache()
+
+    def state_bytes(self, c, layer, context):
+        return 4 * (c.kv_lora_rank + c.qk_rope_head_dim) * context  # float32 [latent | k_rope] per position
 
     def state_arrays(self, cache):
         width = len(cache.keys[0]) if cache.keys else 0

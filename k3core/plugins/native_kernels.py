@@ -5,13 +5,9 @@ computed in C++ with the GIL released. They match each other bit for bit (docs/N
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-from .. import _native
-from ..hookspecs import hookimpl
-from ..interfaces import ExpertWeights, KernelBackend, Param
+from ..plugin_api import ExpertWeights, KernelBackend, Param, default_threads, hookimpl, native
 
 DESCRIPTIONS = {
     "avx512": "C++ AVX-512 (F/BW/VL) matrix kernels",
@@ -25,10 +21,6 @@ def _f32(a) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
-def default_threads() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 class NativeKernels(KernelBackend):
     def __init__(self, name: str):
         self.name = name
@@ -36,12 +28,12 @@ class NativeKernels(KernelBackend):
         self._k = None
 
     def available(self) -> bool:
-        return self.name in _native.available_backends()
+        return self.name in native.available_backends()
 
     @property
     def k(self):
         if self._k is None:
-            self._k = _native.Kernels(self.name, default_threads())
+            self._k = native.Kernels(self.name, default_threads())
         return self._k
 
     def set_threads(self, threads: int) -> None:

@@ -1,4 +1,4 @@
-"""The `pinned` trunk placer: the layers that fit --trunk-gb stay in RAM, the rest stream from the
+"""The `pinned` trunk placer: the layers that fit the trunk budget stay in RAM, the rest stream from the
 packed trunk (k3 pack) through a ring of at least two slots, the next unit read in the background
 while the current one computes. A slot is never refilled while its layer is handed out.
 
@@ -14,13 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model.budget import PlanError, human
-from ..model.checkpoint import HEAD
-from ..errors import UnsoundRunError, UsageError
-from ..io.expert_io import ALIGN, aligned_buffer
-from ..hookspecs import hookimpl
-from ..interfaces import Param, TrunkPlacer, Weights
-from ..io.trunk import load_trunk, open_trunk
+from ..plugin_api import (ALIGN, HEAD, Param, PlanError, PlanRow, PluginOptions, TrunkPlacer, UnsoundRunError,
+                          UsageError, Weights, aligned_buffer, hookimpl, human, load_trunk, open_for_reading,
+                          open_trunk, read_exact)
 
 MIN_RING = 2
 HEAD_BLOCK_BYTES = 64 << 20  # lm_head streams in row blocks of about this size when it is not pinned
@@ -39,25 +35,30 @@ def _head_tensor(trunk):
     return next(t for t in trunk.model.tensors if t.name == HEAD)
 
 
-def layout(trunk, config, options) -> Layout:
+@dataclass(frozen=True)
+class PinnedOptions(PluginOptions):
+    pin_head: bool | None = None  # keep lm_head in RAM; default: only when every layer is pinned
+
+
+def layout(trunk, config, budget, options: PinnedOptions) -> Layout:
     """Pin layers in visit order while pinned bytes + the ring fit the budget; then the head."""
-    n, ring = config.num_hidden_layers, int(options.get("ring_slots", MIN_RING))
+    n, ring = config.num_hidden_layers, budget.ring_slots
     if ring < MIN_RING:
         raise UsageError(f"the ring needs at least {MIN_RING} slots, got {ring}")
     sizes = [trunk.layer(L).padded for L in range(n)]
     head = _head_tensor(trunk)
     head_block = min(head.nbytes, max(HEAD_BLOCK_BYTES, head.shape[1] * 2)) + 2 * ALIGN  # + alignment slack
-    if "pinned_layers" in options:
-        k = max(0, min(n, int(options["pinned_layers"])))
-        head_pinned = bool(options.get("pin_head", k == n))
+    if budget.pinned_layers is not None:
+        k = max(0, min(n, budget.pinned_layers))
+        head_pinned = k == n if options.pin_head is None else options.pin_head
     else:
-        budget = float(options["trunk_gb"]) * 1e9 if options.get("trunk_gb") is not None else float("inf")
+        limit = budget.trunk_gb * 1e9 if budget.trunk_gb is not None else float("inf")
 
         def need(k, head_pinned):  # pinned bytes + the ring for whatever still streams
             streamed = sizes[k:] + ([] if head_pinned else [head_block])
             return sum(sizes[:k]) + (head.nbytes if head_pinned else 0) + (ring * max(streamed) if streamed else 0)
 
-        fits = [(k, h) for k in range(n + 1) for h in ((False, True) if k == n else (False,)) if need(k, h) <= budget]
+        fits = [(k, h) for k in range(n + 1) for h in ((False, True) if k == n else (False,)) if need(k, h) <= limit]
         k, head_pinned = max(fits, default=(0, False), key=lambda kh: (kh[0], kh[1]))
     streamed = sizes[k:] + ([] if head_pinned else [head_block])
     slot = max(streamed) if streamed else 0
@@ -68,29 +69,31 @@ def layout(trunk, config, options) -> Layout:
 class PinnedPlacer(TrunkPlacer):
     name = "pinned"
     description = "pin the layers that fit --trunk-gb; stream the rest from the packed trunk through a ring"
+    Options = PinnedOptions
 
     @classmethod
-    def plan(cls, checkpoint, config, options):
-        if not options.get("trunk_dir"):
+    def plan(cls, ctx):
+        budget, config = ctx.budget, ctx.config
+        if budget.trunk_dir is None:
             raise UsageError("the pinned trunk placer streams from a packed trunk: give --trunk DIR (`k3 pack`)")
-        lay = layout(load_trunk(options["trunk_dir"]), config, options)
-        if options.get("trunk_gb") is not None and lay.pinned_bytes + lay.ring_slots * lay.slot_bytes > \
-                float(options["trunk_gb"]) * 1e9:
-            raise PlanError(f"--trunk-gb {options['trunk_gb']} cannot hold even the ring: {lay.ring_slots} slots × "
+        lay = layout(load_trunk(budget.trunk_dir), config, budget, ctx.options)
+        if budget.trunk_gb is not None and lay.pinned_bytes + lay.ring_slots * lay.slot_bytes > budget.trunk_gb * 1e9:
+            raise PlanError(f"--trunk-gb {budget.trunk_gb:g} cannot hold even the ring: {lay.ring_slots} slots × "
                             f"{human(lay.slot_bytes)}")
         head = "and lm_head " if lay.head_pinned else ""
-        return [("pinned trunk", lay.pinned_bytes, f"layers 0..{len(lay.pinned) - 1} {head}of "
-                 f"{config.num_hidden_layers}" if lay.pinned else f"no layers {head}pinned"),
-                ("trunk ring", lay.ring_slots * lay.slot_bytes, f"{lay.ring_slots} slots × "
-                 f"{human(lay.slot_bytes)}" if lay.ring_slots else "nothing streams")]
+        return [PlanRow("pinned trunk", lay.pinned_bytes, f"layers 0..{len(lay.pinned) - 1} {head}of "
+                        f"{config.num_hidden_layers}" if lay.pinned else f"no layers {head}pinned"),
+                PlanRow("trunk ring", lay.ring_slots * lay.slot_bytes, f"{lay.ring_slots} slots × "
+                        f"{human(lay.slot_bytes)}" if lay.ring_slots else "nothing streams")]
 
-    def __init__(self, checkpoint, config, options):
-        super().__init__(checkpoint, config, options)
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        config = self.config
         self._lock = threading.Lock()
-        self.trunk = open_trunk(options["trunk_dir"], checkpoint)
-        self.layout = lay = layout(self.trunk, config, options)
-        self._fd, self.direct_io = _open_trunk_file(self.trunk.path)
-        self._rows_fd = os.open(self.trunk.path, os.O_RDONLY)
+        self.trunk = open_trunk(ctx.budget.trunk_dir, self.checkpoint)
+        self.layout = lay = layout(self.trunk, config, ctx.budget, self.options)
+        self._ring_file = open_for_reading(self.trunk.path)        # O_DIRECT where it is served
+        self._rows_file = open_for_reading(self.trunk.path, False)  # small unaligned reads (rows, norms)
         self.trunk_bytes_read = 0
         self.read_seconds = self.wait_seconds = 0.0
         self._pinned = {L: self._load_resident(self.trunk.layer(L)) for L in lay.pinned}
@@ -113,26 +116,21 @@ class PinnedPlacer(TrunkPlacer):
     # ---- resident parts ---------------------------------------------------------------------------
     def _load_resident(self, run) -> Weights:
         buf = aligned_buffer(run.padded)
-        self._read_exact(self._fd if self.direct_io else self._rows_fd, buf, run.offset, run.padded, run.key)
+        self._read(buf, run.offset, run.padded, run.key)
         run.check(buf)  # pinned bytes are hashed once, against the manifest
         return run.weights(buf)
 
     def _read_tensor(self, run, t) -> Param:
-        data = os.pread(self._rows_fd, t.nbytes, self.trunk.model.offset + t.offset)
+        data = os.pread(self._rows_file.fd, t.nbytes, self.trunk.model.offset + t.offset)
         if len(data) != t.nbytes:
             raise UnsoundRunError(f"short read of {t.name} from {self.trunk.path}")
         self.trunk_bytes_read += t.nbytes
         dtype = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32}[t.dtype]
         return Param(np.frombuffer(data, dtype).reshape(t.shape).copy(), t.dtype, t.name)
 
-    def _read_exact(self, fd, buf, offset, length, what):
-        start, done, view = time.perf_counter(), 0, memoryview(buf)
-        while done < length:
-            n = os.preadv(fd, [view[done:length]], offset + done)
-            if n <= 0:
-                raise UnsoundRunError(f"short read of {what} from {self.trunk.path}: {done} of {length} bytes; "
-                                      "the ids generated so far are unsound")
-            done += n
+    def _read(self, buf, offset, length, what):
+        start = time.perf_counter()
+        read_exact(self._ring_file, memoryview(buf), offset, length, length, f"trunk unit {what}", self.trunk.path)
         with self._lock:
             self.trunk_bytes_read += length
             self.read_seconds += time.perf_counter() - start
@@ -150,8 +148,7 @@ class PinnedPlacer(TrunkPlacer):
 
     def _submit(self, unit, slot):
         offset, length = self._span(unit)
-        fd = self._fd if self.direct_io else self._rows_fd
-        future = self._reader.submit(self._read_exact, fd, self._slots[slot], offset, length, unit)
+        future = self._reader.submit(self._read, self._slots[slot], offset, length, unit)
         self._inflight[unit] = (slot, future)
 
     def _acquire(self, unit) -> int:
@@ -199,7 +196,7 @@ class PinnedPlacer(TrunkPlacer):
         rows = []
         for i in ids:
             at = self.trunk.model.offset + e.offset + int(i) * H * 2
-            data = os.pread(self._rows_fd, H * 2, at)
+            data = os.pread(self._rows_file.fd, H * 2, at)
             if len(data) != H * 2:
                 raise UnsoundRunError(f"short read of embedding row {i} from {self.trunk.path}")
             rows.append(np.frombuffer(data, np.uint16))
@@ -222,27 +219,12 @@ class PinnedPlacer(TrunkPlacer):
                 "trunk_wait_seconds": self.wait_seconds, "pinned_layers": len(self.layout.pinned),
                 "head_pinned": self.layout.head_pinned, "ring_slots": self.layout.ring_slots,
                 "ring_slot_bytes": self.layout.slot_bytes,
-                "trunk_read_mode": "O_DIRECT" if self.direct_io else "buffered (O_DIRECT refused)"}
+                "trunk_read_mode": self._ring_file.mode}
 
     def close(self):
         self._reader.shutdown(wait=True)
-        for fd in {self._fd, self._rows_fd}:
-            os.close(fd)
-
-
-def _open_trunk_file(path) -> tuple[int, bool]:
-    if hasattr(os, "O_DIRECT"):
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-            probe = aligned_buffer(ALIGN)
-            try:
-                os.preadv(fd, [memoryview(probe)], 0)
-                return fd, True
-            except OSError:
-                os.close(fd)
-        except OSError:
-            pass
-    return os.open(path, os.O_RDONLY), False
+        for opened in (self._ring_file, self._rows_file):
+            os.close(opened.fd)
 
 
 @hookimpl(trylast=True)

@@ -8,9 +8,7 @@ import time
 
 import numpy as np
 
-from ..model.checkpoint import HEAD, PREFIX, VISION_PREFIXES, layer_prefix
-from ..hookspecs import hookimpl
-from ..interfaces import Param, TrunkPlacer, Weights
+from ..plugin_api import HEAD, PREFIX, VISION_PREFIXES, Param, PlanRow, TrunkPlacer, Weights, hookimpl, layer_prefix
 
 EXPERTS = "block_sparse_moe.experts."
 
@@ -27,9 +25,9 @@ class ResidentPlacer(TrunkPlacer):
     name = "resident"
     description = "the whole trunk in RAM; no packed trunk needed"
 
-    def __init__(self, checkpoint, config, options):
-        super().__init__(checkpoint, config, options)
-        index = checkpoint.index
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        index, config = self.checkpoint.index, self.config
         start = time.perf_counter()
         self._layers: list[dict[str, Param]] = [{} for _ in range(config.num_hidden_layers)]
         model: dict[str, Param] = {}
@@ -58,10 +56,10 @@ class ResidentPlacer(TrunkPlacer):
         return Weights(layer_prefix(layer), self._layers[layer])
 
     @classmethod
-    def plan(cls, checkpoint, config, options):
-        index = checkpoint.index
+    def plan(cls, ctx):
+        index = ctx.checkpoint.index
         total = sum(index[n].nbytes for n in index.names() if _is_trunk(n))
-        return [("trunk, all resident", total, f"{config.num_hidden_layers} layers + embedding and head")]
+        return [PlanRow("trunk, all resident", total, f"{ctx.config.num_hidden_layers} layers + embedding and head")]
 
     def model(self):
         return self._model

@@ -10,7 +10,8 @@ from typing import Callable, Iterator
 from .chat import CLOSE, EOM, MODES, SEP, Conversation, render
 from ..errors import UsageError
 from .sampling import SamplingParams
-from .session import Event, Session
+from .channels import Event
+from .session import Session
 
 
 class ChatSession:
@@ -46,13 +47,15 @@ class ChatSession:
             return full
         return self.history + full[len(before):]
 
-    def ask(self, text: str, params: SamplingParams, cancelled: Callable[[], bool] = lambda: False
-            ) -> Iterator[Event]:
+    def ask(self, text: str, params: SamplingParams, cancelled: Callable[[], bool] = lambda: False,
+            observers=()) -> Iterator[Event]:
+        """Add the user's message and stream the reply (text events, then "done"); `observers` watch
+        the forward passes (k3core.Observer)."""
         self.conv.add_user(text)
         prompt = self._prompt()
         channel = MODES[self.mode]
         for event in self.session.generate(prompt, params, stop_ids=sorted(self.conv.stop_ids), channel=channel,
-                                           cancelled=cancelled):
+                                           cancelled=cancelled, observers=observers):
             if event.kind == "done":
                 reply = self.conv.add_reply(event.ids)
                 self.history = prompt + event.ids + self._closing(event.stats["open_channel"], reply.finished)

@@ -1,61 +1,23 @@
-"""A generation session: prompt ids in, sampled ids out, streamed as text events; the decode state is
-kept between calls and reused whenever a new prompt strictly extends what was already consumed
-(SPEC §4.5), so a follow-up chat turn forwards only its new tokens.
+"""A generation session, the upper of the two generation layers: prompt ids in, text events out. The
+decode state is kept between calls and reused whenever a new prompt strictly extends what was already
+consumed (SPEC §4.5), so a follow-up chat turn forwards only its new tokens.
 
-Used by `k3 run --prompt`, `k3 chat` and the browser UI. Cancellation is checked between tokens, so
-a stop never leaves a half-updated decode state.
+Ids come from generate_ids (generate.py); TextStream (channels.py) turns them into text. Stop ids,
+max tokens and cancellation are checked between tokens, so a stop never leaves a half-updated state.
+Used by `k3 run --prompt`, `k3 chat` and the browser UI.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-from .chat import CLOSE, EOM, OPEN, SEP
-from .sampling import Sampler, SamplingParams, StopMatcher
-
-
-@dataclass
-class Event:
-    kind: str                       # "text" (channel says where), "done"
-    text: str = ""
-    channel: str | None = None      # "think", "response", "tools" in chat mode; None for raw text
-    ids: list[int] = field(default_factory=list)  # done: every id generated
-    reason: str = ""                # done: "stop id", "stop string", "max tokens", "cancelled"
-    stats: dict = field(default_factory=dict)
-
-
-class Channels:
-    """Tracks which XTML channel generated text belongs to; markup ids produce no text."""
-
-    def __init__(self, tokenizer, first: str | None):
-        self.ids = {name: tokenizer.id_of(name) for name in (OPEN, SEP, CLOSE, EOM)} \
-            if first is not None and tokenizer is not None else {}
-        self.tokenizer, self.current, self._tag = tokenizer, first, None
-        self.open = first is not None  # the generation prefix opened `first`
-
-    def is_markup(self, token: int) -> bool:
-        if not self.ids:
-            return False
-        if token == self.ids[OPEN] or token == self.ids[CLOSE]:
-            self._tag = [] if token == self.ids[OPEN] else "closing"
-            return True
-        if token == self.ids[SEP] and self._tag is not None:
-            if self._tag != "closing":
-                header = self.tokenizer.decode(self._tag).split()
-                self.current = header[0] if header else "response"
-            self.open = self._tag != "closing"
-            self._tag = None
-            return True
-        if self._tag is not None:
-            if self._tag != "closing":
-                self._tag.append(token)
-            return True
-        return False
+from .channels import Event, TextStream
+from .generate import generate_ids
+from .sampling import Sampler, SamplingParams
 
 
 class Session:
-    def __init__(self, engine, tokenizer):
+    def __init__(self, engine, tokenizer=None):
         self.engine, self.tokenizer = engine, tokenizer
         self.state = engine.new_state()
 
@@ -71,52 +33,45 @@ class Session:
         return prompt
 
     def generate(self, prompt: Sequence[int], params: SamplingParams, *, stop_ids: Sequence[int] = (),
-                 channel: str | None = None, cancelled: Callable[[], bool] = lambda: False,
-                 on_logits: Callable | None = None, full_recompute: bool = False) -> Iterator[Event]:
-        """Stream the reply to `prompt`. `channel`: the XTML channel the prompt's generation prefix
-        opened (chat mode), or None for raw text. `full_recompute` forwards the whole sequence from a
-        fresh state for every id (a check of the incremental path; the session state is then unused)."""
-        engine, tok = self.engine, self.tokenizer
-        pending = self.to_forward(prompt)
-        reused = len(prompt) - len(pending)
-        sampler, history = Sampler(params), list(prompt)
-        decoder = tok.stream() if tok is not None else None  # without a tokenizer: ids only, no text events
-        stops, channels = StopMatcher(params.stop_strings), Channels(tok, channel)
+                 channel: str | None = None, cancelled: Callable[[], bool] = lambda: False, observers=(),
+                 full_recompute: bool = False) -> Iterator[Event]:
+        """Stream the reply to `prompt`: text events, then one "done" event with the ids and stats.
+        `channel`: the XTML channel the prompt's generation prefix opened (chat mode), or None for raw
+        text. Without a tokenizer only the "done" event comes. `full_recompute` forwards the whole
+        sequence from a fresh state for every id (the session state is then unused)."""
+        engine = self.engine
+        reused = len(prompt) - len(self.to_forward(prompt))
+        sampler = Sampler(params)
+        steps = generate_ids(engine, prompt, engine.new_state() if full_recompute else self.state, sampler,
+                             observers=observers, full_recompute=full_recompute)
+        text = TextStream(self.tokenizer, params.stop_strings, channel) if self.tokenizer is not None else None
         stop_set = set(stop_ids) | set(params.stop_ids)
         generated, reason, stamps = [], "max tokens", []
         forwarded_before, started = engine.tokens_forwarded, time.perf_counter()
-        for _ in range(params.max_tokens):
-            if cancelled():
-                reason = "cancelled"
-                break
-            logits = engine.forward(history, engine.new_state()) if full_recompute else \
-                engine.forward(pending, self.state)
-            if on_logits is not None:
-                on_logits(logits)
-            token = sampler.pick(logits, history)
-            stamps.append(time.perf_counter())
-            generated.append(token)
-            history.append(token)
-            pending = [token]
-            if token in stop_set:
-                reason = "stop id"
-                break
-            if decoder is None or channels.is_markup(token):
-                continue
-            text, stopped = stops.feed(decoder.push(token))
-            if text:
-                yield Event("text", text, channels.current)
-            if stopped:
-                reason = "stop string"
-                break
-        if decoder is not None and reason != "stop string":
-            tail = stops.feed(decoder.flush())[0] + stops.flush()
-            if tail:
-                yield Event("text", tail, channels.current)
+        try:
+            while len(generated) < params.max_tokens:
+                if cancelled():
+                    reason = "cancelled"
+                    break
+                token, _ = next(steps)
+                stamps.append(time.perf_counter())
+                generated.append(token)
+                if token in stop_set:
+                    reason = "stop id"
+                    break
+                if text is not None:
+                    yield from text.feed(token)
+                    if text.stopped:
+                        reason = "stop string"
+                        break
+        finally:
+            steps.close()
+        if text is not None:
+            yield from text.finish()
         yield Event("done", ids=generated, reason=reason, stats={
             "prompt_tokens": len(prompt), "reused_tokens": reused,
             "forwarded_tokens": engine.tokens_forwarded - forwarded_before, "generated_tokens": len(generated),
             "prefill_seconds": stamps[0] - started if stamps else 0.0,
             "seconds_per_token": (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else None,
             "seed": sampler.seed, "started": started, "stamps": stamps,
-            "open_channel": channels.current if channels.open else None})
+            "open_channel": text.open_channel if text is not None else None})

@@ -32,8 +32,8 @@ def page(small_model, tmp_path_factory):
     config = tmp_path_factory.mktemp("k3-config")  # the Setup tab writes a profile: not the user's
     old = os.environ.get("K3_CONFIG_DIR")
     os.environ["K3_CONFIG_DIR"] = str(config)
-    host = EngineHost(ui_args(small_model))
-    app = build(host.args, host=host)
+    host = EngineHost(ui_args(small_model)[0])
+    app = build(host)
     app.demo.queue(max_size=8, default_concurrency_limit=None)
     url = launch(app.demo, "127.0.0.1", free_port(), block=False, quiet=True)
     SHOTS.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from k3core.text.chat_session import ChatSession
-from k3core.model.engine import Engine
+from k3core import EngineConfig, engine_config_from_args, open_engine
 from k3core.text.sampling import SamplingParams
 from k3core.text.tokenizer import load_tokenizer
 
@@ -18,38 +18,46 @@ GREEDY = SamplingParams(max_tokens=6)  # short greedy replies: the random test m
 
 
 def ui_args(model, *extra):
-    from ui.plugin import add_parser
+    """`k3 ui MODEL …` parsed: (EngineConfig, ServerOptions), as ui.plugin hands them to serve()."""
+    from ui.plugin import add_parser, server_options
 
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers())
-    return parser.parse_args(["ui", str(model), *map(str, extra)])
+    args = parser.parse_args(["ui", str(model), *map(str, extra)])
+    return engine_config_from_args(args), server_options(args)
 
 
 @pytest.fixture(scope="session")
 def host(small_model):
     from ui.host import EngineHost
 
-    h = EngineHost(ui_args(small_model))
+    h = EngineHost(ui_args(small_model)[0])
     yield h
     h.close()
 
 
 @contextlib.contextmanager
-def slowed(engine, seconds_per_layer: float):
-    """Make every layer take at least this long (the UI chains its own progress hook to this one)."""
-    old = engine.on_layer
-    engine.on_layer = lambda layer, layers: time.sleep(seconds_per_layer)
+def on_each_layer(engine, call):
+    """Run `call()` as the engine's placer hands out each layer (from inside the forward pass)."""
+    placer = engine.placer
+    layer = placer.layer
+    placer.layer = lambda L: (call(), layer(L))[1]
     try:
         yield
     finally:
-        engine.on_layer = old
+        del placer.layer
+
+
+def slowed(engine, seconds_per_layer: float):
+    """Make every layer take at least this long."""
+    return on_each_layer(engine, lambda: time.sleep(seconds_per_layer))
 
 
 @pytest.fixture(scope="session")
 def reference(small_model):
     """reference(turns, mode="instruct", params=GREEDY) -> each turn's (thinking, answer) from a fresh
     ChatSession on a separate engine."""
-    engine, tok = Engine(small_model), load_tokenizer(small_model)
+    engine, tok = open_engine(EngineConfig(small_model)), load_tokenizer(small_model)
 
     def run(turns, mode="instruct", params=GREEDY, system=None):
         chat, out = ChatSession(engine, tok, mode, system), []

@@ -32,7 +32,7 @@ def served(host):
     from ui.app import build
     from ui.server import launch
 
-    app = build(ui_args(host.args.model), host=host)
+    app = build(host)
     app.demo.queue(max_size=QUEUE, default_concurrency_limit=None)
     url = launch(app.demo, "127.0.0.1", free_port(), block=False, quiet=True)
     yield app, url

@@ -8,7 +8,7 @@ import time
 
 from k3core.text.sampling import SamplingParams
 
-from tests.ui.conftest import GREEDY, slowed
+from tests.ui.conftest import GREEDY, on_each_layer, slowed
 from ui.chat import Chats
 from ui.engine_panel import Monitor
 
@@ -100,11 +100,8 @@ def test_a_freed_decode_state_is_recomputed_exactly(host, reference):
     finish(chats.reply("q", "a third one", GREEDY))  # only one state may live: p's is freed
     assert not chats.info("p")["state_live"] and chats.info("q")["state_live"]
     panel = []  # what the engine panel says while p's turn runs
-    host.engine.on_layer = lambda layer, layers: panel.append(monitor.render()) if not panel else None
-    try:
+    with on_each_layer(host.engine, lambda: panel.append(monitor.render()) if not panel else None):
         again = finish(chats.reply("p", "and a second question", GREEDY))[-1]
-    finally:
-        host.engine.on_layer = None
     assert "recomput" in again.note and "recomputing" in panel[0] and "decode state" in panel[0]
     assert again.stats["reused_tokens"] == 0
     assert answer_of(again) == reference(["hello there", "and a second question"])[1][1]

@@ -67,8 +67,9 @@ class FakeDemo:
 class FakeHost:
     closed = 0
 
-    def __init__(self, args):
-        self.args = args
+    def __init__(self, config):
+        self.config, self.model = config, config.model
+        self.engine = types.SimpleNamespace(notices=[])
 
     def close(self):
         FakeHost.closed += 1
@@ -79,7 +80,7 @@ def fake_app(monkeypatch):
     """serve() with a stand-in engine and app: what it asks Gradio to do, without binding anything."""
     demo = FakeDemo()
     monkeypatch.setattr(server, "EngineHost", FakeHost)
-    monkeypatch.setattr("ui.app.build", lambda args, host: types.SimpleNamespace(demo=demo, host=host))
+    monkeypatch.setattr("ui.app.build", lambda host, keep_states: types.SimpleNamespace(demo=demo, host=host))
     monkeypatch.setattr(server, "_look", lambda: {})
     return demo
 
@@ -88,7 +89,7 @@ def test_exposing_warns_never_shares_and_hides_the_password(fake_app, capsys, sm
     demo, closed = fake_app, FakeHost.closed
     args = ui_args(small_model, "--host", "0.0.0.0", "--i-know-this-exposes-the-model", "--auth", "me:hunter2",
                    "--port", "7999", "--queue-size", "5")
-    assert server.serve(args) == 0
+    assert server.serve(*args) == 0
     out = capsys.readouterr()
     assert "WARNING: listening on 0.0.0.0" in out.err and "hunter2" not in out.out + out.err
     kw = demo.launched
@@ -99,6 +100,6 @@ def test_exposing_warns_never_shares_and_hides_the_password(fake_app, capsys, sm
 def test_the_default_is_loopback_without_a_share_link(fake_app, monkeypatch, small_model):
     demo = fake_app
     monkeypatch.setenv("GRADIO_SHARE", "True")  # not even Gradio's own environment switch
-    server.serve(ui_args(small_model))
+    server.serve(*ui_args(small_model))
     assert demo.launched["server_name"] == "127.0.0.1" and demo.launched["server_port"] == 7860
     assert demo.launched["share"] is False and demo.launched["auth"] is None

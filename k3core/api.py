@@ -1,0 +1,148 @@
+"""k3's front door: everything a program embedding k3 uses, and all that k3's own command line,
+browser UI and setup wizard use. Re-exported from `k3core` itself:
+
+    from k3core import EngineConfig, open_engine, load_tokenizer, ChatSession, SamplingParams
+
+    with open_engine(EngineConfig("demo-model")) as engine:
+        chat = ChatSession(engine, load_tokenizer("demo-model"))
+        for event in chat.ask("What is the capital of France?", SamplingParams(max_tokens=40)):
+            print(event.text, end="")
+
+Plugins use k3core.plugin_api instead; nothing here is needed to write one.
+"""
+from __future__ import annotations
+
+from .errors import (BindingError, CheckpointError, ConfigError, InputError, K3Error, PlanError, PluginError,
+                     TokenizerError, TrunkError, UnsoundRunError, UsageError)
+from .cli.common import EXIT_CODES, add_engine_args, engine_config
+from .cli.doctor import TRUNK_BYTES as RELEASED_TRUNK_BYTES
+from .cli.doctor import measure_read, run_checks
+from .interfaces import Budget, PlanRow
+from .io.atomic import write_json_atomic
+from .io.pack import Meter as PackMeter
+from .io.pack import pack, packed_size, packed_size_of_headers
+from .io.profile import Profile, ProfileError, load_profile, profile_path, save_profile
+from .io.state_file import StateFileError, load_state, save_state
+from .model.budget import PRESETS, WORKING_BYTES, Plan, auto_preset, human, mem_available
+from .model.checkpoint import VISION_PREFIXES, open_checkpoint
+from .model.engine import DecodeState, Engine, Observer
+from .model.engine_config import PRESET_NAMES, EngineConfig, resolve
+from .model.report import peak_rss_bytes
+from .model.testmodel import MARKER as TEST_MODEL_MARKER
+from .model.testmodel import make_model, planned_bytes, shape_config
+from .plugin_manager import describe_plugins as _describe
+from .plugin_manager import get_plugin_manager, new_plugin_manager
+from .text.channels import Event
+from .text.chat_session import ChatSession
+from .text.generate import generate_ids, greedy_ids
+from .text.sampling import Sampler, SamplingParams
+from .text.session import Session
+from .text.tokenizer import Tokenizer, load_tokenizer
+
+__all__ = [
+    # engines
+    "EngineConfig", "open_engine", "memory_plan", "Engine", "DecodeState", "Observer", "Plan", "PlanRow",
+    "Budget", "PRESETS", "PRESET_NAMES", "WORKING_BYTES", "auto_preset", "mem_available", "peak_rss_bytes",
+    "describe_plugins", "check_checkpoint",
+    # generation and text
+    "generate_ids", "greedy_ids", "Sampler", "SamplingParams", "Session", "ChatSession", "Event", "Tokenizer",
+    "load_tokenizer",
+    # files: profile, decode states, packed trunks, test models
+    "Profile", "load_profile", "save_profile", "profile_path", "config_from_profile", "save_state", "load_state",
+    "pack_trunk", "PackMeter", "packed_trunk_bytes", "make_test_model", "generated_model_bytes", "TEST_MODEL_MARKER", "write_json_atomic",
+    "human", "VISION_PREFIXES",
+    # the machine
+    "machine_checks", "measure_read", "RELEASED_TRUNK_BYTES",
+    # a subcommand that runs the engine takes the same flags as `k3 run`
+    "add_engine_arguments", "engine_config_from_args", "EXIT_CODES",
+    # errors
+    "K3Error", "UsageError", "ConfigError", "CheckpointError", "BindingError", "TrunkError", "InputError",
+    "TokenizerError", "PluginError", "PlanError", "UnsoundRunError", "ProfileError", "StateFileError",
+]
+
+
+def open_engine(config: EngineConfig, *, on_plan=None, plugins=(), available: int | None = None) -> Engine:
+    """Open the engine `config` describes. The memory plan is made first and handed to `on_plan`
+    (e.g. to print it); a plan that does not fit is a PlanError before anything loads. `plugins`:
+    extra in-process plugin objects (modules or objects with @hookimpl methods), used as if installed."""
+    return Engine(config, pm=_manager(plugins), on_plan=on_plan, available=available)
+
+
+def memory_plan(config: EngineConfig, *, available: int | None = None, plugins=()) -> Plan:
+    """The memory plan `open_engine(config)` would make, without loading anything. `available` (bytes)
+    replaces MemAvailable, e.g. to count memory a running engine will give back."""
+    r = resolve(config, _manager(plugins))
+    try:
+        return r.plan(available)
+    finally:
+        r.checkpoint.close()
+
+
+def check_checkpoint(model_dir) -> None:
+    """Open a checkpoint's config and every shard header and check each tensor the config implies
+    (name, shape, dtype); a problem is a ConfigError / CheckpointError / BindingError naming it."""
+    resolve(EngineConfig(model_dir)).checkpoint.close()
+
+
+def describe_plugins(plugins=()) -> list[dict]:
+    """Every plugin: name, version, where it comes from, its hooks and what each provides."""
+    return _describe(_manager(plugins))
+
+
+def _manager(plugins):
+    return new_plugin_manager(plugins) if plugins else get_plugin_manager() if plugins else get_plugin_manager()
+
+
+def config_from_profile(profile: Profile | None = None, **overrides) -> EngineConfig:
+    """The saved profile (`k3 setup` writes it) as an EngineConfig; `overrides` replace fields. Budgets
+    given in `overrides` replace the profile's preset and budgets together."""
+    profile = profile or load_profile()
+    if profile is None:
+        raise UsageError(f"no model given and no saved profile at {profile_path()}: run `k3 setup` "
+                         "(or `k3 setup --source demo --yes` for the demo model), or give MODEL_DIR")
+    fields = {"model": profile.model, "trunk": profile.trunk}
+    if not any(overrides.get(k) is not None for k in ("preset", "trunk_gb", "cache_gb")):
+        fields.update(preset=profile.preset, trunk_gb=profile.trunk_gb, cache_gb=profile.cache_gb)
+    return EngineConfig(**{**fields, **{k: v for k, v in overrides.items() if v is not None}})
+
+
+def pack_trunk(model_dir, trunk_dir, *, progress=None, say=None):
+    """`k3 pack`: the checkpoint's trunk into one aligned file (resumable; see k3 pack --help)."""
+    return pack(model_dir, trunk_dir, progress=progress, say=say)
+
+
+def packed_trunk_bytes(source) -> int:
+    """Bytes `k3 pack` will write: `source` is a checkpoint directory, or {shard name: parsed header}."""
+    if isinstance(source, dict):
+        return packed_size_of_headers(source)
+    checkpoint = open_checkpoint(source)
+    try:
+        return packed_size(checkpoint.index)
+    finally:
+        checkpoint.close()
+
+
+def make_test_model(directory, shape: str = "tiny", seed: int = 0, layout: str = "nested", **kw):
+    """A generated checkpoint in the real format (k3 make-model): random weights, the same bytes for
+    the same shape and seed. Returns its directory."""
+    return make_model(directory, shape, seed, layout, **kw)
+
+
+def generated_model_bytes(shape: str) -> int:
+    """The size `make_test_model` writes for `shape`."""
+    return planned_bytes(shape_config(shape))
+
+
+def machine_checks(path: str, read_mb: int = 64) -> list:
+    """`k3 doctor`'s checks for a model stored under `path` (CPU, build, RAM, disk speed, O_DIRECT)."""
+    return run_checks(path, read_mb)
+
+
+def add_engine_arguments(parser) -> None:
+    """The engine and budget flags of `k3 run` (MODEL_DIR, --kernels, --trunk, --preset, …)."""
+    add_engine_args(parser)
+
+
+def engine_config_from_args(args) -> EngineConfig:
+    """The EngineConfig of parsed engine flags; no MODEL_DIR means the saved profile."""
+    return engine_config(args)

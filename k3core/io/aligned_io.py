@@ -1,0 +1,83 @@
+"""Aligned reads for expert and trunk bytes: page-aligned buffers, descriptors opened with O_DIRECT
+where the filesystem allows it (proven by one read, else buffered, and said so), and exact positioned
+reads whose failure is UnsoundRunError (exit 4), never a short buffer handed on.
+
+The one implementation of these ideas: expert reads (expert_io.py), the pinned placer and plugins use it.
+"""
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+from dataclasses import dataclass
+
+from ..errors import UnsoundRunError
+
+ALIGN = 4096  # O_DIRECT offsets, lengths and buffer addresses are multiples of this
+
+
+def align_down(n: int) -> int:
+    return n - n % ALIGN
+
+
+def align_up(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def aligned_buffer(nbytes: int) -> mmap.mmap:
+    """Anonymous memory, page-aligned as O_DIRECT wants, at least one page."""
+    return mmap.mmap(-1, max(ALIGN, align_up(nbytes)))
+
+
+@dataclass(frozen=True)
+class Opened:
+    fd: int
+    direct: bool
+    mode: str  # "O_DIRECT", or why the reads are buffered
+
+
+def open_for_reading(path, direct: bool = True) -> Opened:
+    """A read descriptor for `path`: O_DIRECT if asked and the filesystem really serves it (some take the
+    flag, then refuse the first read), else buffered. Errors other than a refused O_DIRECT propagate."""
+    if direct and hasattr(os, "O_DIRECT"):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        probe = aligned_buffer(ALIGN)
+        try:
+            os.preadv(fd, [memoryview(probe)], 0)
+            return Opened(fd, True, "O_DIRECT")
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            why = f"buffered (O_DIRECT refused by the filesystem: {exc.strerror})"
+        finally:
+            probe.close()
+        return Opened(os.open(path, os.O_RDONLY), False, why)
+    return Opened(os.open(path, os.O_RDONLY), False, "buffered (O_DIRECT not asked for)")
+
+
+def read_into(opened: Opened, view: memoryview, offset: int, length: int) -> int:
+    """Read up to `length` bytes at `offset` into `view`; returns how many arrived (fewer only at end of
+    file). OSError propagates. With O_DIRECT, offset, length and the buffer must be aligned."""
+    done = 0
+    while done < length:
+        n = os.preadv(opened.fd, [view[done:length]], offset + done)
+        if n <= 0:
+            break
+        done += n
+        if opened.direct and n % ALIGN:  # O_DIRECT reads stop short only at end of file
+            break
+    return done
+
+
+def read_exact(opened: Opened, view: memoryview, offset: int, length: int, need: int, what: str, path) -> None:
+    """Read `length` bytes at `offset`, of which the first `need` must arrive; anything less, or an I/O
+    error, is UnsoundRunError naming `what` and the file."""
+    try:
+        done = read_into(opened, view, offset, length)
+    except OSError as exc:
+        raise UnsoundRunError(f"reading {what} from {path} failed: {exc.strerror} (errno {exc.errno}); "
+                              "the ids generated so far are unsound and the run stops") from None
+    if done < need:
+        raise UnsoundRunError(f"reading {what} from {path} failed: short read: {done} of {need} bytes at offset "
+                              f"{offset}; the ids generated so far are unsound and the run stops")

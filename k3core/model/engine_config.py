@@ -1,0 +1,192 @@
+"""What to run and how: `EngineConfig`, a frozen dataclass every front end fills the same way (the CLI
+from its flags, the browser UI from its controls, a program directly), and `resolve`, which opens the
+checkpoint's headers and picks the plugins it names (or the defaults) without loading any weight.
+
+Every field problem is reported at once, naming the field; a plugin option the chosen placer or store
+does not declare is refused naming it and the valid ones.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Mapping
+
+from .. import plugin_manager as plugins
+from ..errors import PluginError, UsageError
+from ..interfaces import Budget, PluginContext, PluginOptions
+from . import budget as budgets
+from .budget import DEFAULT_CONTEXT, PRESETS, Plan, auto_preset, state_rows
+from .checkpoint import Checkpoint, check_binding, open_checkpoint
+
+PRESET_NAMES = (*PRESETS, "auto")
+DEFAULT_CACHE_GB = 1.0
+MIN_RING = 2
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """An engine to open. Only `model` is required; everything else has the CLI's default."""
+
+    model: str | os.PathLike                      # checkpoint directory: config.json + safetensors shards
+    kernels: str | None = None                    # kernel backend name; None: K3_KERNELS, else the best available
+    threads: int | None = None                    # kernel threads; None: every CPU this process may use
+    attention: Mapping[str, str] = field(default_factory=dict)  # attention kind -> backend name
+    trunk_placer: str | None = None               # None: "pinned" with a packed trunk, else "resident"
+    expert_store: str | None = None               # None: the first installed ("lru" unless a plugin comes first)
+    trunk: str | os.PathLike | None = None        # packed trunk directory (`k3 pack`)
+    preset: str | None = None                     # laptop | desktop | workstation | server | max | auto
+    trunk_gb: float | None = None                 # RAM for pinned layers + the ring (needs `trunk`)
+    cache_gb: float | None = None                 # RAM for the expert cache (default 1, or the preset's)
+    ring: int = MIN_RING                          # slots of the streaming ring
+    pin_layers: int | None = None                 # pin exactly this many layers (needs `trunk`)
+    max_context: int = DEFAULT_CONTEXT            # positions the memory plan reserves decode state for
+    placer_options: Mapping | PluginOptions | None = None  # the trunk placer's own options
+    store_options: Mapping | PluginOptions | None = None   # the expert store's own options
+    tokenizer: str | os.PathLike | None = None    # tokenizer directory; None: the model directory
+
+    def __post_init__(self):
+        problems = []
+
+        def check(ok: bool, name: str, want: str):
+            if not ok:
+                problems.append(f"{name} must be {want}, got {getattr(self, name)!r}")
+
+        check(isinstance(self.model, (str, os.PathLike)) and str(self.model) != "", "model", "a directory path")
+        for name in ("kernels", "trunk_placer", "expert_store"):
+            value = getattr(self, name)
+            check(value is None or (isinstance(value, str) and value), name, "a plugin name or None")
+        check(self.threads is None or (_is_int(self.threads) and self.threads >= 1), "threads", "an integer >= 1")
+        check(isinstance(self.attention, Mapping) and all(isinstance(k, str) and isinstance(v, str)
+                                                          for k, v in self.attention.items()),
+              "attention", "a mapping of attention kind to backend name")
+        check(self.preset is None or self.preset in PRESET_NAMES, "preset", f"one of {', '.join(PRESET_NAMES)}")
+        for name in ("trunk_gb", "cache_gb"):
+            value = getattr(self, name)
+            check(value is None or (_is_num(value) and value >= 0), name, "a finite number of GB >= 0, or None")
+        check(_is_int(self.ring) and self.ring >= MIN_RING, "ring",
+              f"an integer >= {MIN_RING} (a one-slot asynchronous ring overwrites the layer being computed)")
+        check(self.pin_layers is None or (_is_int(self.pin_layers) and self.pin_layers >= 0), "pin_layers",
+              "an integer >= 0, or None")
+        check(_is_int(self.max_context) and self.max_context >= 1, "max_context", "an integer >= 1")
+        for name in ("placer_options", "store_options"):
+            value = getattr(self, name)
+            check(value is None or isinstance(value, (Mapping, PluginOptions)), name,
+                  "a mapping of option name to value, a PluginOptions instance, or None")
+        if self.trunk is None and (self.trunk_gb is not None or self.pin_layers is not None):
+            problems.append("trunk_gb and pin_layers apply to a packed trunk: give trunk (made by `k3 pack`), or leave "
+                            "them out to hold the whole trunk in RAM")
+        if problems:
+            raise UsageError("bad engine config:\n" + "\n".join(f"  - {p}" for p in problems))
+        object.__setattr__(self, "attention", MappingProxyType(dict(self.attention)))
+        for name in ("placer_options", "store_options"):
+            value = getattr(self, name)
+            if isinstance(value, Mapping):
+                object.__setattr__(self, name, MappingProxyType(dict(value)))
+
+    def replace(self, **changes) -> "EngineConfig":
+        """A copy with some fields changed (checked again)."""
+        return replace(self, **changes)
+
+    def budget(self, available: int | None = None) -> Budget:
+        """The budgets in force: an explicit trunk_gb / cache_gb overrides the preset's value; auto picks
+        the largest preset that fits MemAvailable (or `available`)."""
+        preset = self.preset
+        if preset == "auto":
+            preset = auto_preset(budgets.mem_available() if available is None else available)
+        base_trunk, base_cache = PRESETS[preset] if preset else (None, DEFAULT_CACHE_GB)
+        return Budget(cache_gb=base_cache if self.cache_gb is None else float(self.cache_gb),
+                      trunk_dir=Path(self.trunk) if self.trunk is not None else None,
+                      trunk_gb=(base_trunk if self.trunk_gb is None else float(self.trunk_gb)) if self.trunk else None,
+                      ring_slots=self.ring, pinned_layers=self.pin_layers, preset=preset)
+
+    def as_dict(self) -> dict:
+        """The fields as plain JSON-able values (paths as strings)."""
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = (str(v) if isinstance(v, os.PathLike) else dict(v) if isinstance(v, Mapping)
+                           else v.__dict__.copy() if isinstance(v, PluginOptions) else v)
+        return out
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+@dataclass
+class Resolved:
+    """An EngineConfig against the installed plugins: the checkpoint's headers opened and checked,
+    every plugin chosen, each placer/store with its context. Nothing is loaded yet."""
+
+    config: EngineConfig
+    checkpoint: Checkpoint
+    kernels: object
+    attention: dict                  # kind -> AttentionBackend
+    placer: type
+    store: type
+    placer_ctx: PluginContext
+    store_ctx: PluginContext
+    notices: list[str]               # one line per installed plugin in use as a default
+
+    def attention_for(self, layer: int):
+        return self.attention[self.checkpoint.config.attention_kind(layer)]
+
+    def plan(self, available: int | None = None) -> Plan:
+        c = self.checkpoint.config
+        return Plan(self.placer.plan(self.placer_ctx), self.store.plan(self.store_ctx),
+                    state_rows(c, self.attention_for, self.config.max_context),
+                    budgets.mem_available() if available is None else available)
+
+
+def resolve(config: EngineConfig, pm=None) -> Resolved:
+    """Choose the plugins `config` names (or the defaults) and open the checkpoint's headers."""
+    pm = pm or plugins.get_plugin_manager()
+    notices: list[str] = []
+
+    def note(offered, what: str, flag: str, asked: str | None):
+        if asked is None and plugins.origin(pm, offered.plugin) != "built-in":
+            notices.append(f"k3: using {what} {offered.name!r} from {plugins.origin(pm, offered.plugin)} (an installed "
+                           f"plugin, the default here); {flag} NAME picks another")
+        return offered.item
+
+    kernels = note(plugins.choose_kernels(pm, config.kernels), "kernel backend", "--kernels",
+                   config.kernels or os.environ.get("K3_KERNELS") or None)
+    budget = config.budget()
+    placer = note(plugins.choose_trunk_placer(pm, config.trunk_placer or ("pinned" if budget.trunk_dir else "resident")),
+                  "trunk placer", "--trunk-placer", config.trunk_placer)
+    store = note(plugins.choose_expert_store(pm, config.expert_store), "expert store", "--expert-store",
+                 config.expert_store)
+    checkpoint = open_checkpoint(config.model)
+    try:
+        kinds = checkpoint.config.attention_kinds
+        unknown = sorted(set(config.attention) - set(kinds))
+        if unknown:
+            raise UsageError(f"attention: this model has no {', '.join(map(repr, unknown))} layers (its kinds: "
+                             f"{', '.join(kinds)})")
+        attention = {kind: note(plugins.choose_attention_offered(pm, kind, config.attention.get(kind)),
+                                f"{kind} attention backend", f"--attention {kind}=", config.attention.get(kind))
+                     for kind in kinds}
+        resolved = Resolved(config, checkpoint, kernels, attention, placer, store,
+                            PluginContext(checkpoint, budget, _options(placer, config.placer_options, "trunk placer")),
+                            PluginContext(checkpoint, budget, _options(store, config.store_options, "expert store")),
+                            notices)
+        check_binding(checkpoint, resolved.attention_for)
+    except BaseException:
+        checkpoint.close()
+        raise
+    return resolved
+
+
+def _options(cls, given, what: str) -> PluginOptions:
+    options_cls = getattr(cls, "Options", PluginOptions)
+    if not (isinstance(options_cls, type) and issubclass(options_cls, PluginOptions)):
+        raise PluginError(f"{what} {cls.name!r}: its Options must be a PluginOptions dataclass")
+    field_name = "placer_options" if what == "trunk placer" else "store_options"
+    return options_cls.build(given, f"{field_name}: the {what} {cls.name!r}")

@@ -1,0 +1,67 @@
+"""Everything a k3 plugin may use, in one module (docs/PLUGINS.md is the contract in words). k3's own
+built-in plugins (k3core/plugins/) import from here and nowhere else, so this surface is exercised on
+every run; a third-party package does the same:
+
+    from k3core.plugin_api import ExpertStore, PluginOptions, hookimpl, ExpertReader, ...
+
+What is here, by use:
+- registering: `hookimpl` (the hooks are in k3core.hookspecs; see PLUGINS.md);
+- the interfaces: KernelBackend, AttentionBackend, ExpertStore, TrunkPlacer, CachePolicy (and
+  LRUPolicy, the reference rule), with the types they pass: Param, Weights, ExpertWeights, TensorSpec;
+- what a placer or store receives: PluginContext (checkpoint, Budget, its own PluginOptions) and
+  returns from plan(): PlanRow;
+- reading bytes: ExpertReader + expert_slot_bytes for experts; the aligned reader (ALIGN,
+  aligned_buffer, open_for_reading, read_into, read_exact) for anything else; open_trunk / load_trunk
+  for a packed trunk;
+- naming tensors: PREFIX, HEAD, VISION_PREFIXES, layer_prefix, expert_prefix, EXPERT_PARTS, MATRIX, FLOAT;
+- the counters the run report reads: STORE_STATS, PLACER_STATS;
+- errors: UnsoundRunError (a read failed: exit 4), PlanError, UsageError, PluginError, CheckpointError;
+- small helpers: human (bytes for people), default_threads, the native kernels module `native`, and
+  the MXFP4 tables E2M1 / scale_multipliers.
+"""
+from __future__ import annotations
+
+from . import _native as native
+from .errors import CheckpointError, PlanError, PluginError, UnsoundRunError, UsageError
+from .hookspecs import hookimpl
+from .interfaces import (AttentionBackend, Budget, CachePolicy, ExpertStore, ExpertWeights, KernelBackend,
+                         LRUPolicy, Param, PlanRow, PluginContext, PluginOptions, TensorSpec, TrunkPlacer,
+                         Weights, default_threads)
+from .io.aligned_io import ALIGN, Opened, align_down, align_up, aligned_buffer, open_for_reading, read_exact, read_into
+from .io.expert_io import ExpertReader, expert_slot_bytes
+from .io.trunk import load_trunk, open_trunk
+from .model.budget import human
+from .model.checkpoint import (EXPERT_PARTS, FLOAT, HEAD, MATRIX, PREFIX, VISION_PREFIXES, expert_prefix,
+                               layer_prefix)
+from .model.mxfp4 import E2M1, scale_multipliers
+
+# The counters an expert store's stats() reports (the run report and `k3 bench` read them; a store may
+# add its own keys). Every one is required of a store, and checked by k3core.testing.
+STORE_STATS = {
+    "expert_requests": "experts asked for: each id of each fetch (int)",
+    "expert_hits": "of those, experts resident before they were asked for: TRUE hits (int)",
+    "expert_evictions": "experts dropped to make room (int; 0 for a store that keeps nothing)",
+    "expert_bytes_read": "bytes read from the shards (int)",
+    "expert_read_seconds": "wall time spent waiting for those reads (float)",
+    "expert_slot_bytes": "bytes one expert occupies in the store's buffers, alignment included (int)",
+}
+# The counters a trunk placer's stats() reports; `trunk_bytes_read` is required, the others are read
+# when present (a placer that never waits reports none).
+PLACER_STATS = {
+    "trunk_bytes_read": "bytes of trunk read from disk since open, pinned loads included (int)",
+    "trunk_read_seconds": "time the reads took (float)",
+    "trunk_wait_seconds": "time the forward pass waited for a layer to arrive (float)",
+}
+
+__all__ = [
+    "hookimpl",
+    "KernelBackend", "AttentionBackend", "ExpertStore", "TrunkPlacer", "CachePolicy", "LRUPolicy",
+    "Param", "Weights", "ExpertWeights", "TensorSpec",
+    "PluginContext", "Budget", "PluginOptions", "PlanRow",
+    "ExpertReader", "expert_slot_bytes", "ALIGN", "Opened", "align_down", "align_up", "aligned_buffer",
+    "open_for_reading", "read_into", "read_exact", "open_trunk", "load_trunk",
+    "PREFIX", "HEAD", "VISION_PREFIXES", "layer_prefix", "expert_prefix", "EXPERT_PARTS", "MATRIX", "FLOAT",
+    "STORE_STATS", "PLACER_STATS",
+    "UnsoundRunError", "PlanError", "UsageError", "PluginError", "CheckpointError",
+    "human", "default_threads", "native", "E2M1", "scale_multipliers",
+]
