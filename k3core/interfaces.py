@@ -44,9 +44,11 @@ class Param:
         return self.data.shape
 
     def f32(self) -> np.ndarray:
-        """The values widened to float32 (exact for BF16 and F16)."""
+        """The values widened to float32 (exact for BF16 and F16, whose bits may come as uint16)."""
         if self.dtype == "BF16":
             return (self.data.astype(np.uint32) << 16).view(np.float32)
+        if self.dtype == "F16":
+            return self.data.view(np.float16).astype(np.float32)
         return self.data.astype(np.float32)
 
 

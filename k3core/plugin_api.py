@@ -43,6 +43,7 @@ STORE_STATS = {
     "expert_evictions": "experts dropped to make room (int; 0 for a store that keeps nothing)",
     "expert_bytes_read": "bytes read from the shards (int)",
     "expert_read_seconds": "wall time spent waiting for those reads (float)",
+    "expert_slots": "experts the store's buffers hold at once (int; what cache_policy(slots) is given)",
     "expert_slot_bytes": "bytes one expert occupies in the store's buffers, alignment included (int)",
 }
 # The counters a trunk placer's stats() reports; `trunk_bytes_read` is required, the others are read

@@ -10,6 +10,7 @@ Pool::Pool(unsigned threads) { start(threads); }
 Pool::~Pool() { stop(); }
 
 void Pool::set_threads(unsigned threads) {
+    std::lock_guard<std::mutex> serial(call_);  // never while a job runs
     stop();
     start(threads);
 }
@@ -17,7 +18,8 @@ void Pool::set_threads(unsigned threads) {
 void Pool::start(unsigned threads) {
     threads_ = std::max(1u, threads);
     quit_ = false;
-    for (unsigned i = 1; i < threads_; ++i) workers_.emplace_back(&Pool::work, this, i);
+    // a new worker has seen every job so far: it must not wake for the last one, long finished
+    for (unsigned i = 1; i < threads_; ++i) workers_.emplace_back(&Pool::work, this, i, generation_);
 }
 
 void Pool::stop() {
@@ -30,8 +32,7 @@ void Pool::stop() {
     workers_.clear();
 }
 
-void Pool::work(unsigned index) {
-    unsigned long seen = 0;
+void Pool::work(unsigned index, unsigned long seen) {
     for (;;) {
         const std::function<void(size_t, size_t)>* job;
         size_t rows;

@@ -26,7 +26,7 @@ class Pool {
    private:
     void start(unsigned threads);
     void stop();
-    void work(unsigned index);
+    void work(unsigned index, unsigned long seen);
 
     unsigned threads_ = 1;
     std::vector<std::thread> workers_;

@@ -37,6 +37,17 @@ def _f64(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
+CANONICAL_NAN = np.array(0x7FC00000, np.uint32).view(np.float32)
+
+
+def _f32(x) -> np.ndarray:
+    """A result at a float32 boundary: rounded once, any NaN stored as the canonical quiet NaN."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = np.asarray(x).astype(np.float32)
+    y[np.isnan(y)] = CANONICAL_NAN
+    return y
+
+
 def _sigmoid64(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
@@ -67,7 +78,7 @@ class ReferenceKernels(KernelBackend):
         out = np.empty((x.shape[0], rows), dtype=np.float32)
         for r0, r1 in _row_blocks(rows, cols * 8):
             block = _f64(Param(w.data[r0:r1], w.dtype).f32())
-            out[:, r0:r1] = lane_dot(x64, block[None, :, :])
+            out[:, r0:r1] = _f32(lane_dot(x64, block[None, :, :]))
         return out
 
     def mxfp4_linear(self, packed: np.ndarray, scale: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -76,7 +87,7 @@ class ReferenceKernels(KernelBackend):
         acc = np.zeros((x.shape[0], packed.shape[0], LANES))
         for j in range(0, packed.shape[1] * 2, LANES):  # widths are multiples of 32: no tail
             acc += x64[:, None, j:j + LANES] * _mxfp4_lane_values(packed, mult, j)[None, :, :]
-        return combine_lanes(acc).astype(np.float32)
+        return _f32(combine_lanes(acc))
 
     def expert(self, e: ExpertWeights, z, beta, linear_beta):
         g = self.mxfp4_linear(e.w1_packed, e.w1_scale, z)
@@ -89,23 +100,23 @@ class ReferenceKernels(KernelBackend):
         y = x64 / np.sqrt(ms + eps)[..., None]
         if w is not None:
             y = y * _f64(w)
-        return y.astype(np.float32)
+        return _f32(y)
 
     def l2norm_heads(self, x, heads, eps):
         x64 = _f64(x).reshape(x.shape[0], heads, -1)  # [T, heads, D]
         y = x64 / np.sqrt(lane_dot(x64, x64) + eps)[..., None]
-        return y.reshape(x.shape).astype(np.float32)
+        return _f32(y.reshape(x.shape))
 
     def situ_glu(self, g, u, beta, linear_beta):
         g64, u64 = _f64(g), _f64(u)
         capped = beta * np.tanh(g64 / beta)
-        return (capped * _sigmoid64(g64) * (linear_beta * np.tanh(u64 / linear_beta))).astype(np.float32)
+        return _f32(capped * _sigmoid64(g64) * (linear_beta * np.tanh(u64 / linear_beta)))
 
     def sigmoid(self, x):
-        return _sigmoid64(_f64(x)).astype(np.float32)
+        return _f32(_sigmoid64(_f64(x)))
 
     def mul_sigmoid(self, y, g):
-        return (_f64(y) * _sigmoid64(_f64(g))).astype(np.float32)
+        return _f32(_f64(y) * _sigmoid64(_f64(g)))
 
     def short_conv(self, x, history, w):
         K = w.shape[1]
@@ -115,13 +126,13 @@ class ReferenceKernels(KernelBackend):
         for tap in range(K):  # tap K-1 multiplies the current input
             acc += _f64(w[:, tap]) * _f64(window[tap:tap + T])
         y = acc * _sigmoid64(acc)  # SiLU after the conv
-        return y.astype(np.float32), np.ascontiguousarray(window[T:])
+        return _f32(y), np.ascontiguousarray(window[T:])
 
     def kda_decay(self, z, a_log, dt_bias, lower_bound):
         T, heads, D = z.shape
         zz = _f64(z) + _f64(dt_bias).reshape(heads, D)
         rate = np.exp(_f64(a_log))[None, :, None]  # A_log is per head
-        return np.exp(lower_bound * _sigmoid64(rate * zz)).astype(np.float32)
+        return _f32(np.exp(lower_bound * _sigmoid64(rate * zz)))
 
     def kda_recurrence(self, q, k, v, alpha, beta, state, scale):
         S = state.astype(np.float32)
@@ -131,15 +142,15 @@ class ReferenceKernels(KernelBackend):
             S64 = _f64(S) * _f64(alpha[t])[:, :, None]  # decay rows first
             u = lane_dot(S64.transpose(0, 2, 1), k64[:, None, :])  # u = Sᵀ k
             d = _f64(beta[t])[:, None] * (_f64(v[t]) - u)
-            S = (S64 + k64[:, :, None] * d[:, None, :]).astype(np.float32)
-            out[t] = lane_dot(_f64(S).transpose(0, 2, 1), q64[:, None, :])  # o = Sᵀ q, UPDATED state
+            S = _f32(S64 + k64[:, :, None] * d[:, None, :])
+            out[t] = _f32(lane_dot(_f64(S).transpose(0, 2, 1), q64[:, None, :]))  # o = Sᵀ q, UPDATED state
         return out, S
 
     def mqa_attention(self, q, keys, values, scale):
         scores = lane_dot(_f64(q)[:, None, :], _f64(keys)[None, :, :]) * scale  # [heads, n]
         e = np.exp(scores - scores.max(axis=1, keepdims=True))
         p = e / lane_dot(e, np.ones_like(e))[:, None]
-        return lane_dot(p[:, None, :], _f64(values).T[None, :, :]).astype(np.float32)  # [heads, dv]
+        return _f32(lane_dot(p[:, None, :], _f64(values).T[None, :, :]))  # [heads, dv]
 
     def router(self, logits, bias, top_k, renormalize, scaling):
         s = _sigmoid64(_f64(logits))
@@ -151,13 +162,13 @@ class ReferenceKernels(KernelBackend):
             for j in range(top_k):
                 total = total + w[:, j]
             w = w / (total + 1e-20)[:, None]
-        return ids.astype(np.int64), (w * scaling).astype(np.float32)
+        return ids.astype(np.int64), _f32(w * scaling)
 
     def combine(self, outputs, weights):
         acc = np.zeros(outputs[0].shape)
         for out, w in zip(outputs, weights):
             acc = acc + float(w) * _f64(out)
-        return acc.astype(np.float32)
+        return _f32(acc)
 
     def attnres(self, sources, fold, eps):
         src = _f64(np.stack(sources))  # [S, T, H]
@@ -171,7 +182,7 @@ class ReferenceKernels(KernelBackend):
         acc = np.zeros(src.shape[1:])
         for s in range(src.shape[0]):  # values are the RAW sources
             acc = acc + (e[s] / total)[:, None] * src[s]
-        return acc.astype(np.float32)
+        return _f32(acc)
 
 
 @hookimpl(trylast=True)

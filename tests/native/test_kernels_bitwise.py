@@ -1,27 +1,22 @@
-"""Every native kernel on every backend this machine runs gives the scalar backend's bytes, on
-random and adversarial inputs, at 1, 2 and more threads than cores; a batch of tokens gives each
-token its single-token bytes; and the C++ scalar backend equals the numpy reference where no
-transcendental function is involved (both implement docs/NUMERICS.md)."""
+"""Every native kernel on every backend this machine runs gives the scalar backend's bytes on the
+kernel table (k3core/testing/kernel_cases.py: random, adversarial and lane-order-revealing inputs) at
+1, 2 and 5 threads; a batch of tokens gives each token its single-token bytes; the numpy reference
+equals the C++ scalar backend wherever no transcendental function is involved (both implement
+docs/NUMERICS.md); and the special cases and argument checks hold."""
 import numpy as np
 import pytest
 
 from k3core import _native
-from k3core.interfaces import ExpertWeights, Param
+from k3core.interfaces import Param
 from k3core.plugins.native_kernels import NativeKernels
 from k3core.plugins.reference_kernels import ReferenceKernels
+from k3core.testing.kernel_cases import (THREADS, activations, batch_cases, bf16_weights, expert_case, mxfp4_weights,
+                                         kernel_cases, rng, same)
 
 BACKENDS = _native.available_backends()
 SIMD = [b for b in BACKENDS if b != "scalar"]
-THREADS = [1, 2, 5]
-
-
-def bits(a):
-    a = np.ascontiguousarray(a)
-    return a.view(np.uint32 if a.dtype == np.float32 else np.uint8)
-
-
-def same(a, b):
-    return a.shape == b.shape and np.array_equal(bits(a), bits(b))
+CASES = kernel_cases()
+KERNELS = sorted({c.kernel for c in CASES})
 
 
 def kernels(name, threads=1):
@@ -30,201 +25,55 @@ def kernels(name, threads=1):
     return k
 
 
-def rng(seed):
-    return np.random.default_rng(seed)
-
-
-def activations(r, shape, adversarial=False):
-    x = r.standard_normal(shape).astype(np.float32)
-    if adversarial:
-        flat = x.reshape(-1)
-        n = flat.size
-        picks = r.choice(n, size=max(1, n // 8), replace=False)
-        specials = np.array([np.inf, -np.inf, np.nan, 1e-45, -1e-44, 3e38, -3e38, 1e-38, 0.0, -0.0], np.float32)
-        flat[picks] = specials[r.integers(0, len(specials), len(picks))]
-    return x
-
-
-def cancelling(r, shape):
-    """Inputs on which the summation order shows: large values that cancel only when lane j meets
-    lane j+8 in the fold, among small ones that survive only if they are added at the right step."""
-    x = r.standard_normal(shape).astype(np.float32)
-    cols = shape[-1]
-    for start in range(0, cols - 8, 16):
-        big = np.float32(r.choice([1e16, -3e15, 7e17]))
-        x[..., start] = big
-        x[..., start + 8] = -big
-    return x
-
-
-def bf16_weights(r, rows, cols, adversarial=False):
-    w = (r.standard_normal((rows, cols)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-    if adversarial:
-        flat = w.reshape(-1)
-        picks = r.choice(flat.size, size=max(1, flat.size // 8), replace=False)
-        specials = np.array([0x7F80, 0xFF80, 0x7FC0, 0x0001, 0x8003, 0x7F7F, 0x0000, 0x8000], np.uint16)
-        flat[picks] = specials[r.integers(0, len(specials), len(picks))]
-    return w
-
-
-def mxfp4_weights(r, rows, cols, adversarial=False):
-    packed = r.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
-    scale = r.integers(110, 135, (rows, cols // 32), dtype=np.uint8)
-    if adversarial:
-        flat = scale.reshape(-1)
-        flat[r.choice(flat.size, size=max(1, flat.size // 3), replace=False)] = r.choice(
-            np.array([0, 1, 254, 255], np.uint8), size=max(1, flat.size // 3))
-    return packed, scale
-
-
-# in-widths that are not multiples of any SIMD width, and some that are
-WIDTHS = [1, 3, 15, 16, 17, 33, 100, 257]
-MX_WIDTHS = [32, 96, 160, 352]
-SHAPES = [(1, 1), (3, 2), (17, 5), (33, 64)]  # (rows, tokens)
-
-
-def cancel_pairs(w, x, r):
-    """Make the products of columns s and s+8 (s = 0, 16, 32, …) equal and opposite, and large:
-    they cancel exactly only if lane s meets lane s+8 where the contract says."""
-    for s in range(0, x.shape[1] - 8, 16):
-        w[:, s + 8] = w[:, s]
-        big = np.float32(r.choice([1e12, -3e15, 7e17]))
-        x[:, s], x[:, s + 8] = big, -big
-
-
-INPUTS = ["random", "adversarial", "cancelling"]
-
-
 @pytest.mark.parametrize("backend", SIMD)
-@pytest.mark.parametrize("dtype", ["BF16", "F16", "F32"])
-@pytest.mark.parametrize("inputs", INPUTS)
-def test_linear_matches_scalar(backend, dtype, inputs):
-    r = rng(1)
-    adversarial = inputs == "adversarial"
-    for cols in WIDTHS:
-        for rows, tokens in SHAPES:
-            if dtype == "BF16":
-                w = bf16_weights(r, rows, cols, adversarial)
-            elif dtype == "F16":
-                w = activations(r, (rows, cols), adversarial).astype(np.float16).view(np.uint16)
-            else:
-                w = activations(r, (rows, cols), adversarial)
-            x = activations(r, (tokens, cols), adversarial)
-            if inputs == "cancelling":
-                cancel_pairs(w, x, r)
-            want = kernels("scalar").linear(Param(w, dtype), x)
-            for threads in THREADS:
-                got = kernels(backend, threads).linear(Param(w, dtype), x)
-                assert same(got, want), (backend, dtype, cols, rows, tokens, threads)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_every_case_of_the_table_matches_scalar(backend, kernel):
+    cases = [c for c in CASES if c.kernel == kernel]
+    want = [c.call(kernels("scalar")) for c in cases]
+    for threads in THREADS:
+        k = kernels(backend, threads)
+        for case, w in zip(cases, want):
+            assert same(case.call(k), w), (backend, case.name, threads)
 
 
-@pytest.mark.parametrize("backend", SIMD)
-@pytest.mark.parametrize("inputs", INPUTS)
-def test_mxfp4_matches_scalar(backend, inputs):
-    r = rng(2)
-    for cols in MX_WIDTHS:
-        for rows, tokens in SHAPES:
-            packed, scale = mxfp4_weights(r, rows, cols, inputs == "adversarial")
-            x = activations(r, (tokens, cols), inputs == "adversarial")
-            if inputs == "cancelling":  # element s is the low nibble of byte s/2; s+8 that of byte s/2+4
-                for s in range(0, cols - 8, 16):
-                    packed[:, s // 2 + 4] = (packed[:, s // 2 + 4] & 0xF0) | (packed[:, s // 2] & 0x0F)
-                    big = np.float32(r.choice([1e12, -3e15, 7e17]))
-                    x[:, s], x[:, s + 8] = big, -big
-            want = kernels("scalar").mxfp4_linear(packed, scale, x)
-            for threads in THREADS:
-                assert same(kernels(backend, threads).mxfp4_linear(packed, scale, x), want), (backend, cols, rows)
+def test_the_table_reaches_every_kernel_and_every_lane_order_case():
+    from k3core.interfaces import KernelBackend
 
-
-@pytest.mark.parametrize("backend", SIMD)
-def test_the_lane_order_shows_on_cancelling_inputs(backend):
-    """Products that cancel only when lane j meets lane j+8 in the fold: any other lane mapping or
-    fold order gives other bits (swapping lanes 0 and 1 turns [1e16, 1, 0.., -1e16 at 8] from 1 into 0)."""
-    x = np.zeros((1, 32), np.float32)
-    x[0, 0], x[0, 1], x[0, 8] = 1e16, 1.0, -1e16
-    ones = np.full((1, 32), 0x22, np.uint8)[:, :16], np.full((1, 1), 127, np.uint8)  # every weight 1.0
-    assert kernels(backend).linear(Param(np.ones((1, 32), np.float32), "F32"), x)[0, 0] == 1.0
-    assert kernels(backend).mxfp4_linear(*ones, x)[0, 0] == 1.0
-    r = rng(7)
-    for cols in (17, 33, 100, 257):
-        x, w = cancelling(r, (5, cols)), bf16_weights(r, 9, cols)
-        for start in range(0, cols - 8, 16):
-            w[:, start + 8] = w[:, start]  # equal weights: the large products cancel exactly
-        want = kernels("scalar").linear(Param(w, "BF16"), x)
-        assert same(kernels(backend).linear(Param(w, "BF16"), x), want), cols
-    packed = np.full((9, 48), 0x22, np.uint8)
-    packed[:, 2:] = r.integers(0, 256, (9, 46), dtype=np.uint8)  # elements 0..3 and 8.. vary, but 0 == 8
-    packed[:, 4] = packed[:, 0]
-    scale = r.integers(120, 130, (9, 3), dtype=np.uint8)
-    xm = cancelling(r, (5, 96))
-    assert same(kernels(backend).mxfp4_linear(packed, scale, xm), kernels("scalar").mxfp4_linear(packed, scale, xm))
+    kernels_in_interface = {name for name in KernelBackend.__abstractmethods__}
+    assert set(KERNELS) == kernels_in_interface
+    assert sum("lane order" in c.name for c in CASES) >= 6 and sum("cancelling" in c.name for c in CASES) >= 100
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_batch_gives_each_token_its_single_token_bytes(backend):
-    r = rng(3)
     k = kernels(backend, 2)
-    w, x = bf16_weights(r, 40, 100), activations(r, (64, 100))
-    packed, scale = mxfp4_weights(r, 40, 96)
-    xm = activations(r, (64, 96))
-    batch, batch_mx = k.linear(Param(w, "BF16"), x), k.mxfp4_linear(packed, scale, xm)
-    for t in range(64):
-        assert same(batch[t:t + 1], k.linear(Param(w, "BF16"), x[t:t + 1]))
-        assert same(batch_mx[t:t + 1], k.mxfp4_linear(packed, scale, xm[t:t + 1]))
+    for name, batch, single in batch_cases():
+        rows = batch(k)
+        for t in range(rows.shape[0]):
+            assert same(rows[t:t + 1], single(k, t)), (name, t)
 
 
-def expert_case(r, latent=96, inter=64):
-    w1, w2, w3 = mxfp4_weights(r, inter, latent), mxfp4_weights(r, latent, inter), mxfp4_weights(r, inter, latent)
-    return ExpertWeights(1, 0, *w1, *w2, *w3), activations(r, (3, latent)) * 4
-
-
-def other_kernel_calls(r):
-    """(name, call(k)) for every kernel that is not a matrix product, on awkward sizes."""
-    x = activations(r, (5, 37), adversarial=True)
-    g, u = activations(r, (4, 19)) * 30, activations(r, (4, 19)) * 60
-    z = activations(r, (3, 5, 7))
-    q, k_, v = (activations(r, (4, 3, 19)) for _ in range(3))
-    alpha = np.exp(-np.abs(activations(r, (4, 3, 19)))).astype(np.float32)
-    beta = 1 / (1 + np.exp(-activations(r, (4, 3)))).astype(np.float32)
-    state = activations(r, (3, 19, 19))
-    keys, values = activations(r, (23, 41)), activations(r, (23, 37))
-    logits, bias = activations(r, (6, 13)), (r.uniform(-0.3, 0.3, 13)).astype(np.float32)
-    logits[0, :4] = 0.25  # ties
-    srcs = [activations(r, (5, 37)) for _ in range(7)]
-    fold = r.standard_normal(37)
-    e, zz = expert_case(r)
-    return [
-        ("rmsnorm", lambda k: k.rmsnorm(x, x[0], 1e-5)),
-        ("rmsnorm without gain", lambda k: k.rmsnorm(x, None, 1e-5)),
-        ("l2norm_heads", lambda k: k.l2norm_heads(activations(rng(9), (5, 36)), 4, 1e-6)),
-        ("situ_glu", lambda k: k.situ_glu(g, u, 4.0, 25.0)),
-        ("sigmoid", lambda k: k.sigmoid(x)),
-        ("mul_sigmoid", lambda k: k.mul_sigmoid(g, u)),
-        ("short_conv", lambda k: k.short_conv(x, x[:3], activations(rng(8), (37, 4)))),
-        ("kda_decay", lambda k: k.kda_decay(z, activations(rng(7), (5,)), activations(rng(6), (35,)), -5.0)),
-        ("kda_recurrence", lambda k: k.kda_recurrence(q, k_, v, alpha, beta, state, 19 ** -0.5)),
-        ("mqa_attention", lambda k: k.mqa_attention(activations(rng(5), (6, 41)), keys, values, 41 ** -0.5)),
-        ("router", lambda k: k.router(logits, bias, 4, True, 2.5)),
-        ("combine", lambda k: k.combine(srcs[:3], np.array([0.5, 0.25, 0.125], np.float32))),
-        ("attnres", lambda k: k.attnres(srcs, fold, 1e-5)),
-        ("expert", lambda k: k.expert(e, zz, 4.0, 25.0)),
-    ]
-
-
-def flatten(result):
-    return result if isinstance(result, tuple) else (result,)
+def test_the_numpy_reference_equals_scalar_wherever_no_libm_is_involved():
+    ref, cpp = ReferenceKernels(), kernels("scalar")
+    for case in CASES:
+        if not case.uses_libm:
+            assert same(case.call(ref), case.call(cpp)), case.name
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_every_other_kernel_matches_scalar_at_every_thread_count(backend):
-    want = {name: flatten(call(kernels("scalar"))) for name, call in other_kernel_calls(rng(4))}
-    for threads in THREADS:
-        for name, call in other_kernel_calls(rng(4)):
-            got = flatten(call(kernels(backend, threads)))
-            assert all(same(a, b) for a, b in zip(got, want[name])), (backend, name, threads)
+def test_changing_the_thread_count_of_a_used_backend_keeps_its_bits(backend):
+    """New workers of a resized pool must not wake for the job before (it used to crash)."""
+    r = rng(11)
+    w, x = Param(bf16_weights(r, 512, 256), "BF16"), activations(r, (64, 256))  # big enough to use every thread
+    k = kernels(backend, 2)
+    want = k.linear(w, x)
+    for threads in (5, 1, 3, 2, 4):
+        k.set_threads(threads)
+        k.sigmoid(x)  # another call in between: the job before is long gone
+        assert same(k.linear(w, x), want), threads
 
 
-def test_cpp_scalar_equals_the_numpy_reference_where_no_libm_is_involved():
+def test_cpp_scalar_equals_the_numpy_reference_on_plain_inputs():
     r, ref, cpp = rng(5), ReferenceKernels(), kernels("scalar")
     for cols in (17, 100, 256):
         w, x = bf16_weights(r, 9, cols), activations(r, (4, cols))

@@ -1,0 +1,219 @@
+"""The kernel cases: one table of seeded inputs on which every kernel backend must give the scalar
+backend's bits. It drives tests/native (every built-in SIMD backend) and the conformance kit (any
+backend, `k3 plugins --check`): adding a kernel case means adding it here.
+
+Inputs reach every special case the contract names (docs/NUMERICS.md): widths that are not multiples
+of any SIMD width, ±inf, NaN, subnormals, huge values, MXFP4 scale bytes 0/1/254/255, and "cancelling"
+inputs whose large products cancel exactly only when lane j meets lane j+8 in the fold, so any other
+lane order gives other bits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..interfaces import ExpertWeights, Param
+
+WIDTHS = (1, 3, 15, 16, 17, 33, 100, 257)   # in-widths: not multiples of any SIMD width, and some that are
+MX_WIDTHS = (32, 96, 160, 352)
+SHAPES = ((1, 1), (3, 2), (17, 5), (33, 64))  # (rows, tokens)
+INPUTS = ("random", "adversarial", "cancelling")
+THREADS = (1, 2, 5)
+
+
+@dataclass(frozen=True)
+class KernelCase:
+    name: str
+    kernel: str                       # the KernelBackend method
+    call: Callable                    # backend -> result (an array or a tuple of arrays)
+    uses_libm: bool = False           # exp / tanh inside: the numpy reference may differ in the last bit
+
+
+def rng(seed):
+    return np.random.default_rng(seed)
+
+
+def activations(r, shape, adversarial=False):
+    x = r.standard_normal(shape).astype(np.float32)
+    if adversarial:
+        flat = x.reshape(-1)
+        picks = r.choice(flat.size, size=max(1, flat.size // 8), replace=False)
+        specials = np.array([np.inf, -np.inf, np.nan, 1e-45, -1e-44, 3e38, -3e38, 1e-38, 0.0, -0.0], np.float32)
+        flat[picks] = specials[r.integers(0, len(specials), len(picks))]
+    return x
+
+
+def cancelling(r, shape):
+    """Large values that cancel only when lane j meets lane j+8, among small ones that survive only if
+    they are added at the right step."""
+    x = r.standard_normal(shape).astype(np.float32)
+    for start in range(0, shape[-1] - 8, 16):
+        big = np.float32(r.choice([1e16, -3e15, 7e17]))
+        x[..., start] = big
+        x[..., start + 8] = -big
+    return x
+
+
+def bf16_weights(r, rows, cols, adversarial=False):
+    w = (r.standard_normal((rows, cols)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    if adversarial:
+        flat = w.reshape(-1)
+        picks = r.choice(flat.size, size=max(1, flat.size // 8), replace=False)
+        specials = np.array([0x7F80, 0xFF80, 0x7FC0, 0x0001, 0x8003, 0x7F7F, 0x0000, 0x8000], np.uint16)
+        flat[picks] = specials[r.integers(0, len(specials), len(picks))]
+    return w
+
+
+def mxfp4_weights(r, rows, cols, adversarial=False):
+    packed = r.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
+    scale = r.integers(110, 135, (rows, cols // 32), dtype=np.uint8)
+    if adversarial:
+        flat = scale.reshape(-1)
+        flat[r.choice(flat.size, size=max(1, flat.size // 3), replace=False)] = r.choice(
+            np.array([0, 1, 254, 255], np.uint8), size=max(1, flat.size // 3))
+    return packed, scale
+
+
+def cancel_pairs(w, x, r):
+    """Make the products of columns s and s+8 (s = 0, 16, …) equal and opposite, and large."""
+    for s in range(0, x.shape[1] - 8, 16):
+        w[:, s + 8] = w[:, s]
+        big = np.float32(r.choice([1e12, -3e15, 7e17]))
+        x[:, s], x[:, s + 8] = big, -big
+
+
+def _linear_cases():
+    r = rng(1)
+    for dtype in ("BF16", "F16", "F32"):
+        for inputs in INPUTS:
+            adversarial = inputs == "adversarial"
+            for cols in WIDTHS:
+                for rows, tokens in SHAPES:
+                    if dtype == "BF16":
+                        w = bf16_weights(r, rows, cols, adversarial)
+                    elif dtype == "F16":
+                        with np.errstate(over="ignore"):  # huge values become f16 infinities: wanted
+                            w = activations(r, (rows, cols), adversarial).astype(np.float16).view(np.uint16)
+                    else:
+                        w = activations(r, (rows, cols), adversarial)
+                    x = activations(r, (tokens, cols), adversarial)
+                    if inputs == "cancelling":
+                        cancel_pairs(w, x, r)
+                    p = Param(w, dtype)
+                    yield KernelCase(f"linear {dtype} {inputs} {rows}x{cols} T={tokens}", "linear",
+                                     lambda k, p=p, x=x: k.linear(p, x))
+
+
+def _mxfp4_cases():
+    r = rng(2)
+    for inputs in INPUTS:
+        for cols in MX_WIDTHS:
+            for rows, tokens in SHAPES:
+                packed, scale = mxfp4_weights(r, rows, cols, inputs == "adversarial")
+                x = activations(r, (tokens, cols), inputs == "adversarial")
+                if inputs == "cancelling":  # element s is the low nibble of byte s/2; s+8 that of byte s/2+4
+                    for s in range(0, cols - 8, 16):
+                        packed[:, s // 2 + 4] = (packed[:, s // 2 + 4] & 0xF0) | (packed[:, s // 2] & 0x0F)
+                        big = np.float32(r.choice([1e12, -3e15, 7e17]))
+                        x[:, s], x[:, s + 8] = big, -big
+                yield KernelCase(f"mxfp4_linear {inputs} {rows}x{cols} T={tokens}", "mxfp4_linear",
+                                 lambda k, a=(packed, scale, x): k.mxfp4_linear(*a))
+
+
+def _lane_order_cases():
+    """Inputs on which any lane mapping or fold order but the contract's gives other bits."""
+    r = rng(7)
+    x = np.zeros((1, 32), np.float32)
+    x[0, 0], x[0, 1], x[0, 8] = 1e16, 1.0, -1e16
+    yield KernelCase("linear lane order: [1e16, 1, 0…, -1e16 at 8]", "linear",
+                     lambda k: k.linear(Param(np.ones((1, 32), np.float32), "F32"), x))
+    ones = (np.full((1, 16), 0x22, np.uint8), np.full((1, 1), 127, np.uint8))  # every weight 1.0
+    yield KernelCase("mxfp4_linear lane order: [1e16, 1, 0…, -1e16 at 8]", "mxfp4_linear",
+                     lambda k: k.mxfp4_linear(*ones, x))
+    for cols in (17, 33, 100, 257):
+        xc, w = cancelling(r, (5, cols)), bf16_weights(r, 9, cols)
+        for start in range(0, cols - 8, 16):
+            w[:, start + 8] = w[:, start]  # equal weights: the large products cancel exactly
+        yield KernelCase(f"linear BF16 lane order {cols} columns", "linear",
+                         lambda k, p=Param(w, "BF16"), xc=xc: k.linear(p, xc))
+    packed = np.full((9, 48), 0x22, np.uint8)
+    packed[:, 2:] = r.integers(0, 256, (9, 46), dtype=np.uint8)
+    packed[:, 4] = packed[:, 0]
+    scale = r.integers(120, 130, (9, 3), dtype=np.uint8)
+    xm = cancelling(r, (5, 96))
+    yield KernelCase("mxfp4_linear lane order 96 columns", "mxfp4_linear", lambda k: k.mxfp4_linear(packed, scale, xm))
+
+
+def expert_case(r, latent=96, inter=64):
+    w1, w2, w3 = mxfp4_weights(r, inter, latent), mxfp4_weights(r, latent, inter), mxfp4_weights(r, inter, latent)
+    return ExpertWeights(1, 0, *w1, *w2, *w3), activations(r, (3, latent)) * 4
+
+
+def _other_cases():
+    """Every kernel that is not a matrix product, on awkward sizes."""
+    r = rng(4)
+    x = activations(r, (5, 37), adversarial=True)
+    g, u = activations(r, (4, 19)) * 30, activations(r, (4, 19)) * 60
+    z = activations(r, (3, 5, 7))
+    q, k_, v = (activations(r, (4, 3, 19)) for _ in range(3))
+    alpha = np.exp(-np.abs(activations(r, (4, 3, 19)))).astype(np.float32)
+    beta = 1 / (1 + np.exp(-activations(r, (4, 3)))).astype(np.float32)
+    state = activations(r, (3, 19, 19))
+    keys, values = activations(r, (23, 41)), activations(r, (23, 37))
+    logits, bias = activations(r, (6, 13)), (r.uniform(-0.3, 0.3, 13)).astype(np.float32)
+    logits[0, :4] = 0.25  # ties
+    srcs = [activations(r, (5, 37)) for _ in range(7)]
+    fold = r.standard_normal(37)
+    e, zz = expert_case(r)
+    l2 = activations(rng(9), (5, 36))
+    conv_w = activations(rng(8), (37, 4))
+    decay = (activations(rng(7), (5,)), activations(rng(6), (35,)))
+    query = activations(rng(5), (6, 41))
+    yield KernelCase("rmsnorm", "rmsnorm", lambda k: k.rmsnorm(x, x[0], 1e-5))
+    yield KernelCase("rmsnorm without gain", "rmsnorm", lambda k: k.rmsnorm(x, None, 1e-5))
+    yield KernelCase("l2norm_heads", "l2norm_heads", lambda k: k.l2norm_heads(l2, 4, 1e-6))
+    yield KernelCase("situ_glu", "situ_glu", lambda k: k.situ_glu(g, u, 4.0, 25.0), uses_libm=True)
+    yield KernelCase("sigmoid", "sigmoid", lambda k: k.sigmoid(x), uses_libm=True)
+    yield KernelCase("mul_sigmoid", "mul_sigmoid", lambda k: k.mul_sigmoid(g, u), uses_libm=True)
+    yield KernelCase("short_conv", "short_conv", lambda k: k.short_conv(x, x[:3], conv_w), uses_libm=True)
+    yield KernelCase("kda_decay", "kda_decay", lambda k: k.kda_decay(z, *decay, -5.0), uses_libm=True)
+    yield KernelCase("kda_recurrence", "kda_recurrence",
+                     lambda k: k.kda_recurrence(q, k_, v, alpha, beta, state, 19 ** -0.5))
+    yield KernelCase("mqa_attention", "mqa_attention", lambda k: k.mqa_attention(query, keys, values, 41 ** -0.5),
+                     uses_libm=True)
+    yield KernelCase("router", "router", lambda k: k.router(logits, bias, 4, True, 2.5), uses_libm=True)
+    yield KernelCase("combine", "combine", lambda k: k.combine(srcs[:3], np.array([0.5, 0.25, 0.125], np.float32)))
+    yield KernelCase("attnres", "attnres", lambda k: k.attnres(srcs, fold, 1e-5), uses_libm=True)
+    yield KernelCase("expert", "expert", lambda k: k.expert(e, zz, 4.0, 25.0), uses_libm=True)
+
+
+def kernel_cases() -> list[KernelCase]:
+    """Every case, in a fixed order (the same inputs on every call)."""
+    return [*_linear_cases(), *_mxfp4_cases(), *_lane_order_cases(), *_other_cases()]
+
+
+def batch_cases():
+    """(name, call(backend) -> the batch's rows, call(backend, t) -> row t computed alone): a batch of
+    tokens gives each token its single-token bytes."""
+    r = rng(3)
+    w, x = bf16_weights(r, 40, 100), activations(r, (64, 100))
+    packed, scale = mxfp4_weights(r, 40, 96)
+    xm = activations(r, (64, 96))
+    p = Param(w, "BF16")
+    return [("linear BF16, 64 tokens", lambda k: k.linear(p, x), lambda k, t: k.linear(p, x[t:t + 1])),
+            ("mxfp4_linear, 64 tokens", lambda k: k.mxfp4_linear(packed, scale, xm),
+             lambda k, t: k.mxfp4_linear(packed, scale, xm[t:t + 1]))]
+
+
+def bits(a) -> np.ndarray:
+    a = np.ascontiguousarray(a)
+    return a.view(np.uint32 if a.dtype == np.float32 else np.uint8)
+
+
+def same(a, b) -> bool:
+    """Byte-identical results (a tuple compares element by element)."""
+    a, b = (a if isinstance(a, tuple) else (a,)), (b if isinstance(b, tuple) else (b,))
+    return len(a) == len(b) and all(np.asarray(x).shape == np.asarray(y).shape and np.array_equal(bits(x), bits(y))
+                                    for x, y in zip(a, b))
