@@ -367,8 +367,9 @@ class ExpertStore(ABC):
         return []
 
     @classmethod
-    def cache_policy(cls, slots: int) -> CachePolicy | None:
-        """The store's retention rule for `slots` expert slots; None for a store that keeps nothing."""
+    def cache_policy(cls, slots: int, options: PluginOptions | None = None) -> CachePolicy | None:
+        """The store's retention rule for `slots` expert slots under `options` (None: the defaults, as
+        `k3 sim-cache` asks); None for a store that keeps nothing."""
         return None
 
     def __init__(self, ctx: PluginContext):

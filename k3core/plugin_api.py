@@ -10,14 +10,15 @@ What is here, by use:
   LRUPolicy, the reference rule), with the types they pass: Param, Weights, ExpertWeights, TensorSpec;
 - what a placer or store receives: PluginContext (checkpoint, Budget, its own PluginOptions) and
   returns from plan(): PlanRow;
+- a ready expert store to subclass: CachingStore (a slot arena kept by the CachePolicy you give it);
 - reading bytes: ExpertReader + expert_slot_bytes for experts; the aligned reader (ALIGN,
   aligned_buffer, open_for_reading, read_into, read_exact) for anything else; open_trunk / load_trunk
   for a packed trunk;
 - naming tensors: PREFIX, HEAD, VISION_PREFIXES, layer_prefix, expert_prefix, EXPERT_PARTS, MATRIX, FLOAT;
 - the counters the run report reads: STORE_STATS, PLACER_STATS;
 - errors: UnsoundRunError (a read failed: exit 4), PlanError, UsageError, PluginError, CheckpointError;
-- small helpers: human (bytes for people), default_threads, the native kernels module `native`, and
-  the MXFP4 tables E2M1 / scale_multipliers.
+- small helpers: human (bytes for people), default_threads, builtin_kernels (k3's own kernel backends, to
+  wrap), the native kernels module `native`, and the MXFP4 tables E2M1 / scale_multipliers.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from .interfaces import (AttentionBackend, Budget, CachePolicy, ExpertStore, Exp
                          LRUPolicy, Param, PlanRow, PluginContext, PluginOptions, TensorSpec, TrunkPlacer,
                          Weights, default_threads)
 from .io.aligned_io import ALIGN, Opened, align_down, align_up, aligned_buffer, open_for_reading, read_exact, read_into
+from .io.caching_store import CachingOptions, CachingStore, cache_slots
 from .io.expert_io import ExpertReader, expert_slot_bytes
 from .io.trunk import load_trunk, open_trunk
 from .model.budget import human
@@ -54,15 +56,29 @@ PLACER_STATS = {
     "trunk_wait_seconds": "time the forward pass waited for a layer to arrive (float)",
 }
 
+def builtin_kernels(name: str | None = None) -> KernelBackend:
+    """k3's own kernel backend `name` (avx512, avx2, neon, scalar, reference), or the best native one this
+    CPU runs: what a plugin wrapping the built-in kernels wraps, whichever backend is the default."""
+    from .plugin_manager import get_plugin_manager, offered, origin
+
+    pm = get_plugin_manager()
+    for o in offered(pm, "k3_kernel_backends"):
+        wanted = o.name == name if name is not None else o.item.bit_exact
+        if origin(pm, o.plugin) == "built-in" and o.item.available() and wanted:
+            return o.item
+    raise PluginError(f"no built-in kernel backend {name!r} is available on this machine" if name else
+                      "no built-in native kernel backend is available on this machine")
+
+
 __all__ = [
     "hookimpl",
     "KernelBackend", "AttentionBackend", "ExpertStore", "TrunkPlacer", "CachePolicy", "LRUPolicy",
     "Param", "Weights", "ExpertWeights", "TensorSpec",
     "PluginContext", "Budget", "PluginOptions", "PlanRow",
-    "ExpertReader", "expert_slot_bytes", "ALIGN", "Opened", "align_down", "align_up", "aligned_buffer",
+    "CachingStore", "CachingOptions", "cache_slots", "ExpertReader", "expert_slot_bytes", "ALIGN", "Opened", "align_down", "align_up", "aligned_buffer",
     "open_for_reading", "read_into", "read_exact", "open_trunk", "load_trunk",
     "PREFIX", "HEAD", "VISION_PREFIXES", "layer_prefix", "expert_prefix", "EXPERT_PARTS", "MATRIX", "FLOAT",
     "STORE_STATS", "PLACER_STATS",
     "UnsoundRunError", "PlanError", "UsageError", "PluginError", "CheckpointError",
-    "human", "default_threads", "native", "E2M1", "scale_multipliers",
+    "human", "default_threads", "native", "builtin_kernels", "E2M1", "scale_multipliers",
 ]

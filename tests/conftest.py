@@ -1,7 +1,15 @@
-"""Shared test fixtures: generated test checkpoints (made once per session) and fixture paths."""
+"""Shared test fixtures: generated test checkpoints (made once per session) and fixture paths.
+
+The suite tests k3's built-ins as documented, so it loads no third-party entry-point plugin (the
+examples `make test` installs included): K3_PLUGINS=none for this process and every `k3` it starts.
+tests/test_examples.py runs the installed examples explicitly.
+"""
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+os.environ["K3_PLUGINS"] = "none"
 
 import pytest
 

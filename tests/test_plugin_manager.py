@@ -79,6 +79,31 @@ def test_the_first_available_kernel_backend_is_chosen():
         plugins.choose_kernels(pm, "needs-a-gpu")
 
 
+def test_an_installed_plugin_that_becomes_the_default_says_so_on_every_run(tmp_path, monkeypatch, tiny_model,
+                                                                          capsys):
+    install_dist(tmp_path, monkeypatch, """
+        from k3core.plugin_api import hookimpl
+        from k3core.plugins.lru_store import LRUStore
+
+        class Mine(LRUStore):
+            name = "mine"
+
+        @hookimpl
+        def k3_expert_stores():
+            return [Mine]
+    """, name="mystore")
+    monkeypatch.setenv("K3_PLUGINS", "mystore")
+    from k3core.cli.main import main
+
+    for _ in range(2):
+        assert main(["run", str(tiny_model), "--ids", "1,2", "--gen", "2", "--quiet"]) == 0
+        err = capsys.readouterr().err
+        assert err.count("k3: using expert store 'mine' from mystore 1.2.3 (an installed plugin, the default "
+                         "here); --expert-store NAME picks another") == 1
+    assert main(["run", str(tiny_model), "--ids", "1,2", "--gen", "2", "--quiet", "--expert-store", "lru"]) == 0
+    assert "k3: using" not in capsys.readouterr().err  # named on the command line: nothing to say
+
+
 def test_entry_point_plugins_load_and_report_their_version(tmp_path, monkeypatch):
     install_dist(tmp_path, monkeypatch, """
         from k3core.hookspecs import hookimpl
@@ -91,7 +116,7 @@ def test_entry_point_plugins_load_and_report_their_version(tmp_path, monkeypatch
         def k3_expert_stores():
             return [OtherStore]
     """)
-    monkeypatch.delenv("K3_PLUGINS", raising=False)
+    monkeypatch.setenv("K3_PLUGINS", "thirdparty")
     pm = plugins.new_plugin_manager()
     assert [s.name for s in plugins.expert_stores(pm)] == ["other", "lru", "direct"]
     row = next(r for r in plugins.describe_plugins(pm) if r["name"] == "thirdparty")

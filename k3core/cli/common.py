@@ -38,6 +38,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    "third party's (see `k3 plugins`)")
     g.add_argument("--trunk-placer", metavar="NAME", help="trunk placer plugin (default: pinned with --trunk, else "
                    "resident)")
+    g.add_argument("--store-option", action="append", default=[], metavar="NAME=VALUE",
+                   help="an option of the expert store, e.g. direct_io=false (repeatable; `k3 plugins` lists stores; "
+                        "an unknown NAME is refused with the valid ones)")
+    g.add_argument("--placer-option", action="append", default=[], metavar="NAME=VALUE",
+                   help="an option of the trunk placer, e.g. pin_head=true (repeatable)")
     g.add_argument("--attention", action="append", default=[], metavar="KIND=NAME",
                    help="attention backend for one kind of layer, e.g. kda=kda (repeatable; default: the first "
                         "installed for each kind)")
@@ -77,6 +82,22 @@ def _attention(pairs) -> dict:
     return out
 
 
+def _options(pairs, flag: str) -> dict | None:
+    """NAME=VALUE pairs; a VALUE that reads as JSON (true, 3, 0.5, null) is that value, else a string."""
+    import json
+
+    out = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise UsageError(f"{flag} takes NAME=VALUE, got {pair!r}")
+        try:
+            out[name] = json.loads(value)
+        except ValueError:
+            out[name] = value
+    return out or None
+
+
 def engine_config(args):
     """The EngineConfig of parsed engine flags; without MODEL_DIR, the saved profile's model, packed
     trunk and budgets (flags given still win)."""
@@ -86,6 +107,8 @@ def engine_config(args):
                   trunk_placer=args.trunk_placer, expert_store=args.expert_store, trunk=args.trunk,
                   preset=args.preset, trunk_gb=args.trunk_gb, cache_gb=args.cache_gb, ring=args.ring,
                   pin_layers=args.pin_layers, max_context=args.max_context,
+                  store_options=_options(args.store_option, "--store-option"),
+                  placer_options=_options(args.placer_option, "--placer-option"),
                   tokenizer=getattr(args, "tok", None))
     try:
         return EngineConfig(args.model, **fields) if args.model else config_from_profile(**fields)

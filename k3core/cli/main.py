@@ -52,20 +52,6 @@ def cmd_make_model(args) -> int:
     return 0
 
 
-def cmd_plugins(args) -> int:
-    from ..plugin_manager import describe_plugins, get_plugin_manager
-
-    rows = describe_plugins(get_plugin_manager())
-    if args.json:
-        print(json.dumps(rows, indent=1))
-        return 0
-    for row in rows:
-        print(f"{row['name']} {row['version']} ({row['source']})")
-        for hook in row["hooks"]:
-            print(f"  {hook}: {', '.join(row['provides'][hook]) or '-'}")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(
@@ -117,11 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--json", action="store_true", help="machine-readable output")
     pr.set_defaults(func=cmd_presets)
 
-    pl = sub.add_parser("plugins", help="list installed plugins, their versions and hooks",
-                        description="Every plugin (built-in or from the 'k3' entry-point group) with its version,\n"
-                                    "the hooks it implements and what each provides.", formatter_class=fmt)
-    pl.add_argument("--json", action="store_true", help="machine-readable output")
-    pl.set_defaults(func=cmd_plugins)
+    from .plugins import add_parser as add_plugins
+    add_plugins(sub)
     from .bench import add_parser as add_bench
     from .sim_cache import add_parser as add_sim_cache
     from .doctor import add_parser as add_doctor

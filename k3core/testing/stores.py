@@ -149,7 +149,7 @@ def store_checks(cls, options=None) -> list[Check]:
                 n = sum(len(a) for _, a in requests)
                 expect(s["expert_requests"] == n, f"expert_requests is {s['expert_requests']}, {n} were asked for")
                 expect(s["expert_hits"] <= n, f"expert_hits {s['expert_hits']} > requests {n}")
-                policy = cls.cache_policy(s["expert_slots"])
+                policy = cls.cache_policy(s["expert_slots"], store.options)
                 if policy is not None:
                     hits = sum(bool(policy.access((L, e))[0]) for L, asked in requests for e in asked)
                     expect(hits == s["expert_hits"], f"cache_policy({s.get('expert_slots')}) replays the same requests "

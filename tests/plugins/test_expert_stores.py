@@ -50,9 +50,9 @@ def test_lru_counts_true_hits_and_evicts_least_recently_used(tiny_model):
     assert store.slots == 2
     store.fetch(1, [0, 1])
     store.fetch(1, [1, 2])  # 1 hits; 0 is evicted for 2
-    assert (store.hits, store.policy.evictions) == (1, 1)
+    assert (store.hits, store.keeper.evictions) == (1, 1)
     store.fetch(1, [0, 2])  # 2 hits; 0 comes back in place of 1
-    assert (store.hits, store.policy.evictions) == (2, 2)
+    assert (store.hits, store.keeper.evictions) == (2, 2)
     bytes_before = store.reader.bytes_read
     assert_own_bytes(ckpt, store.fetch(1, [2, 0]))  # both resident: nothing read
     assert store.reader.bytes_read == bytes_before and store.hits == 4
