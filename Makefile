@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.k3-installed
+EXAMPLES_STAMP := $(VENV)/.k3-examples
+EXAMPLES := examples/k3-store-2q examples/k3-counting-kernels
 DEMO_DIR ?= demo-model
 
 .PHONY: test demo install bench-index clean
@@ -18,12 +20,21 @@ $(STAMP): $(PY) pyproject.toml CMakeLists.txt $(wildcard native/*)
 
 install: $(STAMP)
 
-test: $(STAMP)
-	$(PY) -m pytest -q
+# The example plugins (examples/*: separate packages, each with its own tests), installed as a third party
+# would: their entry points make them the defaults, so the suite itself pins K3_PLUGINS=none (tests/conftest.py)
+# and tests/test_examples.py runs them through `k3 plugins --check` and against the built-ins' ids.
+$(EXAMPLES_STAMP): $(STAMP) $(foreach e,$(EXAMPLES),$(wildcard $(e)/pyproject.toml $(e)/*/*.py))
+	$(PY) -m pip install --quiet --no-deps $(foreach e,$(EXAMPLES),-e $(e))
+	touch $(EXAMPLES_STAMP)
+
+test: $(STAMP) $(EXAMPLES_STAMP)
+	$(PY) -m pytest -q tests $(EXAMPLES)
 
 # The first run, as a user makes it: `k3 setup` generates the demo model, verifies, packs and saves the
 # profile (it prints where: K3_CONFIG_DIR, else ~/.config/k3); `k3 run` then uses that profile, and `k3 ui` serves
 # the chat page on it until Ctrl-C.
+# K3_PLUGINS=none: the built-ins, even where `make test` installed the example plugins.
+demo: export K3_PLUGINS = none
 demo: $(STAMP)
 	$(VENV)/bin/k3 setup --source demo --dest $(DEMO_DIR) --yes
 	$(VENV)/bin/k3 run --prompt "The capital of France is" --max-tokens 24

@@ -16,7 +16,7 @@ hookimpl = pluggy.HookimplMarker("k3")
 
 @hookspec
 def k3_attention_backends():
-    """Return a list of AttentionBackend instances (k3core.interfaces).
+    """Return a list of AttentionBackend instances (k3core.plugin_api).
 
     Each has a `kind` ("kda" or "mla") and a `name`. For every kind the engine uses the
     backend named on the command line, else the first one returned for that kind.
@@ -25,7 +25,7 @@ def k3_attention_backends():
 
 @hookspec
 def k3_kernel_backends():
-    """Return a list of KernelBackend instances, in order of preference.
+    """Return a list of KernelBackend instances (k3core.plugin_api), in order of preference.
 
     The engine uses the backend named by --kernels / K3_KERNELS, else the first one whose
     `available()` is true.
@@ -34,17 +34,18 @@ def k3_kernel_backends():
 
 @hookspec
 def k3_expert_stores():
-    """Return a list of ExpertStore classes (k3core.interfaces), each with a `name`.
+    """Return a list of ExpertStore classes (k3core.plugin_api), each with a `name`.
 
-    The engine instantiates the one named by --expert-store, else the first one returned.
+    The engine builds the one named by --expert-store, else the first one returned, from a PluginContext
+    (docs/PLUGINS.md).
     """
 
 
 @hookspec
 def k3_trunk_placers():
-    """Return a list of TrunkPlacer classes (k3core.interfaces), each with a `name`.
+    """Return a list of TrunkPlacer classes (k3core.plugin_api), each with a `name`.
 
-    The engine instantiates the one named by --trunk-placer, else `pinned` when a packed trunk is
+    The engine builds the one named by --trunk-placer, else `pinned` when a packed trunk is
     given (--trunk) and `resident` when not.
     """
 

@@ -40,7 +40,7 @@ def test_plugins_check_prints_each_check_and_fails_naming_it(capsys, monkeypatch
             return [Forgetful]
 
     pm = plugins.new_plugin_manager([Offer()])
-    monkeypatch.setattr("k3core.cli.plugins.get_plugin_manager", lambda: pm)
+    monkeypatch.setattr("k3core.cli.plugins_command.get_plugin_manager", lambda: pm)
     assert main(["plugins", "--check", "forgetful"]) == 1
     out = capsys.readouterr().out
     assert "FAIL  stats() has the STORE_STATS counters and its cache_policy replays its hits" in out

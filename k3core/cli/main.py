@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--json", action="store_true", help="machine-readable output")
     pr.set_defaults(func=cmd_presets)
 
-    from .plugins import add_parser as add_plugins
+    from .plugins_command import add_parser as add_plugins
     add_plugins(sub)
     from .bench import add_parser as add_bench
     from .sim_cache import add_parser as add_sim_cache

@@ -1,4 +1,6 @@
-"""k3's built-in plugins, registered through the same hooks a third-party package uses."""
+"""k3's built-in plugins, registered through the same hooks a third-party package uses: attention (kda,
+mla), kernels (native, reference), trunk placers (resident, pinned), expert stores (lru, direct). Each
+imports k3core.plugin_api and nothing else of k3, exactly as a plugin from outside must."""
 from . import direct_store, kda, lru_store, mla, native_kernels, pinned, reference_kernels, resident
 
 # Every built-in hook is `trylast`, so an installed plugin comes first; among trylast hooks pluggy

@@ -1,0 +1,40 @@
+"""The README's "Embed k3 in your program" example runs as written, against a demo-model directory."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def embed_example() -> str:
+    text = README.read_text()
+    section = text.split("## Embed k3 in your program", 1)[1].split("\n## ", 1)[0]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_embedding_example_is_short_and_runs(small_model, tmp_path):
+    code = embed_example()
+    assert len(code.strip().splitlines()) <= 10
+    shutil.copytree(small_model, tmp_path / "demo-model")
+    (tmp_path / "example.py").write_text(code)
+    r = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(README.parent)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("memory plan") and re.search(r"\n\d+ tokens, \d+\.\d{3} s/token\n$", r.stdout)
+
+
+def test_a_misspelled_option_is_an_error_naming_it_and_the_valid_ones(small_model):
+    import pytest
+
+    from k3core import EngineConfig, UsageError, memory_plan
+
+    with pytest.raises(UsageError, match=r"the expert store 'lru' has no option 'cach_gb'; its options are: direct_io"):
+        memory_plan(EngineConfig(small_model, store_options={"cach_gb": 1}))
+    with pytest.raises(UsageError, match=r"bad engine config:\n  - threads must be an integer >= 1, got 0\n"
+                                         r"  - ring must be an integer >= 2"):
+        EngineConfig(small_model, threads=0, ring=1)
