@@ -7,7 +7,6 @@ Not a test: it measures and prints; it asserts nothing about speed.
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ..io.aligned_io import align_down, align_up, aligned_buffer
 from ..model.checkpoint import EXPERT_PARTS, expert_prefix, open_checkpoint
 
 # Full Kimi K3, per decode token (SPEC §1, STREAMING-FACTS): all 93 trunk layers, lm_head, 1,472 experts.
@@ -23,7 +23,6 @@ K3_TRUNK_BYTES = 108.81e9
 K3_HEAD_BYTES = 2.35e9
 K3_EXPERTS_PER_TOKEN = 16 * 92
 K3_EXPERT_BYTES = 17_547_264
-ALIGN = 4096
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 CGROUP_V2 = Path("/sys/fs/cgroup")
 
@@ -37,10 +36,10 @@ def raw_probe(model_dir, seconds: float = 3.0, depth: int = 16) -> dict:
         for e in range(c.num_experts):
             first = ckpt.index[expert_prefix(layer, e) + EXPERT_PARTS[0]]
             last = ckpt.index[expert_prefix(layer, e) + EXPERT_PARTS[-1]]
-            start = first.offset - first.offset % ALIGN
-            spans.append((str(first.file), start, -(-(last.offset + last.nbytes - start) // ALIGN) * ALIGN))
+            start = align_down(first.offset)
+            spans.append((str(first.file), start, align_up(last.offset + last.nbytes - start)))
     size = max(n for _, _, n in spans)
-    buffers = [mmap.mmap(-1, size) for _ in range(depth)]
+    buffers = [aligned_buffer(size) for _ in range(depth)]
     fds = {}
     for path, _, _ in spans:
         if path not in fds:

@@ -10,7 +10,7 @@ import sys
 import time
 
 from .common import EXIT_CODES, add_engine_args, add_sampling_args, engine_config, open_engine, sampling_params
-from ..errors import K3Error
+from ..api import K3Error
 
 HELP = """commands:
   /reset         start a new conversation (forget the decode state)
@@ -54,7 +54,7 @@ def _show(event, tty: bool, state: dict) -> None:
 
 
 def _stats(chat, engine) -> str:
-    from ..model.report import peak_rss_bytes
+    from ..api import peak_rss_bytes
 
     last = chat.last
     if not last:
@@ -70,7 +70,7 @@ def _stats(chat, engine) -> str:
 
 def _command(line: str, chat, engine) -> bool:
     """Run a /command; False means leave."""
-    from ..io.state_file import load_state, save_state
+    from ..api import load_state, save_state
 
     name, _, arg = line.strip().partition(" ")
     arg = arg.strip()
@@ -99,8 +99,7 @@ def _command(line: str, chat, engine) -> bool:
 
 
 def cmd_chat(args) -> int:
-    from ..text.chat_session import ChatSession
-    from ..text.tokenizer import load_tokenizer
+    from ..api import ChatSession, load_tokenizer
 
     params = sampling_params(args)
     config = engine_config(args)

@@ -11,10 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+from ..api import Observer, UsageError
 from ..io.atomic import write_bytes_atomic as write_atomic
-from ..errors import UsageError
 from ..model.checkpoint import EXPERT_PARTS, expert_prefix
-from ..model.engine import Observer
 from .common import EXIT_CODES, add_engine_args, add_sampling_args, engine_config, open_engine, sampling_params
 
 
@@ -86,7 +85,8 @@ def _text_prompt(args, tokenizer, text):
     """(prompt ids, stop ids, channel the generation prefix opened)."""
     if not args.chat:
         return tokenizer.encode(text), (), None
-    from ..text.chat import Conversation
+    from ..api import Conversation
+
     conv = Conversation(tokenizer, "thinking" if args.thinking else "instruct", system=args.system)
     conv.add_user(text)
     return conv.prompt(), tuple(conv.stop_ids), "think" if args.thinking else "response"
@@ -103,9 +103,8 @@ class LogitsRecorder(Observer):
 
 
 def cmd_run(args) -> int:
+    from ..api import Session, load_tokenizer
     from ..model.report import report_text, run_report
-    from ..text.session import Session
-    from ..text.tokenizer import load_tokenizer
 
     config = engine_config(args)
     kind, prompt = prompt_source(args)

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
+from .aligned_io import ALIGN
 from .atomic import fsync_dir, write_json_atomic
 from ..model.checkpoint import PREFIX, VISION_PREFIXES, Checkpoint, open_checkpoint
 from ..errors import CheckpointError, TrunkError, UsageError
@@ -28,7 +29,7 @@ from .trunk import (FORMAT, MANIFEST, PARTIAL, TRUNK, VERSION, _align, _canon, _
 from .safetensors_index import DTYPES
 
 STATE_FORMAT, STATE = "k3-pack-state", "pack-state.json"
-ALIGN, TENSOR_ALIGN = 4096, 64            # run starts (O_DIRECT) / tensors of a re-laid-out run
+TENSOR_ALIGN = 64                         # tensors of a re-laid-out run; runs start at aligned_io.ALIGN
 CHUNK = 64 << 20
 EXPERTS = "block_sparse_moe.experts."
 
