@@ -43,7 +43,9 @@ def page(small_model, tmp_path_factory):
         pg.goto(url)
         pg.wait_for_selector("#k3-input textarea", timeout=60_000)
         pg.k3_url, pg.k3_throttle = url, Throttle()
-        host.engine.on_layer = pg.k3_throttle
+        placer, layers = host.engine.placer, host.engine.config.num_hidden_layers
+        layer = placer.layer
+        placer.layer = lambda L: (pg.k3_throttle(L, layers), layer(L))[1]  # the engine slows down on demand
         yield pg, app, config
         browser.close()
     app.demo.close()
@@ -78,8 +80,8 @@ def greedy(pg):
 
 
 class Throttle:
-    """Engine.on_layer that makes the model slow on demand: `first` seconds a layer in a turn's prompt
-    pass, `then` in later passes (0 = full speed). The UI chains its own progress hook to it."""
+    """Makes the model slow on demand, called as each layer is handed out: `first` seconds a layer in a
+    turn's prompt pass, `then` in later passes (0 = full speed)."""
 
     def __init__(self):
         self.first = self.then = 0.0
