@@ -1,31 +1,29 @@
-"""Generate small checkpoints in the real Kimi K3 format (SPEC §9): names, dtypes, sharding,
-index json, MXFP4 experts, nested or flat config, tokenizer files.
+"""Generate small checkpoints in the real Kimi K3 format (SPEC §9), written by io/writer.py: names,
+dtypes, sharding, index json, MXFP4 experts, nested or flat config, tokenizer files.
 
 Weights are random but deliberately shaped so every SPEC trap changes the output; the same
 shape and seed always give the same bytes. Not a model that knows anything.
 """
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
-import os
-import shutil
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import regex
 
 from . import mxfp4
-from ..text.chat import CHAT_TEMPLATE
-from .. import plugin_manager
 from ..errors import UsageError
+from ..io.writer import Planned, config_json, float_bytes, planned_bytes, tokenizer_files, write_checkpoint
+from ..text.chat import CHAT_TEMPLATE
 from ..text.tokenizer import PAT_STR
-from .checkpoint import (A_LOG_STORED, HEAD, expert_prefix, expert_specs, layer_prefix, layer_trunk_specs,
-                         model_specs)
+from .checkpoint import HEAD, expert_prefix
 from .config import Config, parse_config
+
+__all__ = ["SHAPES", "COMMON", "BPE_CORPUS", "SPECIAL_TOKENS", "MARKER", "shape_config", "config_json", "make_model",
+           "planned_bytes", "tensor_bytes"]
 
 MARKER = "k3-test-model.json"
 GENERATOR_VERSION = 2
@@ -93,72 +91,6 @@ def shape_config(shape: str) -> Config:
     return parse_config({**SHAPES[shape], **COMMON}, f"shape {shape}")
 
 
-def config_json(c: Config, layout: str) -> dict:
-    """config.json as the released model lays it out (nested) or the flat test layout."""
-    kda_layers = [L + 1 for L in range(c.num_hidden_layers) if not c.is_mla(L)]
-    if layout == "flat":
-        flat = {k: v for k, v in c.to_dict().items() if k != "layout"}
-        return {"model_type": "kimi_k3", "tie_word_embeddings": False, **flat}
-    text = {k: v for k, v in c.to_dict().items() if k not in (
-        "layout", "kda_num_heads", "kda_head_dim", "short_conv_kernel_size", "gate_lower_bound",
-        "full_attn_layers", "situ_beta", "situ_linear_beta")}
-    text.update(
-        activation_situ_beta=c.situ_beta, activation_situ_linear_beta=c.situ_linear_beta,
-        tie_word_embeddings=False, num_nextn_predict_layers=0,
-        linear_attn_config=dict(num_heads=c.kda_num_heads, head_dim=c.kda_head_dim,
-                                short_conv_kernel_size=c.short_conv_kernel_size,
-                                gate_lower_bound=c.gate_lower_bound, full_attn_layers=list(c.full_attn_layers),
-                                kda_layers=kda_layers))
-    return {"architectures": ["KimiK3ForConditionalGeneration"], "model_type": "kimi_k3", "text_config": text,
-            "quantization_config": {"quant_method": "mxfp4", "group_size": mxfp4.GROUP},
-            "vision_config": {"hidden_size": 16, "patch_size": 4}}
-
-
-@dataclass
-class Planned:
-    name: str
-    dtype: str
-    shape: tuple
-    nbytes: int
-
-
-_ITEMSIZE = {"BF16": 2, "F32": 4, "U8": 1}
-
-
-def _dtype_for(name: str, allowed: tuple) -> str:
-    if "U8" in allowed:
-        return "U8"
-    if allowed == ("BF16",):
-        return "BF16"
-    return "F32"  # small vectors: stored F32, as the conv weights and A_log are
-
-
-def plan_shards(c: Config) -> list[tuple[str, list[Planned]]]:
-    """(file name, tensors in data order) per shard: layer L in shard L+1, then model-level,
-    then vision. Each expert's six tensors form one gap-free run (SPEC §3)."""
-    pm = plugin_manager.get_plugin_manager()  # the real format: the built-in backends' tensors, by name
-    attention = {kind: plugin_manager.choose_attention(pm, kind, kind) for kind in c.attention_kinds}
-    groups: list[list[Planned]] = []
-
-    def planned(name, spec):
-        shape = spec.shape if spec.shape is not None else (max(A_LOG_STORED, spec.min_numel),)
-        dtype = _dtype_for(name, spec.dtypes)
-        return Planned(name, dtype, tuple(shape), int(np.prod(shape)) * _ITEMSIZE[dtype])
-
-    for L in range(c.num_hidden_layers):
-        backend = attention[c.attention_kind(L)]
-        tensors = [planned(layer_prefix(L) + s.name, s) for s in layer_trunk_specs(c, L, backend)]
-        if not c.is_dense(L):
-            for e in range(c.num_experts):
-                tensors += [planned(expert_prefix(L, e) + s.name, s) for s in expert_specs(c)]
-        groups.append(tensors)
-    groups.append([planned(s.name, s) for s in model_specs(c)])
-    groups.append([Planned("vision_tower.patch_embed.weight", "BF16", (16, 48), 16 * 48 * 2),
-                   Planned("mm_projector.proj.weight", "BF16", (c.hidden_size, 16), c.hidden_size * 16 * 2)])
-    total = len(groups)
-    return [(f"model-{i + 1:05d}-of-{total:06d}.safetensors", g) for i, g in enumerate(groups)]
-
-
 def _rng(seed: int, name: str) -> np.random.RandomState:
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
     return np.random.RandomState(int.from_bytes(digest[:4], "little"))  # legacy stream: stable across numpy
@@ -219,11 +151,6 @@ def _raw_values(name: str, shape: tuple, c: Config, rng) -> np.ndarray:
     return n / np.sqrt(fan_in)
 
 
-def _bf16_bits(x: np.ndarray) -> np.ndarray:
-    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
-
-
 def _expert_bytes(name: str, c: Config, seed: int, cache: dict) -> bytes:
     """An expert tensor's packed or scale bytes; both halves come from one quantisation."""
     base = name.rsplit(".", 1)[0]  # ...experts.E.w1
@@ -243,17 +170,7 @@ def _expert_bytes(name: str, c: Config, seed: int, cache: dict) -> bytes:
 def tensor_bytes(t: Planned, c: Config, seed: int, cache: dict) -> bytes:
     if t.dtype == "U8":
         return _expert_bytes(t.name, c, seed, cache)
-    values = _values(t.name, t.shape, c, _rng(seed, t.name))
-    return (_bf16_bits(values) if t.dtype == "BF16" else values.astype("<f4")).tobytes()
-
-
-def _header(tensors: list[Planned]) -> bytes:
-    entries, at = {"__metadata__": {"format": "pt"}}, 0
-    for t in tensors:
-        entries[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [at, at + t.nbytes]}
-        at += t.nbytes
-    raw = json.dumps(entries, separators=(",", ":")).encode()
-    return raw + b" " * (-len(raw) % 8)
+    return float_bytes(t, _values(t.name, t.shape, c, _rng(seed, t.name)))
 
 
 def _train_bpe(text: str, n_merges: int) -> list[bytes]:
@@ -300,19 +217,10 @@ def _tokenizer_files(c: Config) -> dict[str, str]:
     room = c.vocab_size - 256
     specials = SPECIAL_TOKENS[:max(0, min(len(SPECIAL_TOKENS), room))]
     tokens = [bytes([b]) for b in range(256)] + _train_bpe(BPE_CORPUS, room - len(specials))
-    ranks = "".join(f"{base64.b64encode(t).decode()} {r}\n" for r, t in enumerate(tokens))
     first = c.vocab_size - len(specials)
-    added = {str(first + i): {"content": tok, "special": True} for i, tok in enumerate(specials)}
-    cfg = {"tokenizer_class": "TikTokenTokenizer", "added_tokens_decoder": added,
-           "bos_token": "[BOS]" if "[BOS]" in specials else None,
-           "eos_token": "[EOS]" if "[EOS]" in specials else None, "model_max_length": 1 << 20}
-    if "<|end_of_msg|>" in specials:  # the chat markup fits: ship a template, as the released model does
-        cfg["chat_template"] = CHAT_TEMPLATE
-    return {"tiktoken.model": ranks, "tokenizer_config.json": json.dumps(cfg, indent=1) + "\n"}
-
-
-def planned_bytes(c: Config) -> int:
-    return sum(8 + len(_header(ts)) + sum(t.nbytes for t in ts) for _, ts in plan_shards(c))
+    return tokenizer_files(tokens, {first + i: tok for i, tok in enumerate(specials)},
+                           "[BOS]" if "[BOS]" in specials else None, "[EOS]" if "[EOS]" in specials else None,
+                           CHAT_TEMPLATE if "<|end_of_msg|>" in specials else None)  # markup fits: a template too
 
 
 def make_model(directory, shape: str = "tiny", seed: int = 0, layout: str = "nested", *,
@@ -330,34 +238,9 @@ def make_model(directory, shape: str = "tiny", seed: int = 0, layout: str = "nes
         if not force:
             what = f"a test model {existing}" if existing else "something that is not this test model"
             raise UsageError(f"{target} already holds {what}; pass --force to replace it")
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    weight_map, cache = {}, {}
-    shards = plan_shards(c)
-    for i, (fname, tensors) in enumerate(shards):
-        with open(partial / fname, "wb") as f:
-            header = _header(tensors)
-            f.write(len(header).to_bytes(8, "little") + header)
-            for t in tensors:
-                f.write(tensor_bytes(t, c, seed, cache))
-                weight_map[t.name] = fname
-        if progress:
-            progress(i + 1, len(shards), fname)
-    total = sum((partial / f).stat().st_size for f, _ in shards)
-    files = {
-        "config.json": json.dumps(config_json(c, layout), indent=1) + "\n",
-        "model.safetensors.index.json": json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
-                                                   indent=1) + "\n",
-        **_tokenizer_files(c),
-        MARKER: json.dumps(identity) + "\n",
-    }
-    for fname, text in files.items():
-        (partial / fname).write_text(text, encoding="utf-8")
-    if target.exists():
-        shutil.rmtree(target)
-    os.replace(partial, target)
-    return target
+    cache: dict = {}
+    files = {**_tokenizer_files(c), MARKER: json.dumps(identity) + "\n"}
+    return write_checkpoint(target, c, lambda t: tensor_bytes(t, c, seed, cache), files, layout, progress)
 
 
 def _read_marker(directory: Path):
