@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
-import regex
 
 from . import mxfp4
 from ..errors import UsageError
 from ..io.writer import Planned, config_json, float_bytes, planned_bytes, tokenizer_files, write_checkpoint
 from ..text.chat import CHAT_TEMPLATE
-from ..text.tokenizer import PAT_STR
+from ..text.bpe import train_bpe
 from .checkpoint import HEAD, expert_prefix
 from .config import Config, parse_config
 
@@ -173,50 +171,13 @@ def tensor_bytes(t: Planned, c: Config, seed: int, cache: dict) -> bytes:
     return float_bytes(t, _values(t.name, t.shape, c, _rng(seed, t.name)))
 
 
-def _train_bpe(text: str, n_merges: int) -> list[bytes]:
-    """The first `n_merges` new tokens of a plain byte-pair trainer: split `text` with the
-    tokenizer's pat_str, then repeatedly join the most frequent adjacent pair inside a piece
-    (ties: the smaller pair of byte strings); a join that yields a known token adds no rank.
-    If the corpus runs dry (only the "wide" shape), two-byte printable-ASCII tokens fill up."""
-    words = Counter(tuple(bytes([b]) for b in piece.encode())
-                    for piece in regex.findall(PAT_STR, text, flags=regex.V1))  # V1: `&&` in classes
-    known, merged = {bytes([b]) for b in range(256)}, []
-    while len(merged) < n_merges:
-        pairs: Counter = Counter()
-        for word, n in words.items():
-            for pair in zip(word, word[1:]):
-                pairs[pair] += n
-        if not pairs:
-            break
-        a, b = min(pairs, key=lambda p: (-pairs[p], p))
-        if a + b not in known:
-            known.add(a + b)
-            merged.append(a + b)
-        words = Counter({_join_pair(word, a, b): n for word, n in words.items()})
-    filler = (bytes([x, y]) for x in range(0x20, 0x7F) for y in range(0x20, 0x7F))
-    merged += [t for t in filler if t not in known][:n_merges - len(merged)]
-    return merged
-
-
-def _join_pair(word: tuple, a: bytes, b: bytes) -> tuple:
-    out, i = [], 0
-    while i < len(word):
-        if i + 1 < len(word) and word[i] == a and word[i + 1] == b:
-            out.append(a + b)
-            i += 2
-        else:
-            out.append(word[i])
-            i += 1
-    return tuple(out)
-
-
 def _tokenizer_files(c: Config) -> dict[str, str]:
     """tiktoken.model (the 256 bytes, then merges learned from BPE_CORPUS) and a
     tokenizer_config.json whose added tokens sit at the top of the vocabulary. Tiny (256) has
     room for neither: bytes only, no added tokens."""
     room = c.vocab_size - 256
     specials = SPECIAL_TOKENS[:max(0, min(len(SPECIAL_TOKENS), room))]
-    tokens = [bytes([b]) for b in range(256)] + _train_bpe(BPE_CORPUS, room - len(specials))
+    tokens = [bytes([b]) for b in range(256)] + train_bpe(BPE_CORPUS, room - len(specials))
     first = c.vocab_size - len(specials)
     return tokenizer_files(tokens, {first + i: tok for i, tok in enumerate(specials)},
                            "[BOS]" if "[BOS]" in specials else None, "[EOS]" if "[EOS]" in specials else None,
