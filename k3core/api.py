@@ -32,7 +32,7 @@ from .model.testmodel import MARKER as TEST_MODEL_MARKER
 from .model.testmodel import make_model, planned_bytes, shape_config
 from .plugin_manager import describe_plugins as _describe
 from .plugin_manager import get_plugin_manager, new_plugin_manager
-from .text.channels import Event
+from .text.channels import Event, visible
 from .text.chat import Conversation
 from .text.chat_session import ChatSession
 from .text.generate import generate_ids, greedy_ids
@@ -46,7 +46,7 @@ __all__ = [
     "Budget", "PRESETS", "PRESET_NAMES", "WORKING_BYTES", "auto_preset", "mem_available", "peak_rss_bytes",
     "describe_plugins", "check_checkpoint",
     # generation and text
-    "generate_ids", "greedy_ids", "Sampler", "SamplingParams", "Session", "ChatSession", "Conversation", "Event", "Tokenizer",
+    "generate_ids", "greedy_ids", "Sampler", "SamplingParams", "Session", "ChatSession", "Conversation", "Event", "visible", "Tokenizer",
     "load_tokenizer",
     # files: profile, decode states, packed trunks, test models
     "Profile", "load_profile", "save_profile", "profile_path", "config_from_profile", "save_state", "load_state",

@@ -2,14 +2,17 @@
 
 The suite tests k3's built-ins as documented, so it loads no third-party entry-point plugin (the
 examples `make test` installs included): K3_PLUGINS=none for this process and every `k3` it starts.
-tests/test_examples.py runs the installed examples explicitly.
+tests/test_examples.py runs the installed examples explicitly. Nothing is written into the user's
+configuration: K3_CONFIG_DIR (profile, chat history) is a fresh directory per run.
 """
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 os.environ["K3_PLUGINS"] = "none"
+os.environ["K3_CONFIG_DIR"] = tempfile.mkdtemp(prefix="k3-test-config-")
 
 import pytest
 

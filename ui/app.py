@@ -70,8 +70,8 @@ def build(host: EngineHost, keep_states: int = 2) -> App:
         with gr.Tabs():
             with gr.Tab("Chat", id="chat"):
                 chat_tab(demo, chats, monitor)
-            with gr.Tab("Setup", id="setup"):
-                setup_tab(host, chats, title, header)
+            with gr.Tab("Setup", id="setup") as setup:
+                setup_tab(host, chats, title, header, setup)
             with gr.Tab("Memory", id="memory") as memory:
                 controls, current = memory_tab(host, chats)
             with gr.Tab("Plugins", id="plugins") as plugins:
@@ -108,8 +108,9 @@ def chat_tab(demo: gr.Blocks, chats: Chats, monitor: Monitor) -> None:
                                 info="thinking: the model reasons first; shown collapsed above the answer")
                 system = gr.Textbox(label="System prompt", lines=2, placeholder="(none)",
                                     info="changing it recomputes the conversation on the next turn")
-                temperature = gr.Slider(0, 2, value=0.6, step=0.05, label="Temperature", info="0 = greedy",
-                                        elem_id="k3-temperature")
+                temperature = gr.Slider(0, 2, value=0.0, step=0.05, label="Temperature", elem_id="k3-temperature",
+                                        info="0 = greedy, the default here as in `k3 run` / `k3 chat`; K3's "
+                                             "suggestion for sampling: 0.6 instruct, 1.0 thinking")
                 top_p = gr.Slider(0.05, 1, value=1.0, step=0.01, label="Top-p")
                 top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k", info="0 = off")
                 max_tokens = gr.Slider(1, 4096, value=512, step=1, label="Max tokens")
@@ -117,24 +118,26 @@ def chat_tab(demo: gr.Blocks, chats: Chats, monitor: Monitor) -> None:
                                   info="empty = a fresh seed each reply (shown below the chat); sampling only")
     knobs = [mode, system, temperature, top_p, top_k, max_tokens, seed]
 
-    def run(key, text, mode_, system_, *params):
+    def run(key, text, mode, system_prompt, *params):
         p = sampling(*params)
-        for u in chats.reply(key, text, p, mode_, system_ or None):
+        for u in chats.reply(key, text, p, mode, system_prompt or None):
             failed = u.status == "error"
             yield u.messages, text if failed else "", ("⚠ " if failed else "") + u.note, monitor.render()
 
-    def send_fn(text, mode_, system_, t, tp, tk, mt, sd, request: gr.Request):
-        if not (text or "").strip():
+    # the parameter names are what a gradio_client user sees (`client.view_api()`)
+    def send_fn(message, mode, system_prompt, temperature, top_p, top_k, max_tokens, seed, request: gr.Request):
+        if not (message or "").strip():
             yield chats.messages(request.session_hash), "", "", monitor.render()
             return
-        yield from run(request.session_hash, text, mode_, system_, t, tp, tk, mt, sd)
+        yield from run(request.session_hash, message, mode, system_prompt, temperature, top_p, top_k, max_tokens,
+                       seed)
 
-    def retry_fn(mode_, system_, t, tp, tk, mt, sd, request: gr.Request):
+    def retry_fn(mode, system_prompt, temperature, top_p, top_k, max_tokens, seed, request: gr.Request):
         text = chats.undo(request.session_hash)
         if not text:
             yield chats.messages(request.session_hash), "", "nothing to retry", monitor.render()
             return
-        yield from run(request.session_hash, text, mode_, system_, t, tp, tk, mt, sd)
+        yield from run(request.session_hash, text, mode, system_prompt, temperature, top_p, top_k, max_tokens, seed)
 
     def stop_fn(request: gr.Request):
         chats.stop(request.session_hash)
@@ -152,10 +155,6 @@ def chat_tab(demo: gr.Blocks, chats: Chats, monitor: Monitor) -> None:
         chats.clear(request.session_hash)
         return [], "", "new conversation"
 
-    def suggested(mode_):
-        p = SamplingParams.suggested(mode_)
-        return p.temperature, p.top_p
-
     go = dict(outputs=[chatbot, box, note, panel], show_progress="minimal", show_progress_on=[chatbot], **ENGINE)
     sent = send.click(send_fn, [box, *knobs], api_name="send", **go)
     submitted = box.submit(send_fn, [box, *knobs], api_visibility="private", **go)
@@ -164,7 +163,6 @@ def chat_tab(demo: gr.Blocks, chats: Chats, monitor: Monitor) -> None:
     stop.click(stop_fn, None, [chatbot, note, panel], cancels=running, api_name="stop", **FREE)
     undo.click(undo_fn, None, [chatbot, box, note], cancels=running, api_name="undo", **FREE)
     clear.click(clear_fn, None, [chatbot, box, note], cancels=running, api_name="clear", **FREE)
-    mode.change(suggested, mode, [temperature, top_p], api_visibility="private", **FREE)
 
     timer = gr.Timer(1.0)
     timer.tick(monitor.render, None, panel, queue=False, api_visibility="private")

@@ -1,8 +1,11 @@
 """How a conversation looks in the Chatbot: user and assistant bubbles, the thinking channel as a
 "Thinking" block (open with a spinner while it streams, collapsed once the answer starts or the turn
-ends), and the one-line note under the chat that says what a turn cost.
+ends), and the one-line note under the chat that says what a turn cost. Control characters in any
+message are shown as escapes, never obeyed by the page.
 """
 from __future__ import annotations
+
+from k3core import visible
 
 
 def display(messages: list[dict]) -> list[dict]:
@@ -12,19 +15,20 @@ def display(messages: list[dict]) -> list[dict]:
         if m["role"] == "system":
             continue
         if m["role"] == "assistant" and m.get("thinking"):
-            out.append({"role": "assistant", "content": m["thinking"],
+            out.append({"role": "assistant", "content": visible(m["thinking"]),
                         "metadata": {"title": "Thinking", "status": "done"}})
         if m["role"] == "assistant":
-            out.append({"role": "assistant", "content": m.get("content") or
+            out.append({"role": "assistant", "content": visible(m.get("content") or "") or
                         ("*(the reply ended while still thinking)*" if m.get("thinking") else "*(no reply)*")})
         elif m["role"] in ("user", "tool"):
-            out.append({"role": "user", "content": m["content"]})
+            out.append({"role": "user", "content": visible(m["content"])})
     return out
 
 
 def partial(thinking: str, answer: str, thinking_open: bool) -> list[dict]:
     """The reply being generated: thinking (open while its channel is), then the answer so far."""
     out = []
+    thinking, answer = visible(thinking), visible(answer)
     if thinking:
         out.append({"role": "assistant", "content": thinking,
                     "metadata": {"title": "Thinking…" if thinking_open else "Thinking",
@@ -40,7 +44,9 @@ def turn_note(note: str, last: dict, sampled: bool = True) -> str:
     reason = {"stop id": "", "cancelled": "stopped", "max tokens": "reached max tokens",
               "stop string": "stop string"}.get(last.get("reason"), last.get("reason", ""))
     parts = [note] if note else []
-    parts.append(f"prompt {last['prompt_tokens']} tokens: {last['reused_tokens']} reused from this session's decode "
-                 f"state, {last['forwarded_tokens']} forwarded; {last['generated_tokens']} generated"
-                 + (f" ({reason})" if reason else "") + (f"; seed {last['seed']}" if sampled else "; greedy"))
+    reused, prompt = last["reused_tokens"], last["prompt_tokens"]
+    kept = (f"{reused} of the {prompt} prompt tokens were already in this conversation's decode state and were not "
+            f"read again; {prompt - reused} new" if reused else f"all {prompt} prompt tokens read")
+    parts.append(f"{kept}; {last['generated_tokens']} tokens generated" + (f" ({reason})" if reason else "")
+                 + (f"; seed {last['seed']} (the same seed gives the same reply)" if sampled else "; greedy"))
     return " · ".join(parts)

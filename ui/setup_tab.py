@@ -100,8 +100,9 @@ def run_setup(source: str, dest: str, trunk_dir: str, preset: str, no_pack: bool
     yield steps_table(where), sink.text(), status
 
 
-def setup_tab(host, chats, title, header) -> None:
-    """`title`: the page's header Markdown, redrawn by `header(host)` when another model is opened."""
+def setup_tab(host, chats, title, header, tab) -> None:
+    """`title`: the page's header Markdown, redrawn by `header(host)` when another model is opened;
+    `tab`: this tab, whose selection redraws the steps from the destination's state file."""
     if Setup is None:
         gr.Markdown("The setup wizard (`k3 setup`) is not installed in this build.", elem_id="k3-setup")
         return
@@ -112,7 +113,8 @@ def setup_tab(host, chats, title, header) -> None:
         with gr.Column(scale=1):
             source = gr.Textbox("demo", label="Source", elem_id="k3-setup-source",
                                 info="demo, hf://OWNER/NAME[@REVISION], or a checkpoint directory")
-            dest = gr.Textbox(str(Path.cwd() / "demo-model"), label="Destination", elem_id="k3-setup-dest")
+            default_dest = str(Path.cwd() / "demo-model")
+            dest = gr.Textbox(default_dest, label="Destination", elem_id="k3-setup-dest")
             trunk_dir = gr.Textbox(label="Packed trunk directory", placeholder="DEST/trunk")
             preset = gr.Dropdown(PRESETS, value="auto", label="Memory preset saved in the profile")
             with gr.Row():
@@ -125,7 +127,7 @@ def setup_tab(host, chats, title, header) -> None:
             use = gr.Button("Use the saved profile now (reopens the engine)", elem_id="k3-setup-use")
         with gr.Column(scale=2):
             status = gr.Markdown(elem_id="k3-setup-status")
-            table = gr.Markdown(steps_table(None), elem_id="k3-setup-steps")
+            table = gr.Markdown(steps_table(default_dest), elem_id="k3-setup-steps")  # what is there now
             log = gr.Textbox(label="Wizard output", lines=14, max_lines=14, autoscroll=True, interactive=False,
                              elem_id="k3-setup-log")
 
@@ -140,4 +142,6 @@ def setup_tab(host, chats, title, header) -> None:
     run.click(run_setup, [source, dest, trunk_dir, preset, no_pack, vision, jobs], [table, log, status],
               api_name="setup", concurrency_limit=1, concurrency_id="setup")
     show.click(steps_table, dest, table, api_visibility="private", concurrency_limit=None)
+    dest.change(steps_table, dest, table, api_visibility="private", concurrency_limit=None)
+    tab.select(steps_table, dest, table, api_visibility="private", concurrency_limit=None)
     use.click(use_fn, None, [status, title], api_name="use_profile", concurrency_limit=1, concurrency_id="engine")

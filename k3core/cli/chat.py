@@ -10,7 +10,7 @@ import sys
 import time
 
 from .common import EXIT_CODES, add_engine_args, add_sampling_args, engine_config, open_engine, sampling_params
-from ..api import K3Error
+from ..api import K3Error, visible
 
 HELP = """commands:
   /reset         start a new conversation (forget the decode state)
@@ -50,7 +50,7 @@ def _show(event, tty: bool, state: dict) -> None:
         elif state.get("seen_think"):
             print("\n[answer] ", end="")
         state["seen_think"] = state.get("seen_think") or event.channel == "think"
-    print(event.text, end="", flush=True)
+    print(visible(event.text) if tty else event.text, end="", flush=True)
 
 
 def _stats(chat, engine) -> str:
@@ -98,16 +98,59 @@ def _command(line: str, chat, engine) -> bool:
     return True
 
 
-def cmd_chat(args) -> int:
-    from ..api import ChatSession, load_tokenizer
+HISTORY_LINES = 1000
 
+
+class LineEditing:
+    """On a terminal: readline's line editing, and the last HISTORY_LINES inputs kept in
+    chat_history beside the saved profile (owner-readable only), across sessions."""
+
+    def __init__(self):
+        from ..api import profile_path
+
+        self.path = profile_path().parent / "chat_history"
+        try:
+            import readline
+        except ImportError:  # a Python built without it: plain input()
+            self.readline = None
+            return
+        self.readline = readline
+        readline.set_history_length(HISTORY_LINES)
+        try:
+            readline.read_history_file(self.path)
+        except OSError:
+            pass
+
+    def save(self) -> None:
+        if self.readline is None:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.readline.write_history_file(self.path)
+            self.path.chmod(0o600)
+        except OSError as exc:
+            print(f"k3 chat: history not saved to {self.path}: {exc.strerror}", file=sys.stderr)
+
+
+def cmd_chat(args) -> int:
     params = sampling_params(args)
     config = engine_config(args)
     tty = sys.stdout.isatty()
+    editing = LineEditing() if sys.stdin.isatty() else None
+    try:
+        return _converse(args, config, params, tty)
+    finally:
+        if editing is not None:
+            editing.save()
+
+
+def _converse(args, config, params, tty) -> int:
+    from ..api import ChatSession, load_tokenizer
+
     with open_engine(config) as engine:
         chat = ChatSession(engine, load_tokenizer(config.tokenizer or config.model),
                            "thinking" if args.thinking else "instruct", args.system)
-        print(f"k3 chat: {config.model} ({chat.mode} mode). /help for commands, Ctrl-D to leave.")
+        print(f"k3 chat: {config.model} ({chat.mode} mode). /help for commands, ↑/↓ for history, Ctrl-D to leave.")
         while True:
             try:
                 line = input("> ")

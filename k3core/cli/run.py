@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..api import Observer, UsageError
+from ..api import Observer, UsageError, visible
 from ..io.atomic import write_bytes_atomic as write_atomic
 from ..model.checkpoint import EXPERT_PARTS, expert_prefix
 from .common import EXIT_CODES, add_engine_args, add_sampling_args, engine_config, open_engine, sampling_params
@@ -28,6 +28,8 @@ def parse_ids(text: str, source: str) -> list[int]:
 
 def _read(path: str, flag: str) -> str:
     try:
+        if Path(path).stat().st_size > MAX_PROMPT_BYTES:
+            raise UsageError(f"{flag} {path}: over the {MAX_PROMPT_BYTES >> 20} MiB limit of a prompt")
         return Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"{flag} {path}: {exc.strerror}") from None
@@ -35,12 +37,60 @@ def _read(path: str, flag: str) -> str:
         raise UsageError(f"{flag} {path}: not UTF-8 text") from None
 
 
+MAX_PROMPT_BYTES = 4 << 20  # a prompt read from a file or stdin: more is refused, naming the limit
+
+
+def _stdin_text(stdin) -> str:
+    data = stdin.buffer.read(MAX_PROMPT_BYTES + 1) if hasattr(stdin, "buffer") else stdin.read(MAX_PROMPT_BYTES + 1)
+    if len(data) > MAX_PROMPT_BYTES:
+        raise UsageError(f"the prompt on standard input is over the {MAX_PROMPT_BYTES >> 20} MiB limit of a prompt")
+    try:
+        return data.decode("utf-8") if isinstance(data, bytes) else data
+    except UnicodeDecodeError:
+        raise UsageError("the prompt on standard input is not UTF-8 text") from None
+
+
+def _piped(stdin) -> bool:
+    """Whether standard input is a pipe or a file (not a terminal, not closed, not a test harness)."""
+    import os
+    import stat
+
+    try:
+        mode = os.fstat(stdin.fileno()).st_mode
+    except (AttributeError, OSError, ValueError):
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISREG(mode) or stat.S_ISSOCK(mode)
+
+
+def _looks_like_a_path(text: str) -> bool:
+    return not any(c.isspace() for c in text) and (text.startswith((".", "~")) or "/" in text)
+
+
+def settle_positionals(args, stdin) -> None:
+    """`k3 run [MODEL_DIR] [PROMPT]`: a MODEL_DIR that is no directory but reads like a sentence is the
+    prompt (the saved profile's model is used); PROMPT `-`, or no prompt with a pipe on stdin, reads stdin."""
+    flags = [args.prompt, args.prompt_file, args.ids, args.ids_file]
+    if args.model and not Path(args.model).is_dir():
+        if any(f is not None for f in flags) or args.text is not None or _looks_like_a_path(args.model):
+            hint = "" if _looks_like_a_path(args.model) else "; did you mean --prompt?"
+            raise UsageError(f"MODEL_DIR {args.model}: {'not a directory' if Path(args.model).exists() else 'no such directory'}"
+                             f"{hint}")
+        args.model, args.text = None, args.model
+    if args.text is not None:
+        if any(f is not None for f in flags):
+            raise UsageError("a prompt given twice: as an argument and with a flag; give exactly one")
+        args.prompt = _stdin_text(stdin) if args.text == "-" else args.text
+    elif all(f is None for f in flags) and _piped(stdin):
+        args.prompt = _stdin_text(stdin)
+
+
 def prompt_source(args) -> tuple[str, object]:
     """("ids", [ids]) or ("text", str), from exactly one of the four prompt flags."""
     given = [(flag, value) for flag, value in (("--prompt", args.prompt), ("--prompt-file", args.prompt_file),
                                                ("--ids", args.ids), ("--ids-file", args.ids_file)) if value is not None]
     if not given:
-        raise UsageError("no prompt: give --prompt TEXT, --prompt-file PATH, --ids 1,2,3 or --ids-file PATH")
+        raise UsageError("no prompt: give it as an argument (k3 run 'Hello'), - for standard input, or --prompt "
+                         "TEXT, --prompt-file PATH, --ids 1,2,3, --ids-file PATH")
     if len(given) > 1:
         raise UsageError(f"two prompt sources ({given[0][0]} and {given[1][0]}): give exactly one")
     flag, value = given[0]
@@ -106,6 +156,7 @@ def cmd_run(args) -> int:
     from ..api import Session, load_tokenizer
     from ..model.report import report_text, run_report
 
+    settle_positionals(args, sys.stdin)
     config = engine_config(args)
     kind, prompt = prompt_source(args)
     if (args.chat or args.thinking or args.system) and kind != "text":
@@ -128,7 +179,8 @@ def cmd_run(args) -> int:
                                   observers=[logits] + ([trace] if trace else []))
         for event in events:
             if event.kind == "text" and kind == "text":
-                print(event.text, end="", flush=True, file=sys.stderr if event.channel == "think" else sys.stdout)
+                out = sys.stderr if event.channel == "think" else sys.stdout
+                print(visible(event.text) if out.isatty() else event.text, end="", flush=True, file=out)
             elif event.kind == "done":
                 done = event
         generated = done.ids
@@ -159,6 +211,8 @@ def add_parser(sub) -> None:
                     "completion, or one chat turn with --chat); id prompts print ids. Greedy unless\n"
                     "--temperature > 0. The memory plan is printed before loading; a run report after.",
         epilog="examples:\n"
+               "  k3 run 'What is the capital of France?' --chat     # the saved profile's model (k3 setup)\n"
+               "  echo 'What is 7 + 5?' | k3 run --chat             # the prompt from standard input\n"
                "  k3 run demo-model --prompt 'The capital of France is' --max-tokens 20\n"
                "  k3 run demo-model --prompt 'Hello' --chat --thinking --temperature 1.0 --seed 7\n"
                "  k3 run demo-model --ids 1,2,3 --gen 8 --json run.json\n"
@@ -168,7 +222,10 @@ def add_parser(sub) -> None:
                "  k3 run /models/Kimi-K3 --trunk /nvme/k3-trunk --preset laptop --prompt-file question.txt\n\n"
                + EXIT_CODES)
     add_engine_args(run)
-    g = run.add_argument_group("prompt (exactly one)")
+    run.add_argument("text", metavar="PROMPT", nargs="?",
+                     help="the prompt text (- reads standard input); with a saved profile MODEL_DIR may be left out: "
+                          "k3 run 'What is the capital of France?' --chat")
+    g = run.add_argument_group("prompt (exactly one; a pipe on standard input is read when none is given)")
     g.add_argument("--prompt", metavar="TEXT", help="text to continue (no BOS is added)")
     g.add_argument("--prompt-file", metavar="PATH", help="read the prompt text from a file")
     g.add_argument("--ids", help="prompt token ids, e.g. 1,2,3")

@@ -106,6 +106,9 @@ class Checkpoint:
 def open_checkpoint(model_dir) -> Checkpoint:
     """Read config and headers; raise ConfigError / CheckpointError naming what is wrong."""
     root = Path(model_dir)
+    if not root.is_dir():
+        raise CheckpointError(f"{root}: {'not a directory' if root.exists() else 'no such directory'} (a model "
+                              "directory holds config.json and the safetensors shards)")
     config = load_config(root)
     return Checkpoint(root, config, ShardIndex.open(root))
 

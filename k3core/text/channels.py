@@ -2,7 +2,9 @@
 channel each piece of a chat reply belongs to (markup ids make no text), and stop strings.
 
 `TextStream.feed(id)` returns the text events that id releases and whether a stop string completed;
-`finish()` releases what is still held. No engine here: session.py drives it from generate_ids.
+`finish()` releases what is still held. Special tokens (the chat markup, [EOS], [BOS] …) never become
+text. No engine here: session.py drives it from generate_ids. `visible` makes generated text safe to
+show on a terminal or a page.
 """
 from __future__ import annotations
 
@@ -56,11 +58,13 @@ class TextStream:
     def __init__(self, tokenizer, stop_strings=(), channel: str | None = None):
         self.decoder = tokenizer.stream()
         self.stops, self.channels = StopMatcher(stop_strings), Channels(tokenizer, channel)
+        self.special = tokenizer.special_ids
         self.stopped = False
 
     def feed(self, token: int) -> list[Event]:
-        """The text `token` releases (none for markup); sets `stopped` when a stop string completed."""
-        if self.stopped or self.channels.is_markup(token):
+        """The text `token` releases (none for markup or any special token); sets `stopped` when a stop
+        string completed."""
+        if self.stopped or self.channels.is_markup(token) or token in self.special:
             return []
         text, self.stopped = self.stops.feed(self.decoder.push(token))
         return [Event("text", text, self.channels.current)] if text else []
@@ -76,3 +80,13 @@ class TextStream:
     def open_channel(self) -> str | None:
         """The channel the reply is still inside, or None once it closed it."""
         return self.channels.current if self.channels.open else None
+
+
+# C0 controls but tab and newline, DEL and the C1 controls: shown as escapes, never obeyed
+_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F, *range(0x80, 0xA0)]}
+
+
+def visible(text: str) -> str:
+    """`text` with every control character a terminal or browser would act on (escape sequences,
+    carriage returns, bells, backspaces) written as a visible `\\xNN` escape; tabs and newlines stay."""
+    return text.translate(_CONTROLS)

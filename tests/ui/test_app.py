@@ -10,6 +10,7 @@ import time
 import pytest
 
 from k3core.text.sampling import SamplingParams
+from k3core import visible
 from tests.ui.conftest import slowed, ui_args
 
 gradio_client = pytest.importorskip("gradio_client")
@@ -77,7 +78,7 @@ def test_a_reply_streams_over_http(served, reference):
     assert len(outs) >= 3, "waiting, then pieces, then the finished reply"
     final = chatbot(outs[-1])
     assert contents(final, "user") == ["hello there"]
-    assert contents(final, "assistant") == [reference(["hello there"])[0][1]]
+    assert contents(final, "assistant") == [visible(reference(["hello there"])[0][1])]  # escapes shown, not obeyed
     assert "reached max tokens" in outs[-1][2]
 
 
@@ -132,8 +133,8 @@ def test_two_sessions_never_see_each_others_history_or_state(served, host, refer
     assert contents(chatbot(rb), "user") == ["a third one", "fourth"]
     ref_a = reference(["hello there"], params=SamplingParams(max_tokens=12))
     ref_b = reference(["a third one"], params=SamplingParams(max_tokens=12))
-    assert contents(chatbot(ra), "assistant")[0] == ref_a[0][1]
-    assert contents(chatbot(rb), "assistant")[0] == ref_b[0][1]
+    assert contents(chatbot(ra), "assistant")[0] == visible(ref_a[0][1])
+    assert contents(chatbot(rb), "assistant")[0] == visible(ref_b[0][1])
     sa, sb = session(a), session(b)
     assert sa["last"]["reused_tokens"] > 0 and sb["last"]["reused_tokens"] > 0
     assert sa["last"]["answer"] != sb["last"]["answer"]

@@ -8,6 +8,7 @@ import time
 
 from k3core.text.sampling import SamplingParams
 
+from k3core import visible
 from tests.ui.conftest import GREEDY, on_each_layer, slowed
 from ui.chat import Chats
 from ui.engine_panel import Monitor
@@ -20,6 +21,7 @@ def finish(gen):
 
 
 def answer_of(update) -> str:
+    """The reply as the page shows it; compared with `visible(...)` of the engine's own text."""
     return update.messages[-1]["content"]
 
 
@@ -35,7 +37,7 @@ def test_a_reply_streams_and_equals_a_fresh_chat_session(host, reference):
     assert done.status == "done" and done.stats["generated_tokens"] == 6
     assert [m["role"] for m in done.messages] == ["user", "assistant"]
     assert done.messages[0]["content"] == "hello there"
-    assert answer_of(done) == reference(["hello there"])[0][1]
+    assert answer_of(done) == visible(reference(["hello there"])[0][1])
 
 
 def test_the_second_turn_forwards_only_its_new_tokens(host, reference):
@@ -89,8 +91,8 @@ def test_two_sessions_keep_their_own_history_and_state(host, reference):
     assert [m["content"] for m in x2.messages if m["role"] == "user"] == ["hello there", "and a second question"]
     assert [m["content"] for m in y2.messages if m["role"] == "user"] == ["a third one", "fourth"]
     assert x2.stats["reused_tokens"] > 0 and y2.stats["reused_tokens"] > 0
-    assert answer_of(x2) == reference(["hello there", "and a second question"])[1][1]
-    assert answer_of(y2) == reference(["a third one", "fourth"])[1][1]
+    assert answer_of(x2) == visible(reference(["hello there", "and a second question"])[1][1])
+    assert answer_of(y2) == visible(reference(["a third one", "fourth"])[1][1])
 
 
 def test_a_freed_decode_state_is_recomputed_exactly(host, reference):
@@ -104,7 +106,7 @@ def test_a_freed_decode_state_is_recomputed_exactly(host, reference):
         again = finish(chats.reply("p", "and a second question", GREEDY))[-1]
     assert "recomput" in again.note and "recomputing" in panel[0] and "decode state" in panel[0]
     assert again.stats["reused_tokens"] == 0
-    assert answer_of(again) == reference(["hello there", "and a second question"])[1][1]
+    assert answer_of(again) == visible(reference(["hello there", "and a second question"])[1][1])
 
 
 def test_thinking_is_a_collapsed_block_apart_from_the_answer(host, reference):
@@ -124,7 +126,7 @@ def test_undo_retry_and_clear(host, reference):
     assert chats.messages("u") == first.messages
     retried = finish(chats.reply("u", "and a second question", GREEDY))[-1]
     assert retried.stats["reused_tokens"] == 0  # the recurrent state cannot be rewound: recomputed
-    assert answer_of(retried) == reference(["hello there", "and a second question"])[1][1]
+    assert answer_of(retried) == visible(reference(["hello there", "and a second question"])[1][1])
     chats.clear("u")
     assert chats.messages("u") == [] and chats.info("u")["history_tokens"] == 0
 
