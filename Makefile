@@ -30,14 +30,14 @@ $(EXAMPLES_STAMP): $(STAMP) $(foreach e,$(EXAMPLES),$(wildcard $(e)/pyproject.to
 test: $(STAMP) $(EXAMPLES_STAMP)
 	$(PY) -m pytest -q tests $(EXAMPLES)
 
-# The first run, as a user makes it: `k3 setup` generates the demo model, verifies, packs and saves the
-# profile (it prints where: K3_CONFIG_DIR, else ~/.config/k3); `k3 run` then uses that profile, and `k3 ui` serves
-# the chat page on it until Ctrl-C.
+# The first run, as a user makes it: `k3 setup` installs the trained demo model (copied, every sha256 checked),
+# packs it and saves the profile (it prints where: K3_CONFIG_DIR, else ~/.config/k3); `k3 run` asks it a question
+# on that profile, and `k3 ui` serves the chat page on it until Ctrl-C.
 # K3_PLUGINS=none: the built-ins, even where `make test` installed the example plugins.
 demo: export K3_PLUGINS = none
 demo: $(STAMP)
 	$(VENV)/bin/k3 setup --source demo --dest $(DEMO_DIR) --yes
-	$(VENV)/bin/k3 run --prompt "The capital of France is" --max-tokens 24
+	$(VENV)/bin/k3 run --chat "What is the capital of France?" --max-tokens 40 --quiet
 	$(VENV)/bin/k3 ui  # the chat page on the same profile: prints its URL (127.0.0.1:7860); Ctrl-C stops it
 
 bench-index: $(STAMP)

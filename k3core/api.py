@@ -12,14 +12,18 @@ Plugins use k3core.plugin_api instead; nothing here is needed to write one.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from .errors import (BindingError, CheckpointError, ConfigError, InputError, K3Error, PlanError, PluginError,
                      TokenizerError, TrunkError, UnsoundRunError, UsageError)
 from .cli.common import EXIT_CODES, add_engine_args, engine_config
+from .cli.progress import PackMeter, ProgressMeter
 from .cli.doctor import TRUNK_BYTES as RELEASED_TRUNK_BYTES
-from .cli.doctor import measure_read, run_checks
+from .cli.doctor import Target, measure_read, run_checks
+from .cli.logs import add_logging_args as add_logging_arguments
+from .cli.logs import configure_logging
 from .interfaces import Budget, PlanRow
 from .io.atomic import write_json_atomic
-from .io.pack import Meter as PackMeter
 from .io.pack import pack, packed_size, packed_size_of_headers
 from .io.profile import Profile, ProfileError, load_profile, profile_path, save_profile
 from .io.state_file import StateFileError, load_state, save_state
@@ -44,18 +48,18 @@ __all__ = [
     # engines
     "EngineConfig", "open_engine", "memory_plan", "Engine", "DecodeState", "Observer", "Plan", "PlanRow",
     "Budget", "PRESETS", "PRESET_NAMES", "WORKING_BYTES", "auto_preset", "mem_available", "peak_rss_bytes",
-    "describe_plugins", "check_checkpoint",
+    "describe_plugins", "check_checkpoint", "model_note",
     # generation and text
     "generate_ids", "greedy_ids", "Sampler", "SamplingParams", "Session", "ChatSession", "Conversation", "Event", "visible", "Tokenizer",
     "load_tokenizer",
     # files: profile, decode states, packed trunks, test models
     "Profile", "load_profile", "save_profile", "profile_path", "config_from_profile", "save_state", "load_state",
-    "pack_trunk", "PackMeter", "packed_trunk_bytes", "make_test_model", "generated_model_bytes", "TEST_MODEL_MARKER", "write_json_atomic",
+    "pack_trunk", "PackMeter", "ProgressMeter", "packed_trunk_bytes", "make_test_model", "generated_model_bytes", "TEST_MODEL_MARKER", "write_json_atomic",
     "human", "VISION_PREFIXES",
     # the machine
     "machine_checks", "measure_read", "RELEASED_TRUNK_BYTES",
     # a subcommand that runs the engine takes the same flags as `k3 run`
-    "add_engine_arguments", "engine_config_from_args", "EXIT_CODES",
+    "add_engine_arguments", "engine_config_from_args", "EXIT_CODES", "add_logging_arguments", "configure_logging",
     # errors
     "K3Error", "UsageError", "ConfigError", "CheckpointError", "BindingError", "TrunkError", "InputError",
     "TokenizerError", "PluginError", "PlanError", "UnsoundRunError", "ProfileError", "StateFileError",
@@ -107,6 +111,21 @@ def config_from_profile(profile: Profile | None = None, **overrides) -> EngineCo
     return EngineConfig(**{**fields, **{k: v for k, v in overrides.items() if v is not None}})
 
 
+DEMO_MARKER = "k3-demo-model.json"  # written by demo/train.py beside the demo checkpoint
+DEMO_NOTE = ("the k3 demo model: a tiny model with the Kimi K3 architecture, trained to answer capitals, small sums, "
+             "colours, opposites and greetings; it is not Kimi K3")
+
+
+def model_note(model_dir) -> str | None:
+    """One line that says what a checkpoint is when it is not the released model (the demo, a test model)."""
+    root = Path(model_dir)
+    if (root / DEMO_MARKER).is_file():
+        return DEMO_NOTE
+    if (root / TEST_MODEL_MARKER).is_file():
+        return "a generated test model: random weights in the real K3 format; it streams tokens, not sense"
+    return None
+
+
 def pack_trunk(model_dir, trunk_dir, *, progress=None, say=None):
     """`k3 pack`: the checkpoint's trunk into one aligned file (resumable; see k3 pack --help)."""
     return pack(model_dir, trunk_dir, progress=progress, say=say)
@@ -134,9 +153,13 @@ def generated_model_bytes(shape: str) -> int:
     return planned_bytes(shape_config(shape))
 
 
-def machine_checks(path: str, read_mb: int = 64) -> list:
-    """`k3 doctor`'s checks for a model stored under `path` (CPU, build, RAM, disk speed, O_DIRECT)."""
-    return run_checks(path, read_mb)
+def machine_checks(path: str, read_mb: int = 64, *, name: str | None = None, checkpoint_bytes: int | None = None,
+                   trunk_bytes: int | None = None) -> list:
+    """`k3 doctor`'s checks for a model stored under `path` (CPU, build, RAM, disk speed, O_DIRECT), sized for
+    the released Kimi K3 unless `name` and the sizes of another checkpoint (the demo model) are given."""
+    if name is None:
+        return run_checks(path, read_mb)
+    return run_checks(path, read_mb, Target(name, checkpoint_bytes, trunk_bytes or checkpoint_bytes))
 
 
 def add_engine_arguments(parser) -> None:

@@ -298,17 +298,17 @@ def test_kill_9_of_a_running_k3_pack_from_outside_resumes(tiny_model, reference,
     assert proc.returncode == -signal.SIGKILL, err.decode()
     assert not (out / pack.TRUNK).exists()
     k = len(json.loads((out / pack.STATE).read_text())["done"])
-    assert 3 <= k < 14 and "packed 1/14 runs, " in err.decode()     # one line per run off a TTY
+    assert 3 <= k < 14 and "  packed layer.0 (" in err.decode() and "[1/14]" in err.decode()  # a line per run off a TTY
     r = pack.pack(tiny_model, out)
     assert r.bytes_copied == run_bytes(reference, k) and same_pack(reference, out)
 
 
 def test_ctrl_c_keeps_finished_runs_and_says_how_to_resume(tiny_model, reference, tmp_path, monkeypatch, capsys):
-    class Interrupt(pack.Meter):
+    class Interrupt(pack_cli.PackMeter):
         def __call__(self, p):
             if p.run_finished and p.runs_done == 2:
                 raise KeyboardInterrupt
-    monkeypatch.setattr(pack_cli, "Meter", Interrupt)
+    monkeypatch.setattr(pack_cli, "PackMeter", Interrupt)
     with pytest.raises(KeyboardInterrupt):   # cli.main turns it into exit 130
         cli([tiny_model, tmp_path / "trunk"])
     assert "run the same command to resume" in capsys.readouterr().err

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from k3core import K3Error, SamplingParams, human
+from k3core import K3Error, SamplingParams, human, model_note
 
 from .chat import Chats
 from .engine_panel import Monitor
@@ -58,8 +58,10 @@ def header(host: EngineHost) -> str:
     root = host.model
     size = sum(f.stat().st_size for f in root.glob("*.safetensors"))
     c = host.engine.config
+    note = model_note(root)
     return (f"# k3 · Kimi K3 on this machine\n**{root.name}** · {human(size)} of weights on disk · {c.num_hidden_layers} layers · "
-            f"{c.num_experts} experts per MoE layer · streamed through {human(host.engine.plan.total)} of RAM")
+            f"{c.num_experts} experts per MoE layer · streamed through {human(host.engine.plan.total)} of RAM"
+            + (f"\n\n*This is {note}.*" if note else ""))
 
 
 def build(host: EngineHost, keep_states: int = 2) -> App:

@@ -7,6 +7,8 @@ generator (tests/ui/test_chat.py).
 """
 from __future__ import annotations
 
+import hashlib
+import logging
 import queue
 import threading
 import time
@@ -18,6 +20,12 @@ from k3core import ChatSession, K3Error, Observer
 from .messages import display, partial, turn_note
 
 POLL = 0.1  # seconds between looks at the worker's queue: how soon a closed reply notices
+log = logging.getLogger("k3.ui")
+
+
+def label(key: str) -> str:
+    """A session as the log names it: a short hash, never the session id itself."""
+    return hashlib.sha256(key.encode()).hexdigest()[:8]
 
 
 @dataclass
@@ -165,7 +173,7 @@ class Chats:
         stop, events = threading.Event(), queue.Queue()
         slot.stops.add(stop)
         before = self.messages(key) + [{"role": "user", "content": text}]
-        worker = threading.Thread(target=self._turn, args=(slot, text, params, mode, system, stop, events),
+        worker = threading.Thread(target=self._turn, args=(slot, text, params, mode, system, stop, events, label(key)),
                                   name=f"k3-turn-{key[:8]}", daemon=True)
         worker.start()
         thinking, answer, open_think, note = "", "", mode == "thinking", ""
@@ -203,7 +211,8 @@ class Chats:
         finally:
             stop.set()  # a reply closed early: the worker stops at the next token boundary
 
-    def _turn(self, slot: Slot, text: str, params, mode: str, system, stop: threading.Event, events) -> None:
+    def _turn(self, slot: Slot, text: str, params, mode: str, system, stop: threading.Event, events, who: str
+              ) -> None:
         host, monitor = self.host, self.monitor
         try:
             with slot.lock:
@@ -218,16 +227,17 @@ class Chats:
                     if stop.is_set():
                         events.put(("error", "stopped before it started"))
                         return
-                    self._run(slot, text, params, mode, system, stop, events)
+                    self._run(slot, text, params, mode, system, stop, events, who)
                 finally:
                     host.lock.release()
         except Exception as exc:  # noqa: BLE001 - the person sees it; the session stays usable
+            log.warning("session %s: turn failed: %s: %s", who, type(exc).__name__, exc)
             events.put(("error", f"{type(exc).__name__}: {exc}"))
         finally:
             slot.stops.discard(stop)
             slot.used = time.monotonic()
 
-    def _run(self, slot: Slot, text: str, params, mode, system, stop, events) -> None:
+    def _run(self, slot: Slot, text: str, params, mode, system, stop, events, who: str = "-") -> None:
         """With both locks held: run ChatSession.ask, rolling back on failure."""
         note = self._session(slot, mode, system) or slot.notice
         slot.notice = ""
@@ -242,11 +252,15 @@ class Chats:
         try:
             for event in chat.ask(text, params, cancelled=stop.is_set, observers=observers):
                 if event.kind == "done":
-                    done = event
+                    done, s = event, event.stats
+                    log.info("session %s: %d prompt tokens (%d reused), %d generated (%s), %s s/token", who,
+                             s["prompt_tokens"], s["reused_tokens"], s["generated_tokens"], done.reason,
+                             f"{s['seconds_per_token']:.3f}" if s["seconds_per_token"] else "-")
                 events.put((event.kind, event))
             slot.marks.append(mark)
         except K3Error as exc:
             self._roll_back(chat, mark, touched)
+            log.warning("session %s: turn refused: %s", who, exc)
             events.put(("error", str(exc)))
         except Exception as exc:
             self._roll_back(chat, mark, touched)

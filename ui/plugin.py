@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from k3core import EXIT_CODES, add_engine_arguments, engine_config_from_args
+from k3core import EXIT_CODES, add_engine_arguments, add_logging_arguments, configure_logging, engine_config_from_args
 from k3core.plugin_api import hookimpl
 
 from .server import EXPOSE_FLAG, ServerOptions
@@ -15,12 +15,13 @@ from .server import EXPOSE_FLAG, ServerOptions
 def cmd_ui(args) -> int:
     from .server import serve
 
+    configure_logging(args.log_level)
     return serve(engine_config_from_args(args), server_options(args))
 
 
 def server_options(args) -> ServerOptions:
     return ServerOptions(host=args.host, port=args.port, expose=args.expose, auth=args.auth,
-                         queue_size=args.queue_size, keep_states=args.keep_states)
+                         queue_size=args.queue_size, keep_states=args.keep_states, access_log=args.access_log)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -50,6 +51,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "the real model); others recompute their history on their next turn")
     g = p.add_argument_group("chat")
     g.add_argument("--tok", metavar="DIR", help="tokenizer directory (default: MODEL_DIR)")
+    add_logging_arguments(p, access_log=True)
     p.set_defaults(func=cmd_ui)
     return p
 

@@ -6,6 +6,7 @@ Checked by tests/ui/test_server.py.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from k3core import EngineConfig, UsageError
 from .host import EngineHost
 
 EXPOSE_FLAG = "--i-know-this-exposes-the-model"
+log = logging.getLogger("k3.ui")
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,7 @@ class ServerOptions:
     auth: str | None = None      # USER:PASSWORD, else K3_UI_AUTH
     queue_size: int = 16         # requests that may wait for the engine
     keep_states: int = 2         # browser sessions whose decode state stays in memory
+    access_log: bool = False     # log every HTTP request (uvicorn's access log)
 
 
 def is_loopback(host: str) -> bool:
@@ -60,11 +63,14 @@ def parse_auth(text: str | None) -> tuple[str, str] | None:
 
 
 def launch(demo, host: str, port: int, auth: tuple[str, str] | None = None, block: bool = True,
-           quiet: bool = False):
+           quiet: bool = False, access_log: bool = False):
     """Start the app on host:port (already checked). Returns the local URL; blocks unless `block` is False."""
     demo.launch(server_name=host, server_port=port, share=False, auth=auth, prevent_thread_lock=True,
                 quiet=True, show_error=True, ssr_mode=False, mcp_server=False, enable_monitoring=False, **_look())
+    if access_log:  # uvicorn configured its loggers at WARNING while starting: one line per request from now on
+        logging.getLogger("uvicorn.access").setLevel(logging.INFO)
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
+    log.info("listening on %s%s", url, " with a login" if auth else "")
     if not quiet:
         print(f"k3 ui: open {url}" + (f" (log in as {auth[0]})" if auth else "") + " — Ctrl-C to stop", flush=True)
     if block:
@@ -100,7 +106,9 @@ def serve(config: EngineConfig, opts: ServerOptions) -> int:
         demo = build(engine, keep_states=opts.keep_states).demo.queue(max_size=opts.queue_size,
                                                                       default_concurrency_limit=None)
         print(f"k3 ui: model {engine.model}", flush=True)
-        launch(demo, host, opts.port, auth, block=True)
+        log.info("serving %s (kernels %s, trunk placer %s, expert store %s)", engine.model,
+                 engine.engine.kernels.name, engine.engine.placer.name, engine.engine.store.name)
+        launch(demo, host, opts.port, auth, block=True, access_log=opts.access_log)
     finally:
         engine.close()
     return 0

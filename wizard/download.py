@@ -16,10 +16,9 @@ from pathlib import Path
 import httpx2
 from huggingface_hub import get_session
 
-from k3core import K3Error
+from k3core import K3Error, ProgressMeter
 
 from .hub import TransientError
-from .progress import Meter
 from .state import DONE, PARTIAL, PARTIAL_DIR, VERIFIED, SetupState
 from .verify import Digest, expected, hash_file
 
@@ -62,7 +61,7 @@ class Downloader:
         self.hub, self.sha, self.dest, self.state = hub, sha, dest, state
         self.jobs, self.stall, self.retries, self.save_every, self.backoff = jobs, stall, retries, save_every, backoff
         self.stream, self.stop, self.open = stream, threading.Event(), {}
-        self.meter: Meter | None = None
+        self.meter: ProgressMeter | None = None
 
     # ---- all files -----------------------------------------------------------------------------
     def run(self, names: list[str]) -> str:
@@ -70,9 +69,9 @@ class Downloader:
         files = self.state.files
         todo = [n for n in names if files[n]["status"] not in (DONE, VERIFIED)]
         todo.sort(key=lambda n: (files[n]["size"] > (64 << 20), n))      # small files first, then shards in order
-        self.meter = Meter("downloaded", sum(files[n]["size"] for n in names), len(names), stream=self.stream,
-                           done_bytes=sum(files[n]["size"] for n in names if n not in todo),
-                           done_files=len(names) - len(todo))
+        self.meter = ProgressMeter("downloaded", sum(files[n]["size"] for n in names), len(names), stream=self.stream,
+                                   done=sum(files[n]["size"] for n in names if n not in todo),
+                                   done_items=len(names) - len(todo))
         failed, fatal = [], None
         pool = ThreadPoolExecutor(max(1, self.jobs), thread_name_prefix="k3-download")
         try:

@@ -12,8 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from k3core import (RELEASED_TRUNK_BYTES, VISION_PREFIXES, K3Error, UsageError, generated_model_bytes,
-                    packed_trunk_bytes)
+from k3core import RELEASED_TRUNK_BYTES, VISION_PREFIXES, K3Error, UsageError, packed_trunk_bytes
 
 from .hub import HubError
 from .progress import human
@@ -130,8 +129,10 @@ def plan_local(directory: Path) -> Plan:
 
 
 def plan_demo() -> Plan:
-    size = generated_model_bytes("small")
-    return Plan({}, size, fetch_bytes=size + (1 << 20))   # the trunk is at most the whole (tiny) model
+    from .local_files import demo_bytes
+
+    size = demo_bytes()
+    return Plan({}, size, fetch_bytes=size)   # the packed trunk is at most the whole (tiny) model
 
 
 # ---- space -----------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from k3core import add_logging_arguments, configure_logging
 from k3core.plugin_api import hookimpl
 
 PRESETS = ["auto", "laptop", "desktop", "workstation", "server", "max"]
@@ -58,6 +59,7 @@ def cmd_setup(args) -> int:
 
     if args.jobs < 1 or args.read_mb < 1 or not args.stall > 0:
         raise UsageError("--jobs and --read-mb must be at least 1, --stall more than 0")
+    configure_logging(args.log_level)
 
     opts = Options(source=args.source, dest=args.dest, trunk_dir=args.trunk_dir, preset=args.preset,
                    vision=args.vision, jobs=args.jobs, yes=args.yes, dry_run=args.dry_run, no_pack=args.no_pack,
@@ -91,6 +93,7 @@ def k3_subcommands(subparsers):
     p.add_argument("--read-mb", type=int, default=64, metavar="N", help="MiB the machine check's disk test reads")
     p.add_argument("--stall", type=float, default=60.0, metavar="S",
                    help="reconnect a download that received nothing for S seconds (default 60)")
+    add_logging_arguments(p)
     p.set_defaults(func=cmd_setup)
 
     v = subparsers.add_parser(

@@ -6,6 +6,7 @@ recorded in <dest>/.k3-setup.json, so a killed wizard run again continues where 
 from __future__ import annotations
 
 import getpass
+import logging
 import shlex
 import sys
 import time
@@ -17,15 +18,15 @@ from k3core import (K3Error, PackMeter, Profile, UsageError, auto_preset, machin
 
 from .download import Downloader
 from .hub import Hub
-from .local_files import derive_index, generate_demo, measure_local
+from .local_files import demo_bytes, derive_index, install_demo, measure_local
 from .plan import parse_source, plan_demo, plan_hub, plan_local, preflight, remaining_bytes
 from .progress import estimate, hash_rate, human
 from .state import PARTIAL_DIR, PENDING, VERIFIED, SetupState
 from .verify import check_files, table_problems
 
+log = logging.getLogger("k3.setup")
 STEPS = [("check", "machine check"), ("space", "destination and free space"), ("download", "download"),
          ("verify", "verify"), ("pack", "pack the trunk"), ("profile", "profile"), ("next", "next command")]
-DEMO_SHAPE, DEMO_SEED = "small", 0
 
 
 @dataclass
@@ -105,12 +106,15 @@ class Setup:
                     continue
                 what, how_long = self.describe(name)
                 self.say(f"[{i}/7] {title}: {what} ({how_long})")
+                log.info("step %d/7 %s: started in %s", i, name, self.dest)
                 t0 = time.perf_counter()
                 try:
                     result = getattr(self, f"step_{name}")()
                 except Exception as exc:
                     self.st.log(f"step {name} failed: {type(exc).__name__}: {exc}")
+                    log.warning("step %d/7 %s failed: %s: %s", i, name, type(exc).__name__, exc)
                     raise
+                log.info("step %d/7 %s: done in %.1f s: %s", i, name, time.perf_counter() - t0, result)
                 self.say(f"      -> {result}  [{time.perf_counter() - t0:.1f} s]")
                 self.st.finish(name, result, key)
         except KeyboardInterrupt:
@@ -143,7 +147,8 @@ class Setup:
             if self.src.kind == "dir":
                 return "nothing to download: the checkpoint is used in place", "instant"
             if self.src.kind == "demo":
-                return f"generate the built-in demo model ({DEMO_SHAPE} shape, seed {DEMO_SEED})", "a few s"
+                return (f"copy the trained demo model ({human(demo_bytes())}, shipped with k3) and check each "
+                        "file's sha256", "a few s")
             left = remaining_bytes(files)
             return (f"{len(files)} files, {human(left)} to fetch, {self.opts.jobs} at a time, resumable",
                     estimate(left, f.get("net_rate")))
@@ -163,7 +168,11 @@ class Setup:
 
     # ---- (1) machine check -------------------------------------------------------------------------
     def step_check(self) -> str:
-        checks = [c for c in machine_checks(str(self.dest), self.opts.read_mb) if c.name != "disk space"]
+        sized = {}  # the doctor sizes RAM, disk and streaming for what is being set up
+        if self.src.kind == "demo":
+            size = demo_bytes()
+            sized = {"name": "demo model", "checkpoint_bytes": size, "trunk_bytes": size}
+        checks = [c for c in machine_checks(str(self.dest), self.opts.read_mb, **sized) if c.name != "disk space"]
         width = max(len(c.name) for c in checks)
         for c in checks:
             self.say(f"      {c.status:<4}  {c.name:<{width}}  {c.finding}")
@@ -213,7 +222,7 @@ class Setup:
         if self.src.kind == "dir":
             return "nothing to download"
         if self.src.kind == "demo":
-            summary = generate_demo(self.dest, self.trunk, self.st, DEMO_SHAPE, DEMO_SEED)
+            summary = install_demo(self.dest, self.trunk, self.st, self.err)
             (self.dest / PARTIAL_DIR).rmdir()
             return summary
         preflight(self.space_needs())      # again: space may have gone since step 2, or since the last run

@@ -11,10 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
 
-from k3core import K3Error, UsageError, check_checkpoint
+from k3core import K3Error, ProgressMeter, UsageError, check_checkpoint
 
 from . import OFFICIAL_REPO
-from .progress import Meter, human
+from .progress import human
 from .state import DONE, PENDING, VERIFIED, SetupState, StateError, read_state
 
 CHUNK = 8 << 20
@@ -75,7 +75,7 @@ def check_file(dest: Path, local: str, rec: dict, advance=None) -> str | None:
 
 def check_files(dest: Path, records: dict[str, dict], jobs: int = 4, stream=None, verb="verified") -> dict[str, str]:
     """Check records in parallel with progress; {local name: problem} for every bad file."""
-    meter = Meter(verb, sum(r["size"] for r in records.values()), len(records), stream=stream)
+    meter = ProgressMeter(verb, sum(r["size"] for r in records.values()), len(records), stream=stream)
 
     def one(local):
         meter.start(local, records[local]["size"])

@@ -126,7 +126,11 @@ def open_engine(config):
     """Open `config`'s engine, printing the memory plan and any plugin notice to stderr first."""
     from ..api import open_engine as open_
 
+    from ..api import model_note
+
     engine = open_(config, on_plan=lambda plan: print(plan.text(), file=sys.stderr))
     for notice in engine.notices:
         print(notice, file=sys.stderr)
+    if note := model_note(config.model):
+        print(f"k3: {config.model} is {note}", file=sys.stderr)
     return engine

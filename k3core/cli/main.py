@@ -38,16 +38,26 @@ def cmd_presets(args) -> int:
 
 def cmd_make_model(args) -> int:
     from ..model.testmodel import make_model, planned_bytes, shape_config
+    from .progress import ProgressMeter
 
     size = planned_bytes(shape_config(args.shape))
     print(f"{args.dir}: {args.shape} test model, seed {args.seed}, {args.layout} config, {size / 1e6:,.1f} MB")
+    meter = None
 
     def progress(done, total, fname):
-        if not args.quiet and sys.stdout.isatty():
-            print(f"\r  wrote shard {done}/{total} {fname}", end="\n" if done == total else "", flush=True)
+        nonlocal meter
+        if meter is None:
+            meter = ProgressMeter("wrote", total, total, unit="shard")
+        meter.start(fname, 1)
+        meter.advance(fname, 1)
+        meter.finish(fname)
 
-    make_model(args.dir, args.shape, args.seed, args.layout, if_missing=args.if_missing, force=args.force,
-               progress=progress)
+    try:
+        make_model(args.dir, args.shape, args.seed, args.layout, if_missing=args.if_missing, force=args.force,
+                   progress=None if args.quiet else progress)
+    finally:
+        if meter is not None:
+            meter.close()
     print(f"{args.dir}: ready")
     return 0
 

@@ -5,13 +5,14 @@ import argparse
 import sys
 
 from ..errors import TrunkError, UsageError
-from ..io.pack import Meter, pack, size_text, verify
+from ..io.pack import pack, size_text, verify
+from .progress import PackMeter
 from ..io.trunk import load_trunk
 
 
 def cmd_pack(args) -> int:
     err = sys.stderr
-    meter = None if args.quiet else Meter(err, "verified" if args.verify else "packed")
+    meter = None if args.quiet else PackMeter(err, "verified" if args.verify else "packed")
     if args.verify:
         if args.paths or (args.deep and not args.model):
             raise UsageError("use: k3 pack --verify TRUNK_DIR [--model MODEL_DIR [--deep]]")

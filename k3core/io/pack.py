@@ -214,32 +214,6 @@ class Progress:
         return (self.bytes_total - self.bytes_done) / self.rate if self.rate else None
 
 
-class Meter:
-    """Progress on a stream: one line rewritten in place on a TTY, else one line per finished run."""
-
-    def __init__(self, stream=sys.stderr, verb="packed"):
-        self.stream, self.verb, self.tty, self.last, self.open = stream, verb, stream.isatty(), 0.0, False
-
-    def __call__(self, p: Progress):
-        eta = "?" if p.eta is None else time.strftime("%H:%M:%S", time.gmtime(p.eta))
-        line = (f"{self.verb} {p.runs_done}/{p.runs_total} runs, {size_text(p.bytes_done)} of {size_text(p.bytes_total)}, "
-                f"{p.rate / 1e9:.2f} GB/s, ETA {eta} ({p.key})")
-        if self.tty and (p.run_finished or time.monotonic() - self.last > 0.2):
-            self.last = time.monotonic()
-            self.open = not (p.run_finished and p.runs_done == p.runs_total)
-            self.stream.write(f"\r{line}\x1b[K" + ("" if self.open else "\n"))
-            self.stream.flush()
-        elif not self.tty and p.run_finished:
-            print(line, file=self.stream, flush=True)
-
-    def close(self):
-        """End a line left open in place (before an error or interruption message)."""
-        if self.open:
-            self.stream.write("\n")
-            self.open = False
-
-
-# ---- the packer ---------------------------------------------------------------------------------
 @dataclass
 class PackResult:
     status: str             # "packed", "resumed" or "up-to-date"

@@ -171,3 +171,13 @@ def test_the_memory_plan_previews_and_applying_reopens_the_engine(served, host, 
         m.setattr("k3core.model.budget.WORKING_BYTES", 1 << 40)
         plan, status = client.predict("custom", None, 1, False, api_name="/plan_apply")
     assert "not applied" in status and "DOES NOT FIT" in status and host.budget["preset"] == "laptop"  # the old budgets came back
+
+
+def test_the_api_parameters_have_real_names(served):
+    _, url = served
+    api = Client(url, verbose=False).view_api(return_format="dict", print_info=False)
+    send = api["named_endpoints"]["/send"]["parameters"]
+    names = [p["parameter_name"] for p in send]
+    assert names == ["message", "mode", "system_prompt", "temperature", "top_p", "top_k", "max_tokens", "seed"]
+    defaults = {p["parameter_name"]: p.get("parameter_default") for p in send}
+    assert defaults["temperature"] == 0.0  # greedy, as `k3 run` and `k3 chat`

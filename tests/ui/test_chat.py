@@ -4,6 +4,7 @@ a follow-up forwards only its new tokens; a freed decode state is recomputed exa
 and a refused message leave the conversation consistent."""
 from __future__ import annotations
 
+import re
 import time
 
 from k3core.text.sampling import SamplingParams
@@ -160,3 +161,15 @@ def test_a_reply_with_markup_text_does_not_break_the_next_turn(host):
     held = chats.info("k")["state_tokens"]
     nxt = finish(chats.reply("k", "and a second question", GREEDY))[-1]
     assert nxt.status == "done" and nxt.stats["reused_tokens"] == held
+
+
+def test_each_turn_is_logged_by_its_numbers_never_by_its_text_or_session_id(host, caplog):
+    import logging
+
+    chats = Chats(host, Monitor(host))
+    with caplog.at_level(logging.INFO, logger="k3.ui"):
+        finish(chats.reply("a-secret-session-id", "my private question", GREEDY))
+    lines = [r.getMessage() for r in caplog.records if r.name == "k3.ui"]
+    assert len(lines) == 1 and re.fullmatch(r"session [0-9a-f]{8}: \d+ prompt tokens \(0 reused\), \d+ generated "
+                                            r"\([a-z ]+\), (\d+\.\d{3}|-) s/token", lines[0]), lines
+    assert "private" not in lines[0] and "a-secret" not in lines[0]

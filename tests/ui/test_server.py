@@ -69,7 +69,8 @@ class FakeHost:
 
     def __init__(self, config):
         self.config, self.model = config, config.model
-        self.engine = types.SimpleNamespace(notices=[])
+        named = types.SimpleNamespace(name="stand-in")
+        self.engine = types.SimpleNamespace(notices=[], kernels=named, placer=named, store=named)
 
     def close(self):
         FakeHost.closed += 1
@@ -103,3 +104,22 @@ def test_the_default_is_loopback_without_a_share_link(fake_app, monkeypatch, sma
     server.serve(*ui_args(small_model))
     assert demo.launched["server_name"] == "127.0.0.1" and demo.launched["server_port"] == 7860
     assert demo.launched["share"] is False and demo.launched["auth"] is None
+
+
+def test_the_access_log_has_a_line_per_request(capfd):
+    import urllib.request
+
+    import gradio as gr
+
+    from tests.ui.test_app import free_port
+
+    with gr.Blocks() as demo:
+        gr.Markdown("hello")
+    port = free_port()
+    url = server.launch(demo, "127.0.0.1", port, block=False, quiet=True, access_log=True)
+    try:
+        urllib.request.urlopen(url, timeout=30).read()
+    finally:
+        demo.close()
+    out = capfd.readouterr()
+    assert '"GET / HTTP/1.1" 200' in out.out + out.err

@@ -1,11 +1,13 @@
-"""The progress meter (terminal and plain) and the state file's lock and atomic writes."""
+"""The progress meter (terminal: a tqdm bar; plain: one line per file) and the state file's lock and
+atomic writes."""
 from __future__ import annotations
 
 import io
 
 import pytest
 
-from wizard.progress import Meter, estimate, human
+from k3core import ProgressMeter as Meter
+from wizard.progress import estimate, human
 from wizard.state import SetupState, StateError
 
 
@@ -14,7 +16,7 @@ class Tty(io.StringIO):
         return True
 
 
-def test_terminal_lines_are_redrawn_in_place():
+def test_a_terminal_gets_a_bar_and_a_line_per_finished_file():
     out = Tty()
     m = Meter("downloaded", 3000, 2, stream=out)
     m.start("a.safetensors", 1000)
@@ -22,10 +24,13 @@ def test_terminal_lines_are_redrawn_in_place():
     m.advance("a.safetensors", 1000)
     m.finish("a.safetensors")
     m.message("b.safetensors: stalled; reconnecting")
+    m.advance("b.safetensors", 500)
     m.close()
     text = out.getvalue()
-    assert "\x1b[1F\x1b[2K" in text and "b.safetensors  0 B / 2 kB" in text and "total " in text
-    assert "downloaded a.safetensors (1 kB" in text and "[1/2]" in text
+    assert "\r" in text and "%|" in text and "/3.00k" in text  # the bar, redrawn in place
+    assert "downloaded 1/2 (b.safetensors)" in text  # what is under way
+    assert "  downloaded a.safetensors (1 kB" in text and "[1/2]" in text
+    assert "  b.safetensors: stalled; reconnecting\n" in text
 
 
 def test_plain_stream_prints_one_line_per_file():
@@ -64,5 +69,5 @@ def test_demo_refuses_a_directory_with_other_files(k3, tmp_path):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "thesis.txt").write_text("precious")
     rc, _, err = k3("setup", "--source", "demo", "--dest", tmp_path / "mine", "--yes", "--read-mb", "1")
-    assert rc == 2 and "not a k3 test model" in err
+    assert rc == 2 and "not a k3 demo or test model" in err
     assert (tmp_path / "mine" / "thesis.txt").read_text() == "precious"
