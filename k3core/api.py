@@ -48,7 +48,7 @@ __all__ = [
     # engines
     "EngineConfig", "open_engine", "memory_plan", "Engine", "DecodeState", "Observer", "Plan", "PlanRow",
     "Budget", "PRESETS", "PRESET_NAMES", "WORKING_BYTES", "auto_preset", "mem_available", "peak_rss_bytes",
-    "describe_plugins", "check_checkpoint", "model_note",
+    "describe_plugins", "check_checkpoint", "scan_weights", "model_note",
     # generation and text
     "generate_ids", "greedy_ids", "Sampler", "SamplingParams", "Session", "ChatSession", "Conversation", "Event", "visible", "Tokenizer",
     "load_tokenizer",
@@ -87,6 +87,38 @@ def check_checkpoint(model_dir) -> None:
     """Open a checkpoint's config and every shard header and check each tensor the config implies
     (name, shape, dtype); a problem is a ConfigError / CheckpointError / BindingError naming it."""
     resolve(EngineConfig(model_dir)).checkpoint.close()
+
+
+def scan_weights(model_dir, progress=None) -> dict:
+    """Read every tensor of a checkpoint: {"non_finite": [(tensor, count)], "scale_255": [(tensor, count)]} —
+    BF16/F16/F32 values that are NaN or infinite (a damaged checkpoint), and E8M0 scale bytes of 255 (legal:
+    SPEC §5 reads such a group as zeros; worth knowing). `progress(done_bytes, total_bytes, name)` if given."""
+    import numpy as np
+
+    checkpoint = open_checkpoint(model_dir)
+    index, out = checkpoint.index, {"non_finite": [], "scale_255": []}
+    try:
+        names = list(index.names())
+        total, done = sum(index[n].nbytes for n in names), 0
+        for name in names:
+            info, data = index[name], index.read(name)
+            if info.dtype in ("BF16", "F16"):
+                bad = int(np.count_nonzero((data.view(np.uint16) & (0x7F80 if info.dtype == "BF16" else 0x7C00))
+                                           == (0x7F80 if info.dtype == "BF16" else 0x7C00)))
+            elif info.dtype in ("F32", "F64"):
+                bad = int(np.count_nonzero(~np.isfinite(data)))
+            else:
+                bad = 0
+            if bad:
+                out["non_finite"].append((name, bad))
+            if info.dtype == "U8" and name.endswith(".weight_scale") and (n255 := int(np.count_nonzero(data == 255))):
+                out["scale_255"].append((name, n255))
+            done += info.nbytes
+            if progress:
+                progress(done, total, name)
+    finally:
+        checkpoint.close()
+    return out
 
 
 def describe_plugins(plugins=()) -> list[dict]:

@@ -19,6 +19,7 @@ import pytest
 from k3core.model.testmodel import make_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
+DEMO_MODEL = Path(__file__).resolve().parents[1] / "wizard" / "data" / "demo-model"  # the trained, shipped one
 K3_IN_C = FIXTURES / "k3-in-c"
 ORACLES = FIXTURES / "oracles"
 

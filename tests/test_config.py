@@ -109,3 +109,30 @@ def test_unreadable_and_malformed_config_files(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps([1, 2]))
     with pytest.raises(ConfigError, match="not a JSON object"):
         load_config(tmp_path)
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("rms_norm_eps", float("inf"), "rms_norm_eps must be a finite number, got inf"),
+    ("rms_norm_eps", 2.0, "rms_norm_eps must be in (0, 1), got 2.0"),
+    ("situ_beta", float("nan"), "situ_beta must be a finite number, got nan"),
+    ("routed_scaling_factor", float("-inf"), "routed_scaling_factor must be a finite number"),
+    ("routed_scaling_factor", 0.0, "routed_scaling_factor must be > 0"),
+    ("gate_lower_bound", float("nan"), "gate_lower_bound must be a finite number"),
+    ("gate_lower_bound", 5.0, "gate_lower_bound must be <= 0"),
+    ("hidden_size", 10**400, "hidden_size is 10000000000000000000…, past the limit of 2147483647"),
+])
+def test_numbers_must_be_finite_and_in_range(tmp_path, field, value, says):
+    raw = {**SHAPES["tiny"], **COMMON, field: value}
+    (tmp_path / "config.json").write_text(json.dumps(raw))  # json writes Infinity / NaN as the released files could
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path)
+    assert says in str(e.value) and e.value.exit_code == 2
+
+
+@pytest.mark.parametrize("data, says", [(b"\xff\xfe{}", "not UTF-8 text"), (b"1" * 5000, "not valid JSON"),
+                                        (b"[" * 100000, "not valid JSON")])
+def test_a_config_that_is_not_json_text_is_named(tmp_path, data, says):
+    (tmp_path / "config.json").write_bytes(data)
+    with pytest.raises(ConfigError, match=says) as e:
+        load_config(tmp_path)
+    assert e.value.exit_code == 2

@@ -1,8 +1,10 @@
 """The three gates against oracles from the independent reference (tests/reference/, float64,
 sharing no code with k3core): exact ids, logits within 1e-4 × max|ref|.
 
-GATE 1 teacher forcing (32/32 positions), GATE 2 greedy decode by full recomputation (20/20),
-GATE 3 incremental decode (20/20) — on two shapes, with every kernel backend this machine runs.
+GATE 1 teacher forcing (every position), GATE 2 greedy decode by full recomputation (20/20), GATE 3
+incremental decode (20/20) — on two generated shapes and on the trained demo model (two chat prompts;
+trained weights have the confident logits and long stop-token paths random ones lack), with every
+kernel backend this machine runs.
 """
 import hashlib
 import json
@@ -13,14 +15,17 @@ import pytest
 from k3core import _native
 from k3core import EngineConfig, greedy_ids, open_engine
 
-from .conftest import ORACLES
+from .conftest import DEMO_MODEL, ORACLES
 
 TOLERANCE = 1e-4  # × max|ref|; the C engine's budget was 5.1e-4
 
 
-def oracle(shape):
-    data = np.load(ORACLES / f"{shape}-seed0.npz")
-    meta = json.loads((ORACLES / f"{shape}-seed0.json").read_text())
+CASES = {"tiny": "tiny-seed0", "small": "small-seed0", "demo-chat0": "demo-chat0", "demo-chat1": "demo-chat1"}
+
+
+def oracle(case):
+    data = np.load(ORACLES / f"{CASES[case]}.npz")
+    meta = json.loads((ORACLES / f"{CASES[case]}.json").read_text())
     return {k: data[k] for k in data.files}, meta
 
 
@@ -41,11 +46,11 @@ def gate_decode(engine, o, full_recompute):
 BACKENDS = ["reference"] + _native.available_backends()
 
 
-@pytest.fixture(scope="module", params=[(s, b) for s in ("tiny", "small") for b in BACKENDS], ids=lambda p: "-".join(p))
+@pytest.fixture(scope="module", params=[(s, b) for s in CASES for b in BACKENDS], ids=lambda p: "-".join(p))
 def gated(request, model_factory):
-    shape, backend = request.param
-    o, meta = oracle(shape)
-    model = model_factory(shape)
+    case, backend = request.param
+    o, meta = oracle(case)
+    model = DEMO_MODEL if case.startswith("demo") else model_factory(case)
     for name, sha in meta["files_sha256"].items():  # the oracle belongs to exactly these bytes
         assert hashlib.sha256((model / name).read_bytes()).hexdigest() == sha, name
     assert o["min_top2_gap"] > 1e-3  # no near-ties: exact ids are a fair demand

@@ -313,6 +313,25 @@ def test_offsets_running_backwards_are_refused(tmp_path, layout):
     refused(tmp_path, file=tmp_path / "a.safetensors", tensor="t.a", match="backwards")
 
 
+@pytest.mark.parametrize("second", [(8, 24), (0, 16), (12, 28)])  # inside, the same bytes, straddling
+def test_overlapping_spans_are_refused_as_the_safetensors_library_refuses_them(tmp_path, layout, second):
+    header = {"t.a": entry("F32", [2, 2], 0, 16), "t.b": entry("F32", [4], *second)}
+    write_shard(tmp_path / "a.safetensors", header, bytes(32), layout)
+    refused(tmp_path, file=tmp_path / "a.safetensors", tensor="t.b", match="overlap those of 't.a'")
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    with pytest.raises(SafetensorError):  # the library agrees the file is broken
+        load_file(tmp_path / "a.safetensors")
+
+
+def test_spans_in_another_order_than_the_header_and_with_gaps_are_fine(tmp_path, layout):
+    header = {"t.b": entry("U8", [3], 20, 23), "t.a": entry("F32", [2, 2], 0, 16)}
+    write_shard(tmp_path / "a.safetensors", header, bytes(range(23)), layout)
+    with ShardIndex.open(tmp_path) as index:
+        assert index.read("t.b").tolist() == [20, 21, 22]
+
+
 @pytest.mark.parametrize("bad", [{"dtype": "F32", "shape": [-1], "data_offsets": [0, 0]},
                                  {"dtype": "F32", "shape": [True], "data_offsets": [0, 4]},
                                  {"dtype": "F32", "shape": [1], "data_offsets": [0, 4, 8]},
@@ -454,3 +473,22 @@ def test_arrays_from_read_outlive_close(tmp_path):
     kept = index.read("t.b")
     index.close()
     assert kept.tolist() == [16, 17, 18]
+
+
+@pytest.mark.parametrize("name", ["../elsewhere.safetensors", "/etc/passwd", "sub/a.safetensors", "..", "a\\b"])
+def test_an_index_naming_anything_but_a_plain_file_name_is_refused(tmp_path, name):
+    write_shard(tmp_path / "a.safetensors", good_header(), bytes(range(19)))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"t.a": name, "t.b": name}}))
+    with pytest.raises(CheckpointError, match="not a plain file name"):
+        ShardIndex.open(tmp_path)
+
+
+def test_a_symlinked_shard_is_fine_as_hub_caches_make_them(tmp_path):
+    (tmp_path / "blobs").mkdir()
+    write_shard(tmp_path / "blobs" / "abc123", good_header(), bytes(range(19)))
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "a.safetensors").symlink_to(tmp_path / "blobs" / "abc123")
+    (tmp_path / "m" / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"t.a": "a.safetensors", "t.b": "a.safetensors"}}))
+    with ShardIndex.open(tmp_path / "m") as index:
+        assert index.read("t.b").tolist() == [16, 17, 18]

@@ -1,6 +1,7 @@
 """Memory buys speed, never a different answer: greedy ids and logit bytes are identical across
 trunk placements (resident; pinned 0, some, all layers; rings of 2 and 3), expert stores (direct,
-lru) and cache sizes, on the 13-layer model and a 25-layer one; and streaming faults are loud."""
+lru) and cache sizes, on the 13-layer model, a 25-layer one and the trained demo model; and
+streaming faults are loud."""
 import json
 import shutil
 
@@ -12,6 +13,8 @@ from k3core.cli.main import main
 from k3core import EngineConfig, greedy_ids, open_engine
 from k3core.errors import TrunkError, UnsoundRunError
 from k3core.io.pack import pack
+
+from .conftest import DEMO_MODEL
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 CONFIGS = {
@@ -25,9 +28,9 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(scope="module", params=["tiny", "medium"])
+@pytest.fixture(scope="module", params=["tiny", "medium", "demo"])
 def packed(request, model_factory, tmp_path_factory):
-    model = model_factory(request.param)
+    model = DEMO_MODEL if request.param == "demo" else model_factory(request.param)
     trunk = tmp_path_factory.mktemp("trunk") / request.param
     pack(model, trunk, progress=None)
     return model, trunk

@@ -102,9 +102,13 @@ def k3_subcommands(subparsers):
         description="Re-read every file of MODEL_DIR and compare it with what `k3 setup` recorded from the Hub\n"
                     "(size and LFS sha256, or the git blob id of small files). A directory k3 setup did not make is\n"
                     "checked against the published shard-size table of the released Kimi K3 and its safetensors\n"
-                    "headers. Bad files are named one per line and marked, so the next `k3 setup` fetches only them.",
-        epilog="examples:\n  k3 verify /nvme/Kimi-K3\n  k3 verify demo-model --jobs 8\n\n"
+                    "headers. Then the headers are checked against config.json: every tensor the model needs, with its\n"
+                    "shape and dtype; --deep reads every weight too. Bad files are named one per line and marked, so\n"
+                    "the next `k3 setup` fetches only them.",
+        epilog="examples:\n  k3 verify /nvme/Kimi-K3\n  k3 verify demo-model --jobs 8\n  k3 verify demo-model --deep          # and every weight\n\n"
                "exit codes:\n  0  every file matches\n  2  at least one file is bad or missing (each is named)")
     v.add_argument("model_dir", metavar="MODEL_DIR", help="the checkpoint directory")
     v.add_argument("--jobs", type=int, default=4, metavar="N", help="files hashed in parallel (default 4)")
+    v.add_argument("--deep", action="store_true",
+                   help="also read every weight: NaN or infinite values are BAD, E8M0 scale bytes of 255 a warning")
     v.set_defaults(func=cmd_verify)

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
 
-from k3core import K3Error, ProgressMeter, UsageError, check_checkpoint
+from k3core import K3Error, ProgressMeter, UsageError, check_checkpoint, scan_weights
 
 from . import OFFICIAL_REPO
 from .progress import human
@@ -121,6 +121,23 @@ def _structure(dest: Path) -> str | None:
     return None
 
 
+def _deep(dest: Path) -> dict:
+    meter = None
+
+    def progress(done, total, name):
+        nonlocal meter
+        if meter is None:
+            meter = ProgressMeter("read", total, 1)
+            meter.start("tensors", total)
+        meter.set_done("tensors", done)
+
+    try:
+        return scan_weights(dest, progress)
+    finally:
+        if meter is not None:
+            meter.close()
+
+
 def cmd_verify(args) -> int:
     dest, out = Path(args.model_dir), sys.stdout
     if not dest.is_dir():
@@ -142,8 +159,19 @@ def cmd_verify(args) -> int:
             bad.update(table_problems(shards, vision=False))
         else:
             basis = "the safetensors headers only (no record and not the released checkpoint's shard names)"
-        if problem := _structure(dest):          # without recorded hashes, at least the headers must hold
+    if not bad:  # the headers against the config: every tensor there, with its shape and dtype
+        if problem := _structure(dest):
             bad["(checkpoint)"] = problem
+        basis += "; every tensor the config implies present with its shape and dtype"
+    warnings = []
+    if args.deep and not bad:
+        found = _deep(dest)
+        bad.update({f"(weights) {name}": f"{n} NaN or infinite value(s)" for name, n in found["non_finite"]})
+        warnings = [f"WARN {name}: {n} scale byte(s) of 255 (SPEC §5: those groups read as zeros)"
+                    for name, n in found["scale_255"]]
+        basis += "; every weight read (--deep)"
+    for line in warnings:
+        print(line, file=out)
     for name in sorted(bad):
         print(f"BAD  {name}: {bad[name]}", file=out)
     checked = len(records) or len(list(dest.glob("*.safetensors")))

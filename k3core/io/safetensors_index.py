@@ -88,7 +88,8 @@ def _parse_json(h, path):
 
 def _check_spans(t, path, data_len):
     """The rules after parsing, shared by both paths: known dtype; begin <= end; span = numel × itemsize;
-    span inside the file. Overlaps and gaps between spans are allowed."""
+    span inside the file; no two spans share a byte (the safetensors library refuses overlaps too; two
+    tensors on the same bytes would read each other's values). Gaps between spans are allowed."""
     need = np.empty(len(t.kinds), np.int64)
     for k, (dt, shape) in enumerate(t.kinds):
         if dt not in DTYPES:
@@ -104,6 +105,13 @@ def _check_spans(t, path, data_len):
         if bad.any():
             i = int(np.argmax(bad))
             raise CheckpointError(why(i), file=path, tensor=t.name(i))
+    filled = np.flatnonzero(t.end > t.begin)
+    order = filled[np.argsort(t.begin[filled], kind="stable")]
+    clash = np.flatnonzero(t.begin[order[1:]] < t.end[order[:-1]])
+    if clash.size:
+        a, b = int(order[clash[0]]), int(order[clash[0] + 1])
+        raise CheckpointError(f"data_offsets [{t.begin[b]}, {t.end[b]}] overlap those of {t.name(a)!r} "
+                              f"[{t.begin[a]}, {t.end[a]}]", file=path, tensor=t.name(b))
 
 
 def _load_shard(path):
@@ -167,7 +175,10 @@ class ShardIndex:
             if index_path.is_file():
                 wm = _weight_map(index_path)
                 listed = sorted(wm.files, key=lambda f: Path(f).name)
-                for f in listed:
+                for f in listed:  # plain names only: an index must not reach outside its directory
+                    if f != Path(f).name or f in ("", ".", "..") or "\\" in f:
+                        raise CheckpointError(f"{INDEX_JSON} names the shard {f!r}: not a plain file name in this "
+                                              "directory", file=index_path)
                     if not (directory / f).is_file():
                         raise CheckpointError(f"shard named in {INDEX_JSON} does not exist", file=directory / f)
             else:

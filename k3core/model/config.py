@@ -6,6 +6,7 @@ except the three optional booleans SPEC §2 names. Validation rules are SPEC §2
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -47,6 +48,7 @@ _OPTIONAL_BOOLS = [
     ("latent_moe_use_norm", ("latent_moe_use_norm",), "latent_moe_use_norm"),
 ]
 MXFP4_GROUP = 32
+INT_LIMIT = 2**31 - 1  # any count or width above this is a damaged file, not a model
 
 
 @dataclass(frozen=True)
@@ -178,8 +180,19 @@ def _kind_name(kind) -> str:
 
 
 def validate(c: Config) -> list[str]:
-    """SPEC §2 validation rules; returns every broken rule."""
+    """SPEC §2 validation rules, and every number finite and in range; returns every broken rule."""
     problems = []
+    for f in fields(c):
+        value = getattr(c, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            problems.append(f"{f.name} must be a finite number, got {value}")
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_LIMIT:
+            problems.append(f"{f.name} is {str(value)[:20]}{'…' if len(str(value)) > 20 else ''}, past the limit of "
+                            f"{INT_LIMIT}")
+    if any(abs(x) > INT_LIMIT for x in c.full_attn_layers):
+        problems.append(f"full_attn_layers has an entry past the limit of {INT_LIMIT}")
+    if problems:
+        return problems  # the rules below compare these numbers
     for name in ("hidden_size", "num_hidden_layers", "vocab_size", "kda_num_heads", "kda_head_dim",
                  "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
                  "qk_rope_head_dim", "v_head_dim", "num_experts", "routed_expert_hidden_size",
@@ -190,8 +203,14 @@ def validate(c: Config) -> list[str]:
         problems.append(f"num_shared_experts must be >= 0, got {c.num_shared_experts}")
     if c.short_conv_kernel_size < 1:
         problems.append(f"short_conv_kernel_size must be >= 1, got {c.short_conv_kernel_size}")
-    if not c.rms_norm_eps > 0:
-        problems.append(f"rms_norm_eps must be > 0, got {c.rms_norm_eps}")
+    if not 0 < c.rms_norm_eps < 1:
+        problems.append(f"rms_norm_eps must be in (0, 1), got {c.rms_norm_eps}")
+    for name in ("situ_beta", "situ_linear_beta", "routed_scaling_factor"):
+        if not getattr(c, name) > 0:
+            problems.append(f"{name} must be > 0, got {getattr(c, name)}")
+    if not c.gate_lower_bound <= 0:
+        problems.append(f"gate_lower_bound must be <= 0 (the KDA decay exp(bound·σ) must not grow the state), "
+                        f"got {c.gate_lower_bound}")
     if not 0 <= c.first_k_dense_replace <= c.num_hidden_layers:
         problems.append(f"first_k_dense_replace must be in 0..{c.num_hidden_layers}, got {c.first_k_dense_replace}")
     fal = c.full_attn_layers
@@ -223,8 +242,10 @@ def load_config(model_dir) -> Config:
         raise ConfigError(path, ["config.json not found"]) from None
     except OSError as exc:
         raise ConfigError(path, [f"cannot read: {exc.strerror}"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, [f"not UTF-8 text (byte {exc.start})"]) from None
     try:
         raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(path, [f"not valid JSON: {exc}"]) from None
+    except (ValueError, RecursionError) as exc:  # bad JSON, an integer of thousands of digits, absurd nesting
+        raise ConfigError(path, [f"not valid JSON: {str(exc)[:200]}"]) from None
     return parse_config(raw, path)

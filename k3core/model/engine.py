@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import CheckpointError, InputError, K3Error
 from .attnres import Residual, fold
 from .checkpoint import PREFIX
 from .engine_config import EngineConfig, resolve
@@ -103,8 +103,10 @@ class Engine:
         for L in range(c.num_hidden_layers):
             for o in observers:
                 o.on_layer(L, c.num_hidden_layers)
-            decoder_layer(L, self.placer.layer(L), stream, state.layers[L], c, kr, self.attention_for(L),
-                          self.store, observers)
+            w = self.placer.layer(L)
+            decoder_layer(L, w, stream, state.layers[L], c, kr, self.attention_for(L), self.store, observers)
+            if not np.isfinite(stream.prefix).all():  # say where, instead of sampling from NaN logits
+                raise non_finite_error(L, w)
         model = self.placer.model()
         h = stream.mix(kr, fold(model, PREFIX + "output_attn_res"), c.rms_norm_eps)
         if not all_logits:
@@ -134,6 +136,19 @@ class Engine:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def non_finite_error(layer: int, w) -> K3Error:
+    """The first layer whose output is not finite, and the first of its trunk tensors that holds a NaN or an
+    infinity (a damaged checkpoint, exit 2) — or, if none does, that the activations overflowed (exit 1)."""
+    for name, param in w.items():
+        values = param.f32() if param.dtype in ("BF16", "F16", "F32") else None
+        if values is not None and not np.isfinite(values).all():
+            bad = int(np.count_nonzero(~np.isfinite(values)))
+            return CheckpointError(f"layer {layer}'s output is not finite: {name} holds {bad} NaN or infinite "
+                                   "value(s) (`k3 verify --deep` lists every such tensor)", tensor=w.prefix + name)
+    return K3Error(f"layer {layer}'s output is not finite, though its trunk weights are: the activations overflowed "
+                   "(or a routed expert's values are out of range); the ids would be noise, so the run stops")
 
 
 def decoder_layer(L: int, w, stream: Residual, layer_state, c, kr, attention, store, observers=()) -> None:

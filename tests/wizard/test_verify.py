@@ -100,3 +100,38 @@ def test_state_records_no_token_and_is_versioned(hub, k3, tmp_path):
     (dest / ".k3-setup.json").write_text('{"format": "k3-setup-state", "version": 99}')
     rc, _, err = k3(*setup_args(dest, f"hf://{REPO}", "--no-pack"))
     assert rc == 2 and "state version 99" in err
+
+
+def test_verify_checks_the_headers_against_the_config(k3, tiny_model, tmp_path):
+    import json
+    import shutil
+
+    model = shutil.copytree(tiny_model, tmp_path / "m")
+    config = json.loads((model / "config.json").read_text())
+    config["text_config"]["num_experts"] = 9  # the shards hold 8 per layer
+    (model / "config.json").write_text(json.dumps(config))
+    rc, out, _ = k3("verify", model)
+    assert rc == 2 and "BAD  (checkpoint)" in out and "missing tensor language_model.model.layers.1." \
+        "block_sparse_moe.experts.8.w1.weight_packed" in out
+
+
+def test_verify_deep_names_non_finite_weights_and_warns_of_255_scales(k3, tiny_model, tmp_path):
+    import shutil
+
+    import numpy as np
+
+    from k3core.model.checkpoint import layer_prefix, open_checkpoint
+
+    model = shutil.copytree(tiny_model, tmp_path / "m")
+    rc, out, _ = k3("verify", model, "--deep")
+    assert rc == 0 and "WARN language_model.model.layers.1.block_sparse_moe.experts.1.w2.weight_scale: 1 scale " \
+        "byte(s) of 255" in out and "every weight read (--deep)" in out
+    name = layer_prefix(2) + "self_attn.q_proj.weight"
+    ckpt = open_checkpoint(model)
+    info = ckpt.index[name]
+    ckpt.close()
+    with open(info.file, "r+b") as f:
+        f.seek(info.offset + 2 * 7)
+        f.write(np.array(0x7F80, "<u2").tobytes())  # BF16 +inf
+    rc, out, _ = k3("verify", model, "--deep")
+    assert rc == 2 and f"BAD  (weights) {name}: 1 NaN or infinite value(s)" in out
