@@ -50,7 +50,7 @@ def ask(engine, tok, question: str, mode: str = "instruct", max_tokens: int = 40
     chat = ChatSession(engine, tok, mode=mode)
     for _ in chat.ask(question, SamplingParams(max_tokens=max_tokens)):
         pass
-    return chat.last["answer"], chat.last["reason"] != "length"
+    return chat.last["answer"], chat.last["reason"] == "stop id"
 
 
 def evaluate(model_dir: Path, seed: int, limit: int | None, show_failures: int, threads: int = 1) -> dict:

@@ -92,3 +92,37 @@ def test_a_nan_in_the_weights_is_named_by_layer_and_tensor_not_sampled(tiny_mode
     with open_engine(EngineConfig(model)) as engine, pytest.raises(CheckpointError) as e:
         greedy_ids(engine, [1, 2, 3], 2)
     assert "layer 5's output is not finite" in str(e.value) and e.value.tensor == name and e.value.exit_code == 2
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 512])
+def test_a_prompt_forwarded_in_chunks_gives_the_same_bits(small_model, chunk):
+    prompt = list(range(5, 45))
+    with open_engine(EngineConfig(small_model)) as one, open_engine(EngineConfig(small_model, prefill_chunk=chunk)) as e:
+        assert e.prefill_chunk == chunk
+        want, got = greedy_ids(one, prompt, 4), greedy_ids(e, prompt, 4)
+    assert want[0] == got[0] and want[1].tobytes() == got[1].tobytes()
+
+
+def test_a_stop_in_the_prompt_lands_between_layers_and_the_next_turn_is_exact(small_model):
+    from k3core import Session, SamplingParams
+
+    with open_engine(EngineConfig(small_model, prefill_chunk=4)) as engine:
+        session, layers = Session(engine), []
+
+        class Count:
+            def on_layer(self, layer, n):
+                layers.append(layer)
+
+            def on_route(self, *a):
+                pass
+
+            def on_token(self, *a):
+                pass
+
+        stop_at = 15  # in the middle of the prompt's second chunk
+        events = list(session.generate(list(range(3, 40)), SamplingParams(max_tokens=5), observers=[Count()],
+                                       cancelled=lambda: len(layers) >= stop_at))
+        assert events[-1].reason == "cancelled" and events[-1].ids == [] and len(layers) == stop_at
+        assert session.state.ids == []  # the half-advanced state was dropped
+        again = list(session.generate(list(range(3, 40)), SamplingParams(max_tokens=5)))[-1]
+        assert again.ids == greedy_ids(engine, list(range(3, 40)), 5)[0]

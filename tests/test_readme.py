@@ -35,6 +35,6 @@ def test_a_misspelled_option_is_an_error_naming_it_and_the_valid_ones(small_mode
 
     with pytest.raises(UsageError, match=r"the expert store 'lru' has no option 'cach_gb'; its options are: direct_io"):
         memory_plan(EngineConfig(small_model, store_options={"cach_gb": 1}))
-    with pytest.raises(UsageError, match=r"bad engine config:\n  - threads must be an integer >= 1, got 0\n"
+    with pytest.raises(UsageError, match=r"bad engine config:\n  - threads must be an integer in 1..1024, got 0\n"
                                          r"  - ring must be an integer >= 2"):
         EngineConfig(small_model, threads=0, ring=1)

@@ -126,10 +126,23 @@ def test_cli_runs_streamed_with_a_plan_and_a_report(tiny_model, tmp_path, capsys
         assert key in data
 
 
-def test_a_plan_that_does_not_fit_is_refused_before_loading(tiny_model, tmp_path, capsys):
-    code = main(["run", str(tiny_model), "--ids", "1", "--max-context", str(10**11)])  # ~64 TB of MLA cache
+def test_a_plan_that_does_not_fit_is_refused_before_loading(tiny_model, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("k3core.model.budget.mem_available", lambda: 200 << 20)  # a machine with 200 MB free
+    code = main(["run", str(tiny_model), "--ids", "1", "--max-context", str(1 << 20)])
     err = capsys.readouterr().err
-    assert code == 2 and "does not fit" in err and "MLA state" in err
+    assert code == 2 and "does not fit" in err and "MLA state" in err and "1048576 positions" in err
+
+
+def test_the_context_limit_is_a_named_limit(tiny_model, capsys):
+    for context in ("1", "-1", str(10**11)):
+        assert main(["run", str(tiny_model), "--ids", "1", "--max-context", context]) == 2
+        assert f"--max-context must be an integer in 16..1048576, got {context}" in capsys.readouterr().err
+    long = ",".join(["7"] * 40)
+    assert main(["run", str(tiny_model), "--ids", long, "--max-context", "32"]) == 2
+    assert "the prompt is 40 tokens, over the context limit of 32 (--max-context" in capsys.readouterr().err
+    assert main(["run", str(tiny_model), "--ids", "1,2,3", "--max-context", "16", "--gen", "100000000000",
+                 "--quiet"]) == 0
+    assert len(capsys.readouterr().out.split()) == 13  # 3 + 13 = the 16 positions: clamped to the context
 
 
 def test_a_budget_that_holds_everything_pins_everything(packed):

@@ -20,6 +20,7 @@ from k3core import ChatSession, K3Error, Observer
 from .messages import display, partial, turn_note
 
 POLL = 0.1  # seconds between looks at the worker's queue: how soon a closed reply notices
+MAX_MESSAGE_CHARS = 32_000  # one message (or system prompt); the engine's --max-context bounds the whole turn
 log = logging.getLogger("k3.ui")
 
 
@@ -169,6 +170,11 @@ class Chats:
     def reply(self, key: str, text: str, params, mode: str = "instruct", system: str | None = None
               ) -> Iterator[Update]:
         """Stream one turn. Closing this generator early stops the engine at the next token."""
+        if len(text) > MAX_MESSAGE_CHARS or len(system or "") > MAX_MESSAGE_CHARS:
+            what = "the message" if len(text) > MAX_MESSAGE_CHARS else "the system prompt"
+            yield Update(self.messages(key), "error", f"{what} is {max(len(text), len(system or '')):,} characters, over "
+                         f"the limit of {MAX_MESSAGE_CHARS:,}; nothing was sent and the conversation is as it was")
+            return
         slot = self.slot(key)
         stop, events = threading.Event(), queue.Queue()
         slot.stops.add(stop)

@@ -41,8 +41,8 @@ def partial(thinking: str, answer: str, thinking_open: bool) -> list[dict]:
 def turn_note(note: str, last: dict, sampled: bool = True) -> str:
     """A finished turn in one line: tokens reused from the decode state, forwarded, generated, why it ended
     (and the seed, which reproduces a sampled reply)."""
-    reason = {"stop id": "", "cancelled": "stopped", "max tokens": "reached max tokens",
-              "stop string": "stop string"}.get(last.get("reason"), last.get("reason", ""))
+    reason = {"stop id": "", "cancelled": "stopped", "max tokens": "reached max tokens", "stop string": "stop string",
+              "context full": "the conversation filled the context (k3 ui --max-context)"}.get(last.get("reason"), last.get("reason", ""))
     parts = [note] if note else []
     reused, prompt = last["reused_tokens"], last["prompt_tokens"]
     kept = (f"{reused} of the {prompt} prompt tokens were already in this conversation's decode state and were not "

@@ -33,7 +33,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ring", type=int, default=2, metavar="N",
                    help="slots of the streaming ring (default 2; the next layer is read while one computes)")
     g.add_argument("--max-context", type=int, default=4096, metavar="N",
-                   help="positions the memory plan reserves MLA cache for (default 4096)")
+                   help="positions a conversation may hold, prompt and reply together (default 4096): a longer "
+                        "prompt is refused, a reply stops there; the memory plan reserves decode state for them")
+    g.add_argument("--prefill-chunk", type=int, default=512, metavar="N",
+                   help="prompt ids forwarded per pass (default 512): bounds the working memory of a long prompt; "
+                        "never changes a bit")
     g.add_argument("--expert-store", metavar="NAME", help="expert store plugin: lru (default) or direct, or a "
                    "third party's (see `k3 plugins`)")
     g.add_argument("--trunk-placer", metavar="NAME", help="trunk placer plugin (default: pinned with --trunk, else "
@@ -106,7 +110,7 @@ def engine_config(args):
     fields = dict(kernels=args.kernels, threads=args.threads, attention=_attention(args.attention),
                   trunk_placer=args.trunk_placer, expert_store=args.expert_store, trunk=args.trunk,
                   preset=args.preset, trunk_gb=args.trunk_gb, cache_gb=args.cache_gb, ring=args.ring,
-                  pin_layers=args.pin_layers, max_context=args.max_context,
+                  pin_layers=args.pin_layers, max_context=args.max_context, prefill_chunk=args.prefill_chunk,
                   store_options=_options(args.store_option, "--store-option"),
                   placer_options=_options(args.placer_option, "--placer-option"),
                   tokenizer=getattr(args, "tok", None))
@@ -119,7 +123,7 @@ def engine_config(args):
         raise UsageError(text) from None
 
 
-FLAGS = {"tokenizer": "tok", "pin_layers": "pin-layers", "max_context": "max-context"}
+FLAGS = {"tokenizer": "tok"}  # fields whose flag is not the field's name with dashes
 
 
 def open_engine(config):

@@ -89,8 +89,17 @@ class Plan:
                             "--max-context\n" + self.text())
 
 
-def state_rows(config, attention_for, max_context: int) -> list[PlanRow]:
-    """Each attention kind's decode state at `max_context` positions, as its backend counts it."""
+def prefill_bytes(c, chunk: int) -> int:
+    """The largest per-layer activations of one prefill pass of `chunk` ids, float32: a KDA layer's q, k, v, g
+    projections, a MoE layer's router logits, latent input and per-rank expert outputs, and a few H-wide rows."""
+    kda = 4 * c.kda_proj_dim
+    moe = c.num_experts + c.routed_expert_hidden_size * (1 + c.num_experts_per_token)
+    return 4 * chunk * (max(kda, moe) + 6 * c.hidden_size)
+
+
+def state_rows(config, attention_for, max_context: int, prefill_chunk: int = 512) -> list[PlanRow]:
+    """Each attention kind's decode state at `max_context` positions, as its backend counts it, and the
+    working set of one prefill chunk."""
     rows = []
     for kind in config.attention_kinds:
         layers = [L for L in range(config.num_hidden_layers) if config.attention_kind(L) == kind]
@@ -98,4 +107,6 @@ def state_rows(config, attention_for, max_context: int) -> list[PlanRow]:
         total = sum(backend.state_bytes(config, L, max_context) for L in layers)
         rows.append(PlanRow(f"{kind.upper()} state", total, f"{len(layers)} layers ({backend.name}), "
                             f"{max_context} positions of context"))
-    return rows + [PlanRow("working buffers", WORKING_BYTES, "Python, numpy, kernel temporaries")]
+    return rows + [PlanRow("prefill chunk", prefill_bytes(config, prefill_chunk),
+                           f"activations of {prefill_chunk} prompt ids per pass (--prefill-chunk)"),
+                   PlanRow("working buffers", WORKING_BYTES, "Python, numpy, kernel temporaries")]

@@ -76,6 +76,7 @@ class Engine:
         except BaseException:
             r.checkpoint.close()
             raise
+        self.max_context, self.prefill_chunk = config.max_context, config.prefill_chunk
         self.tokens_forwarded = 0
 
     def attention_for(self, layer: int):

@@ -24,6 +24,9 @@ from .checkpoint import Checkpoint, check_binding, open_checkpoint
 PRESET_NAMES = (*PRESETS, "auto")
 DEFAULT_CACHE_GB = 1.0
 MIN_RING = 2
+MAX_THREADS = 1024
+MIN_CONTEXT, MAX_CONTEXT = 16, 1 << 20        # positions: below 16 nothing useful fits; above, a typo
+DEFAULT_PREFILL_CHUNK, MAX_PREFILL_CHUNK = 512, 1 << 16
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,8 @@ class EngineConfig:
     cache_gb: float | None = None                 # RAM for the expert cache (default 1, or the preset's)
     ring: int = MIN_RING                          # slots of the streaming ring
     pin_layers: int | None = None                 # pin exactly this many layers (needs `trunk`)
-    max_context: int = DEFAULT_CONTEXT            # positions the memory plan reserves decode state for
+    max_context: int = DEFAULT_CONTEXT            # positions (prompt + reply) a session may hold; the plan reserves them
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK    # prompt ids forwarded per pass: bounds the working memory
     placer_options: Mapping | PluginOptions | None = None  # the trunk placer's own options
     store_options: Mapping | PluginOptions | None = None   # the expert store's own options
     tokenizer: str | os.PathLike | None = None    # tokenizer directory; None: the model directory
@@ -58,7 +62,8 @@ class EngineConfig:
         for name in ("kernels", "trunk_placer", "expert_store"):
             value = getattr(self, name)
             check(value is None or (isinstance(value, str) and value), name, "a plugin name or None")
-        check(self.threads is None or (_is_int(self.threads) and self.threads >= 1), "threads", "an integer >= 1")
+        check(self.threads is None or (_is_int(self.threads) and 1 <= self.threads <= MAX_THREADS), "threads",
+              f"an integer in 1..{MAX_THREADS}")
         check(isinstance(self.attention, Mapping) and all(isinstance(k, str) and isinstance(v, str)
                                                           for k, v in self.attention.items()),
               "attention", "a mapping of attention kind to backend name")
@@ -70,7 +75,10 @@ class EngineConfig:
               f"an integer >= {MIN_RING} (a one-slot asynchronous ring overwrites the layer being computed)")
         check(self.pin_layers is None or (_is_int(self.pin_layers) and self.pin_layers >= 0), "pin_layers",
               "an integer >= 0, or None")
-        check(_is_int(self.max_context) and self.max_context >= 1, "max_context", "an integer >= 1")
+        check(_is_int(self.max_context) and MIN_CONTEXT <= self.max_context <= MAX_CONTEXT, "max_context",
+              f"an integer in {MIN_CONTEXT}..{MAX_CONTEXT}")
+        check(_is_int(self.prefill_chunk) and 1 <= self.prefill_chunk <= MAX_PREFILL_CHUNK, "prefill_chunk",
+              f"an integer in 1..{MAX_PREFILL_CHUNK}")
         for name in ("placer_options", "store_options"):
             value = getattr(self, name)
             check(value is None or isinstance(value, (Mapping, PluginOptions)), name,
@@ -141,7 +149,7 @@ class Resolved:
     def plan(self, available: int | None = None) -> Plan:
         c = self.checkpoint.config
         return Plan(self.placer.plan(self.placer_ctx), self.store.plan(self.store_ctx),
-                    state_rows(c, self.attention_for, self.config.max_context),
+                    state_rows(c, self.attention_for, self.config.max_context, self.config.prefill_chunk),
                     budgets.mem_available() if available is None else available)
 
 

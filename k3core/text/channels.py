@@ -20,7 +20,7 @@ class Event:
     text: str = ""
     channel: str | None = None      # "think", "response", "tools" in chat mode; None for raw text
     ids: list[int] = field(default_factory=list)  # done: every id generated
-    reason: str = ""                # done: "stop id", "stop string", "max tokens", "cancelled"
+    reason: str = ""                # done: "stop id", "stop string", "max tokens", "context full", "cancelled"
     stats: dict = field(default_factory=dict)
 
 

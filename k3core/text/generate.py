@@ -4,8 +4,10 @@ telling the observers it is given. It knows no text: detokenising, stop strings 
 the text layer's (session.py), stop ids and limits the caller's (stop iterating).
 
 The decode state reuse rule (SPEC §4.5) lives here: `state` must hold a prefix of `prompt`; only the
-rest is forwarded. An id is forwarded only when the next one is asked for, so after the caller stops,
-`state` holds every id but the last one yielded.
+rest is forwarded, in chunks of at most `engine.prefill_chunk` ids (the bits do not depend on the
+chunking; the working memory does). An id is forwarded only when the next one is asked for, so after
+the caller stops, `state` holds every id but the last one yielded. Prompt and generated ids together
+never exceed `engine.max_context`: a longer prompt is refused, and generation ends there.
 """
 from __future__ import annotations
 
@@ -28,6 +30,9 @@ def generate_ids(engine, prompt: Sequence[int], state, sampler: Sampler | None =
     history = [int(t) for t in prompt]
     if not history:
         raise InputError("the prompt is empty: give at least one token id")
+    if len(history) > engine.max_context:
+        raise InputError(f"the prompt is {len(history)} tokens, over the context limit of {engine.max_context} "
+                         "(--max-context; the memory plan reserves decode state for that many positions)")
     done = state.ids
     if len(done) >= len(history) or history[:len(done)] != done:
         raise InputError(f"the decode state holds {len(done)} ids that are not a strict prefix of the "
@@ -38,13 +43,23 @@ def generate_ids(engine, prompt: Sequence[int], state, sampler: Sampler | None =
         if full_recompute:
             logits = engine.forward(history, engine.new_state(), observers=observers)
         else:
-            logits = engine.forward(pending, state, observers=observers)
+            logits = prefill(engine, pending, state, observers)
         token = sampler.pick(logits, history)
         for o in observers:
             o.on_token(token, logits)
         yield token, logits
         history.append(token)
+        if len(history) >= engine.max_context:  # the context is full: this id can never be forwarded
+            return
         pending = [token]
+
+
+def prefill(engine, ids, state, observers=()) -> np.ndarray:
+    """Forward `ids` in chunks of `engine.prefill_chunk`; the logits of the last position."""
+    step = engine.prefill_chunk
+    for at in range(0, len(ids) - step, step):
+        engine.forward(ids[at:at + step], state, observers=observers)
+    return engine.forward(ids[(len(ids) - 1) // step * step:], state, observers=observers)
 
 
 def greedy_ids(engine, prompt: Sequence[int], n: int, full_recompute: bool = False) -> tuple[list[int], np.ndarray]:

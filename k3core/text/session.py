@@ -2,8 +2,10 @@
 decode state is kept between calls and reused whenever a new prompt strictly extends what was already
 consumed (SPEC §4.5), so a follow-up chat turn forwards only its new tokens.
 
-Ids come from generate_ids (generate.py); TextStream (channels.py) turns them into text. Stop ids,
-max tokens and cancellation are checked between tokens, so a stop never leaves a half-updated state.
+Ids come from generate_ids (generate.py); TextStream (channels.py) turns them into text. Stop ids, max
+tokens and cancellation are checked between tokens; while the prompt is forwarded, cancellation also
+between layers, and a prompt stopped half-way drops the decode state (the next call forwards its whole
+prompt again), never keeps a half-updated one.
 Used by `k3 run --prompt`, `k3 chat` and the browser UI.
 """
 from __future__ import annotations
@@ -11,9 +13,31 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterator, Sequence
 
+from ..errors import K3Error
+from ..model.engine import Observer
 from .channels import Event, TextStream
 from .generate import generate_ids
 from .sampling import Sampler, SamplingParams
+
+
+class Cancelled(K3Error):
+    """A generation stopped from outside in the middle of a forward pass."""
+
+
+class CancelBetweenLayers(Observer):
+    """While the prompt is forwarded, ends the pass at the next layer once `cancelled()` says so: a stop
+    takes one layer's time, not a whole prompt's; the half-advanced decode state is then dropped. Once
+    ids are generated, a stop waits for the token under way, so the state stays whole and reusable."""
+
+    def __init__(self, cancelled):
+        self.cancelled, self.prefilling = cancelled, True
+
+    def on_layer(self, layer, layers):
+        if self.prefilling and self.cancelled():
+            raise Cancelled("stopped")
+
+    def on_token(self, token, logits):
+        self.prefilling = False
 
 
 class Session:
@@ -43,7 +67,7 @@ class Session:
         reused = len(prompt) - len(self.to_forward(prompt))
         sampler = Sampler(params)
         steps = generate_ids(engine, prompt, engine.new_state() if full_recompute else self.state, sampler,
-                             observers=observers, full_recompute=full_recompute)
+                             observers=[CancelBetweenLayers(cancelled), *observers], full_recompute=full_recompute)
         text = TextStream(self.tokenizer, params.stop_strings, channel) if self.tokenizer is not None else None
         stop_set = set(stop_ids) | set(params.stop_ids)
         generated, reason, stamps = [], "max tokens", []
@@ -53,7 +77,16 @@ class Session:
                 if cancelled():
                     reason = "cancelled"
                     break
-                token, _ = next(steps)
+                try:
+                    step = next(steps, None)
+                except Cancelled:
+                    self.reset()  # the state went part of the way through a pass: it is rebuilt from the ids
+                    reason = "cancelled"
+                    break
+                if step is None:  # prompt and reply fill --max-context
+                    reason = "context full"
+                    break
+                token = step[0]
                 stamps.append(time.perf_counter())
                 generated.append(token)
                 if token in stop_set:

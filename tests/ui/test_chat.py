@@ -173,3 +173,31 @@ def test_each_turn_is_logged_by_its_numbers_never_by_its_text_or_session_id(host
     assert len(lines) == 1 and re.fullmatch(r"session [0-9a-f]{8}: \d+ prompt tokens \(0 reused\), \d+ generated "
                                             r"\([a-z ]+\), (\d+\.\d{3}|-) s/token", lines[0]), lines
     assert "private" not in lines[0] and "a-secret" not in lines[0]
+
+
+def test_an_oversized_message_is_refused_and_the_conversation_kept(host):
+    from ui.chat import MAX_MESSAGE_CHARS
+
+    chats = Chats(host, Monitor(host))
+    first = finish(chats.reply("big", "hello there", GREEDY))[-1]
+    forwarded = host.engine.tokens_forwarded
+    refused = finish(chats.reply("big", "x" * (MAX_MESSAGE_CHARS + 1), GREEDY))[-1]
+    assert refused.status == "error" and "over the limit of 32,000" in refused.note
+    assert refused.messages == first.messages and host.engine.tokens_forwarded == forwarded
+
+
+def test_a_prompt_over_the_context_is_refused_naming_the_limit_and_the_conversation_kept(small_model):
+    from k3core import EngineConfig
+    from ui.host import EngineHost
+
+    host = EngineHost(EngineConfig(small_model, max_context=64))
+    try:
+        chats = Chats(host, Monitor(host))
+        first = finish(chats.reply("c", "hi", SamplingParams(max_tokens=3)))[-1]
+        refused = finish(chats.reply("c", "tell me more " * 20, GREEDY))[-1]
+        assert refused.status == "error" and "over the context limit of 64" in refused.note
+        assert [m["content"] for m in refused.messages if m["role"] == "user"] == ["hi"]
+        again = finish(chats.reply("c", "ok", SamplingParams(max_tokens=3)))[-1]
+        assert again.status == "done" and again.stats["reused_tokens"] > 0  # the refusal forwarded nothing
+    finally:
+        host.close()
