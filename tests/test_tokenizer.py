@@ -316,3 +316,9 @@ def test_tokenizer_of_the_tiny_fixture_is_untouched(tiny_model, tmp_path):
     tok = load_tokenizer(tmp_path)
     assert tok.pat_source == "SPEC §7" and tok.vocab_size == 256
     assert tok.encode("DON'T") == list(b"DON'T")
+
+
+def test_a_pat_str_that_makes_tiktoken_panic_is_a_named_error_at_load(small_dir):
+    (small_dir / "tokenization_kimi.py").write_text(KIMI_LIKE % '            r"""(a*)*\\1""",')
+    with pytest.raises(TokenizerError, match=r"tokenization_kimi.py: the pat_str fails on this text \(PanicException"):
+        load_tokenizer(small_dir)

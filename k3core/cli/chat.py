@@ -90,7 +90,8 @@ def _command(line: str, chat, engine) -> bool:
         save_state(arg, engine, chat.session.state, extra={"conversation": chat.snapshot()})
         print(f"(saved {len(chat.history)} tokens of conversation to {arg})")
     elif name == "/load" and arg:
-        state, extra = load_state(arg, engine)
+        state, extra = load_state(arg, engine)  # the whole file is checked before the conversation is touched
+        chat.check_snapshot(extra.get("conversation"), f"{arg}: its conversation")
         chat.restore(extra["conversation"], state)
         print(f"(loaded {arg}: {len(chat.conv.messages)} messages, {len(state.ids)} tokens of decode state)")
     else:

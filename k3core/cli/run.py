@@ -19,11 +19,11 @@ from .common import EXIT_CODES, add_engine_args, add_sampling_args, engine_confi
 
 def parse_ids(text: str, source: str) -> list[int]:
     parts = [p for p in text.replace(",", " ").split() if p]
-    try:
-        return [int(p) for p in parts]
-    except ValueError:
-        bad = next(p for p in parts if not p.lstrip("-").isdigit())
-        raise UsageError(f"{source}: {bad!r} is not a token id (ids are integers, comma- or space-separated)") from None
+    bad = next((p for p in parts if not (p.isascii() and p.isdigit() and len(p) <= 18)), None)
+    if bad is not None:  # int() would take "١٢" or "+3" or 400 digits: ids are plain decimal numbers
+        raise UsageError(f"{source}: {bad[:40]!r} is not a token id (ids are decimal integers 0-9, comma- or "
+                         "space-separated)")
+    return [int(p) for p in parts]
 
 
 def _read(path: str, flag: str) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, UnsoundRunError
 from .header_scan import (Table, fingerprints, fp_of, pair, parse_compact, string_blob,
                                 word_view, weight_map_compact, WeightMap)
 
@@ -52,6 +52,9 @@ class _Twice(Exception):
         if len(d := dict(pairs)) != len(pairs):
             raise _Twice(next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i])))
         return d
+
+
+MAX_HEADER = 100_000_000  # bytes; the released K3's largest shard header is under 1 MB
 
 
 def _ints(v):
@@ -116,7 +119,10 @@ def _check_spans(t, path, data_len):
 
 def _load_shard(path):
     """(ShardFile, its Table, fingerprints of its names), from the first 8 + N bytes of `path`."""
-    fd = os.open(path, os.O_RDONLY)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise CheckpointError(f"cannot open: {exc.strerror}", file=path) from None
     try:
         size = os.fstat(fd).st_size
         if size < 8:
@@ -124,9 +130,14 @@ def _load_shard(path):
         n = int.from_bytes(os.pread(fd, 8, 0), "little")
         if n == 0 or 8 + n > size:
             raise CheckpointError(f"header length {n} is zero or runs past end of file ({size} bytes)", file=path)
+        if n > MAX_HEADER:
+            raise CheckpointError(f"header length {n:,} is over the limit of {MAX_HEADER:,} bytes (the safetensors "
+                                  "library's too)", file=path)
         buf = bytearray(n + 64)                  # spare bytes for whole-word reads near the end
         if os.preadv(fd, [memoryview(buf)[:n]], 8) != n:
             raise CheckpointError("file shrank while its header was read", file=path)
+    except OSError as exc:  # EIO from a failing disk, and the like
+        raise CheckpointError(f"cannot read the header: {exc.strerror} (errno {exc.errno})", file=path) from None
     finally:
         os.close(fd)
     shard = ShardFile(path, size, n, hashlib.sha256(memoryview(buf)[:n]).hexdigest())
@@ -256,9 +267,20 @@ class ShardIndex:
                           int(self._offset[row]), int(self._nbytes[row]))
 
     def _map(self, path):
+        """The shard mapped, once; a shard gone or resized since it was indexed is UnsoundRunError (exit 4):
+        whatever was computed from this index may have read other bytes."""
         if (mm := self._maps.get(path)) is None:
-            with open(path, "rb") as f:
-                mm = self._maps[path] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            indexed = next(f.size for f in self.files if f.path == path)
+            try:
+                with open(path, "rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    if size != indexed:
+                        raise UnsoundRunError(f"{path} is {size} bytes, but {indexed} when it was indexed: it was "
+                                              "replaced or cut after k3 opened it; the run stops")
+                    mm = self._maps[path] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            except OSError as exc:
+                raise UnsoundRunError(f"{path}: {exc.strerror} since it was indexed (deleted or moved while k3 ran); "
+                                      "the run stops") from None
         return mm
 
     def read(self, name):

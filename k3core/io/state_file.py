@@ -47,30 +47,85 @@ def save_state(path, engine, state, extra: dict | None = None) -> None:
     os.replace(tmp, target)
 
 
-def load_state(path, engine):
-    """(DecodeState, extra) from a file written by save_state for this very model."""
-    from ..model.engine import DecodeState
+MAX_STATE_BYTES = 64 << 30  # a state file larger than this is refused before it is read
+
+
+def _read_arrays(path) -> dict:
+    """Every array of the npz, read with pickles refused; anything unreadable is StateFileError."""
+    import zipfile
 
     try:
+        with zipfile.ZipFile(path) as z:
+            size = sum(i.file_size for i in z.infolist())
+            if size > MAX_STATE_BYTES:
+                raise StateFileError(f"{path}: {size:,} bytes unpacked, over the limit of {MAX_STATE_BYTES:,}")
+            if bad := z.testzip():
+                raise StateFileError(f"{path}: the member {bad!r} is damaged (its CRC does not match)")
         with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-        meta = json.loads(arrays.pop("meta").tobytes())
-    except (OSError, ValueError, KeyError) as exc:
-        raise StateFileError(f"{path}: not a k3 state file ({exc})") from None
+            return {k: data[k] for k in data.files}
+    except StateFileError:
+        raise
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, RuntimeError) as exc:
+        raise StateFileError(f"{path}: not a k3 state file ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def _meta(path, arrays) -> dict:
+    raw = arrays.pop("meta", None)
+    if raw is None:
+        raise StateFileError(f"{path}: not a k3 state file (no 'meta' member)")
+    try:
+        meta = json.loads(raw.tobytes()) if raw.dtype == np.uint8 and raw.ndim == 1 else None
+    except (ValueError, RecursionError):
+        meta = None
+    if not isinstance(meta, dict):
+        raise StateFileError(f"{path}: its 'meta' member is not a JSON object")
     if meta.get("format") != FORMAT or meta.get("version") != VERSION:
         raise StateFileError(f"{path}: format {meta.get('format')!r} version {meta.get('version')!r}, "
                              f"this k3 reads {FORMAT!r} version {VERSION}")
+    for key, kind in (("model", dict), ("extra", dict)):
+        if not isinstance(meta.get(key), kind):
+            raise StateFileError(f"{path}: meta key {key!r} is missing or not a {kind.__name__}")
+    return meta
+
+
+def load_state(path, engine):
+    """(DecodeState, extra) from a file written by save_state for this very model. The whole file is checked
+    — zip integrity, every member's name, dtype, shape and finiteness, ids in the vocabulary and within the
+    context — before anything is returned, so a bad file never replaces a good conversation."""
+    from ..model.engine import DecodeState
+
+    arrays = _read_arrays(path)
+    meta = _meta(path, arrays)
     ours = model_fingerprint(engine)
     differ = [k.split("_")[0] for k in ours if meta["model"].get(k) != ours[k]]
     if differ:
         raise StateFileError(f"{path} was saved with another model ({' and '.join(differ)} differ from "
                              f"{engine.checkpoint.root}); it cannot continue here")
+    ids = arrays.pop("ids", None)
+    if ids is None or ids.dtype != np.int64 or ids.ndim != 1:
+        raise StateFileError(f"{path}: member 'ids' is missing or not a 1-D int64 array")
+    if len(ids) and (ids.min() < 0 or ids.max() >= engine.config.vocab_size):
+        raise StateFileError(f"{path}: member 'ids' holds ids outside 0..{engine.config.vocab_size - 1}")
+    if len(ids) > engine.max_context:
+        raise StateFileError(f"{path}: {len(ids)} ids, over this engine's context limit of {engine.max_context}")
     layers = []
     for L in range(engine.config.num_hidden_layers):
         prefix = f"layer{L}."
-        mine = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+        mine = {k[len(prefix):]: arrays.pop(k) for k in [k for k in arrays if k.startswith(prefix)]}
+        for name, a in mine.items():
+            if a.dtype.kind == "f" and not np.isfinite(a).all():
+                raise StateFileError(f"{path}: member {prefix + name!r} holds NaN or infinite values")
         try:
             layers.append(engine.attention_for(L).state_from_arrays(engine.config, L, mine))
-        except (KeyError, ValueError) as exc:
+        except KeyError as exc:
+            raise StateFileError(f"{path}: member {prefix + str(exc.args[0])!r} is missing") from None
+        except ValueError as exc:
             raise StateFileError(f"{path}: {exc}") from None
-    return DecodeState(layers, [int(t) for t in arrays["ids"]]), meta.get("extra", {})
+    if arrays:
+        raise StateFileError(f"{path}: unexpected member(s) {', '.join(map(repr, sorted(arrays)[:5]))}")
+    state = DecodeState(layers, [int(t) for t in ids])
+    for L, layer in enumerate(state.layers):  # every position the ids claim must be in each cache
+        held = engine.attention_for(L).state_arrays(layer)
+        if "keys" in held and len(held["keys"]) != len(ids):
+            raise StateFileError(f"{path}: layer {L} caches {len(held['keys'])} positions, but {len(ids)} ids")
+    return state, meta["extra"]

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from .chat import CLOSE, EOM, MODES, SEP, Conversation, render
+from ..io.state_file import StateFileError
+from .chat import CLOSE, EOM, FIELDS, MODES, SEP, Conversation, render
 from ..errors import UsageError
 from .sampling import SamplingParams
 from .channels import Event
@@ -74,7 +75,36 @@ class ChatSession:
     def snapshot(self) -> dict:
         return {"mode": self.mode, "system": self.system, "messages": self.conv.messages, "history": self.history}
 
+    def check_snapshot(self, snap, where: str = "the conversation") -> None:
+        """Refuse (StateFileError, naming the key) a snapshot restore() could not continue from."""
+        vocab = self.engine.config.vocab_size
+
+        def bad(what):
+            raise StateFileError(f"{where}: {what}")
+
+        if not isinstance(snap, dict):
+            bad("not an object")
+        if snap.get("mode") not in MODES:
+            bad(f"'mode' must be one of {', '.join(MODES)}, got {snap.get('mode')!r}")
+        if snap.get("system") is not None and not isinstance(snap.get("system"), str):
+            bad("'system' must be text or null")
+        messages = snap.get("messages")
+        if not isinstance(messages, list):
+            bad("'messages' is missing or not a list")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or m.get("role") not in FIELDS:
+                bad(f"'messages'[{i}] has no role of {', '.join(FIELDS)}")
+            wrong = [k for k, v in m.items() if k != "role" and (k not in FIELDS[m["role"]] or not
+                                                                  (v is None or isinstance(v, str)))]
+            if wrong or not isinstance(m.get("content", ""), str):
+                bad(f"'messages'[{i}] ({m['role']}) has a bad field {wrong[0] if wrong else 'content'!r}")
+        history = snap.get("history")
+        if not isinstance(history, list) or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < vocab
+                                                    for x in history):
+            bad(f"'history' must be a list of token ids in 0..{vocab - 1}")
+
     def restore(self, snap: dict, state) -> None:
+        self.check_snapshot(snap)
         self.system = snap.get("system")
         self.conv = Conversation(self.tokenizer, snap["mode"], None)
         self.conv.messages = list(snap["messages"])

@@ -32,6 +32,8 @@ PAT_STR = "|".join([
     r"\s+",
 ])
 RANKS_FILE, CONFIG_FILE, KIMI_FILE = "tiktoken.model", "tokenizer_config.json", "tokenization_kimi.py"
+# text every tokenizer must encode at load: letters of several scripts, digits, punctuation, whitespace runs
+PROBE = "Hello, World! It's 2026: 3.14 + 42 = 45.14?\n\tnaïve café 北京 東京 ありがとう 👋🏽  \r\n end"
 
 
 def read_ranks(path: Path) -> dict[bytes, int]:
@@ -158,9 +160,15 @@ class Tokenizer:
         """Token ids of raw text, with no BOS added. By default text that looks like an added
         token (e.g. a literal "<|open|>" in a user's prompt) is encoded as ordinary text, so
         prompts cannot inject chat markup; allow_special=True turns such text into the token's id."""
-        if allow_special:
-            return self.encoding.encode(text, allowed_special="all")
-        return self.encoding.encode_ordinary(text)
+        try:
+            if allow_special:
+                return self.encoding.encode(text, allowed_special="all")
+            return self.encoding.encode_ordinary(text)
+        except (KeyboardInterrupt, SystemExit, GeneratorExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - tiktoken's Rust panics are BaseExceptions
+            raise TokenizerError(f"{self.pat_source}: the pat_str fails on this text ({type(e).__name__}: "
+                                 f"{str(e)[:120]})") from None
 
     def _check(self, token_id) -> int:
         try:
@@ -221,4 +229,6 @@ def load_tokenizer(directory) -> Tokenizer:
                                      special_tokens=added)
     except ValueError as e:  # the pattern does not compile in tiktoken's regex engine
         raise TokenizerError(f"{source}: tiktoken rejects the pat_str: {e}") from None
-    return Tokenizer(directory, encoding, len(ranks), config, added, special_ids, source)
+    tokenizer = Tokenizer(directory, encoding, len(ranks), config, added, special_ids, source)
+    tokenizer.encode(PROBE)  # a pattern that compiles but panics on text is refused here, not mid-conversation
+    return tokenizer
