@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -534,6 +535,7 @@ def main():
     data = corpus.build(args.seed)
     tokdir = Path(tempfile.mkdtemp(prefix="k3-demo-tok-"))
     files, tok = build_tokenizer(data["train"], tokdir, args.merges)
+    shutil.rmtree(tokdir)  # the tokenizer is loaded; its files are written again with the checkpoint
     c = demo_config(tok.vocab_size)
     encoded = [encode_conv(cv, tok) for cv in data["train"]]
     n_tokens = sum(len(i) for i, _ in encoded)

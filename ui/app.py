@@ -13,6 +13,7 @@ import gradio as gr
 from k3core import K3Error, SamplingParams, human, model_note
 
 from .chat import Chats
+from .server import session_key
 from .engine_panel import Monitor
 from .host import EngineHost
 from .messages import turn_note
@@ -129,32 +130,32 @@ def chat_tab(demo: gr.Blocks, chats: Chats, monitor: Monitor) -> None:
     # the parameter names are what a gradio_client user sees (`client.view_api()`)
     def send_fn(message, mode, system_prompt, temperature, top_p, top_k, max_tokens, seed, request: gr.Request):
         if not (message or "").strip():
-            yield chats.messages(request.session_hash), "", "", monitor.render()
+            yield chats.messages(session_key(request)), "", "", monitor.render()
             return
-        yield from run(request.session_hash, message, mode, system_prompt, temperature, top_p, top_k, max_tokens,
+        yield from run(session_key(request), message, mode, system_prompt, temperature, top_p, top_k, max_tokens,
                        seed)
 
     def retry_fn(mode, system_prompt, temperature, top_p, top_k, max_tokens, seed, request: gr.Request):
-        text = chats.undo(request.session_hash)
+        text = chats.undo(session_key(request))
         if not text:
-            yield chats.messages(request.session_hash), "", "nothing to retry", monitor.render()
+            yield chats.messages(session_key(request)), "", "nothing to retry", monitor.render()
             return
-        yield from run(request.session_hash, text, mode, system_prompt, temperature, top_p, top_k, max_tokens, seed)
+        yield from run(session_key(request), text, mode, system_prompt, temperature, top_p, top_k, max_tokens, seed)
 
     def stop_fn(request: gr.Request):
-        chats.stop(request.session_hash)
-        info = chats.info(request.session_hash)
+        chats.stop(session_key(request))
+        info = chats.info(session_key(request))
         said = turn_note("", info["last"], info["sampled"]) if info["last"] else "stopped"
-        return chats.messages(request.session_hash), said, monitor.render()
+        return chats.messages(session_key(request)), said, monitor.render()
 
     def undo_fn(request: gr.Request):
-        text = chats.undo(request.session_hash)
-        info = chats.info(request.session_hash)
-        return (chats.messages(request.session_hash), text,
+        text = chats.undo(session_key(request))
+        info = chats.info(session_key(request))
+        return (chats.messages(session_key(request)), text,
                 f"undone; the next turn recomputes {info['history_tokens']} tokens of history" if text else "")
 
     def clear_fn(request: gr.Request):
-        chats.clear(request.session_hash)
+        chats.clear(session_key(request))
         return [], "", "new conversation"
 
     go = dict(outputs=[chatbot, box, note, panel], show_progress="minimal", show_progress_on=[chatbot], **ENGINE)
@@ -170,11 +171,11 @@ def chat_tab(demo: gr.Blocks, chats: Chats, monitor: Monitor) -> None:
     timer.tick(monitor.render, None, panel, queue=False, api_visibility="private")
 
     def forget(request: gr.Request):  # the tab closed: its conversation and decode state go
-        chats.forget(request.session_hash)
+        chats.forget(session_key(request))
 
     def session_info(request: gr.Request) -> dict:
         """This session's conversation size, whether its decode state is live, and its last turn's stats."""
-        return chats.info(request.session_hash)
+        return chats.info(session_key(request))
 
     demo.unload(forget)
     gr.api(session_info, api_name="session", **FREE)

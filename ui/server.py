@@ -1,14 +1,20 @@
 """Where `k3 ui` listens and who may use it. Loopback (127.0.0.1) by default; any other address only
 with --host AND --i-know-this-exposes-the-model, and then with a printed warning; --auth (or
 K3_UI_AUTH) adds a login whose password is never printed; never a public share link.
-Checked by tests/ui/test_server.py.
+
+The page is served by our own FastAPI app (Gradio mounted at /) under uvicorn, so that every browser
+gets a server-issued, unguessable session cookie: a conversation belongs to the cookie that started it
+(and the tab), never to an id a client chooses. Checked by tests/ui/test_server.py.
 """
 from __future__ import annotations
 
 import ipaddress
 import logging
 import os
+import secrets
 import sys
+import threading
+import time
 from dataclasses import dataclass
 
 from k3core import EngineConfig, UsageError
@@ -62,20 +68,81 @@ def parse_auth(text: str | None) -> tuple[str, str] | None:
     return user, password
 
 
+SESSION_COOKIE = "k3_session"
+
+
+def session_cookie_middleware(app) -> None:
+    """Give every client without one a random session cookie (HttpOnly, SameSite=Strict); the request that
+    sets it already carries it, so its first event has a session too."""
+
+    @app.middleware("http")
+    async def issue(request, call_next):
+        if request.cookies.get(SESSION_COOKIE) is None:
+            token = secrets.token_urlsafe(24)
+            cookie = f"{SESSION_COOKIE}={token}".encode()
+            headers = [(k, v) for k, v in request.scope["headers"] if k != b"cookie"]
+            old = request.headers.get("cookie")
+            request.scope["headers"] = headers + [(b"cookie", cookie + (b"; " + old.encode() if old else b""))]
+            response = await call_next(request)
+            response.set_cookie(SESSION_COOKIE, token, httponly=True, samesite="strict", path="/")
+            return response
+        return await call_next(request)
+
+
+def session_key(request) -> str:
+    """Whose conversation an event belongs to: the server-issued cookie, then the tab. Without the cookie
+    (a client that drops cookies) the event gets a conversation of its own that nobody else can reach."""
+    cookie = request.cookies.get(SESSION_COOKIE) if request is not None else None
+    return f"{cookie or secrets.token_urlsafe(24)}/{getattr(request, 'session_hash', None) or '-'}"
+
+
+@dataclass
+class Running:
+    """A served page: its URL, and how to stop it."""
+
+    url: str
+    server: object
+    thread: threading.Thread
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
 def launch(demo, host: str, port: int, auth: tuple[str, str] | None = None, block: bool = True,
-           quiet: bool = False, access_log: bool = False):
-    """Start the app on host:port (already checked). Returns the local URL; blocks unless `block` is False."""
-    demo.launch(server_name=host, server_port=port, share=False, auth=auth, prevent_thread_lock=True,
-                quiet=True, show_error=True, ssr_mode=False, mcp_server=False, enable_monitoring=False, **_look())
-    if access_log:  # uvicorn configured its loggers at WARNING while starting: one line per request from now on
+           quiet: bool = False, access_log: bool = False) -> Running:
+    """Serve the app on host:port (already checked). Returns when it listens (block=False) or when it stops."""
+    import fastapi
+    import gradio as gr
+    import uvicorn
+
+    app = fastapi.FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    session_cookie_middleware(app)
+    gr.mount_gradio_app(app, demo, path="/", auth=auth, server_name=host, server_port=port, show_error=True,
+                        ssr_mode=False, mcp_server=False, enable_monitoring=False, footer_links=["api", "settings"],
+                        **_look())
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=access_log))
+    if access_log:  # the config set uvicorn's loggers to WARNING: its access log speaks at INFO
         logging.getLogger("uvicorn.access").setLevel(logging.INFO)
+    thread = threading.Thread(target=server.run, name="k3-ui-server", daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise UsageError(f"could not listen on {host}:{port} (in use, or not an address of this machine)")
+        time.sleep(0.02)
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
     log.info("listening on %s%s", url, " with a login" if auth else "")
     if not quiet:
         print(f"k3 ui: open {url}" + (f" (log in as {auth[0]})" if auth else "") + " — Ctrl-C to stop", flush=True)
+    running = Running(url, server, thread)
     if block:
-        demo.block_thread()
-    return url
+        try:
+            while thread.is_alive():
+                thread.join(0.5)
+        except KeyboardInterrupt:
+            running.close()
+            raise
+    return running
 
 
 def _look() -> dict:

@@ -134,7 +134,11 @@ def main(argv=None) -> int:
     except K3Error as exc:  # a broken plugin: say which, no traceback
         print(f"k3: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and getattr(args, "text", "") is None and len(extra) == 1 and not extra[0].startswith("-"):
+        args.text = extra[0]  # `k3 run MODEL --chat "a question"`: the prompt after an option
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

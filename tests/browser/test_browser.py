@@ -35,7 +35,8 @@ def page(small_model, tmp_path_factory):
     host = EngineHost(ui_args(small_model)[0])
     app = build(host)
     app.demo.queue(max_size=8, default_concurrency_limit=None)
-    url = launch(app.demo, "127.0.0.1", free_port(), block=False, quiet=True)
+    running = launch(app.demo, "127.0.0.1", free_port(), block=False, quiet=True)
+    url = running.url
     SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
@@ -48,7 +49,7 @@ def page(small_model, tmp_path_factory):
         placer.layer = lambda L: (pg.k3_throttle(L, layers), layer(L))[1]  # the engine slows down on demand
         yield pg, app, config
         browser.close()
-    app.demo.close()
+    running.close()
     host.close()
     if old is None:
         os.environ.pop("K3_CONFIG_DIR", None)

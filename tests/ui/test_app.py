@@ -35,9 +35,9 @@ def served(host):
 
     app = build(host)
     app.demo.queue(max_size=QUEUE, default_concurrency_limit=None)
-    url = launch(app.demo, "127.0.0.1", free_port(), block=False, quiet=True)
-    yield app, url
-    app.demo.close()
+    running = launch(app.demo, "127.0.0.1", free_port(), block=False, quiet=True)
+    yield app, running.url
+    running.close()
 
 
 def send(client, text, max_tokens=6, **kw):
@@ -181,3 +181,17 @@ def test_the_api_parameters_have_real_names(served):
     assert names == ["message", "mode", "system_prompt", "temperature", "top_p", "top_k", "max_tokens", "seed"]
     defaults = {p["parameter_name"]: p.get("parameter_default") for p in send}
     assert defaults["temperature"] == 0.0  # greedy, as `k3 run` and `k3 chat`
+
+
+def test_another_client_presenting_the_same_session_id_reaches_nothing(served):
+    _, url = served
+    a, b = Client(url, verbose=False), Client(url, verbose=False)
+    b.session_hash = a.session_hash  # what a hostile client can choose freely
+    send(a, "hello there").result(timeout=60)
+    mine = session(a)
+    assert mine["messages"] == 2 and mine["history_tokens"] > 0
+    assert session(b)["messages"] == 0  # b's cookie is b's own: the server issued it
+    b.predict(api_name="/undo")
+    b.predict(api_name="/clear")
+    assert session(a) == mine  # a's conversation is untouched
+    assert a.cookies.get("k3_session") and a.cookies["k3_session"] != b.cookies.get("k3_session")

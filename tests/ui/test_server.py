@@ -57,12 +57,6 @@ class FakeDemo:
         self.queued = kw
         return self
 
-    def launch(self, **kw):
-        self.launched = kw
-
-    def block_thread(self):
-        pass
-
 
 class FakeHost:
     closed = 0
@@ -78,11 +72,12 @@ class FakeHost:
 
 @pytest.fixture
 def fake_app(monkeypatch):
-    """serve() with a stand-in engine and app: what it asks Gradio to do, without binding anything."""
+    """serve() with a stand-in engine and app: what it asks to serve, without binding anything."""
     demo = FakeDemo()
     monkeypatch.setattr(server, "EngineHost", FakeHost)
     monkeypatch.setattr("ui.app.build", lambda host, keep_states: types.SimpleNamespace(demo=demo, host=host))
-    monkeypatch.setattr(server, "_look", lambda: {})
+    monkeypatch.setattr(server, "launch", lambda d, host, port, auth, block, access_log: setattr(
+        demo, "launched", dict(server_name=host, server_port=port, auth=auth, block=block)))
     return demo
 
 
@@ -94,16 +89,15 @@ def test_exposing_warns_never_shares_and_hides_the_password(fake_app, capsys, sm
     out = capsys.readouterr()
     assert "WARNING: listening on 0.0.0.0" in out.err and "hunter2" not in out.out + out.err
     kw = demo.launched
-    assert kw["server_name"] == "0.0.0.0" and kw["server_port"] == 7999 and kw["share"] is False
+    assert kw["server_name"] == "0.0.0.0" and kw["server_port"] == 7999
     assert kw["auth"] == ("me", "hunter2") and demo.queued["max_size"] == 5 and FakeHost.closed == closed + 1
 
 
-def test_the_default_is_loopback_without_a_share_link(fake_app, monkeypatch, small_model):
+def test_the_default_is_loopback(fake_app, small_model):
     demo = fake_app
-    monkeypatch.setenv("GRADIO_SHARE", "True")  # not even Gradio's own environment switch
     server.serve(*ui_args(small_model))
     assert demo.launched["server_name"] == "127.0.0.1" and demo.launched["server_port"] == 7860
-    assert demo.launched["share"] is False and demo.launched["auth"] is None
+    assert demo.launched["auth"] is None
 
 
 def test_the_access_log_has_a_line_per_request(capfd):
@@ -115,11 +109,10 @@ def test_the_access_log_has_a_line_per_request(capfd):
 
     with gr.Blocks() as demo:
         gr.Markdown("hello")
-    port = free_port()
-    url = server.launch(demo, "127.0.0.1", port, block=False, quiet=True, access_log=True)
+    running = server.launch(demo, "127.0.0.1", free_port(), block=False, quiet=True, access_log=True)
     try:
-        urllib.request.urlopen(url, timeout=30).read()
+        urllib.request.urlopen(running.url, timeout=30).read()
     finally:
-        demo.close()
+        running.close()
     out = capfd.readouterr()
     assert '"GET / HTTP/1.1" 200' in out.out + out.err
