@@ -15,6 +15,7 @@ from k3core import K3Error, SamplingParams, human, model_note
 from .chat import Chats
 from .server import session_key
 from .engine_panel import Monitor
+from .guard import Guard
 from .host import EngineHost
 from .messages import turn_note
 from .setup_tab import setup_tab
@@ -65,7 +66,9 @@ def header(host: EngineHost) -> str:
             + (f"\n\n*This is {note}.*" if note else ""))
 
 
-def build(host: EngineHost, keep_states: int = 2) -> App:
+def build(host: EngineHost, keep_states: int = 2, guard: Guard | None = None) -> App:
+    """The page over `host`; `guard` says what clients may change (default: nothing, writes under the cwd)."""
+    guard = guard or Guard(admin=False, models_root=Path.cwd())
     monitor = Monitor(host)
     chats = Chats(host, monitor, keep_states=keep_states)
     with gr.Blocks(title="k3 · Kimi K3", analytics_enabled=False) as demo:
@@ -74,9 +77,9 @@ def build(host: EngineHost, keep_states: int = 2) -> App:
             with gr.Tab("Chat", id="chat"):
                 chat_tab(demo, chats, monitor)
             with gr.Tab("Setup", id="setup") as setup:
-                setup_tab(host, chats, title, header, setup)
+                setup_tab(host, chats, title, header, setup, guard)
             with gr.Tab("Memory", id="memory") as memory:
-                controls, current = memory_tab(host, chats)
+                controls, current = memory_tab(host, chats, guard)
             with gr.Tab("Plugins", id="plugins") as plugins:
                 listing = plugins_tab(host)
         # the engine may have been reopened since the page loaded: show what is in force now

@@ -9,6 +9,7 @@ import argparse
 from k3core import EXIT_CODES, add_engine_arguments, add_logging_arguments, configure_logging, engine_config_from_args
 from k3core.plugin_api import hookimpl
 
+from .guard import ADMIN_FLAG
 from .server import EXPOSE_FLAG, ServerOptions
 
 
@@ -21,7 +22,8 @@ def cmd_ui(args) -> int:
 
 def server_options(args) -> ServerOptions:
     return ServerOptions(host=args.host, port=args.port, expose=args.expose, auth=args.auth,
-                         queue_size=args.queue_size, keep_states=args.keep_states, access_log=args.access_log)
+                         queue_size=args.queue_size, keep_states=args.keep_states, access_log=args.access_log,
+                         allow_admin=args.allow_admin, models_root=args.models_root)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -44,6 +46,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="allow --host to be a non-loopback address (prints a warning)")
     g.add_argument("--auth", metavar="USER:PASSWORD", help="require this login (or set K3_UI_AUTH); the password "
                    "is never printed")
+    g.add_argument(ADMIN_FLAG, dest="allow_admin", action="store_true",
+                   help="let clients of the page run Setup, open the saved profile and change memory budgets — "
+                        "actions that write files or change what every session sees (implied by --auth)")
+    g.add_argument("--models-root", metavar="DIR", help="the only directory the Setup tab may write under "
+                   "(default: the directory k3 ui starts in)")
     g.add_argument("--queue-size", type=int, default=16, metavar="N",
                    help="requests that may wait for the engine at once (default 16); more are turned away")
     g.add_argument("--keep-states", type=int, default=2, metavar="N",

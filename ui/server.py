@@ -16,9 +16,11 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from k3core import EngineConfig, UsageError
 
+from .guard import Guard
 from .host import EngineHost
 
 EXPOSE_FLAG = "--i-know-this-exposes-the-model"
@@ -36,6 +38,8 @@ class ServerOptions:
     queue_size: int = 16         # requests that may wait for the engine
     keep_states: int = 2         # browser sessions whose decode state stays in memory
     access_log: bool = False     # log every HTTP request (uvicorn's access log)
+    allow_admin: bool = False    # clients may run Setup, open another model, change budgets (also with auth)
+    models_root: str | None = None  # where Setup may write; None: the current directory
 
 
 def is_loopback(host: str) -> bool:
@@ -170,8 +174,9 @@ def serve(config: EngineConfig, opts: ServerOptions) -> int:
         os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
         from .app import build
 
-        demo = build(engine, keep_states=opts.keep_states).demo.queue(max_size=opts.queue_size,
-                                                                      default_concurrency_limit=None)
+        guard = Guard(admin=opts.allow_admin or auth is not None, models_root=Path(opts.models_root or os.getcwd()))
+        demo = build(engine, keep_states=opts.keep_states, guard=guard).demo.queue(
+            max_size=opts.queue_size, default_concurrency_limit=None)
         print(f"k3 ui: model {engine.model}", flush=True)
         log.info("serving %s (kernels %s, trunk placer %s, expert store %s)", engine.model,
                  engine.engine.kernels.name, engine.engine.placer.name, engine.engine.store.name)

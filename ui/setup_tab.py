@@ -15,6 +15,8 @@ import gradio as gr
 
 from k3core import K3Error
 
+from .guard import ADMIN_FLAG
+
 try:
     from wizard.state import read_state
     from wizard.steps import STEPS, Options, Setup
@@ -45,10 +47,11 @@ class Sink(io.TextIOBase):
             return "\n".join(self.lines + ([self._part] if self._part else []))
 
 
-def steps_table(dest: str | None, running: bool = False) -> str:
-    """The seven steps as the state file records them; the first unfinished one is running (if a run is)."""
+def steps_table(guard, dest: str | None, running: bool = False) -> str:
+    """The seven steps as the state file of `dest` (inside the models root) records them; the first unfinished
+    one is running (if a run is)."""
     try:
-        state = read_state(Path(dest)) if dest else None
+        state = read_state(guard._inside(dest, "destination")) if (dest or "").strip() else None
     except K3Error as exc:
         return f"⚠ {exc}"
     steps = (state or {}).get("steps", {})
@@ -62,21 +65,23 @@ def steps_table(dest: str | None, running: bool = False) -> str:
         else:
             mark, result = "·", ""
         rows.append(f"| {mark} | {i}. {title} | {result.replace('|', '/')} |")
-    where = f"state file: `{Path(dest) / '.k3-setup.json'}`" if state else "no setup started in this directory yet"
+    where = f"state file: `{guard._inside(dest, 'destination') / '.k3-setup.json'}`" if state else \
+        "no setup started in this directory yet"
     return "\n".join(rows) + f"\n\n{where}"
 
 
-def run_setup(source: str, dest: str, trunk_dir: str, preset: str, no_pack: bool, vision: bool, jobs: int,
+def run_setup(guard, source: str, dest: str, trunk_dir: str, preset: str, no_pack: bool, vision: bool, jobs: int,
               poll: float = 0.5):
-    """Run (or resume) the wizard; yields (steps table, output so far, status line) until it ends."""
+    """Run (or resume) the wizard where `guard` allows; yields (steps table, output so far, status line)."""
     sink = Sink()
-    opts = Options(source=(source or "").strip() or "demo", dest=(dest or "").strip() or None,
-                   trunk_dir=(trunk_dir or "").strip() or None, preset=preset, vision=bool(vision),
-                   jobs=int(jobs), yes=True, no_pack=bool(no_pack))
     try:
+        where_to, trunk = guard.destination(source, dest, trunk_dir)  # refused: nothing is created
+        opts = Options(source=(source or "").strip() or "demo", dest=str(where_to), trunk_dir=str(trunk),
+                       preset=preset, vision=bool(vision), jobs=max(1, min(16, int(jobs))), yes=True,
+                       no_pack=bool(no_pack))
         setup = Setup(opts, out=sink, err=sink)
-    except K3Error as exc:
-        yield steps_table(dest), "", f"⚠ {exc}"
+    except (K3Error, ValueError, TypeError) as exc:
+        yield steps_table(guard, dest), "", f"⚠ {exc}"
         return
     where, outcome = str(setup.dest), {}
 
@@ -91,30 +96,36 @@ def run_setup(source: str, dest: str, trunk_dir: str, preset: str, no_pack: bool
     worker = threading.Thread(target=work, name="k3-setup", daemon=True)
     worker.start()
     while worker.is_alive():
-        yield steps_table(where, running=True), sink.text(), f"running in {where}…"
+        yield steps_table(guard, where, running=True), sink.text(), f"running in {where}…"
         time.sleep(poll)
     if "error" in outcome:
         status = f"⚠ stopped: {outcome['error']} — finished steps are kept; Run again to resume"
     else:
         status = "✓ done: the profile is saved. Use it now below, or restart `k3 ui`."
-    yield steps_table(where), sink.text(), status
+    yield steps_table(guard, where), sink.text(), status
 
 
-def setup_tab(host, chats, title, header, tab) -> None:
+def setup_tab(host, chats, title, header, tab, guard) -> None:
     """`title`: the page's header Markdown, redrawn by `header(host)` when another model is opened;
-    `tab`: this tab, whose selection redraws the steps from the destination's state file."""
+    `tab`: this tab, whose selection redraws the steps from the destination's state file; `guard`: what
+    clients may do (ui/guard.py)."""
     if Setup is None:
         gr.Markdown("The setup wizard (`k3 setup`) is not installed in this build.", elem_id="k3-setup")
         return
     gr.Markdown("The same seven steps as `k3 setup`, sharing its state file: stop anywhere (here or in a "
                 "terminal) and run again to resume. A Hugging Face token comes from `HF_TOKEN` or `hf auth login` "
-                "in the environment `k3 ui` was started from; it is never asked for here.")
+                "in the environment `k3 ui` was started from; it is never asked for here. "
+                f"Everything is written under the models root `{guard.models_root}`.")
+    if not guard.admin:
+        gr.Markdown(f"**Off on this page**: Setup writes files and opening a model changes what every session "
+                    f"sees. Start `k3 ui {ADMIN_FLAG}` (or with `--auth`) to allow them.", elem_id="k3-setup-off")
     with gr.Row():
         with gr.Column(scale=1):
             source = gr.Textbox("demo", label="Source", elem_id="k3-setup-source",
-                                info="demo, hf://OWNER/NAME[@REVISION], or a checkpoint directory")
-            default_dest = str(Path.cwd() / "demo-model")
-            dest = gr.Textbox(default_dest, label="Destination", elem_id="k3-setup-dest")
+                                info="demo or hf://OWNER/NAME[@REVISION] (a local checkpoint: `k3 setup` in a terminal)")
+            default_dest = "demo-model"
+            dest = gr.Textbox(default_dest, label="Destination", elem_id="k3-setup-dest",
+                              info=f"a directory under {guard.models_root}")
             trunk_dir = gr.Textbox(label="Packed trunk directory", placeholder="DEST/trunk")
             preset = gr.Dropdown(PRESETS, value="auto", label="Memory preset saved in the profile")
             with gr.Row():
@@ -127,21 +138,28 @@ def setup_tab(host, chats, title, header, tab) -> None:
             use = gr.Button("Use the saved profile now (reopens the engine)", elem_id="k3-setup-use")
         with gr.Column(scale=2):
             status = gr.Markdown(elem_id="k3-setup-status")
-            table = gr.Markdown(steps_table(default_dest), elem_id="k3-setup-steps")  # what is there now
+            table = gr.Markdown(steps_table(guard, default_dest), elem_id="k3-setup-steps")  # what is there now
             log = gr.Textbox(label="Wizard output", lines=14, max_lines=14, autoscroll=True, interactive=False,
                              elem_id="k3-setup-log")
 
     def use_fn():
         try:
+            guard.check_admin("Opening the saved profile for every session")
             host.open_profile()
         except K3Error as exc:
             return f"⚠ {exc}", gr.skip()
         chats.reset_all("a new model was opened: this is a new conversation")
         return f"✓ now serving {host.model}", header(host)
 
-    run.click(run_setup, [source, dest, trunk_dir, preset, no_pack, vision, jobs], [table, log, status],
+    def setup_fn(source_, dest_, trunk_dir_, preset_, no_pack_, vision_, jobs_):
+        yield from run_setup(guard, source_, dest_, trunk_dir_, preset_, no_pack_, vision_, jobs_)
+
+    def table_fn(dest_):
+        return steps_table(guard, dest_)
+
+    run.click(setup_fn, [source, dest, trunk_dir, preset, no_pack, vision, jobs], [table, log, status],
               api_name="setup", concurrency_limit=1, concurrency_id="setup")
-    show.click(steps_table, dest, table, api_visibility="private", concurrency_limit=None)
-    dest.change(steps_table, dest, table, api_visibility="private", concurrency_limit=None)
-    tab.select(steps_table, dest, table, api_visibility="private", concurrency_limit=None)
+    show.click(table_fn, dest, table, api_visibility="private", concurrency_limit=None)
+    dest.change(table_fn, dest, table, api_visibility="private", concurrency_limit=None)
+    tab.select(table_fn, dest, table, api_visibility="private", concurrency_limit=None)
     use.click(use_fn, None, [status, title], api_name="use_profile", concurrency_limit=1, concurrency_id="engine")

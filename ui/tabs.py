@@ -27,7 +27,7 @@ def _trunk_info(b: dict) -> str:
             "no packed trunk: the whole trunk is resident")
 
 
-def memory_tab(host, chats):
+def memory_tab(host, chats, guard):
     """Builds the tab; returns (its controls, a function giving their current values) for Tab.select."""
     b = host.budget
     gr.Markdown("Budgets decide what stays in RAM: the pinned trunk layers, the streaming ring and the expert "
@@ -57,6 +57,7 @@ def memory_tab(host, chats):
 
     def apply_fn(preset_, trunk_, cache_, save_):
         try:
+            guard.check_admin("Changing the memory budgets (the engine reopens for every session)")
             p = host.reload(preset_, trunk_, cache_, save=save_)
         except K3Error as exc:
             return _plan_text(host.engine.plan), f"⚠ not applied: {exc}"

@@ -33,7 +33,9 @@ def page(small_model, tmp_path_factory):
     old = os.environ.get("K3_CONFIG_DIR")
     os.environ["K3_CONFIG_DIR"] = str(config)
     host = EngineHost(ui_args(small_model)[0])
-    app = build(host)
+    from ui.guard import Guard
+
+    app = build(host, guard=Guard(admin=True, models_root=tmp_path_factory.getbasetemp()))  # the tests' own dirs
     app.demo.queue(max_size=8, default_concurrency_limit=None)
     running = launch(app.demo, "127.0.0.1", free_port(), block=False, quiet=True)
     url = running.url

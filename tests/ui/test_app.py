@@ -29,11 +29,12 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def served(host):
+def served(host, tmp_path_factory):
     from ui.app import build
+    from ui.guard import Guard
     from ui.server import launch
 
-    app = build(host)
+    app = build(host, guard=Guard(admin=True, models_root=tmp_path_factory.mktemp("models")))
     app.demo.queue(max_size=QUEUE, default_concurrency_limit=None)
     running = launch(app.demo, "127.0.0.1", free_port(), block=False, quiet=True)
     yield app, running.url

@@ -75,7 +75,8 @@ def fake_app(monkeypatch):
     """serve() with a stand-in engine and app: what it asks to serve, without binding anything."""
     demo = FakeDemo()
     monkeypatch.setattr(server, "EngineHost", FakeHost)
-    monkeypatch.setattr("ui.app.build", lambda host, keep_states: types.SimpleNamespace(demo=demo, host=host))
+    monkeypatch.setattr("ui.app.build", lambda host, keep_states, guard: (
+        setattr(demo, "guard", guard), types.SimpleNamespace(demo=demo, host=host))[1])
     monkeypatch.setattr(server, "launch", lambda d, host, port, auth, block, access_log: setattr(
         demo, "launched", dict(server_name=host, server_port=port, auth=auth, block=block)))
     return demo
@@ -91,13 +92,14 @@ def test_exposing_warns_never_shares_and_hides_the_password(fake_app, capsys, sm
     kw = demo.launched
     assert kw["server_name"] == "0.0.0.0" and kw["server_port"] == 7999
     assert kw["auth"] == ("me", "hunter2") and demo.queued["max_size"] == 5 and FakeHost.closed == closed + 1
+    assert demo.guard.admin  # a login lets its users run Setup and switch the model
 
 
 def test_the_default_is_loopback(fake_app, small_model):
     demo = fake_app
     server.serve(*ui_args(small_model))
     assert demo.launched["server_name"] == "127.0.0.1" and demo.launched["server_port"] == 7860
-    assert demo.launched["auth"] is None
+    assert demo.launched["auth"] is None and not demo.guard.admin  # no flag, no login: nothing to steer
 
 
 def test_the_access_log_has_a_line_per_request(capfd):
