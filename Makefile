@@ -40,6 +40,12 @@ demo: $(STAMP)
 	$(VENV)/bin/k3 run --chat "What is the capital of France?" --max-tokens 40 --quiet
 	$(VENV)/bin/k3 ui  # the chat page on the same profile: prints its URL (127.0.0.1:7860); Ctrl-C stops it
 
+# The fuzz targets of tests/fuzz run long (`make test` runs each a bounded number of times): about ten
+# minutes on two cores. A crash prints its input: add it to tests/fuzz/corpus/<target>/ so it is replayed.
+.PHONY: fuzz
+fuzz: $(STAMP)
+	K3_PLUGINS=none K3_FUZZ_PROFILE=fuzz K3_FUZZ_EXAMPLES=$${K3_FUZZ_EXAMPLES:-25000} $(PY) -m pytest -q -p no:cacheprovider tests/fuzz/test_properties.py
+
 bench-index: $(STAMP)
 	$(PY) benchmarks/index_bench.py
 

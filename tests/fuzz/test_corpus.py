@@ -1,0 +1,22 @@
+"""Every input that once crashed a fuzz target, replayed: tests/fuzz/corpus/<target>/<name>.bin (bytes fed to
+the target as they were found)."""
+from pathlib import Path
+
+import pytest
+
+from . import targets
+
+CORPUS = Path(__file__).parent / "corpus"
+CASES = sorted(CORPUS.glob("*/*.bin"))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.parent.name}/{c.stem}" for c in CASES])
+def test_a_once_crashing_input_is_now_handled(case, tiny_model):
+    target, raw = case.parent.name, case.read_bytes()
+    if target == "state_file":
+        from k3core import EngineConfig, open_engine
+
+        with open_engine(EngineConfig(tiny_model)) as engine:
+            targets.state_file(raw, engine)
+    else:
+        getattr(targets, target)(raw)
