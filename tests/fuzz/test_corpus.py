@@ -1,5 +1,7 @@
-"""Every input that once crashed a fuzz target, replayed: tests/fuzz/corpus/<target>/<name>.bin (bytes fed to
-the target as they were found)."""
+"""Every input that once crashed a fuzz target, replayed: tests/fuzz/corpus/<target>/<name>.bin (formats in
+corpus/README.md)."""
+import base64
+import json
 from pathlib import Path
 
 import pytest
@@ -18,5 +20,7 @@ def test_a_once_crashing_input_is_now_handled(case, tiny_model):
 
         with open_engine(EngineConfig(tiny_model)) as engine:
             targets.state_file(raw, engine)
+    elif target == "tokenizer":
+        targets.tokenizer({name: base64.b64decode(data) for name, data in json.loads(raw).items()})
     else:
         getattr(targets, target)(raw)
