@@ -90,12 +90,14 @@ class Setup:
             return dry_run(self)
         identity = {"source": str(self.src), "repo": self.src.repo, "revision": self.src.revision,
                     "vision": self.opts.vision}
+        if self.dest.exists() and not self.dest.is_dir():
+            raise UsageError(f"--dest {self.dest}: a file, not a directory; choose a directory (nothing was written)")
         try:
             self.dest.mkdir(parents=True, exist_ok=True)
             self.st = SetupState.open(self.dest, identity)
-        except PermissionError as exc:
-            raise UsageError(f"{self.dest}: not writable ({exc.strerror}); k3 setup keeps its state there: choose "
-                             "a --dest you can write to") from None
+        except OSError as exc:  # read-only, a file where a parent directory should be, no space, ...
+            raise UsageError(f"--dest {self.dest}: cannot write there ({exc.strerror}); k3 setup keeps its state in "
+                             "the destination: choose one you can write to") from None
         self.st.set_facts(command=self.command())
         self.say(f"k3 setup: {self.src} -> {self.dest}  (state: {self.dest / '.k3-setup.json'})")
         try:
@@ -112,7 +114,7 @@ class Setup:
                     result = getattr(self, f"step_{name}")()
                 except Exception as exc:
                     self.st.log(f"step {name} failed: {type(exc).__name__}: {exc}")
-                    log.warning("step %d/7 %s failed: %s: %s", i, name, type(exc).__name__, exc)
+                    log.info("step %d/7 %s failed: %s: %s", i, name, type(exc).__name__, exc)  # the error says it too
                     raise
                 log.info("step %d/7 %s: done in %.1f s: %s", i, name, time.perf_counter() - t0, result)
                 self.say(f"      -> {result}  [{time.perf_counter() - t0:.1f} s]")

@@ -178,3 +178,11 @@ def test_help_text(capsys):
     for flag in ("--source", "--dest", "--trunk-dir", "--preset", "--vision", "--jobs", "--yes", "--dry-run",
                  "--no-pack", "examples:", "hf://", "HF_TOKEN", "HF_ENDPOINT", "resume"):
         assert flag in out, flag
+
+
+def test_a_destination_that_cannot_be_written_is_refused_naming_it(k3, tmp_path):
+    (tmp_path / "afile").write_text("x")
+    for dest, says in ((tmp_path / "afile", "a file, not a directory"), (tmp_path / "afile" / "sub", "cannot write")):
+        rc, _, err = k3("setup", "--source", "demo", "--dest", dest, "--yes", "--read-mb", "1")
+        assert rc == 2 and f"--dest {dest}" in err and says in err, err
+    assert (tmp_path / "afile").read_text() == "x" and sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
