@@ -51,6 +51,17 @@ def k3_trunk_placers():
 
 
 @hookspec
+def k3_draft_sources():
+    """Return a list of DraftSource classes (k3core.plugin_api), each with a `name`.
+
+    Used when speculative decoding is asked for (--speculate): `--draft NAME[:ARGUMENT]` picks one by
+    name and builds it with the argument (e.g. replay:PATH); the default is the first returned (the
+    built-in `ngram` unless a plugin comes first). A draft only proposes ids: the engine verifies them
+    all in one pass and keeps what it would have produced itself, so a draft changes speed, never ids.
+    """
+
+
+@hookspec
 def k3_subcommands(subparsers):
     """Add `k3` subcommands: call `subparsers.add_parser(...)` and `set_defaults(func=...)`; the
     function gets the parsed args and returns an exit code. k3's setup wizard and browser UI add

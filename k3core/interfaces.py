@@ -434,3 +434,26 @@ class TrunkPlacer(ABC):
 
     def close(self) -> None:
         """Release files and buffers."""
+
+
+class DraftSource(ABC):
+    """Proposes the ids a generation might continue with, for speculative decoding. The engine forwards the
+    last id and up to k proposed ones in one pass and keeps the longest prefix the model itself would have
+    produced; a wrong proposal costs time, never a different id.
+
+    Built by the engine as `cls(argument)` (the text after `:` in --draft NAME:ARGUMENT, or None), then
+    `begin(prompt)` once per generation and `propose(history, generated, k)` before each verify pass."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+
+    def __init__(self, argument: str | None = None):
+        self.argument = argument
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        """A generation starts after `prompt`."""
+
+    @abstractmethod
+    def propose(self, history: Sequence[int], generated: int, k: int) -> list[int]:
+        """Up to `k` ids to follow `history` (prompt + the `generated` ids emitted so far); fewer, or none,
+        when there is nothing worth proposing."""

@@ -7,7 +7,8 @@ every run; a third-party package does the same:
 What is here, by use:
 - registering: `hookimpl` (the hooks are in k3core.hookspecs; see PLUGINS.md);
 - the interfaces: KernelBackend, AttentionBackend, ExpertStore, TrunkPlacer, CachePolicy (and
-  LRUPolicy, the reference rule), with the types they pass: Param, Weights, ExpertWeights, TensorSpec;
+  LRUPolicy, the reference rule), DraftSource, with the types they pass: Param, Weights, ExpertWeights,
+  TensorSpec;
 - what a placer or store receives: PluginContext (checkpoint, Budget, its own PluginOptions) and
   returns from plan(): PlanRow;
 - a ready expert store to subclass: CachingStore (a slot arena kept by the CachePolicy you give it);
@@ -25,9 +26,9 @@ from __future__ import annotations
 from . import _native as native
 from .errors import CheckpointError, PlanError, PluginError, UnsoundRunError, UsageError
 from .hookspecs import hookimpl
-from .interfaces import (AttentionBackend, Budget, CachePolicy, ExpertStore, ExpertWeights, KernelBackend,
-                         LRUPolicy, Param, PlanRow, PluginContext, PluginOptions, TensorSpec, TrunkPlacer,
-                         Weights, default_threads)
+from .interfaces import (AttentionBackend, Budget, CachePolicy, DraftSource, ExpertStore, ExpertWeights,
+                         KernelBackend, LRUPolicy, Param, PlanRow, PluginContext, PluginOptions, TensorSpec,
+                         TrunkPlacer, Weights, default_threads)
 from .io.aligned_io import ALIGN, Opened, align_down, align_up, aligned_buffer, open_for_reading, read_exact, read_into
 from .io.caching_store import CachingOptions, CachingStore, cache_slots
 from .io.expert_io import ExpertReader, expert_slot_bytes
@@ -72,7 +73,7 @@ def builtin_kernels(name: str | None = None) -> KernelBackend:
 
 __all__ = [
     "hookimpl",
-    "KernelBackend", "AttentionBackend", "ExpertStore", "TrunkPlacer", "CachePolicy", "LRUPolicy",
+    "KernelBackend", "AttentionBackend", "ExpertStore", "TrunkPlacer", "CachePolicy", "LRUPolicy", "DraftSource",
     "Param", "Weights", "ExpertWeights", "TensorSpec",
     "PluginContext", "Budget", "PluginOptions", "PlanRow",
     "CachingStore", "CachingOptions", "cache_slots", "ExpertReader", "expert_slot_bytes", "ALIGN", "Opened", "align_down", "align_up", "aligned_buffer",

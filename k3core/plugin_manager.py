@@ -162,6 +162,17 @@ def choose_trunk_placer(pm, name: str | None = None) -> Offered:
     return _pick(offered(pm, "k3_trunk_placers"), name, "trunk placer", "--trunk-placer")
 
 
+def draft_sources(pm) -> list:
+    return [o.item for o in offered(pm, "k3_draft_sources")]
+
+
+def choose_draft(pm, spec: str | None):
+    """The draft source `spec` names ("ngram", "replay:PATH", a plugin's), built; None: the first installed."""
+    name, _, argument = (spec or "").partition(":")
+    chosen = _pick(offered(pm, "k3_draft_sources"), name or None, "draft source", "--draft")
+    return chosen.item(argument or None)
+
+
 def describe_plugins(pm) -> list[dict]:
     """Each registered plugin: name, version, where it comes from, the hooks it implements and
     what each hook provides."""

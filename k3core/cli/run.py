@@ -177,9 +177,13 @@ def cmd_run(args) -> int:
         load_seconds = time.perf_counter() - start
         events = session.generate(ids, params, stop_ids=stop_ids, channel=channel, full_recompute=args.full_recompute,
                                   observers=[logits] + ([trace] if trace else []))
+        thought = False
         for event in events:
             if event.kind == "text" and kind == "text":
                 out = sys.stderr if event.channel == "think" else sys.stdout
+                if thought and out is sys.stdout:  # the thinking (stderr) ends on its own line
+                    print(file=sys.stderr, flush=True)
+                thought = event.channel == "think"
                 print(visible(event.text) if out.isatty() else event.text, end="", flush=True, file=out)
             elif event.kind == "done":
                 done = event

@@ -59,14 +59,20 @@ def test_vision_on_request(hub, k3, tmp_path, small_files):
 
 
 def test_demo_then_run_from_profile(k3, tmp_path):
+    import logging
+
     dest = tmp_path / "demo"
-    rc, out, err = k3("setup", "--source", "demo", "--dest", dest, "--yes", "--read-mb", "1")
+    rc, out, err = k3("setup", "--source", "demo", "--dest", dest, "--yes", "--read-mb", "1", "--log-level", "info")
     assert rc == 0, err
-    assert "generate the built-in demo model" in out and "saved" in out
+    assert "copy the trained demo model" in out and "each sha256 as shipped" in out and "saved" in out
+    assert "fits in RAM; nothing streams" in out and "1.56 TB" not in out + err  # sized for the demo
+    assert "k3.setup: step 1/7 check: started" in err and "k3.setup: step 7/7 next: done" in err
+    logging.getLogger().setLevel(logging.WARNING)
     assert load_profile().model == str(dest)
-    rc, out, err = k3("run", "--prompt", "The capital of France is", "--max-tokens", "4")
+    rc, out, err = k3("run", "--chat", "What is the capital of France?", "--max-tokens", "40")
     assert rc == 0, err
-    assert "trunk placer pinned" in err
+    assert out.strip() == "The capital of France is Paris." and "trunk placer pinned" in err
+    assert "is the k3 demo model" in err
     assert k3("verify", dest)[0] == 0
 
 

@@ -1,0 +1,57 @@
+"""The built-in draft sources for speculative decoding: `ngram` (prompt lookup: the longest suffix of the
+ids so far that occurred before, and what followed it then) and `replay:PATH` (ids from a file, in order:
+an oracle replaying a known continuation, or a deliberately wrong one, for tests and benchmarks)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..plugin_api import DraftSource, UsageError, hookimpl
+
+MAX_NGRAM = 8          # the longest suffix looked up
+LOOKBACK = 4096        # ids searched back for it: bounds the work per step
+
+
+class NgramDraft(DraftSource):
+    name = "ngram"
+    description = "prompt lookup: continue the longest earlier repeat of the last ids (no draft model)"
+
+    def __init__(self, argument=None):
+        super().__init__(argument)
+        if argument is not None:
+            raise UsageError(f"--draft ngram takes no argument, got ngram:{argument}")
+
+    def propose(self, history, generated, k):
+        h = list(history[-LOOKBACK:])
+        for n in range(min(MAX_NGRAM, len(h) - 1), 0, -1):
+            tail = h[-n:]
+            for start in range(len(h) - n - 1, -1, -1):  # the most recent earlier occurrence
+                if h[start:start + n] == tail:
+                    return h[start + n:start + n + k]
+        return []
+
+
+class ReplayDraft(DraftSource):
+    name = "replay"
+    description = "replay:PATH proposes the ids in PATH (comma/space separated), the i-th after the i-th generated"
+
+    def __init__(self, argument=None):
+        super().__init__(argument)
+        if not argument:
+            raise UsageError("--draft replay needs a file: replay:PATH")
+        try:
+            text = Path(argument).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"--draft replay:{argument}: cannot read it ({getattr(exc, 'strerror', None) or exc})") \
+                from None
+        parts = text.replace(",", " ").split()
+        if not all(p.isascii() and p.isdigit() for p in parts):
+            raise UsageError(f"--draft replay:{argument}: expected token ids (decimal, comma/space separated)")
+        self.ids = [int(p) for p in parts]
+
+    def propose(self, history, generated, k):
+        return self.ids[generated:generated + k]
+
+
+@hookimpl(trylast=True)
+def k3_draft_sources():
+    return [NgramDraft, ReplayDraft]
