@@ -307,6 +307,6 @@ class Setup:
 
     def step_next(self) -> str:
         self.say("      k3 chat                                              # talk to it (uses the saved profile)")
-        self.say('      k3 run --prompt "The capital of France is" --max-tokens 24')
+        self.say('      k3 run --chat "What is the capital of France?"          # one question, one answer')
         self.say(f"      k3 verify {self.dest}   # re-check every file, any time")
         return "k3 chat"
