@@ -251,7 +251,7 @@ class KernelBackend(ABC):
     @abstractmethod
     def kda_recurrence(self, q, k, v, alpha, beta, state, scale) -> tuple[np.ndarray, np.ndarray]:
         """The delta-rule recurrence over T steps; q,k,v,alpha [T, heads, D], beta [T, heads],
-        state [heads, D, D]. Returns (o [T, heads, D], new state)."""
+        state [heads, D, D]. Returns (o [T, heads, D], new state); `state` itself is left unchanged."""
 
     @abstractmethod
     def mqa_attention(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float) -> np.ndarray:
@@ -294,6 +294,29 @@ class AttentionBackend(ABC):
     @abstractmethod
     def forward(self, w: Weights, x: np.ndarray, state: Any, config, kernels: KernelBackend) -> np.ndarray:
         """Consume T new tokens x [T, H] (already input_layernorm-ed), advancing `state`."""
+
+    def forward_batch(self, w: Weights, x: np.ndarray, segments: Sequence[tuple[int, int, Any]], config,
+                      kernels: KernelBackend) -> np.ndarray:
+        """Several sequences in one pass: `segments` lists (start, stop, state), the rows of x [T, H] each
+        sequence owns, in order and covering x. Returns [T, H], each segment's rows exactly what `forward`
+        gives it alone. This default runs `forward` per segment; a backend may share its projections over
+        all rows instead (kernels give a row the same bits in any batch)."""
+        return np.concatenate([self.forward(w, x[a:b], state, config, kernels) for a, b, state in segments])
+
+    def mark(self, state: Any) -> None:
+        """Remember where `state` stands, so that `rollback` can return it to any position forwarded after
+        this (speculative decoding verifies drafted ids, then keeps only the accepted ones)."""
+        raise NotImplementedError(f"attention backend {self.name!r} cannot roll back its decode state, which "
+                                  "speculative decoding (--speculate) needs")
+
+    def rollback(self, state: Any, kept: int, config, kernels: KernelBackend) -> None:
+        """Make `state` hold the marked position plus the first `kept` positions forwarded since, bit for bit
+        as if only those had been forwarded; the mark is then gone (`kept` = all of them just drops it)."""
+        raise NotImplementedError(f"attention backend {self.name!r} cannot roll back its decode state")
+
+    def rollback_bytes(self, config, layer: int, positions: int) -> int:
+        """Bytes a mark holds while `positions` positions are forwarded after it (for the memory plan)."""
+        raise NotImplementedError(f"attention backend {self.name!r} cannot roll back its decode state")
 
     def state_arrays(self, state: Any) -> dict[str, np.ndarray]:
         """The state as named arrays, for state files (chat /save)."""

@@ -194,7 +194,7 @@ def test_decoder_layer_with_attnres_blocks(name):
     assert c.is_mla(layer) == d["is_mla"]
     stream = Residual(d["in"][0])
     stream.blocks = [d["block_residual_in"][:, i] for i in range(d["block_residual_in"].shape[1])]
-    decoder_layer(layer, Weights("", params), stream, attention.new_state(c, layer), c,
+    decoder_layer(layer, Weights("", params), stream, [(0, len(d["in"][0]), attention.new_state(c, layer))], c,
                   FloatExpertKernels(table), attention, HandleStore())
     close(stream.prefix, d["out"][0])
     np.testing.assert_array_equal(np.stack(stream.blocks, axis=1), d["block_residual_out"])

@@ -97,16 +97,33 @@ def prefill_bytes(c, chunk: int) -> int:
     return 4 * chunk * (max(kda, moe) + 6 * c.hidden_size)
 
 
-def state_rows(config, attention_for, max_context: int, prefill_chunk: int = 512) -> list[PlanRow]:
-    """Each attention kind's decode state at `max_context` positions, as its backend counts it, and the
-    working set of one prefill chunk."""
+def state_rows(config, attention_for, engine_config) -> list[PlanRow]:
+    """Each attention kind's decode state at `max_context` positions (times `sequences`), as its backend counts
+    it; what a speculation mark holds; and the working set of one pass."""
+    e = engine_config
     rows = []
     for kind in config.attention_kinds:
         layers = [L for L in range(config.num_hidden_layers) if config.attention_kind(L) == kind]
         backend = attention_for(layers[0])
-        total = sum(backend.state_bytes(config, L, max_context) for L in layers)
-        rows.append(PlanRow(f"{kind.upper()} state", total, f"{len(layers)} layers ({backend.name}), "
-                            f"{max_context} positions of context"))
-    return rows + [PlanRow("prefill chunk", prefill_bytes(config, prefill_chunk),
-                           f"activations of {prefill_chunk} prompt ids per pass (--prefill-chunk)"),
+        total = sum(backend.state_bytes(config, L, e.max_context) for L in layers)
+        each = f", x {e.sequences} sequences" if e.sequences > 1 else ""
+        rows.append(PlanRow(f"{kind.upper()} state", total * e.sequences,
+                            f"{len(layers)} layers ({backend.name}), {e.max_context} positions of context{each}"))
+    if e.speculate:
+        rows.append(speculation_row(config, attention_for, e.speculate))
+    pass_rows = max(e.prefill_chunk, e.sequences * (1 + e.speculate))
+    return rows + [PlanRow("prefill chunk", prefill_bytes(config, pass_rows),
+                           f"activations of {pass_rows} ids per pass (--prefill-chunk, --speculate, --sequences)"),
                    PlanRow("working buffers", WORKING_BYTES, "Python, numpy, kernel temporaries")]
+
+
+def speculation_row(config, attention_for, k: int) -> PlanRow:
+    """What a verify pass of 1 + k positions keeps for its rollback, over every layer."""
+    layers = range(config.num_hidden_layers)
+    try:
+        at_mark = sum(attention_for(L).rollback_bytes(config, L, 0) for L in layers)
+        total = sum(attention_for(L).rollback_bytes(config, L, 1 + k) for L in layers)
+    except NotImplementedError as exc:
+        raise PlanError(f"speculate: {exc}; use speculate 0") from None
+    return PlanRow("speculation rollback", total, f"decode state at the mark {human(at_mark)} + "
+                   f"{human((total - at_mark) / (1 + k))} per verified position, {1 + k} positions (--speculate {k})")

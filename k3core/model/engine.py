@@ -36,6 +36,9 @@ class Observer:
     def on_token(self, token: int, logits: np.ndarray) -> None:
         """A generation picked `token` from `logits` [V] (float32)."""
 
+    def on_draft(self, drafted: int, accepted: int) -> None:
+        """A speculative verify pass checked `drafted` drafted ids and the model agreed with the first `accepted`."""
+
 
 @dataclass
 class DecodeState:
@@ -43,9 +46,11 @@ class DecodeState:
 
     layers: list
     ids: list[int] = field(default_factory=list)
+    mark: int | None = None  # len(ids) at Engine.mark: positions after it can be rolled back
 
     def copy(self) -> "DecodeState":
-        return copy.deepcopy(self)
+        """A deep copy without the mark."""
+        return DecodeState(copy.deepcopy(self.layers), list(self.ids))
 
 
 class Engine:
@@ -77,7 +82,8 @@ class Engine:
             r.checkpoint.close()
             raise
         self.max_context, self.prefill_chunk = config.max_context, config.prefill_chunk
-        self.tokens_forwarded = 0
+        self.sequences, self.speculate = config.sequences, config.speculate
+        self.tokens_forwarded = self.forward_passes = 0
 
     def attention_for(self, layer: int):
         return self._attention[self.config.attention_kind(layer)]
@@ -96,36 +102,82 @@ class Engine:
     def forward(self, ids: Sequence[int], state: DecodeState, all_logits: bool = False,
                 observers: Sequence[Observer] = ()) -> np.ndarray:
         """Consume `ids` after what `state` holds; logits [T, V] if all_logits else [V] (last)."""
-        if len(ids) == 0:
-            raise InputError("nothing to forward: the id list is empty")
-        self.check_ids(ids)
+        return self.forward_batch([(ids, state)], all_logits, observers)[0]
+
+    def forward_batch(self, batch: Sequence[tuple[Sequence[int], DecodeState]], all_logits: bool = False,
+                      observers: Sequence[Observer] = ()) -> list[np.ndarray]:
+        """Advance several independent sequences in one pass: `batch` is [(ids, state)], each state its own.
+        Every trunk layer is bound once and every distinct expert read once for all the rows; attention runs
+        per sequence. Each sequence's logits (as `forward` returns them) are the bits it gets alone."""
+        self._check_batch(batch)
         c, kr = self.config, self.kernels
+        ids = [int(t) for seq, _ in batch for t in seq]
+        ends = np.cumsum([len(seq) for seq, _ in batch]).tolist()
+        starts = [0, *ends[:-1]]
         stream = Residual(self.placer.embed_rows(ids))
         for L in range(c.num_hidden_layers):
             for o in observers:
                 o.on_layer(L, c.num_hidden_layers)
             w = self.placer.layer(L)
-            decoder_layer(L, w, stream, state.layers[L], c, kr, self.attention_for(L), self.store, observers)
+            segments = [(a, b, state.layers[L]) for a, b, (_, state) in zip(starts, ends, batch)]
+            decoder_layer(L, w, stream, segments, c, kr, self.attention_for(L), self.store, observers)
             if not np.isfinite(stream.prefix).all():  # say where, instead of sampling from NaN logits
                 raise non_finite_error(L, w)
         model = self.placer.model()
         h = stream.mix(kr, fold(model, PREFIX + "output_attn_res"), c.rms_norm_eps)
         if not all_logits:
-            h = h[-1:]
+            h = h[[b - 1 for b in ends]]
         x = kr.rmsnorm(h, model.vec(PREFIX + "norm.weight"), c.rms_norm_eps)
         logits = np.empty((x.shape[0], c.vocab_size), np.float32)
         for row, block in self.placer.head_blocks():
             logits[:, row:row + block.shape[0]] = kr.linear(block, x)
-        state.ids.extend(int(t) for t in ids)
+        for seq, state in batch:
+            state.ids.extend(int(t) for t in seq)
         self.tokens_forwarded += len(ids)
-        return logits if all_logits else logits[0]
+        self.forward_passes += 1
+        if all_logits:
+            return [logits[a:b] for a, b in zip(starts, ends)]
+        return list(logits)
+
+    def _check_batch(self, batch) -> None:
+        if not batch:
+            raise InputError("nothing to forward: the batch is empty")
+        if len(batch) > self.sequences:
+            raise InputError(f"a batch of {len(batch)} sequences, over the {self.sequences} this engine's memory plan "
+                             "reserves decode state for (EngineConfig.sequences, --sequences)")
+        if len({id(state) for _, state in batch}) < len(batch):
+            raise InputError("one decode state appears twice in a batch: each sequence needs its own")
+        for seq, _ in batch:
+            if len(seq) == 0:
+                raise InputError("nothing to forward: the id list is empty")
+            self.check_ids(seq)
+
+    def mark(self, state: DecodeState) -> None:
+        """Remember `state`'s position: `rollback` can then return it to any position forwarded after it."""
+        for L, layer_state in enumerate(state.layers):
+            self.attention_for(L).mark(layer_state)
+        state.mark = len(state.ids)
+
+    def rollback(self, state: DecodeState, kept: int) -> None:
+        """Keep the marked position plus the first `kept` ids forwarded since (bit for bit the state that
+        forwarding only those gives) and drop the mark; `kept` = all of them only drops it."""
+        if state.mark is None:
+            raise K3Error("rollback without a mark: call Engine.mark(state) before the pass to undo")
+        forwarded = len(state.ids) - state.mark
+        if not 0 <= kept <= forwarded:
+            raise K3Error(f"rollback to {kept} of the {forwarded} positions forwarded since the mark")
+        for L, layer_state in enumerate(state.layers):
+            self.attention_for(L).rollback(layer_state, kept, self.config, self.kernels)
+        del state.ids[state.mark + kept:]
+        state.mark = None
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """Teacher forcing: the logits at every position of `ids` from a fresh state, [T, V]."""
         return self.forward(ids, self.new_state(), all_logits=True)
 
     def stats(self) -> dict:
-        return {**self.placer.stats(), **self.store.stats(), "tokens_forwarded": self.tokens_forwarded}
+        return {**self.placer.stats(), **self.store.stats(), "tokens_forwarded": self.tokens_forwarded,
+                "forward_passes": self.forward_passes}
 
     def close(self):
         self.store.close()
@@ -152,13 +204,14 @@ def non_finite_error(layer: int, w) -> K3Error:
                    "(or a routed expert's values are out of range); the ids would be noise, so the run stops")
 
 
-def decoder_layer(L: int, w, stream: Residual, layer_state, c, kr, attention, store, observers=()) -> None:
-    """One layer (SPEC §4.1): AttnRes in, attention, AttnRes, MLP or latent MoE; updates `stream`."""
+def decoder_layer(L: int, w, stream: Residual, segments, c, kr, attention, store, observers=()) -> None:
+    """One layer (SPEC §4.1): AttnRes in, attention, AttnRes, MLP or latent MoE; updates `stream`.
+    `segments`: (start, stop, layer state) of each sequence's rows; only attention tells them apart."""
     h = stream.mix(kr, fold(w, "self_attention_res"), c.rms_norm_eps) if stream.blocks else stream.prefix
     if L % c.attn_res_block_size == 0:
         stream.close_block()  # the snapshot is the layer's INPUT prefix
     x = kr.rmsnorm(h, w.vec("input_layernorm.weight"), c.rms_norm_eps)
-    stream.add(attention.forward(w, x, layer_state, c, kr))
+    stream.add(attention.forward_batch(w, x, segments, c, kr))
     h = stream.mix(kr, fold(w, "mlp_res"), c.rms_norm_eps)
     x = kr.rmsnorm(h, w.vec("post_attention_layernorm.weight"), c.rms_norm_eps)
     stream.add(dense_mlp(w, x, c, kr) if c.is_dense(L) else latent_moe(w, x, L, c, kr, store, observers))

@@ -27,6 +27,8 @@ MIN_RING = 2
 MAX_THREADS = 1024
 MIN_CONTEXT, MAX_CONTEXT = 16, 1 << 20        # positions: below 16 nothing useful fits; above, a typo
 DEFAULT_PREFILL_CHUNK, MAX_PREFILL_CHUNK = 512, 1 << 16
+MAX_SPECULATE = 16                            # drafted ids per verify pass
+MAX_SEQUENCES = 64                            # sequences per batched pass
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ class EngineConfig:
     pin_layers: int | None = None                 # pin exactly this many layers (needs `trunk`)
     max_context: int = DEFAULT_CONTEXT            # positions (prompt + reply) a session may hold; the plan reserves them
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK    # prompt ids forwarded per pass: bounds the working memory
+    speculate: int = 0                            # drafted ids per verify pass the plan reserves rollback for; 0: none
+    sequences: int = 1                            # sequences one pass may advance; the plan holds a decode state each
     placer_options: Mapping | PluginOptions | None = None  # the trunk placer's own options
     store_options: Mapping | PluginOptions | None = None   # the expert store's own options
     tokenizer: str | os.PathLike | None = None    # tokenizer directory; None: the model directory
@@ -79,6 +83,10 @@ class EngineConfig:
               f"an integer in {MIN_CONTEXT}..{MAX_CONTEXT}")
         check(_is_int(self.prefill_chunk) and 1 <= self.prefill_chunk <= MAX_PREFILL_CHUNK, "prefill_chunk",
               f"an integer in 1..{MAX_PREFILL_CHUNK}")
+        check(_is_int(self.speculate) and 0 <= self.speculate <= MAX_SPECULATE, "speculate",
+              f"an integer in 0..{MAX_SPECULATE} (0: no speculative decoding)")
+        check(_is_int(self.sequences) and 1 <= self.sequences <= MAX_SEQUENCES, "sequences",
+              f"an integer in 1..{MAX_SEQUENCES}")
         for name in ("placer_options", "store_options"):
             value = getattr(self, name)
             check(value is None or isinstance(value, (Mapping, PluginOptions)), name,
@@ -149,7 +157,7 @@ class Resolved:
     def plan(self, available: int | None = None) -> Plan:
         c = self.checkpoint.config
         return Plan(self.placer.plan(self.placer_ctx), self.store.plan(self.store_ctx),
-                    state_rows(c, self.attention_for, self.config.max_context, self.config.prefill_chunk),
+                    state_rows(c, self.attention_for, self.config),
                     budgets.mem_available() if available is None else available)
 
 

@@ -5,7 +5,7 @@ shared low-rank pair; the delta-rule recurrence; head-wise RMSNorm, then the out
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -18,9 +18,29 @@ L2_EPS = 1e-6
 class KDAState:
     S: np.ndarray        # [heads, D, D] float32, starts at zero
     history: np.ndarray  # [3 (q, k, v), K-1, P] the last K-1 conv inputs, oldest first
+    journal: "Journal | None" = None  # since the last mark (speculation), what rollback replays
 
     def __deepcopy__(self, memo):
         return KDAState(self.S.copy(), self.history.copy())
+
+
+@dataclass
+class Journal:
+    """The state at a mark and, per position forwarded since, the recurrence's inputs and the conv inputs:
+    enough to replay the recurrence over any prefix of them."""
+
+    S: np.ndarray
+    history: np.ndarray
+    chunks: list = field(default_factory=list)  # (conv inputs [3, T, P], q, k, v [T, heads, D], alpha, beta)
+
+    @property
+    def positions(self) -> int:
+        return sum(chunk[0].shape[1] for chunk in self.chunks)
+
+    def first(self, kept: int) -> list[np.ndarray]:
+        """(conv inputs [3, kept, P], q, k, v, alpha, beta) over the first `kept` positions."""
+        conv_in = np.concatenate([chunk[0] for chunk in self.chunks], axis=1)[:, :kept]
+        return [conv_in, *(np.concatenate([chunk[i] for chunk in self.chunks])[:kept] for i in range(1, 6))]
 
 
 class KDA(AttentionBackend):
@@ -62,25 +82,55 @@ class KDA(AttentionBackend):
         return KDAState(arrays["S"].copy(), arrays["history"].copy())
 
     def forward(self, w, x, state, c, kr):
+        return self.forward_batch(w, x, [(0, x.shape[0], state)], c, kr)
+
+    def forward_batch(self, w, x, segments, c, kr):
         T, heads, D = x.shape[0], c.kda_num_heads, c.kda_head_dim
         a = "self_attn."
-
-        def conv_branch(i, name):  # Linear → causal conv → SiLU, carrying the conv history
-            y, state.history[i] = kr.short_conv(kr.linear(w[a + f"{name}_proj.weight"], x), state.history[i],
-                                                w.vec(a + f"{name}_conv1d.weight")[:, 0, :])
-            return y
-
-        q, k, v = conv_branch(0, "q"), conv_branch(1, "k"), conv_branch(2, "v")  # [T, P]
-        q, k = kr.l2norm_heads(q, heads, L2_EPS), kr.l2norm_heads(k, heads, L2_EPS)  # sum, not mean
+        conv_in = np.stack([kr.linear(w[a + f"{n}_proj.weight"], x) for n in "qkv"])  # [3, T, P], all rows at once
+        conv_w = [w.vec(a + f"{n}_conv1d.weight")[:, 0, :] for n in "qkv"]
         beta = kr.sigmoid(kr.linear(w[a + "b_proj.weight"], x))  # [T, heads]
         z = kr.linear(w[a + "f_b_proj.weight"], kr.linear(w[a + "f_a_proj.weight"], x))  # one pair for all heads
         a_log = w.vec(a + "A_log").reshape(-1)[:heads]  # A_log is per head, not per channel
         alpha = kr.kda_decay(z.reshape(T, heads, D), a_log, w.vec(a + "dt_bias"), c.gate_lower_bound)
-        o, state.S = kr.kda_recurrence(q.reshape(T, heads, D), k.reshape(T, heads, D), v.reshape(T, heads, D),
-                                       alpha, beta, state.S, D ** -0.5)
+        o = np.empty((T, heads, D), np.float32)
+        for start, stop, state in segments:  # the conv and the recurrence run along each sequence
+            rows = slice(start, stop)
+            q, k, v, history = conv_qkv(kr, conv_in[:, rows], state.history, conv_w, heads, D)
+            o[rows], S = kr.kda_recurrence(q, k, v, alpha[rows], beta[rows], state.S, D ** -0.5)
+            if state.journal is not None:
+                state.journal.chunks.append((conv_in[:, rows], q, k, v, alpha[rows], beta[rows]))
+            state.S, state.history = S, history
         y = kr.rmsnorm(o.reshape(T * heads, D), w.vec(a + "o_norm.weight"), c.rms_norm_eps)  # norm first
         y = kr.mul_sigmoid(y.reshape(T, heads * D), kr.linear(w[a + "g_proj.weight"], x))  # then the gate
         return kr.linear(w[a + "o_proj.weight"], y)
+
+    def mark(self, state):
+        state.journal = Journal(state.S, state.history)  # a pass replaces both arrays, never writes into them
+
+    def rollback(self, state, kept, c, kr):
+        journal, state.journal = state.journal, None
+        if journal is None or kept == journal.positions:
+            return
+        conv_in, q, k, v, alpha, beta = journal.first(kept)
+        window = np.concatenate([journal.history, conv_in], axis=1)  # [3, K-1 + kept, P]
+        state.history = np.ascontiguousarray(window[:, kept:])
+        state.S = journal.S
+        if kept:
+            _, state.S = kr.kda_recurrence(q, k, v, alpha, beta, journal.S, c.kda_head_dim ** -0.5)
+
+    def rollback_bytes(self, c, layer, positions):
+        P, heads = c.kda_proj_dim, c.kda_num_heads
+        return self.state_bytes(c, layer, 0) + 4 * positions * (7 * P + heads)  # S, history; 3P in, q k v α, β
+
+
+def conv_qkv(kr, conv_in, history, conv_w, heads, D):
+    """(q, k, v [T, heads, D], the next conv history) of one sequence: Linear → causal conv → SiLU, then q
+    and k L2-normed per head (a sum, not a mean)."""
+    out, after = zip(*(kr.short_conv(conv_in[i], history[i], conv_w[i]) for i in range(3)))
+    q, k = kr.l2norm_heads(out[0], heads, L2_EPS), kr.l2norm_heads(out[1], heads, L2_EPS)
+    T = conv_in.shape[1]
+    return q.reshape(T, heads, D), k.reshape(T, heads, D), out[2].reshape(T, heads, D), np.stack(after)
 
 
 @hookimpl(trylast=True)

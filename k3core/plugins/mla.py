@@ -6,19 +6,38 @@ v's projection into the output, which is the same product in a different groupin
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
 from ..plugin_api import FLOAT, MATRIX, AttentionBackend, Param, TensorSpec, hookimpl
 
 
-@dataclass
+GROW = 256
+
+
 class MLACache:
-    keys: list = field(default_factory=list)  # per position: [latent | k_rope] float32 [kv_lora + rope]
+    """Per position the [latent | k_rope] row, float32, in one array that grows GROW rows at a time (at most
+    GROW - 1 rows beyond what the memory plan counts; the copies on growth stay cheap next to attention)."""
+
+    def __init__(self, width: int, keys: np.ndarray | None = None):
+        self.rows = np.zeros((0, width), np.float32) if keys is None else np.array(keys, np.float32)
+        self.n = len(self.rows)
+        self.mark: int | None = None  # positions held at the last mark (speculation)
+
+    @property
+    def keys(self) -> np.ndarray:
+        return self.rows[:self.n]
+
+    def append(self, keys: np.ndarray) -> None:
+        need = self.n + len(keys)
+        if need > len(self.rows):
+            grown = np.empty((-(-need // GROW) * GROW, keys.shape[1]), np.float32)
+            grown[:self.n] = self.rows[:self.n]
+            self.rows = grown
+        self.rows[self.n:need] = keys
+        self.n = need
 
     def __deepcopy__(self, memo):
-        return MLACache([k.copy() for k in self.keys])
+        return MLACache(self.rows.shape[1], self.keys)
 
 
 class MLA(AttentionBackend):
@@ -42,23 +61,24 @@ class MLA(AttentionBackend):
         return specs
 
     def new_state(self, c, layer):
-        return MLACache()
+        return MLACache(c.kv_lora_rank + c.qk_rope_head_dim)
 
     def state_bytes(self, c, layer, context):
         return 4 * (c.kv_lora_rank + c.qk_rope_head_dim) * context  # float32 [latent | k_rope] per position
 
     def state_arrays(self, cache):
-        width = len(cache.keys[0]) if cache.keys else 0
-        return {"keys": np.stack(cache.keys) if cache.keys else np.zeros((0, width), np.float32)}
+        return {"keys": cache.keys}
 
     def state_from_arrays(self, c, layer, arrays):
-        keys = arrays["keys"]
-        if keys.dtype != np.float32 or (len(keys) and keys.shape[1] != c.kv_lora_rank + c.qk_rope_head_dim):
-            raise ValueError(f"layer {layer}: MLA cache of shape {keys.shape}, expected [n, "
-                             f"{c.kv_lora_rank + c.qk_rope_head_dim}] float32")
-        return MLACache([k.copy() for k in keys])
+        keys, width = arrays["keys"], c.kv_lora_rank + c.qk_rope_head_dim
+        if keys.dtype != np.float32 or keys.ndim != 2 or keys.shape[1] != width:
+            raise ValueError(f"layer {layer}: MLA cache of shape {keys.shape}, expected [n, {width}] float32")
+        return MLACache(width, keys)
 
     def forward(self, w, x, cache, c, kr):
+        return self.forward_batch(w, x, [(0, x.shape[0], cache)], c, kr)
+
+    def forward_batch(self, w, x, segments, c, kr):
         T, heads = x.shape[0], c.num_attention_heads
         nope, rope, lora, dv = c.qk_nope_head_dim, c.qk_rope_head_dim, c.kv_lora_rank, c.v_head_dim
         a = "self_attn."
@@ -69,20 +89,35 @@ class MLA(AttentionBackend):
         keys = np.concatenate([latent, ckv[:, lora:]], axis=1)  # k_rope is one vector shared by all heads
 
         kv_b = w[a + "kv_b_proj.weight"].data.reshape(heads, nope + dv, lora)  # per head [k_nope | v] rows
-        k_nope_t = [Param(np.ascontiguousarray(kv_b[h, :nope].T), w[a + "kv_b_proj.weight"].dtype) for h in range(heads)]
-        v_proj = [Param(np.ascontiguousarray(kv_b[h, nope:]), w[a + "kv_b_proj.weight"].dtype) for h in range(heads)]
+        dtype = w[a + "kv_b_proj.weight"].dtype
+        q_lat = np.stack([kr.linear(Param(np.ascontiguousarray(kv_b[h, :nope].T), dtype),
+                                    np.ascontiguousarray(q[:, h, :nope])) for h in range(heads)], axis=1)
+        query = np.concatenate([q_lat, q[:, :, nope:]], axis=2)  # [T, heads, lora | rope]; no rotation anywhere
         scale = (nope + rope) ** -0.5  # the rope dims count: 192^-½, not 128^-½
-        out = np.empty((T, heads * dv), np.float32)
-        for t in range(T):
-            cache.keys.append(keys[t])
-            q_lat = np.concatenate([kr.linear(k_nope_t[h], q[t, h:h + 1, :nope]) for h in range(heads)])  # [heads, lora]
-            query = np.concatenate([q_lat, q[t, :, nope:]], axis=1)  # no rotation anywhere
-            cached = np.stack(cache.keys)
-            ctx = kr.mqa_attention(query, cached, np.ascontiguousarray(cached[:, :lora]), scale)  # [heads, lora]
-            out[t] = np.concatenate([kr.linear(v_proj[h], ctx[h:h + 1])[0] for h in range(heads)])
+        ctx = np.empty((T, heads, lora), np.float32)
+        for start, stop, cache in segments:
+            cache.append(keys[start:stop])
+            cached = cache.keys
+            values = np.ascontiguousarray(cached[:, :lora])
+            before = cache.n - (stop - start)
+            for t in range(start, stop):  # causal: position t sees the cache up to and including itself
+                seen = before + t - start + 1
+                ctx[t] = kr.mqa_attention(query[t], cached[:seen], values[:seen], scale)
+        out = np.concatenate([kr.linear(Param(np.ascontiguousarray(kv_b[h, nope:]), dtype), ctx[:, h])
+                              for h in range(heads)], axis=1)  # [T, heads * dv]
         if c.mla_use_output_gate:
             out = kr.mul_sigmoid(out, kr.linear(w[a + "g_proj.weight"], x))  # gate, no norm
         return kr.linear(w[a + "o_proj.weight"], out)
+
+    def mark(self, cache):
+        cache.mark = cache.n
+
+    def rollback(self, cache, kept, c, kr):
+        if cache.mark is not None:
+            cache.n, cache.mark = cache.mark + kept, None
+
+    def rollback_bytes(self, c, layer, positions):
+        return 0  # the cache is truncated; the rows past the mark are already counted at max_context
 
 
 @hookimpl(trylast=True)

@@ -8,25 +8,114 @@ rest is forwarded, in chunks of at most `engine.prefill_chunk` ids (the bits do 
 chunking; the working memory does). An id is forwarded only when the next one is asked for, so after
 the caller stops, `state` holds every id but the last one yielded. Prompt and generated ids together
 never exceed `engine.max_context`: a longer prompt is refused, and generation ends there.
+
+Speculative decoding (`speculation=`) changes how many passes that takes, never an id: each verify pass
+forwards the last id and up to k drafted ones; the sampler picks position by position, exactly as serial
+decoding would (one pick, and with sampling one PRNG draw, per emitted id, from the same logits bits), and
+the first id that differs from the draft ends the step. The decode state is then rolled back to the
+accepted position, so the state rule above holds after every yield.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, PluginError, UsageError
+from ..interfaces import DraftSource
+from ..model.engine_config import MAX_SPECULATE
 from .sampling import Sampler
+
+AUTO_REST_MAX = 64  # steps an adaptive K rests at zero drafts, at most, between tries
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """Speculative decoding for one generation: `draft` proposes ids, and each verify pass forwards the
+    last id plus up to `k` of them. `adaptive` (--speculate auto) lets the number drafted move between 0 and
+    `k` with the acceptance, so a draft source that is always wrong costs almost nothing."""
+
+    draft: DraftSource
+    k: int = 4
+    adaptive: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.draft, DraftSource):
+            raise UsageError(f"speculation needs a DraftSource instance (k3core.plugin_api.DraftSource), got "
+                             f"{type(self.draft).__name__}")
+        if not (isinstance(self.k, int) and not isinstance(self.k, bool) and 1 <= self.k <= MAX_SPECULATE):
+            raise UsageError(f"speculate must be an integer in 1..{MAX_SPECULATE} drafted ids per pass, got {self.k!r}")
+
+
+class DraftLength:
+    """How many ids to draft for the next pass. Fixed: always k. Adaptive: twice as many after a pass that
+    accepted all it drafted, one more than were accepted after a partial one, half after none; at zero it
+    rests 1, 2, 4 … AUTO_REST_MAX steps (doubling with each fruitless try) before drafting one again."""
+
+    def __init__(self, k: int, adaptive: bool):
+        self.limit, self.adaptive = k, adaptive
+        self.k = 1 if adaptive else k
+        self.rest = self.misses = 0
+
+    def next(self) -> int:
+        if self.rest:
+            self.rest -= 1
+            return 0
+        return self.k
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if not self.adaptive:
+            return
+        if accepted == drafted:
+            self.k, self.misses = min(self.limit, 2 * self.k), 0
+        elif accepted:
+            self.k, self.misses = min(self.limit, accepted + 1), 0
+        else:
+            self.misses += 1
+            self.k //= 2
+            if self.k == 0:
+                self.k, self.rest = 1, min(AUTO_REST_MAX, 2 ** (self.misses - 1))
 
 
 def generate_ids(engine, prompt: Sequence[int], state, sampler: Sampler | None = None, *, observers=(),
-                 full_recompute: bool = False) -> Iterator[tuple[int, np.ndarray]]:
-    """Yield (id, logits [V]) for each generated position, forever (the caller stops).
+                 full_recompute: bool = False, speculation: Speculation | None = None
+                 ) -> Iterator[tuple[int, np.ndarray]]:
+    """Yield (id, logits [V]) for each generated position, forever (the caller stops, then closes the
+    generator: with speculation, closing is what rolls the state back to the stopping point).
 
     `state` holds a prefix of `prompt` (an empty state holds the empty prefix). `sampler` picks from the
     logits and the ids so far (its repetition penalty's history); None is greedy. `full_recompute`
     forwards the whole sequence from a fresh state for every id (a check of the incremental path; `state`
-    is then left as it was)."""
+    is then left as it was). `speculation` verifies drafted ids in batched passes (same ids)."""
+    history = checked_prompt(engine, prompt, state)
+    done = state.ids
+    if speculation is not None:
+        check_speculation(engine, speculation, full_recompute)
+    sampler = sampler or Sampler()
+    if full_recompute:
+        while True:
+            logits = engine.forward(history, engine.new_state(), observers=observers)
+            token = pick(sampler, logits, history, observers)
+            yield token, logits
+            history.append(token)
+            if len(history) >= engine.max_context:
+                return
+    logits = prefill(engine, history[len(done):], state, observers)
+    if speculation is not None:
+        yield from speculative(engine, history, state, sampler, logits, speculation, observers)
+        return
+    while True:
+        token = pick(sampler, logits, history, observers)
+        yield token, logits
+        history.append(token)
+        if len(history) >= engine.max_context:  # the context is full: this id can never be forwarded
+            return
+        logits = engine.forward([token], state, observers=observers)
+
+
+def checked_prompt(engine, prompt: Sequence[int], state) -> list[int]:
+    """`prompt` as a list of ints, refused if empty, over the context limit, or not extending `state`."""
     history = [int(t) for t in prompt]
     if not history:
         raise InputError("the prompt is empty: give at least one token id")
@@ -37,21 +126,72 @@ def generate_ids(engine, prompt: Sequence[int], state, sampler: Sampler | None =
     if len(done) >= len(history) or history[:len(done)] != done:
         raise InputError(f"the decode state holds {len(done)} ids that are not a strict prefix of the "
                          f"{len(history)}-id prompt; start from a fresh state (engine.new_state())")
-    sampler = sampler or Sampler()
-    pending = history[len(done):]
-    while True:
-        if full_recompute:
-            logits = engine.forward(history, engine.new_state(), observers=observers)
-        else:
-            logits = prefill(engine, pending, state, observers)
-        token = sampler.pick(logits, history)
-        for o in observers:
-            o.on_token(token, logits)
-        yield token, logits
-        history.append(token)
-        if len(history) >= engine.max_context:  # the context is full: this id can never be forwarded
-            return
-        pending = [token]
+    return history
+
+
+def pick(sampler, logits, history, observers) -> int:
+    token = sampler.pick(logits, history)
+    for o in observers:
+        o.on_token(token, logits)
+    return token
+
+
+def check_speculation(engine, speculation: Speculation, full_recompute: bool) -> None:
+    if full_recompute:
+        raise UsageError("speculation and full recompute do not combine: full recompute forwards every id alone")
+    if speculation.k > engine.speculate:
+        raise UsageError(f"speculate {speculation.k}: this engine's memory plan reserves rollback for "
+                         f"{engine.speculate} drafted ids per pass (EngineConfig.speculate, --speculate when opening)")
+
+
+def speculative(engine, history, state, sampler, logits, spec: Speculation, observers):
+    """generate_ids after the prompt, with verify passes; `logits` are the prompt's last position's."""
+    spec.draft.begin(tuple(history))
+    length = DraftLength(spec.k, spec.adaptive)
+    rows, drafted, generated, kept = logits[None], [], 0, 0
+    try:
+        while True:
+            i = 0
+            while True:  # emit from the pass's rows while the model agrees with the draft
+                token = pick(sampler, rows[i], history, observers)
+                kept = i + 1  # stopped after this id, the state keeps the pass's positions before it
+                yield token, rows[i]
+                history.append(token)
+                generated += 1
+                if len(history) >= engine.max_context:
+                    return
+                if i == len(drafted) or token != drafted[i]:
+                    break
+                i += 1
+            if drafted:  # i drafted ids were accepted: keep [last id, those i]
+                engine.rollback(state, i + 1)
+                length.update(len(drafted), i)
+                for o in observers:
+                    o.on_draft(len(drafted), i)
+            k = min(length.next(), engine.max_context - 1 - len(history))
+            drafted = proposals(spec.draft, history, generated, k, engine.config.vocab_size) if k > 0 else []
+            if drafted:
+                engine.mark(state)
+            kept = 0
+            rows = engine.forward([history[-1], *drafted], state, all_logits=True, observers=observers)
+    finally:
+        if state.mark is not None:
+            engine.rollback(state, kept)
+
+
+def proposals(draft: DraftSource, history, generated: int, k: int, vocab: int) -> list[int]:
+    """The draft source's ids for the next pass, checked: at most k token ids of this model."""
+    ids = draft.propose(tuple(history), generated, k)
+    try:
+        ids = list(ids)
+    except TypeError:
+        raise PluginError(f"draft source {draft.name!r}: propose() returned {type(ids).__name__}, not a list of "
+                          "token ids") from None
+    bad = [t for t in ids if not (isinstance(t, (int, np.integer)) and not isinstance(t, bool) and 0 <= t < vocab)]
+    if bad or len(ids) > k:
+        raise PluginError(f"draft source {draft.name!r}: propose() must return at most {k} token ids in 0..{vocab - 1}"
+                          f", got {len(ids)} ids" + (f" including {bad[:3]!r}" if bad else ""))
+    return [int(t) for t in ids]
 
 
 def prefill(engine, ids, state, observers=()) -> np.ndarray:
