@@ -16,7 +16,8 @@ from pathlib import Path
 
 from .errors import (BindingError, CheckpointError, ConfigError, InputError, K3Error, PlanError, PluginError,
                      TokenizerError, TrunkError, UnsoundRunError, UsageError)
-from .cli.common import EXIT_CODES, add_engine_args, engine_config
+from .cli.common import EXIT_CODES, add_engine_args, add_speculation_args, engine_config
+from .cli.common import speculation as speculation_of_args
 from .cli.progress import PackMeter, ProgressMeter
 from .cli.doctor import TRUNK_BYTES as RELEASED_TRUNK_BYTES
 from .cli.doctor import Target, measure_read, run_checks
@@ -35,11 +36,12 @@ from .model.report import peak_rss_bytes
 from .model.testmodel import MARKER as TEST_MODEL_MARKER
 from .model.testmodel import make_model, planned_bytes, shape_config
 from .plugin_manager import describe_plugins as _describe
-from .plugin_manager import get_plugin_manager, new_plugin_manager
+from .plugin_manager import choose_draft, get_plugin_manager, new_plugin_manager
 from .text.channels import Event, visible
 from .text.chat import Conversation
 from .text.chat_session import ChatSession
-from .text.generate import generate_ids, greedy_ids
+from .text.batch import BatchGenerator, Emitted
+from .text.generate import AUTO_K, Speculation, generate_ids, greedy_ids
 from .text.sampling import Sampler, SamplingParams
 from .text.session import Session
 from .text.tokenizer import Tokenizer, load_tokenizer
@@ -50,7 +52,8 @@ __all__ = [
     "Budget", "PRESETS", "PRESET_NAMES", "WORKING_BYTES", "auto_preset", "mem_available", "peak_rss_bytes",
     "describe_plugins", "check_checkpoint", "scan_weights", "model_note",
     # generation and text
-    "generate_ids", "greedy_ids", "Sampler", "SamplingParams", "Session", "ChatSession", "Conversation", "Event", "visible", "Tokenizer",
+    "generate_ids", "greedy_ids", "Speculation", "speculation", "draft_source", "AUTO_K", "BatchGenerator", "Emitted",
+    "Sampler", "SamplingParams", "Session", "ChatSession", "Conversation", "Event", "visible", "Tokenizer",
     "load_tokenizer",
     # files: profile, decode states, packed trunks, test models
     "Profile", "load_profile", "save_profile", "profile_path", "config_from_profile", "save_state", "load_state",
@@ -59,7 +62,7 @@ __all__ = [
     # the machine
     "machine_checks", "measure_read", "RELEASED_TRUNK_BYTES",
     # a subcommand that runs the engine takes the same flags as `k3 run`
-    "add_engine_arguments", "engine_config_from_args", "EXIT_CODES", "add_logging_arguments", "configure_logging",
+    "add_engine_arguments", "engine_config_from_args", "add_speculation_arguments", "speculation_from_args", "EXIT_CODES", "add_logging_arguments", "configure_logging",
     # errors
     "K3Error", "UsageError", "ConfigError", "CheckpointError", "BindingError", "TrunkError", "InputError",
     "TokenizerError", "PluginError", "PlanError", "UnsoundRunError", "ProfileError", "StateFileError",
@@ -126,8 +129,22 @@ def describe_plugins(plugins=()) -> list[dict]:
     return _describe(_manager(plugins))
 
 
+def draft_source(spec: str = "ngram", plugins=()):
+    """The draft source `spec` names, built: "ngram", "replay:PATH", or an installed plugin's NAME[:ARGUMENT]."""
+    return choose_draft(_manager(plugins), spec)
+
+
+def speculation(draft: str = "ngram", k: int | str = "auto", plugins=()) -> Speculation:
+    """Speculative decoding settings for Session.generate / ChatSession.ask / generate_ids: the draft source
+    `draft` names, and `k` drafted ids per pass, or "auto" (adaptive, up to AUTO_K). The engine must have
+    been opened with EngineConfig(speculate=...) at least that large."""
+    if k == "auto":
+        return Speculation(draft_source(draft, plugins), AUTO_K, adaptive=True)
+    return Speculation(draft_source(draft, plugins), k)
+
+
 def _manager(plugins):
-    return new_plugin_manager(plugins) if plugins else get_plugin_manager() if plugins else get_plugin_manager()
+    return new_plugin_manager(plugins) if plugins else get_plugin_manager()
 
 
 def config_from_profile(profile: Profile | None = None, **overrides) -> EngineConfig:
@@ -202,3 +219,13 @@ def add_engine_arguments(parser) -> None:
 def engine_config_from_args(args) -> EngineConfig:
     """The EngineConfig of parsed engine flags; no MODEL_DIR means the saved profile."""
     return engine_config(args)
+
+
+def add_speculation_arguments(parser) -> None:
+    """`k3 run`'s --speculate K|auto and --draft NAME (engine_config_from_args reserves the rollback they need)."""
+    add_speculation_args(parser)
+
+
+def speculation_from_args(args) -> Speculation | None:
+    """A fresh Speculation for one generation as --speculate / --draft ask, or None when they are not given."""
+    return speculation_of_args(args)

@@ -252,11 +252,12 @@ class Chats:
         events.put(("started", (display(chat.conv.messages) + [{"role": "user", "content": text}], note)))
         mark, touched, done = (len(chat.conv.messages), len(chat.history)), Touched(), None
         slot.sampled = not params.greedy
+        speculation = self.host.speculation()
         if self.monitor:
-            self.monitor.begin(note, sampled=slot.sampled)
+            self.monitor.begin(note, sampled=slot.sampled, speculating=speculation is not None)
         observers = [touched] + ([self.monitor] if self.monitor else [])
         try:
-            for event in chat.ask(text, params, cancelled=stop.is_set, observers=observers):
+            for event in chat.ask(text, params, cancelled=stop.is_set, observers=observers, speculation=speculation):
                 if event.kind == "done":
                     done, s = event, event.stats
                     log.info("session %s: %d prompt tokens (%d reused), %d generated (%s), %s s/token", who,

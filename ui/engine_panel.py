@@ -36,13 +36,14 @@ class Monitor(Observer):
             self.waiting += delta
 
     # ---- written by the turn worker (the thread that holds the engine lock) ----
-    def begin(self, note: str = "", sampled: bool = True) -> None:
+    def begin(self, note: str = "", sampled: bool = True, speculating: bool = False) -> None:
         """A turn starts; `note` says what is unusual about it (e.g. a freed state being recomputed)."""
         s = _io(self.host.engine.stats())
         with self._lock:
-            self.live = {"note": note, "sampled": sampled, "t0": time.perf_counter(), "calls": 0, "layer": 0,
-                         "layers": self.host.engine.config.num_hidden_layers, "start": s, "first": None,
-                         "prev": s, "now": s, "t_first": None, "t_call": None}
+            self.live = {"note": note, "sampled": sampled, "speculating": speculating, "t0": time.perf_counter(),
+                         "passes": 0, "tokens": 0, "drafted": 0, "accepted": 0, "layer": 0,
+                         "layers": self.host.engine.config.num_hidden_layers, "start": s, "first": None, "now": s,
+                         "t_first": None, "t_token": None, "t_pass": None}
 
     def on_layer(self, layer: int, layers: int) -> None:
         """Observer.on_layer: a forward pass is at `layer` of `layers`; layer 0 starts a new pass."""
@@ -50,13 +51,29 @@ class Monitor(Observer):
         if live is None:
             return
         if layer == 0:
-            now, s = time.perf_counter(), _io(self.host.engine.stats())
             with self._lock:
-                live["calls"] += 1
-                if live["calls"] == 2:  # the prompt pass is done: its output is the first token
-                    live["first"], live["t_first"] = s, now
-                live["prev"], live["now"], live["t_call"] = live["now"], s, now
+                live["passes"] += 1
+                live["t_pass"] = time.perf_counter()
         live["layer"], live["layers"] = layer + 1, layers
+
+    def on_token(self, token: int, logits) -> None:
+        """Observer.on_token: the reply has one more token (with speculation, several can come from one pass)."""
+        live = self.live
+        if live is None:
+            return
+        now, s = time.perf_counter(), _io(self.host.engine.stats())
+        with self._lock:
+            live["tokens"] += 1
+            if live["tokens"] == 1:  # the prompt pass is done: its output is the first token
+                live["first"], live["t_first"] = s, now
+            live["now"], live["t_token"] = s, now
+
+    def on_draft(self, drafted: int, accepted: int) -> None:
+        live = self.live
+        if live is not None:
+            with self._lock:
+                live["drafted"] += drafted
+                live["accepted"] += accepted
 
     def end(self, stats: dict | None, reason: str) -> None:
         """The turn is over: keep its numbers (ChatSession's stats when it finished)."""
@@ -68,13 +85,14 @@ class Monitor(Observer):
         turn = _minus(s, live["start"])
         st = stats or {}
         prefill_io = _minus(live["first"], live["start"]) if live["first"] else turn
-        n = st.get("generated_tokens", max(live["calls"], 0))
+        n = st.get("generated_tokens", live["tokens"])
         decode_io = _minus(s, live["first"]) if live["first"] and n > 1 else None
         self.last = {"reason": reason, "sampled": live["sampled"], "generated": n,
                      "prefill_tokens": prefill_io["tokens_forwarded"], "prefill_seconds": st.get("prefill_seconds"),
                      "seconds_per_token": st.get("seconds_per_token"), "seed": st.get("seed"),
                      "prefill_io": prefill_io, "decode_io": decode_io, "turn_io": turn,
-                     "reused": st.get("reused_tokens")}
+                     "reused": st.get("reused_tokens"), "speculating": live["speculating"],
+                     "drafted": live["drafted"], "accepted": live["accepted"], "passes": live["passes"]}
 
     # ---- read by anyone ----
     def snapshot(self) -> dict:
@@ -109,18 +127,24 @@ def _hits(io: dict | None) -> str:
     return f"{100 * io['expert_hits'] / io['expert_requests']:.1f} % of {io['expert_requests']} expert reads"
 
 
+def _drafts(d: dict) -> tuple[str, str, str]:
+    share = f" ({100 * d['accepted'] / d['drafted']:.0f} %)" if d["drafted"] else ""
+    return ("drafts accepted", f"{d['accepted']} of {d['drafted']}{share} · {d['passes']} passes for the prompt and "
+                               f"{d['tokens'] if 'tokens' in d else d['generated']} tokens", "drafts")
+
+
 def _status(live: dict | None, waiting: int) -> str:
     queue = f" · {waiting} waiting" if waiting else ""
     if live is None:
         return "idle" + queue
-    elapsed = time.perf_counter() - (live["t_call"] or live["t0"])
-    what = "reading the prompt" if live["calls"] <= 1 else f"token {live['calls']}"
+    elapsed = time.perf_counter() - (live["t_pass"] or live["t0"])
+    what = "reading the prompt" if live["tokens"] == 0 else f"token {live['tokens'] + 1}"
     return (f"{what}: layer {live['layer']} / {live['layers']} ({elapsed:.1f} s){queue}"
             f'<br><progress value="{live["layer"]}" max="{live["layers"]}"></progress>')
 
 
 def _live_rows(live: dict) -> list[tuple[str, str, str]]:
-    generated = max(live["calls"] - 1, 0)  # pass k yields token k; pass `calls` is running
+    generated = live["tokens"]
     rows = [("this turn", live["note"], "turn-note")] if live["note"] else []
     rows.append(("tokens so far", str(generated), "tokens"))
     first = live["first"]
@@ -129,10 +153,12 @@ def _live_rows(live: dict) -> list[tuple[str, str, str]]:
         rows.append(("prefill", f"{prompt['tokens_forwarded']} tokens, "
                                 f"{_rate(prompt['tokens_forwarded'], live['t_first'] - live['t0'])}", "prefill"))
         if generated > 1:
-            rows.append(("decode", _rate(generated - 1, live["t_call"] - live["t_first"]), "decode"))
-            rows.append(("read per token", _read(_minus(live["now"], live["prev"])), "read"))
+            rows.append(("decode", _rate(generated - 1, live["t_token"] - live["t_first"]), "decode"))
+            rows.append(("read per token", _read(_minus(live["now"], first), generated - 1), "read"))
         else:
             rows.append(("read by the prompt pass", _read(prompt), "read"))
+    if live["speculating"]:
+        rows.append(_drafts(live))
     rows.append(("true hit rate", _hits(_minus(live["now"], live["start"])), "hits"))
     return rows
 
@@ -148,6 +174,8 @@ def _last_rows(last: dict) -> list[tuple[str, str, str]]:
         rows.append(("read per token", _read(last["decode_io"], n - 1), "read"))
     else:
         rows.append(("read by the prompt pass", _read(last["prefill_io"]), "read"))
+    if last["speculating"]:
+        rows.append(_drafts(last))
     rows.append(("true hit rate", _hits(last["turn_io"]), "hits"))
     return rows
 

@@ -14,9 +14,10 @@ PRESET_CHOICES = ["laptop", "desktop", "workstation", "server", "max", "auto", "
 
 
 class EngineHost:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, speculation=lambda: None):
         self.lock = threading.Lock()
         self.config = config
+        self.speculation = speculation  # a fresh k3core.Speculation for each turn, or None (k3 ui --speculate)
         self.engine = open_engine(config)
         self.tokenizer = load_tokenizer(config.tokenizer or config.model)
         self.generation = 0  # bumped by reload(): decode states of an older generation are void
@@ -68,7 +69,8 @@ class EngineHost:
         self._reopen(config_from_profile(kernels=c.kernels, threads=c.threads, attention=c.attention,
                                          trunk_placer=c.trunk_placer, expert_store=c.expert_store, ring=c.ring,
                                          max_context=c.max_context, placer_options=c.placer_options,
-                                         store_options=c.store_options))
+                                         store_options=c.store_options, speculate=c.speculate,
+                                         sequences=c.sequences, prefill_chunk=c.prefill_chunk))
         return self.engine.plan
 
     def _reopen(self, config: EngineConfig) -> None:

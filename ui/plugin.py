@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from k3core import EXIT_CODES, add_engine_arguments, add_logging_arguments, configure_logging, engine_config_from_args
+from k3core import (EXIT_CODES, add_engine_arguments, add_logging_arguments, add_speculation_arguments,
+                    configure_logging, engine_config_from_args, speculation_from_args)
 from k3core.plugin_api import hookimpl
 
 from .guard import ADMIN_FLAG
@@ -17,7 +18,9 @@ def cmd_ui(args) -> int:
     from .server import serve
 
     configure_logging(args.log_level)
-    return serve(engine_config_from_args(args), server_options(args))
+    config = engine_config_from_args(args)
+    speculation_from_args(args)  # a bad --draft is refused before the engine loads
+    return serve(config, server_options(args), speculation=lambda: speculation_from_args(args))
 
 
 def server_options(args) -> ServerOptions:
@@ -58,6 +61,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "the real model); others recompute their history on their next turn")
     g = p.add_argument_group("chat")
     g.add_argument("--tok", metavar="DIR", help="tokenizer directory (default: MODEL_DIR)")
+    add_speculation_arguments(p)
     add_logging_arguments(p, access_log=True)
     p.set_defaults(func=cmd_ui)
     return p

@@ -161,13 +161,13 @@ def warn_exposed(host: str, auth) -> None:
           + "; traffic is plain HTTP", file=sys.stderr)
 
 
-def serve(config: EngineConfig, opts: ServerOptions) -> int:
+def serve(config: EngineConfig, opts: ServerOptions, speculation=lambda: None) -> int:
     """`k3 ui`: check the address first, then open the engine, build the app and serve until Ctrl-C."""
     host = check_host(opts.host, opts.expose)
     auth = parse_auth(opts.auth or os.environ.get("K3_UI_AUTH"))
     if not is_loopback(host):
         warn_exposed(host, auth)
-    engine = EngineHost(config)  # no model, no profile, a plan that does not fit: said before Gradio loads
+    engine = EngineHost(config, speculation)  # no model, no profile, a plan that does not fit: said before Gradio loads
     for notice in engine.engine.notices:
         print(notice, file=sys.stderr)
     try:

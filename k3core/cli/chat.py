@@ -9,7 +9,8 @@ import signal
 import sys
 import time
 
-from .common import EXIT_CODES, add_engine_args, add_sampling_args, engine_config, open_engine, sampling_params
+from .common import (EXIT_CODES, add_engine_args, add_sampling_args, add_speculation_args, engine_config, open_engine,
+                     sampling_params, speculation)
 from ..api import K3Error, visible
 
 HELP = """commands:
@@ -173,7 +174,7 @@ def _converse(args, config, params, tty) -> int:
             shown: dict = {}
             started = time.perf_counter()
             with Interrupt() as interrupt:
-                for event in chat.ask(line, params, cancelled=lambda: interrupt.hit):
+                for event in chat.ask(line, params, cancelled=lambda: interrupt.hit, speculation=speculation(args)):
                     if event.kind == "text":
                         _show(event, tty, shown)
             print("\x1b[0m" if tty else "")
@@ -202,4 +203,5 @@ def add_parser(sub) -> None:
     g.add_argument("--system", metavar="TEXT", help="a system message")
     g.add_argument("--verbose", action="store_true", help="print /stats after every reply")
     add_sampling_args(p, default_max=512)
+    add_speculation_args(p)
     p.set_defaults(func=cmd_chat)

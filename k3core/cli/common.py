@@ -8,7 +8,8 @@ import sys
 
 from ..errors import EXIT_CODES, UsageError
 
-__all__ = ["EXIT_CODES", "add_engine_args", "add_sampling_args", "engine_config", "open_engine", "sampling_params"]
+__all__ = ["EXIT_CODES", "add_engine_args", "add_sampling_args", "add_speculation_args", "engine_config", "open_engine",
+           "sampling_params", "speculation"]
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -68,6 +69,44 @@ def add_sampling_args(p: argparse.ArgumentParser, default_max: int) -> None:
     g.add_argument("--stop-id", action="append", type=int, default=[], metavar="ID", help="stop at this id (repeatable)")
 
 
+def add_speculation_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speculative decoding (the same ids in fewer passes over the weights; docs/PERFORMANCE.md)")
+    g.add_argument("--speculate", metavar="K|auto",
+                   help="each pass forwards the last id plus up to K drafted ids (1-16) and keeps the ones the model "
+                        "agrees with; auto adapts K (0-8) to the acceptance, so useless drafts cost almost nothing "
+                        "(default: off)")
+    g.add_argument("--draft", metavar="NAME", default=None,
+                   help="where drafts come from: ngram (default: the longest earlier repeat of the last ids), "
+                        "replay:PATH (ids from a file), or an installed draft-source plugin (`k3 plugins`)")
+
+
+def speculate_k(args) -> int:
+    """The --speculate value as drafted ids per pass (auto: its ceiling); 0 when off."""
+    from ..model.engine_config import MAX_SPECULATE
+    from ..text.generate import AUTO_K
+
+    value = getattr(args, "speculate", None)
+    if value is None:
+        if getattr(args, "draft", None):
+            raise UsageError("--draft needs --speculate K or --speculate auto")
+        return 0
+    if value == "auto":
+        return AUTO_K
+    if not (value.isascii() and value.isdigit() and 1 <= int(value) <= MAX_SPECULATE):
+        raise UsageError(f"--speculate takes a number of drafted ids 1..{MAX_SPECULATE} or auto, got {value!r}")
+    return int(value)
+
+
+def speculation(args):
+    """The Speculation the flags ask for, or None."""
+    from ..api import speculation as build
+
+    k = speculate_k(args)
+    if not k:
+        return None
+    return build(args.draft or "ngram", "auto" if args.speculate == "auto" else k)
+
+
 def sampling_params(args):
     from ..text.sampling import SamplingParams
 
@@ -113,7 +152,7 @@ def engine_config(args):
                   pin_layers=args.pin_layers, max_context=args.max_context, prefill_chunk=args.prefill_chunk,
                   store_options=_options(args.store_option, "--store-option"),
                   placer_options=_options(args.placer_option, "--placer-option"),
-                  tokenizer=getattr(args, "tok", None))
+                  tokenizer=getattr(args, "tok", None), speculate=speculate_k(args))
     try:
         return EngineConfig(args.model, **fields) if args.model else config_from_profile(**fields)
     except UsageError as exc:  # name the flags, not the fields

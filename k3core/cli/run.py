@@ -14,7 +14,8 @@ from pathlib import Path
 from ..api import Observer, UsageError, visible
 from ..io.atomic import write_bytes_atomic as write_atomic
 from ..model.checkpoint import EXPERT_PARTS, expert_prefix
-from .common import EXIT_CODES, add_engine_args, add_sampling_args, engine_config, open_engine, sampling_params
+from .common import (EXIT_CODES, add_engine_args, add_sampling_args, add_speculation_args, engine_config, open_engine,
+                     sampling_params, speculation)
 
 
 def parse_ids(text: str, source: str) -> list[int]:
@@ -167,6 +168,9 @@ def cmd_run(args) -> int:
         if path and not Path(path).resolve().parent.is_dir():
             raise UsageError(f"{flag} {path}: its directory does not exist")
     params = sampling_params(args)
+    if args.full_recompute and args.speculate:
+        raise UsageError("--speculate and --full-recompute do not combine: full recompute forwards every id alone")
+    speculate = speculation(args)
     start = time.perf_counter()
     with open_engine(config) as engine:
         tokenizer = load_tokenizer(config.tokenizer or config.model) if kind == "text" else None
@@ -176,7 +180,7 @@ def cmd_run(args) -> int:
         session = Session(engine, tokenizer)
         load_seconds = time.perf_counter() - start
         events = session.generate(ids, params, stop_ids=stop_ids, channel=channel, full_recompute=args.full_recompute,
-                                  observers=[logits] + ([trace] if trace else []))
+                                  observers=[logits] + ([trace] if trace else []), speculation=speculate)
         thought = False
         for event in events:
             if event.kind == "text" and kind == "text":
@@ -192,9 +196,10 @@ def cmd_run(args) -> int:
             print(" ".join(str(t) for t in generated), flush=True)
         else:
             print(flush=True)
-        report = run_report(engine, ids, generated, done.stats["stamps"], done.stats["started"], load_seconds,
+        report = run_report(engine, ids, generated, done.stats, load_seconds,
                             "full-recompute" if args.full_recompute else "incremental")
-        report.update(threads=args.threads, stop_reason=done.reason, seed=done.stats["seed"])
+        report.update(threads=args.threads, stop_reason=done.reason, seed=done.stats["seed"],
+                      speculate=args.speculate, draft=(args.draft or "ngram") if args.speculate else None)
         if trace is not None:
             trace.write(args.dump_trace, engine)
     if not args.quiet:
@@ -221,6 +226,7 @@ def add_parser(sub) -> None:
                "  k3 run demo-model --prompt 'Hello' --chat --thinking --temperature 1.0 --seed 7\n"
                "  k3 run demo-model --ids 1,2,3 --gen 8 --json run.json\n"
                "  k3 run demo-model --ids 5,6 --gen 4 --full-recompute   # recompute the whole sequence each step\n"
+               "  k3 run demo-model 'Repeat after me: one two three' --chat --speculate auto   # ngram drafts\n"
                "  k3 run demo-model --ids 1,2 --kernels scalar --threads 1 --dump-logits a.f32\n"
                "  k3 run demo-model --ids 1,2 --threads 2 --dump-logits b.f32 && cmp a.f32 b.f32\n"
                "  k3 run /models/Kimi-K3 --trunk /nvme/k3-trunk --preset laptop --prompt-file question.txt\n\n"
@@ -239,6 +245,7 @@ def add_parser(sub) -> None:
     g.add_argument("--thinking", action="store_true", help="with --chat: thinking mode (thinking goes to stderr)")
     g.add_argument("--system", metavar="TEXT", help="with --chat: a system message")
     add_sampling_args(run, default_max=16)
+    add_speculation_args(run)
     g = run.add_argument_group("output")
     g.add_argument("--full-recompute", action="store_true",
                    help="recompute the full sequence for every id instead of carrying decode state")

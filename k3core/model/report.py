@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import resource
 
+from .budget import human
+
 
 def peak_rss_bytes() -> int:
     """Peak resident set size of this process (Linux reports KiB)."""
@@ -14,9 +16,10 @@ def _rate(nbytes, seconds):
     return nbytes / seconds if seconds > 0 else None
 
 
-def run_report(engine, prompt, generated, stamps, started, load_seconds, mode) -> dict:
-    """`stamps`: perf_counter() when each id came out; `started`: when generation began."""
-    s = engine.stats()
+def run_report(engine, prompt, generated, stats, load_seconds, mode) -> dict:
+    """`stats`: a generation's "done" event stats (Session.generate): the token timestamps `stamps`, when it
+    `started`, its passes and draft counts."""
+    s, stamps, started = engine.stats(), stats["stamps"], stats["started"]
     decode = [b - a for a, b in zip(stamps, stamps[1:])]
     wall = stamps[-1] - started
     requests = s.get("expert_requests", 0)
@@ -42,6 +45,10 @@ def run_report(engine, prompt, generated, stamps, started, load_seconds, mode) -
         "expert_bytes_read": s.get("expert_bytes_read", 0),
         "expert_read_rate": _rate(s.get("expert_bytes_read", 0), s.get("expert_read_seconds", 0.0)),
         "io_share_of_wall": io_seconds / wall if wall > 0 else None,
+        "forward_passes": stats["forward_passes"],
+        "draft_proposed": stats["draft_proposed"],
+        "draft_accepted": stats["draft_accepted"],
+        "bytes_read_per_token": stats["bytes_read_per_token"],
         "memory_plan": engine.plan.to_dict(),
         "stats": s,
     }
@@ -65,4 +72,12 @@ def report_text(r: dict) -> str:
         f"{r['expert_requests']} requests, TRUE hits {_pct(r['expert_true_hit_rate'])}, retention "
         f"{_pct(r['expert_retention'])}, read {r['expert_bytes_read'] / 1e9:.3f} GB at {_gbps(r['expert_read_rate'])}; "
         f"I/O {_pct(r['io_share_of_wall'])} of wall time",
+        f"{r['forward_passes']} forward passes; {_per_token(r['bytes_read_per_token'])} read per generated id after "
+        "the first" + (f"; drafts: {r['draft_accepted']} of {r['draft_proposed']} accepted "
+                       f"({_pct(r['draft_accepted'] / r['draft_proposed'] if r['draft_proposed'] else None)})"
+                       if r.get("speculate") else ""),
     ])
+
+
+def _per_token(x):
+    return "n/a" if x is None else human(x)

@@ -49,14 +49,14 @@ class ChatSession:
         return self.history + full[len(before):]
 
     def ask(self, text: str, params: SamplingParams, cancelled: Callable[[], bool] = lambda: False,
-            observers=()) -> Iterator[Event]:
+            observers=(), speculation=None) -> Iterator[Event]:
         """Add the user's message and stream the reply (text events, then "done"); `observers` watch
-        the forward passes (k3core.Observer)."""
+        the forward passes (k3core.Observer); `speculation` (a k3core.Speculation) drafts and verifies."""
         self.conv.add_user(text)
         prompt = self._prompt()
         channel = MODES[self.mode]
         for event in self.session.generate(prompt, params, stop_ids=sorted(self.conv.stop_ids), channel=channel,
-                                           cancelled=cancelled, observers=observers):
+                                           cancelled=cancelled, observers=observers, speculation=speculation):
             if event.kind == "done":
                 reply = self.conv.add_reply(event.ids)
                 self.history = prompt + event.ids + self._closing(event.stats["open_channel"], reply.finished)

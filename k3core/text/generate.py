@@ -27,6 +27,7 @@ from ..interfaces import DraftSource
 from ..model.engine_config import MAX_SPECULATE
 from .sampling import Sampler
 
+AUTO_K = 8          # the most ids an adaptive K (--speculate auto) drafts per pass
 AUTO_REST_MAX = 64  # steps an adaptive K rests at zero drafts, at most, between tries
 
 

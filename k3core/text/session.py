@@ -16,7 +16,7 @@ from typing import Callable, Iterator, Sequence
 from ..errors import K3Error
 from ..model.engine import Observer
 from .channels import Event, TextStream
-from .generate import generate_ids
+from .generate import Speculation, generate_ids
 from .sampling import Sampler, SamplingParams
 
 
@@ -40,6 +40,23 @@ class CancelBetweenLayers(Observer):
         self.prefilling = False
 
 
+class DraftTally(Observer):
+    """Counts the drafted ids verify passes checked and the ones the model agreed with."""
+
+    def __init__(self):
+        self.drafted = self.accepted = 0
+
+    def on_draft(self, drafted, accepted):
+        self.drafted += drafted
+        self.accepted += accepted
+
+
+def bytes_read(engine) -> int:
+    """Trunk and expert bytes the engine has read from disk so far."""
+    s = engine.stats()
+    return s.get("trunk_bytes_read", 0) + s.get("expert_bytes_read", 0)
+
+
 class Session:
     def __init__(self, engine, tokenizer=None):
         self.engine, self.tokenizer = engine, tokenizer
@@ -58,20 +75,23 @@ class Session:
 
     def generate(self, prompt: Sequence[int], params: SamplingParams, *, stop_ids: Sequence[int] = (),
                  channel: str | None = None, cancelled: Callable[[], bool] = lambda: False, observers=(),
-                 full_recompute: bool = False) -> Iterator[Event]:
+                 full_recompute: bool = False, speculation: Speculation | None = None) -> Iterator[Event]:
         """Stream the reply to `prompt`: text events, then one "done" event with the ids and stats.
         `channel`: the XTML channel the prompt's generation prefix opened (chat mode), or None for raw
         text. Without a tokenizer only the "done" event comes. `full_recompute` forwards the whole
-        sequence from a fresh state for every id (the session state is then unused)."""
+        sequence from a fresh state for every id (the session state is then unused). `speculation` verifies
+        drafted ids in batched passes: the same events, in fewer passes when the drafts are good."""
         engine = self.engine
         reused = len(prompt) - len(self.to_forward(prompt))
-        sampler = Sampler(params)
+        sampler, tally = Sampler(params), DraftTally()
         steps = generate_ids(engine, prompt, engine.new_state() if full_recompute else self.state, sampler,
-                             observers=[CancelBetweenLayers(cancelled), *observers], full_recompute=full_recompute)
+                             observers=[CancelBetweenLayers(cancelled), tally, *observers],
+                             full_recompute=full_recompute, speculation=speculation)
         text = TextStream(self.tokenizer, params.stop_strings, channel) if self.tokenizer is not None else None
         stop_set = set(stop_ids) | set(params.stop_ids)
         generated, reason, stamps = [], "max tokens", []
-        forwarded_before, started = engine.tokens_forwarded, time.perf_counter()
+        forwarded_before, passes_before, read_before = engine.tokens_forwarded, engine.forward_passes, bytes_read(engine)
+        started = time.perf_counter()
         try:
             while len(generated) < params.max_tokens:
                 if cancelled():
@@ -88,6 +108,8 @@ class Session:
                     break
                 token = step[0]
                 stamps.append(time.perf_counter())
+                if len(stamps) == 1:
+                    passes_first, read_first = engine.forward_passes, bytes_read(engine)
                 generated.append(token)
                 if token in stop_set:
                     reason = "stop id"
@@ -104,6 +126,12 @@ class Session:
         yield Event("done", ids=generated, reason=reason, stats={
             "prompt_tokens": len(prompt), "reused_tokens": reused,
             "forwarded_tokens": engine.tokens_forwarded - forwarded_before, "generated_tokens": len(generated),
+            "forward_passes": engine.forward_passes - passes_before, "draft_proposed": tally.drafted,
+            "draft_accepted": tally.accepted, "bytes_read": bytes_read(engine) - read_before,
+            # decode only, like seconds_per_token: what each id after the first cost
+            "decode_passes": engine.forward_passes - passes_first if stamps else 0,
+            "bytes_read_per_token": (bytes_read(engine) - read_first) / (len(generated) - 1) if len(generated) > 1
+            else None,
             "prefill_seconds": stamps[0] - started if stamps else 0.0,
             "seconds_per_token": (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else None,
             "seed": sampler.seed, "started": started, "stamps": stamps,

@@ -61,7 +61,7 @@ class FakeDemo:
 class FakeHost:
     closed = 0
 
-    def __init__(self, config):
+    def __init__(self, config, speculation=lambda: None):
         self.config, self.model = config, config.model
         named = types.SimpleNamespace(name="stand-in")
         self.engine = types.SimpleNamespace(notices=[], kernels=named, placer=named, store=named)
