@@ -473,6 +473,12 @@ class DraftSource(ABC):
     def __init__(self, argument: str | None = None):
         self.argument = argument
 
+    @classmethod
+    def example_argument(cls, directory) -> str | None:
+        """An argument the conformance kit can build this source with, using files it may write under
+        `directory` (a Path); None when it takes no argument."""
+        return None
+
     def begin(self, prompt: Sequence[int]) -> None:
         """A generation starts after `prompt`."""
 

@@ -1,6 +1,6 @@
 """`k3 plugins`: every installed plugin with its version, hooks and what each provides; with --check,
-the conformance kit (k3core.testing) run on each installed kernel backend, expert store and trunk
-placer, pass/fail per check."""
+the conformance kit (k3core.testing) run on each installed kernel backend, expert store, trunk placer
+and draft source, pass/fail per check."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,7 @@ from ..errors import EXIT_CODES, UsageError
 from ..plugin_manager import describe_plugins, get_plugin_manager, offered, origin
 
 KINDS = (("k3_kernel_backends", "kernel backend"), ("k3_expert_stores", "expert store"),
-         ("k3_trunk_placers", "trunk placer"))
+         ("k3_trunk_placers", "trunk placer"), ("k3_draft_sources", "draft source"))
 
 
 def targets(pm, name: str | None) -> list[tuple[str, object, str]]:
@@ -24,16 +24,17 @@ def targets(pm, name: str | None) -> list[tuple[str, object, str]]:
                 out.append((kind, o.item, where))
     if name is not None and not out:
         known = sorted({o.name for hook, _ in KINDS for o in offered(pm, hook)})
-        raise UsageError(f"--check {name!r}: no installed kernel backend, expert store or trunk placer has that name, "
+        raise UsageError(f"--check {name!r}: no installed kernel backend, expert store, trunk placer or draft source has "
+                         "that name, "
                          f"plugin or distribution (installed: {', '.join(known)})")
     return out
 
 
 def checks_of(kind: str, item) -> list:
-    from ..testing import expert_store_checks, kernel_backend_checks, trunk_placer_checks
+    from ..testing import draft_source_checks, expert_store_checks, kernel_backend_checks, trunk_placer_checks
 
     return {"kernel backend": kernel_backend_checks, "expert store": expert_store_checks,
-            "trunk placer": trunk_placer_checks}[kind](item)
+            "trunk placer": trunk_placer_checks, "draft source": draft_source_checks}[kind](item)
 
 
 def cmd_check(args) -> int:

@@ -48,6 +48,12 @@ class ReplayDraft(DraftSource):
             raise UsageError(f"--draft replay:{argument}: expected token ids (decimal, comma/space separated)")
         self.ids = [int(p) for p in parts]
 
+    @classmethod
+    def example_argument(cls, directory):
+        path = Path(directory) / "replay-ids.txt"
+        path.write_text(" ".join(str((17 * i + 3) % 200) for i in range(64)) + "\n", encoding="utf-8")
+        return str(path)
+
     def propose(self, history, generated, k):
         return self.ids[generated:generated + k]
 

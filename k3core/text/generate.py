@@ -167,8 +167,7 @@ def speculative(engine, history, state, sampler, logits, spec: Speculation, obse
             if drafted:  # i drafted ids were accepted: keep [last id, those i]
                 engine.rollback(state, i + 1)
                 length.update(len(drafted), i)
-                for o in observers:
-                    o.on_draft(len(drafted), i)
+                tell_draft(observers, drafted, i)
             k = min(length.next(), engine.max_context - 1 - len(history))
             drafted = proposals(spec.draft, history, generated, k, engine.config.vocab_size) if k > 0 else []
             if drafted:
@@ -176,8 +175,14 @@ def speculative(engine, history, state, sampler, logits, spec: Speculation, obse
             kept = 0
             rows = engine.forward([history[-1], *drafted], state, all_logits=True, observers=observers)
     finally:
-        if state.mark is not None:
+        if state.mark is not None:  # stopped inside a verify pass's ids: its drafts up to there were accepted
             engine.rollback(state, kept)
+            tell_draft(observers, drafted, max(kept - 1, 0))
+
+
+def tell_draft(observers, drafted, accepted) -> None:
+    for o in observers:
+        o.on_draft(len(drafted), accepted)
 
 
 def proposals(draft: DraftSource, history, generated: int, k: int, vocab: int) -> list[int]:

@@ -1,0 +1,59 @@
+"""Conformance checks of a draft source (speculative decoding): what it proposes is well-formed, and
+generating with it gives exactly the serial ids, logits and decode state — greedy and seeded sampling,
+fixed K and adaptive, on generated models. Proposals may be as wrong as they like; only time may change."""
+from __future__ import annotations
+
+from ..model.engine import Engine
+from ..model.engine_config import EngineConfig
+from ..model.testmodel import shape_config
+from ..text.generate import AUTO_K, Speculation
+from ..text.sampling import SamplingParams
+from . import models
+from .checks import Check, CheckFailed, expect
+from .engines import generation
+
+PROMPTS = ((3, 1, 4, 1, 5, 9, 2, 6), (7, 7, 8, 7, 7, 8, 7, 7))  # the second repeats, so lookup drafts fire
+STEPS = 12
+PARAMS = (("greedy", SamplingParams()), ("seeded sampling", SamplingParams(temperature=0.9, top_k=40, seed=5)))
+
+
+def draft_checks(cls) -> list[Check]:
+    """Every check of the draft source class `cls` (built as cls(cls.example_argument(directory)))."""
+    who = f"draft source {cls.name!r}"
+
+    def build():
+        return cls(cls.example_argument(models.scratch(f"draft-{cls.name}")))
+
+    def proposals_are_token_ids():
+        draft, vocab = build(), shape_config("tiny").vocab_size
+        for prompt in PROMPTS:
+            draft.begin(prompt)
+            history = list(prompt)
+            for generated in range(6):
+                for k in (1, 3, 8):
+                    ids = list(draft.propose(tuple(history), generated, k))
+                    expect(len(ids) <= k, f"propose(k={k}) returned {len(ids)} ids")
+                    expect(all(isinstance(t, int) and 0 <= t < vocab for t in ids),
+                           f"propose returned {ids[:5]!r}: not token ids (ints in 0..{vocab - 1} on this model)")
+                history.append((generated * 37) % vocab)
+
+    def speculation_gives_serial_output():
+        for shape in ("tiny", "small"):
+            engine = Engine(EngineConfig(models.model(shape), speculate=AUTO_K), available=1 << 40)
+            try:
+                for prompt in PROMPTS:
+                    for how, params in PARAMS:
+                        want = generation(engine, prompt, STEPS, params)
+                        for k, adaptive in ((4, False), (AUTO_K, True)):
+                            got = generation(engine, prompt, STEPS, params, Speculation(build(), k, adaptive))
+                            what = f"{shape} model, {how}, {'auto' if adaptive else f'K={k}'}, prompt {list(prompt)}"
+                            if got[0] != want[0]:
+                                raise CheckFailed(f"{what}: ids {got[0]} instead of serial {want[0]}")
+                            expect(got[1] == want[1], f"{what}: the logit bytes differ from serial decoding")
+                            expect(got[2] == want[2], f"{what}: the decode state after stopping differs from serial")
+            finally:
+                engine.close()
+
+    return [Check(f"{who}: proposes at most k token ids of the model", proposals_are_token_ids),
+            Check(f"{who}: speculation with it gives the serial ids, logit bytes and decode state (greedy, seeded "
+                  "sampling; K=4 and auto)", speculation_gives_serial_output)]

@@ -1,0 +1,290 @@
+"""Exact speculative decoding: with any draft source — lookup (ngram), an oracle replaying the serial
+continuation, one that is always wrong, random ids — at K = 1..8 and adaptive, the ids, the logit bytes
+of every emitted position and the decode state left behind are those of serial decoding; stops land
+where serial decoding stops, and a conversation continues after rejected drafts exactly as without them.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from k3core import (AUTO_K, ChatSession, Conversation, EngineConfig, SamplingParams, Session, Speculation, load_tokenizer,
+                    open_engine)
+from k3core.errors import InputError, K3Error, PluginError, UsageError
+from k3core.plugin_api import DraftSource
+from k3core.plugins.drafts import NgramDraft, ReplayDraft
+from k3core.testing.engines import generation, state_bytes
+
+from .conftest import DEMO_MODEL
+
+STEPS = 20
+GREEDY = SamplingParams()
+SEEDED = SamplingParams(temperature=0.9, top_p=0.95, seed=11)
+PROMPTS = {"tiny": [3, 1, 4, 1, 5, 9, 2, 6], "small": [7, 7, 8, 7, 7, 8, 7, 7, 8], "demo": None}
+
+
+class Listed(DraftSource):
+    """Proposes from a fixed list: the i-th id after the i-th generated (like replay:PATH, without a file)."""
+
+    name = "listed"
+
+    def __init__(self, ids):
+        super().__init__(None)
+        self.ids = list(ids)
+
+    def propose(self, history, generated, k):
+        return self.ids[generated:generated + k]
+
+
+class Random(DraftSource):
+    """Random ids, and a random number of them (0..k), from a seeded generator."""
+
+    name = "random"
+
+    def __init__(self, seed, vocab):
+        super().__init__(None)
+        self.rng, self.vocab = random.Random(seed), vocab
+
+    def propose(self, history, generated, k):
+        return [self.rng.randrange(self.vocab) for _ in range(self.rng.randint(0, k))]
+
+
+@pytest.fixture(scope="module", params=["tiny", "small", "demo"])
+def case(request, model_factory):
+    """(engine, prompt) on two generated shapes and the trained demo model, with rollback for AUTO_K."""
+    model = DEMO_MODEL if request.param == "demo" else model_factory(request.param)
+    with open_engine(EngineConfig(model, speculate=AUTO_K)) as engine:
+        prompt = PROMPTS[request.param]
+        if prompt is None:
+            conv = Conversation(load_tokenizer(DEMO_MODEL), "instruct")
+            conv.add_user("Repeat after me: red, green, blue, red, green, blue.")
+            prompt = conv.prompt()
+        yield engine, prompt
+
+
+def sources(serial_ids, vocab):
+    """(name, fresh Speculation) for every draft pattern the contract covers."""
+    wrong = [(t + 1) % vocab for t in serial_ids]
+    out = [(f"oracle K={k}", lambda k=k: Speculation(Listed(serial_ids), k)) for k in range(1, 9)]
+    out += [("wrong K=4", lambda: Speculation(Listed(wrong), 4)),
+            ("half right K=3", lambda: Speculation(Listed([t if i % 2 else w for i, (t, w) in
+                                                           enumerate(zip(serial_ids, wrong))]), 3)),
+            ("random K=5", lambda: Speculation(Random(3, vocab), 5)),
+            ("ngram K=4", lambda: Speculation(NgramDraft(), 4)),
+            ("oracle auto", lambda: Speculation(Listed(serial_ids), AUTO_K, adaptive=True)),
+            ("wrong auto", lambda: Speculation(Listed(wrong), AUTO_K, adaptive=True)),
+            ("ngram auto", lambda: Speculation(NgramDraft(), AUTO_K, adaptive=True))]
+    return out
+
+
+@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_every_draft_pattern_gives_the_serial_ids_logits_and_state(case, params):
+    engine, prompt = case
+    want = generation(engine, prompt, STEPS, params)
+    for name, spec in sources(want[0] + want[0][:8], engine.config.vocab_size):
+        got = generation(engine, prompt, STEPS, params, spec())
+        assert got[0] == want[0], name
+        assert got[1] == want[1], f"{name}: logit bytes"
+        assert got[2] == want[2], f"{name}: decode state after stopping"
+
+
+def test_a_replay_file_drives_the_oracle_and_the_wrong_draft(case, tmp_path):
+    engine, prompt = case
+    want = generation(engine, prompt, STEPS, GREEDY)
+    (tmp_path / "oracle.txt").write_text(", ".join(map(str, want[0])))
+    (tmp_path / "wrong.txt").write_text(" ".join(str((t + 3) % engine.config.vocab_size) for t in want[0]))
+    for name in ("oracle", "wrong"):
+        draft = ReplayDraft(str(tmp_path / f"{name}.txt"))
+        assert generation(engine, prompt, STEPS, GREEDY, Speculation(draft, 4)) == want, name
+
+
+def passes(engine, prompt, steps, spec):
+    before = engine.forward_passes
+    generation(engine, prompt, steps, GREEDY, spec)
+    return engine.forward_passes - before
+
+
+def test_pass_counts_follow_acceptance(tiny_model):
+    with open_engine(EngineConfig(tiny_model, speculate=AUTO_K)) as engine:
+        prompt = PROMPTS["tiny"]
+        ids = generation(engine, prompt, 64, GREEDY)[0]
+        serial = passes(engine, prompt, 24, None)
+        assert serial == 24  # the prompt pass gives id 1, one pass per id after it
+        for k in (1, 2, 4, 8):  # a full accept emits k + 1 ids per pass
+            assert passes(engine, prompt, 24, Speculation(Listed(ids), k)) == 1 + math.ceil(23 / (k + 1))
+        wrong = [(t + 1) % engine.config.vocab_size for t in ids]
+        assert passes(engine, prompt, 24, Speculation(Listed(wrong), 4)) == serial  # nothing saved, nothing lost
+        tally = []
+
+        class Count(DraftSource):
+            name = "count"
+
+            def propose(self, history, generated, k):
+                tally.append(k)
+                return wrong[generated:generated + k]
+
+        generation(engine, prompt, 64, GREEDY, Speculation(Count(), AUTO_K, adaptive=True))
+        assert sum(tally) <= 8, f"auto kept drafting useless ids: {tally}"  # rests 1, 2, 4 … steps between tries
+        assert passes(engine, prompt, 24, Speculation(Listed(ids), AUTO_K, adaptive=True)) <= 8
+
+
+@pytest.mark.parametrize("shape", ["tiny", "small"])
+def test_rollback_gives_the_state_of_forwarding_only_the_kept_ids(model_factory, shape):
+    with open_engine(EngineConfig(model_factory(shape), speculate=8)) as engine:
+        prompt, more = [5, 6, 7, 8], [9, 10, 11, 12, 13, 14]
+        for kept in range(len(more) + 1):
+            state = engine.new_state()
+            engine.forward(prompt, state)
+            engine.mark(state)
+            engine.forward(more, state, all_logits=True)
+            engine.rollback(state, kept)
+            alone = engine.new_state()
+            engine.forward(prompt, alone)
+            if kept:
+                engine.forward(more[:kept], alone)
+            assert state_bytes(engine, state) == state_bytes(engine, alone), f"kept {kept}"
+            assert state.mark is None
+            # and the two states go on to the same logits
+            assert engine.forward([1, 2], state).tobytes() == engine.forward([1, 2], alone).tobytes()
+
+
+def test_rollback_needs_a_mark_and_a_count_in_range(tiny_model):
+    with open_engine(EngineConfig(tiny_model, speculate=2)) as engine:
+        state = engine.new_state()
+        engine.forward([1, 2], state)
+        with pytest.raises(K3Error, match="without a mark"):
+            engine.rollback(state, 0)
+        engine.mark(state)
+        engine.forward([3], state)
+        with pytest.raises(K3Error, match="rollback to 2 of the 1 positions"):
+            engine.rollback(state, 2)
+
+
+def events_of(session, prompt, params, spec):
+    events = list(session.generate(prompt, params, speculation=spec))
+    done = events[-1]
+    return [(e.kind, e.text, e.channel) for e in events[:-1]], done.ids, done.reason
+
+
+@pytest.fixture(scope="module")
+def demo():
+    with open_engine(EngineConfig(DEMO_MODEL, speculate=AUTO_K)) as engine:
+        yield engine, load_tokenizer(DEMO_MODEL)
+
+
+def test_stop_ids_strings_and_max_tokens_land_where_serial_stops(demo):
+    engine, tok = demo
+    prompt = tok.encode("The capital of France is Paris. The capital of Japan is Tokyo. The capital of")
+    full = generation(engine, prompt, 40, GREEDY)[0]
+    words = tok.decode(full)
+    stop_string = words.strip().split()[2]  # a word a few tokens in
+    stop_id = full[5]
+    cases = {"max tokens": SamplingParams(max_tokens=7), "stop id": SamplingParams(max_tokens=40, stop_ids=(stop_id,)),
+             "stop string": SamplingParams(max_tokens=40, stop_strings=(stop_string,)),
+             "seeded, max tokens": SamplingParams(temperature=1.0, seed=3, max_tokens=9)}
+    for what, params in cases.items():
+        serial = Session(engine, tok)
+        want = events_of(serial, prompt, params, None)
+        for k in (1, 4, 8):  # the oracle drafts run past the stop: the verify pass sees ids after it
+            spec = Session(engine, tok)
+            got = events_of(spec, prompt, params, Speculation(Listed(full + full), k))
+            assert got == want, (what, k)
+            assert state_bytes(engine, spec.state) == state_bytes(engine, serial.state), (what, k)
+    assert want[2] == "max tokens"
+
+
+def test_a_conversation_continues_after_rejected_drafts_as_without_them(demo):
+    engine, tok = demo
+    turns = ["What is the capital of France?", "And of Japan?", "What is 7 + 5?"]
+
+    def converse(make_spec):
+        chat, out = ChatSession(engine, tok), []
+        for text in turns:
+            for _ in chat.ask(text, GREEDY, speculation=make_spec()):
+                pass
+            out.append((chat.last["answer"], chat.last["reused_tokens"], chat.last["generated_tokens"]))
+        return out, state_bytes(engine, chat.session.state), chat.last
+
+    want, want_state, _ = converse(lambda: None)
+    wrong = [1] * 64  # never what the model says: every pass rolls back
+    got, got_state, last = converse(lambda: Speculation(Listed(wrong), 4))
+    assert got == want and got_state == want_state
+    assert last["draft_proposed"] > 0 and last["draft_accepted"] == 0
+    got, got_state, _ = converse(lambda: Speculation(NgramDraft(), AUTO_K, adaptive=True))
+    assert got == want and got_state == want_state
+
+
+def test_the_done_event_counts_passes_and_drafts(demo):
+    engine, tok = demo
+    prompt = tok.encode("one two three one two three one two")
+    full = generation(engine, prompt, 30, GREEDY)[0]
+    events = list(Session(engine, tok).generate(prompt, SamplingParams(max_tokens=21),
+                                                speculation=Speculation(Listed(full), 4)))
+    s = events[-1].stats
+    assert s["generated_tokens"] == 21 and s["forward_passes"] == 1 + 4  # 20 ids after the first, 5 a pass
+    assert s["draft_proposed"] == 16 and s["draft_accepted"] == 16
+    assert s["decode_passes"] == 4 and s["bytes_read_per_token"] == 0  # the demo model is held in RAM
+
+
+class Broken(DraftSource):
+    name = "broken"
+
+    def __init__(self, result):
+        super().__init__(None)
+        self.result = result
+
+    def propose(self, history, generated, k):
+        return self.result
+
+
+@pytest.mark.parametrize("result, problem", [([1, 2, 3, 4, 5, 6], "got 6 ids"), ([-1], "including \\[-1\\]"),
+                                             ([10 ** 9], "including"), ([1.5], "including"), (7, "returned int")])
+def test_a_draft_source_that_breaks_its_contract_is_named(tiny_model, result, problem):
+    with open_engine(EngineConfig(tiny_model, speculate=4)) as engine:
+        with pytest.raises(PluginError, match=f"draft source 'broken'.*{problem}"):
+            generation(engine, [1, 2, 3], 5, GREEDY, Speculation(Broken(result), 4))
+
+
+def test_speculation_beyond_the_planned_rollback_is_refused(tiny_model):
+    with open_engine(EngineConfig(tiny_model, speculate=2)) as engine:
+        with pytest.raises(UsageError, match="reserves rollback for 2 drafted ids"):
+            generation(engine, [1, 2], 3, GREEDY, Speculation(NgramDraft(), 4))
+    with open_engine(EngineConfig(tiny_model)) as engine:
+        with pytest.raises(UsageError, match="reserves rollback for 0"):
+            generation(engine, [1, 2], 3, GREEDY, Speculation(NgramDraft(), 1))
+    for bad in (0, 17, "4", True):
+        with pytest.raises(UsageError, match="speculate must be an integer in 1..16"):
+            Speculation(NgramDraft(), bad)
+    with pytest.raises(UsageError, match="DraftSource instance"):
+        Speculation("ngram", 4)
+    with pytest.raises(UsageError, match="speculate must be an integer in 0..16"):
+        EngineConfig(tiny_model, speculate=-1)
+
+
+def test_the_memory_plan_counts_the_rollback(tiny_model):
+    from k3core import memory_plan
+    from k3core.model.testmodel import shape_config
+    from k3core.plugins.kda import KDA
+
+    rows = {r.item: r for r in memory_plan(EngineConfig(tiny_model, speculate=4), available=1 << 40).rows}
+    c = shape_config("tiny")
+    kda_layers = [L for L in range(c.num_hidden_layers) if not c.is_mla(L)]
+    per_position = 4 * (7 * c.kda_proj_dim + c.kda_num_heads)
+    assert rows["speculation rollback"].bytes == len(kda_layers) * (KDA().state_bytes(c, 0, 0) + 5 * per_position)
+    assert "5 positions (--speculate 4)" in rows["speculation rollback"].detail
+    assert "speculation rollback" not in {r.item for r in memory_plan(EngineConfig(tiny_model), available=1 << 40).rows}
+    wide = shape_config("wide")  # real K3 widths: what one verified position costs per KDA layer
+    assert KDA().rollback_bytes(wide, 0, 1) - KDA().rollback_bytes(wide, 0, 0) == 344_448
+
+
+def test_the_id_prompt_is_still_checked_with_speculation(tiny_model):
+    with open_engine(EngineConfig(tiny_model, speculate=2, max_context=16)) as engine:
+        with pytest.raises(InputError, match="over the context limit of 16"):
+            generation(engine, list(range(17)), 2, GREEDY, Speculation(NgramDraft(), 2))
+        ids = generation(engine, [1, 2, 3], 40, GREEDY)[0]
+        assert len(ids) == 13  # the context fills: 3 + 13 = 16
+        assert generation(engine, [1, 2, 3], 40, GREEDY, Speculation(Listed(ids), 2))[0] == ids
+        assert np.array_equal(ids, generation(engine, [1, 2, 3], 40, GREEDY, Speculation(Listed(ids[:4]), 2))[0])
