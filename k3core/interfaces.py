@@ -293,7 +293,8 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def forward(self, w: Weights, x: np.ndarray, state: Any, config, kernels: KernelBackend) -> np.ndarray:
-        """Consume T new tokens x [T, H] (already input_layernorm-ed), advancing `state`."""
+        """Consume T new tokens x [T, H] (already input_layernorm-ed), advancing `state` (the engine calls this
+        when a pass carries one sequence, forward_batch when it carries several)."""
 
     def forward_batch(self, w: Weights, x: np.ndarray, segments: Sequence[tuple[int, int, Any]], config,
                       kernels: KernelBackend) -> np.ndarray:

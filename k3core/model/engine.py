@@ -211,7 +211,10 @@ def decoder_layer(L: int, w, stream: Residual, segments, c, kr, attention, store
     if L % c.attn_res_block_size == 0:
         stream.close_block()  # the snapshot is the layer's INPUT prefix
     x = kr.rmsnorm(h, w.vec("input_layernorm.weight"), c.rms_norm_eps)
-    stream.add(attention.forward_batch(w, x, segments, c, kr))
+    if len(segments) == 1:
+        stream.add(attention.forward(w, x, segments[0][2], c, kr))
+    else:
+        stream.add(attention.forward_batch(w, x, segments, c, kr))
     h = stream.mix(kr, fold(w, "mlp_res"), c.rms_norm_eps)
     x = kr.rmsnorm(h, w.vec("post_attention_layernorm.weight"), c.rms_norm_eps)
     stream.add(dense_mlp(w, x, c, kr) if c.is_dense(L) else latent_moe(w, x, L, c, kr, store, observers))

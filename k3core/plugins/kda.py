@@ -82,9 +82,13 @@ class KDA(AttentionBackend):
         return KDAState(arrays["S"].copy(), arrays["history"].copy())
 
     def forward(self, w, x, state, c, kr):
-        return self.forward_batch(w, x, [(0, x.shape[0], state)], c, kr)
+        return self.sequences(w, x, [(0, x.shape[0], state)], c, kr)
 
     def forward_batch(self, w, x, segments, c, kr):
+        return self.sequences(w, x, segments, c, kr)
+
+    def sequences(self, w, x, segments, c, kr):
+        """forward and forward_batch: one implementation for one sequence or several."""
         T, heads, D = x.shape[0], c.kda_num_heads, c.kda_head_dim
         a = "self_attn."
         conv_in = np.stack([kr.linear(w[a + f"{n}_proj.weight"], x) for n in "qkv"])  # [3, T, P], all rows at once

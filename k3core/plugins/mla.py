@@ -76,9 +76,13 @@ class MLA(AttentionBackend):
         return MLACache(width, keys)
 
     def forward(self, w, x, cache, c, kr):
-        return self.forward_batch(w, x, [(0, x.shape[0], cache)], c, kr)
+        return self.sequences(w, x, [(0, x.shape[0], cache)], c, kr)
 
     def forward_batch(self, w, x, segments, c, kr):
+        return self.sequences(w, x, segments, c, kr)
+
+    def sequences(self, w, x, segments, c, kr):
+        """forward and forward_batch: one implementation for one sequence or several."""
         T, heads = x.shape[0], c.num_attention_heads
         nope, rope, lora, dv = c.qk_nope_head_dim, c.qk_rope_head_dim, c.kv_lora_rank, c.v_head_dim
         a = "self_attn."
