@@ -208,3 +208,41 @@ def test_a_prompt_and_ids_together_are_refused(capsys, small_model, tmp_path):
 def test_thinking_without_chat_is_refused(capsys, small_model, tmp_path):
     assert_refused(capsys, ["run", small_model, "--prompt", "hi", "--thinking", "--json", tmp_path / "r.json"],
                    "add --chat", tmp_path / "r.json")
+
+
+def test_speculate_gives_the_serial_ids_and_logits_and_reports_the_drafts(capsys, tiny_model, tmp_path):
+    base = ["run", tiny_model, "--ids", "3,1,4,1,5,9,2,6", "--gen", "12"]
+    assert run_k3(capsys, *base, "--json", tmp_path / "serial.json", "--dump-logits", tmp_path / "a.f32")[0] == 0
+    serial = json.loads((tmp_path / "serial.json").read_text())
+    (tmp_path / "oracle.txt").write_text(" ".join(map(str, serial["generated_ids"])))
+    for flags in (["--speculate", "4", "--draft", f"replay:{tmp_path / 'oracle.txt'}"], ["--speculate", "auto"]):
+        code, _, err = run_k3(capsys, *base, *flags, "--json", tmp_path / "spec.json", "--dump-logits", tmp_path / "b.f32")
+        assert code == 0, err
+        spec = json.loads((tmp_path / "spec.json").read_text())
+        assert spec["generated_ids"] == serial["generated_ids"]
+        assert (tmp_path / "b.f32").read_bytes() == (tmp_path / "a.f32").read_bytes()
+        assert "drafts:" in err and "accepted" in err and "forward passes" in err
+    assert spec["speculate"] == "auto" and spec["draft"] == "ngram"
+    code, _, _ = run_k3(capsys, *base, "--speculate", "4", "--draft", f"replay:{tmp_path / 'oracle.txt'}",
+                        "--json", tmp_path / "oracle.json")
+    oracle = json.loads((tmp_path / "oracle.json").read_text())
+    assert serial["forward_passes"] == 12 and oracle["forward_passes"] == 1 + 3  # 11 ids after the first, 5 a pass
+    # 4 + 4 drafts, then the one id left in the replay, each accepted
+    assert (oracle["draft_proposed"], oracle["draft_accepted"]) == (9, 9)
+    for key in ("forward_passes", "draft_proposed", "draft_accepted", "bytes_read_per_token"):
+        assert key in serial
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--speculate", "0"], "--speculate takes a number of drafted ids 1..16 or auto, got '0'"),
+    (["--speculate", "lots"], "--speculate takes a number"),
+    (["--speculate", "17"], "got '17'"),
+    (["--draft", "ngram"], "--draft needs --speculate K or --speculate auto"),
+    (["--speculate", "2", "--draft", "nope"], "draft source"),
+    (["--speculate", "2", "--draft", "replay:/no/such/file"], "cannot read it"),
+    (["--speculate", "2", "--draft", "ngram:3"], "--draft ngram takes no argument"),
+    (["--speculate", "2", "--full-recompute"], "do not combine"),
+])
+def test_bad_speculation_flags_are_refused(capsys, tiny_model, tmp_path, flags, needle):
+    assert_refused(capsys, ["run", tiny_model, "--ids", "1,2", "--json", tmp_path / "r.json", *flags], needle,
+                   tmp_path / "r.json")

@@ -149,19 +149,20 @@ def speculative(engine, history, state, sampler, logits, spec: Speculation, obse
     """generate_ids after the prompt, with verify passes; `logits` are the prompt's last position's."""
     spec.draft.begin(tuple(history))
     length = DraftLength(spec.k, spec.adaptive)
-    rows, drafted, generated, kept = logits[None], [], 0, 0
+    rows, drafted, generated, kept, agreed = logits[None], [], 0, 0, 0
     try:
         while True:
             i = 0
             while True:  # emit from the pass's rows while the model agrees with the draft
                 token = pick(sampler, rows[i], history, observers)
                 kept = i + 1  # stopped after this id, the state keeps the pass's positions before it
+                agreed = i + (i < len(drafted) and token == drafted[i])
                 yield token, rows[i]
                 history.append(token)
                 generated += 1
                 if len(history) >= engine.max_context:
                     return
-                if i == len(drafted) or token != drafted[i]:
+                if agreed == i:
                     break
                 i += 1
             if drafted:  # i drafted ids were accepted: keep [last id, those i]
@@ -172,12 +173,12 @@ def speculative(engine, history, state, sampler, logits, spec: Speculation, obse
             drafted = proposals(spec.draft, history, generated, k, engine.config.vocab_size) if k > 0 else []
             if drafted:
                 engine.mark(state)
-            kept = 0
+            kept = agreed = 0
             rows = engine.forward([history[-1], *drafted], state, all_logits=True, observers=observers)
     finally:
-        if state.mark is not None:  # stopped inside a verify pass's ids: its drafts up to there were accepted
+        if state.mark is not None:  # stopped inside a verify pass's ids
             engine.rollback(state, kept)
-            tell_draft(observers, drafted, max(kept - 1, 0))
+            tell_draft(observers, drafted, agreed)
 
 
 def tell_draft(observers, drafted, accepted) -> None:
