@@ -55,3 +55,28 @@ def test_bad_usage_exits_2(capsys):
     assert "nosuch" in capsys.readouterr().err
     assert main(["bench", "kernels", "--quick", "--threads", "0"]) == 2
     assert main(["bench"]) == 2
+
+
+def test_bench_decode_runs_every_row_with_identical_ids(capsys, tiny_model, tmp_path):
+    code = main(["bench", "decode", str(tiny_model), "--trunk", str(tmp_path / "trunk"), "--gen", "4", "--json"])
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    rows = {r["name"]: r for r in doc["runs"]}
+    assert "error" not in str(list(rows.values()))
+    assert set(rows) >= {"serial", "replay oracle K=4", "replay wrong K=4", "replay wrong auto", "batch of 8"}
+    serial = rows["serial"]
+    for name, r in rows.items():
+        if not name.startswith(("batch", "serial, ", "ngram")):
+            assert r["ids"] == serial["ids"], name
+    assert rows["replay oracle K=4"]["forward_passes"] == 2 < serial["forward_passes"] == 4
+    assert rows["replay oracle K=4"]["draft_accepted"] == 3
+    assert [len(ids) for ids in rows["batch of 8"]["ids"]] == [4] * 8
+    assert rows["batch of 8"]["bytes_read_per_token"] < serial["bytes_read_per_token"]  # one pass serves 8
+
+
+def test_bench_drafts_reports_acceptance_on_the_demo_model(capsys):
+    assert main(["bench", "drafts", "--gen", "20", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert {r["run"] for r in rows} == {"serial", "ngram K=4", "ngram auto"}
+    assert all(r["identical"] for r in rows)
+    assert sum(r["drafted"] for r in rows) > 0
