@@ -9,10 +9,11 @@ import time
 
 from k3core.text.sampling import SamplingParams
 
-from k3core import visible
-from tests.ui.conftest import GREEDY, on_each_layer, slowed
+from k3core import speculation, visible
+from tests.ui.conftest import GREEDY, on_each_layer, slowed, ui_args
 from ui.chat import Chats
 from ui.engine_panel import Monitor
+from ui.host import EngineHost
 
 
 def finish(gen):
@@ -199,5 +200,22 @@ def test_a_prompt_over_the_context_is_refused_naming_the_limit_and_the_conversat
         assert [m["content"] for m in refused.messages if m["role"] == "user"] == ["hi"]
         again = finish(chats.reply("c", "ok", SamplingParams(max_tokens=3)))[-1]
         assert again.status == "done" and again.stats["reused_tokens"] > 0  # the refusal forwarded nothing
+    finally:
+        host.close()
+
+
+def test_with_speculation_the_reply_is_the_same_and_the_panel_shows_acceptance(small_model, reference):
+    config, _ = ui_args(small_model, "--speculate", "auto")
+    assert config.speculate == 8
+    host = EngineHost(config, lambda: speculation("ngram", "auto"))
+    try:
+        monitor = Monitor(host)
+        chats = Chats(host, monitor)
+        seen = []
+        with on_each_layer(host.engine, lambda: seen.append(monitor.render()) if len(seen) < 400 else None):
+            done = finish(chats.reply("s", "hello there", GREEDY))[-1]
+        assert answer_of(done) == visible(reference(["hello there"])[0][1])
+        assert any('id="k3-drafts"' in html for html in seen)  # live, while the reply runs
+        assert 'id="k3-drafts"' in monitor.render() and "passes for the prompt and 6 tokens" in monitor.render()
     finally:
         host.close()
