@@ -5,7 +5,7 @@ import json
 from k3core import _native
 from k3core.cli.main import main
 
-BENCHES = {"bf16_t1", "mxfp4_t1", "experts", "bf16_t8", "bf16_t64", "mxfp4_t8", "mxfp4_t64"}
+BENCHES = {"bf16_t1", "mxfp4_t1", "experts", *(f"{k}_t{t}" for k in ("bf16", "mxfp4") for t in (2, 4, 8, 16, 64))}
 
 
 def numbers(node, path=""):

@@ -1,6 +1,6 @@
 """`k3 bench`: measure the native kernels on real K3 shapes against a memory-read probe and numpy.
 
-`k3 bench kernels` times bf16 and MXFP4 products (T = 1, 8, 64), a 16-expert MoE batch and numpy
+`k3 bench kernels` times bf16 and MXFP4 products (T = 1, 2, 4, 8, 16, 64), a 16-expert MoE batch and numpy
 baselines of the same work, all in one run, and prints a table (or JSON with --json).
 """
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import UsageError
 
 MB = 1e6
+GEMM_TOKENS = (2, 4, 8, 16, 64)  # the small batches of speculation and batched sequences, and a prefill chunk
 TARGET_MX_PER_CORE, TARGET_BF16_PROBE, TARGET_VS_NUMPY = 10.0, 0.60, 3.0
 # byte b -> (E2M1 of its low nibble, E2M1 of its high nibble); scale byte -> 2^(b-127), 255 -> 0
 _E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float32)
@@ -82,7 +83,7 @@ def make_inputs(s: Shapes, seed=0):
     experts = [(*mx(s.inter, s.latent), *mx(s.latent, s.inter), *mx(s.inter, s.latent))
                for _ in range(s.experts)]  # (w1p, w1s, w2p, w2s, w3p, w3s), w2 = down
     xs = {(w, t): rng.standard_normal((t, w), dtype=np.float32)
-          for w in (s.hidden, s.latent, s.inter) for t in (1, 8, 64)}
+          for w in (s.hidden, s.latent, s.inter) for t in (1, *GEMM_TOKENS)}
     return bf16, experts, xs
 
 
@@ -145,7 +146,7 @@ def works(s: Shapes, bf16, experts, xs):
                  f"({size(batch_bytes)} packed+scale)", 1, batch_bytes,
                  lambda k: lambda: [k.expert(*e, z, 4.0, 25.0) for e in experts],
                  lambda: [numpy_expert(e, z, bufs) for e in experts])
-    return [bf16_work(1), mx_work(1), batch, bf16_work(8), bf16_work(64), mx_work(8), mx_work(64)]
+    return [bf16_work(1), mx_work(1), batch, *map(bf16_work, GEMM_TOKENS), *map(mx_work, GEMM_TOKENS)]
 
 
 # ---- measuring ----
@@ -195,6 +196,11 @@ def run_kernels(backends, threads, seconds, quick, log=lambda *_: None):
         results.append(base)
         results += [row(w, name, t, timed(w.native(_native.Kernels(name, t)), seconds), probe, base)
                     for name, t in itertools.product(backends, threads)]
+    for r in results:  # a batch's tokens/s against one token's, same backend and threads
+        single = next((o for o in results if o["bench"] == r["bench"].rsplit("_t", 1)[0] + "_t1"
+                       and o["backend"] == r["backend"] and o["threads"] == r["threads"]), None)
+        if r["tokens"] > 1 and single is not None and r["bench"] != "experts":
+            r["vs_t1"] = r["tokens_per_s"] / single["tokens_per_s"]
     return dict(machine=machine_info(), settings=dict(backends=backends, threads=threads, seconds=seconds,
                                                      quick=quick, shapes=s.__dict__),
                 probe=dict(method="numpy uint64 add.reduce, one slice per thread", rows=probe_rows,
@@ -247,7 +253,7 @@ def format_table(doc) -> str:
     out += [f"  {p['threads']:>7}  {p['gbps']:>11.1f}  {p['best_gbps']:>9.1f} {_num(p['background_cores'], '5.2f'):>5}"
             for p in pr["rows"]]
     head = (f"  {'backend':<8} {'thr':>3} {'median ms':>10} {'min ms':>9} {'GB/s':>7} {'GB/s/core':>9} "
-            f"{'tok/s':>9} {'xnumpy':>7} {'%probe':>6}    bg  targets")
+            f"{'tok/s':>9} {'xT=1':>6} {'xnumpy':>7} {'%probe':>6}    bg  targets")
     for key, title in doc["benches"].items():
         out += ["", title, head]
         for r in (r for r in doc["results"] if r["bench"] == key):
@@ -255,7 +261,8 @@ def format_table(doc) -> str:
             pct = None if r.get("vs_probe") is None else 100 * r["vs_probe"]
             out.append(f"  {r['backend']:<8} {r['threads'] or '-':>3} {r['median_s'] * 1e3:>10.2f} "
                        f"{r['min_s'] * 1e3:>9.2f} {r['gbps']:>7.2f} {_num(r.get('gbps_per_core'), '.2f'):>9} "
-                       f"{r['tokens_per_s']:>9.1f} {_num(r.get('vs_numpy'), '.2f', 'x'):>7} {_num(pct, '.1f'):>6} "
+                       f"{r['tokens_per_s']:>9.1f} {_num(r.get('vs_t1'), '.2f', 'x'):>6} "
+                       f"{_num(r.get('vs_numpy'), '.2f', 'x'):>7} {_num(pct, '.1f'):>6} "
                        f"{_num(r['background_cores'], '.2f'):>5}  {marks}".rstrip())
     return "\n".join(out)
 
@@ -301,7 +308,8 @@ Time the native matrix kernels on real K3 shapes (SPEC §1/§3/§5), all in one 
                      call reads DRAM): PACKED GB/s, total and per core (= per thread)
   16-expert batch    Kernels.expert x16 on one latent vector, as one MoE layer runs: s and GB/s
                      (packed + scale bytes)
-  small-batch GEMM   the same bf16 and MXFP4 work with T=8 and T=64: weight GB/s and tokens/s
+  small-batch GEMM   the same bf16 and MXFP4 work with T=2, 4, 8, 16, 64: weight GB/s, tokens/s and
+                     tokens/s against T=1 (xT=1): what one pass over the weights gives several positions
   numpy baselines    the same work in numpy: bf16 widened to float32 then W @ x; MXFP4 decoded
                      with lookup tables then W @ x (BLAS threads as numpy ships them)
 Each cell: one warm-up call, repeats for --seconds (at least 3), median and min per call; inputs

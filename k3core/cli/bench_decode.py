@@ -153,7 +153,7 @@ def c_engine_prefill(binary: str, model: str, ids: list[int], cache_gb: float) -
 
 def plan_runs(args, vocab: int) -> list[tuple[str, dict]]:
     base = dict(model=str(args.model), trunk=str(args.trunk), trunk_gb=args.trunk_gb, cache_gb=args.cache_gb,
-                pin_layers=0, gen=args.gen, prompts=[PROMPT])
+                pin_layers=0 if args.floor else None, gen=args.gen, prompts=[PROMPT])
     runs = [("serial", base)]
     for k in (1, 2, 4, 8):
         runs.append((f"replay oracle K={k}", {**base, "speculate": k, "reserve": k, "draft": "replay:ORACLE"}))
@@ -170,13 +170,13 @@ def plan_runs(args, vocab: int) -> list[tuple[str, dict]]:
 
 def cmd_decode(args) -> int:
     from ..io.pack import pack
-    from ..model.budget import human
     from ..model.checkpoint import open_checkpoint
 
     model, trunk = Path(args.model), Path(args.trunk)
     if not (trunk / "manifest.json").exists():
         print(f"packing {model} into {trunk} first …", file=sys.stderr)
         pack(model, trunk)
+    args.floor = args.trunk_gb is None  # the ring alone, nothing pinned
     if args.trunk_gb is None or args.cache_gb is None:  # the floor: the ring alone, the cache floor
         floor_trunk, floor_cache = default_budgets(model, trunk)[0]
         args.trunk_gb = floor_trunk if args.trunk_gb is None else args.trunk_gb
@@ -210,51 +210,67 @@ def cmd_decode(args) -> int:
             cache = args.prefill_cache_gb
             ours = run_job({"model": str(model), "cache_gb": cache, "prefill": prefill, "kind": "prefill"}, None)
             theirs = c_engine_prefill(args.c_engine, str(model), prefill, cache)
-    base = serial["serial"]
     solo = {tuple(p): ids for p, ids in zip(batch_prompts(8), refs.get("ids", []))}
+    for r in rows:
+        if "error" not in r:
+            ref = serial.get(f"serial, {r['name'].split(', ', 1)[1]}", serial["serial"]) if ", " in r["name"] \
+                else serial["serial"]
+            r.update(compared(r, ref, solo))
     doc = {"model": str(model), "trunk": str(trunk), "trunk_gb": args.trunk_gb, "cache_gb": args.cache_gb,
            "limit_bytes": limit, "gen": args.gen, "runs": rows}
     if args.c_engine:
         doc["prefill"] = {"ids": args.prefill_ids, "k3": ours, "c_engine": theirs}
-    if args.json:
-        print(json.dumps(doc, indent=1))
-        return 0
-    print(f"decode on {model.name} at trunk {args.trunk_gb:.2f} GB + cache {args.cache_gb:.2f} GB, limit {human(limit)} "
-          f"({rows[0].get('limit_kind', '-')}); {args.gen} ids per sequence; ratios against the serial run above")
-    print("\n| run | s/token | tokens/s | × serial tokens/s | s/token ÷ serial | bytes read / token | ÷ serial "
-          "| passes | drafts accepted | peak RSS | ids identical |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-    for r in rows:
-        if "error" in r:
-            print(f"| {r['name']} | failed (exit {r['exit']}): {r['error'].splitlines()[-1] if r['error'] else ''} "
-                  "| | | | | | | | | |")
-            continue
-        ref = serial.get(f"serial, {r['name'].split(', ', 1)[1]}", base) if ", " in r["name"] else base
-        spt = r["decode_seconds"] / r["decode_tokens"] if r["decode_tokens"] else None
-        ref_spt = ref["decode_seconds"] / ref["decode_tokens"]
-        tps = 1 / spt if spt else None
-        per = r["bytes_read_per_token"]
-        same = identical(r, ref, solo, batch_prompts(r["sequences"]))
-        drafts = f"{r['draft_accepted']} / {r['draft_proposed']}" if r["draft_proposed"] else "–"
-        print(f"| {r['name']} | {spt:.3f} | {tps:.2f} | {tps * ref_spt:.2f} | {spt / ref_spt:.2f} | "
-              f"{human(per) if per is not None else 'n/a'} | "
-              f"{per / ref['bytes_read_per_token'] if per and ref['bytes_read_per_token'] else float('nan'):.2f} | "
-              f"{r['forward_passes']} | {drafts} | {human(r['peak_cgroup_bytes'] or r['peak_rss_bytes'])} | {same} |")
-    if args.c_engine:
-        p = doc["prefill"]
-        print(f"\nprefill of {args.prefill_ids} ids, trunk resident, experts cached: k3 {p['k3']['prefill_seconds']:.2f} s "
-              f"({args.prefill_ids / p['k3']['prefill_seconds']:.1f} ids/s), C engine "
-              f"{p['c_engine']['prefill_seconds']:.2f} s ({args.prefill_ids / p['c_engine']['prefill_seconds']:.1f} "
-              f"ids/s; {p['c_engine']['method']}); first id {p['k3']['first_id']} vs {p['c_engine']['first_id']}")
+    print(json.dumps(doc, indent=1) if args.json else decode_table(doc))
     return 0
 
 
-def identical(r: dict, ref: dict, solo: dict, prompts) -> str:
-    """Whether a run's ids are serial decoding's: a single sequence against its serial run, each sequence of a
-    batch against its prompt decoded alone."""
+def compared(r: dict, ref: dict, solo: dict) -> dict:
+    """A run's decode figures and its ratios against `ref` (its serial run), and whether its ids are serial
+    decoding's: a single sequence against its serial run, each sequence of a batch against its prompt alone."""
+    spt = r["decode_seconds"] / r["decode_tokens"]
+    ref_spt = ref["decode_seconds"] / ref["decode_tokens"]
+    per, ref_per = r["bytes_read_per_token"], ref["bytes_read_per_token"]
     if r["name"].startswith("batch"):
-        return "yes" if all(ids == solo.get(tuple(p)) for ids, p in zip(r["ids"], prompts)) else "NO"
-    return "yes" if r["ids"] == ref["ids"] else "NO"
+        same = all(ids == solo.get(tuple(p)) for ids, p in zip(r["ids"], batch_prompts(r["sequences"])))
+    else:
+        same = r["ids"] == ref["ids"]
+    return {"seconds_per_token": spt, "tokens_per_second": 1 / spt, "vs_serial_tokens_per_second": ref_spt / spt,
+            "vs_serial_seconds_per_token": spt / ref_spt,
+            "vs_serial_bytes_per_token": per / ref_per if per is not None and ref_per else None, "ids_identical": same}
+
+
+def decode_table(doc: dict) -> str:
+    """The document of one `k3 bench decode` as Markdown (what docs/PERFORMANCE.md shows)."""
+    from ..model.budget import human
+
+    runs = doc["runs"]
+    lines = [f"decode on {Path(doc['model']).name} at trunk {doc['trunk_gb']:.2f} GB + cache {doc['cache_gb']:.2f} GB, "
+             f"limit {human(doc['limit_bytes'])} ({runs[0].get('limit_kind', '-')}); {doc['gen']} ids per sequence; "
+             "ratios against the serial run of the same prompt in this invocation", "",
+             "| run | s/token | tokens/s | × serial tokens/s | s/token ÷ serial | bytes read / token | ÷ serial "
+             "| passes | drafts accepted | peak (cgroup) | ids identical |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in runs:
+        if "error" in r:
+            lines.append(f"| {r['name']} | failed (exit {r['exit']}): "
+                         f"{r['error'].strip().splitlines()[-1] if r['error'].strip() else ''} | | | | | | | | | |")
+            continue
+        per = r["bytes_read_per_token"]
+        drafts = f"{r['draft_accepted']} / {r['draft_proposed']}" if r["draft_proposed"] else "–"
+        ratio = r["vs_serial_bytes_per_token"]
+        lines.append(f"| {r['name']} | {r['seconds_per_token']:.3f} | {r['tokens_per_second']:.2f} | "
+                     f"{r['vs_serial_tokens_per_second']:.2f} | {r['vs_serial_seconds_per_token']:.2f} | "
+                     f"{human(per) if per is not None else 'n/a'} | {f'{ratio:.2f}' if ratio is not None else 'n/a'} | "
+                     f"{r['forward_passes']} | {drafts} | {human(r['peak_cgroup_bytes'] or r['peak_rss_bytes'])} | "
+                     f"{'yes' if r['ids_identical'] else 'NO'} |")
+    if "prefill" in doc:
+        p, n = doc["prefill"], doc["prefill"]["ids"]
+        lines += ["", f"prefill of {n} ids, trunk resident, experts cached: k3 {p['k3']['prefill_seconds']:.2f} s "
+                      f"({n / p['k3']['prefill_seconds']:.1f} ids/s), the C engine {p['c_engine']['prefill_seconds']:.2f} s "
+                      f"({n / p['c_engine']['prefill_seconds']:.1f} ids/s; {p['c_engine']['method']}): "
+                      f"{p['c_engine']['prefill_seconds'] / p['k3']['prefill_seconds']:.2f}x; first id "
+                      f"{p['k3']['first_id']} vs {p['c_engine']['first_id']}"]
+    return "\n".join(lines)
 
 
 def add_parser(sub) -> None:
