@@ -8,13 +8,14 @@ What is here, by use:
 - registering: `hookimpl` (the hooks are in k3core.hookspecs; see PLUGINS.md);
 - the interfaces: KernelBackend, AttentionBackend, ExpertStore, TrunkPlacer, CachePolicy (and
   LRUPolicy, the reference rule), DraftSource, with the types they pass: Param, Weights, ExpertWeights,
-  TensorSpec;
+  TensorSpec, and DTYPES (safetensors dtype → itemsize, numpy dtype);
 - what a placer or store receives: PluginContext (checkpoint, Budget, its own PluginOptions) and
   returns from plan(): PlanRow;
 - a ready expert store to subclass: CachingStore (a slot arena kept by the CachePolicy you give it);
 - reading bytes: ExpertReader + expert_slot_bytes for experts; the aligned reader (ALIGN,
-  aligned_buffer, open_for_reading, read_into, read_exact) for anything else; open_trunk / load_trunk
-  for a packed trunk;
+  aligned_buffer, open_for_reading, read_into, read_exact; Span + read_spans for many spans in
+  parallel) for anything else; open_trunk / load_trunk for a packed trunk, TrunkReader for its
+  restored bytes whatever its codec (RAW, or a coded pack: trunk_scratch_bytes for the plan);
 - naming tensors: PREFIX, HEAD, VISION_PREFIXES, layer_prefix, expert_prefix, EXPERT_PARTS, MATRIX, FLOAT;
 - the counters the run report reads: STORE_STATS, PLACER_STATS;
 - errors: UnsoundRunError (a read failed: exit 4), PlanError, UsageError, PluginError, CheckpointError;
@@ -29,10 +30,14 @@ from .hookspecs import hookimpl
 from .interfaces import (AttentionBackend, Budget, CachePolicy, DraftSource, ExpertStore, ExpertWeights,
                          KernelBackend, LRUPolicy, Param, PlanRow, PluginContext, PluginOptions, TensorSpec,
                          TrunkPlacer, Weights, default_threads)
-from .io.aligned_io import ALIGN, Opened, align_down, align_up, aligned_buffer, open_for_reading, read_exact, read_into
+from .io.aligned_io import (ALIGN, Opened, Span, align_down, align_up, aligned_buffer, open_for_reading, read_exact,
+                            read_into, read_spans)
 from .io.caching_store import CachingOptions, CachingStore, cache_slots
 from .io.expert_io import ExpertReader, expert_slot_bytes
+from .io.safetensors_index import DTYPES
+from .io.codec import RAW
 from .io.trunk import load_trunk, open_trunk
+from .io.trunk_reader import TrunkReader, scratch_bytes as trunk_scratch_bytes
 from .model.budget import human
 from .model.checkpoint import (EXPERT_PARTS, FLOAT, HEAD, MATRIX, PREFIX, VISION_PREFIXES, expert_prefix,
                                layer_prefix)
@@ -55,6 +60,7 @@ PLACER_STATS = {
     "trunk_bytes_read": "bytes of trunk read from disk since open, pinned loads included (int)",
     "trunk_read_seconds": "time the reads took (float)",
     "trunk_wait_seconds": "time the forward pass waited for a layer to arrive (float)",
+    "trunk_decode_seconds": "time spent restoring a coded pack's blocks (float; 0 for a raw pack)",
 }
 
 def builtin_kernels(name: str | None = None) -> KernelBackend:
@@ -74,10 +80,10 @@ def builtin_kernels(name: str | None = None) -> KernelBackend:
 __all__ = [
     "hookimpl",
     "KernelBackend", "AttentionBackend", "ExpertStore", "TrunkPlacer", "CachePolicy", "LRUPolicy", "DraftSource",
-    "Param", "Weights", "ExpertWeights", "TensorSpec",
+    "Param", "Weights", "ExpertWeights", "TensorSpec", "DTYPES",
     "PluginContext", "Budget", "PluginOptions", "PlanRow",
     "CachingStore", "CachingOptions", "cache_slots", "ExpertReader", "expert_slot_bytes", "ALIGN", "Opened", "align_down", "align_up", "aligned_buffer",
-    "open_for_reading", "read_into", "read_exact", "open_trunk", "load_trunk",
+    "open_for_reading", "read_into", "read_exact", "Span", "read_spans", "open_trunk", "load_trunk", "TrunkReader", "trunk_scratch_bytes", "RAW",
     "PREFIX", "HEAD", "VISION_PREFIXES", "layer_prefix", "expert_prefix", "EXPERT_PARTS", "MATRIX", "FLOAT",
     "STORE_STATS", "PLACER_STATS",
     "UnsoundRunError", "PlanError", "UsageError", "PluginError", "CheckpointError",

@@ -17,6 +17,7 @@
 #include "cpu_features.h"
 #include "kernels.h"
 #include "ops.h"
+#include "planes.h"
 #include "pool.h"
 
 namespace py = pybind11;
@@ -500,6 +501,30 @@ PYBIND11_MODULE(_native, m) {
         return d;
     }, "Compiler and floating-point flags the module was built with.");
     m.def("available_backends", &available_backends, "Backends this CPU runs, best first.");
+    m.def("planes_checksum", [](py::buffer data) {
+        const py::buffer_info b = data.request();
+        if (b.itemsize != 1 || b.ndim != 1) throw std::invalid_argument("planes_checksum wants a 1-D byte buffer");
+        uint64_t sum = 0;
+        without_gil([&] { sum = k3::planes::checksum(static_cast<const uint8_t*>(b.ptr), b.size); });
+        return sum;
+    }, py::arg("data"), "The codec's block checksum of a byte buffer (native/planes.h).");
+    m.def("planes_join", [](py::buffer low, py::buffer high, py::buffer out) {
+        const py::buffer_info l = low.request(), h = high.request(), o = out.request(true);
+        for (const py::buffer_info* b : {&l, &h, &o})
+            if (b->itemsize != 1 || b->ndim != 1) throw std::invalid_argument("planes_join wants 1-D byte buffers");
+        const size_t n = o.size;
+        if (static_cast<size_t>(l.size) != (n + 1) / 2 || static_cast<size_t>(h.size) != n / 2)
+            throw std::invalid_argument("planes_join: out has " + std::to_string(n) + " bytes, so low needs " +
+                                        std::to_string((n + 1) / 2) + " and high " + std::to_string(n / 2) +
+                                        "; got " + std::to_string(l.size) + " and " + std::to_string(h.size));
+        uint64_t sum = 0;
+        without_gil([&] {
+            sum = k3::planes::join(static_cast<const uint8_t*>(l.ptr), static_cast<const uint8_t*>(h.ptr), n,
+                                   static_cast<uint8_t*>(o.ptr));
+        });
+        return sum;
+    }, py::arg("low"), py::arg("high"), py::arg("out"),
+          "Interleave the low (even) and high (odd) byte planes into out; returns out's block checksum.");
     py::class_<Kernels>(m, "Kernels")
         .def(py::init<const std::string&, unsigned>(), py::arg("name"), py::arg("threads") = 1)
         .def_property_readonly("name", &Kernels::name)

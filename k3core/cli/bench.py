@@ -339,8 +339,10 @@ def add_parser(subparsers) -> None:
     k.add_argument("--quick", action="store_true", help="tiny shapes and 0.01 s per cell (for tests)")
     k.add_argument("--seconds", type=float, metavar="S", help="time per cell (default 1; 0.01 with --quick)")
     k.set_defaults(func=cmd_kernels)
+    from .bench_codec import add_parser as add_codec
     from .bench_decode import add_drafts_parser, add_parser as add_decode
     from .bench_stream import add_parser as add_stream
     add_stream(sub)
+    add_codec(sub)
     add_decode(sub)
     add_drafts_parser(sub)

@@ -46,6 +46,7 @@ def worker(job: dict) -> dict:
     started = time.perf_counter()
     with open_engine(EngineConfig(job["model"], **{k: v for k, v in fields.items() if v is not None})) as engine:
         load = time.perf_counter() - started
+        used = {"kernels": engine.kernels.name, "expert_store": engine.store.name, "trunk_placer": engine.placer.name}
         gen, prompts = job["gen"], job["prompts"]
         if len(prompts) == 1:
             spec = speculation(job["draft"], job["speculate"]) if job.get("speculate") else None
@@ -55,7 +56,7 @@ def worker(job: dict) -> dict:
                     "decode_seconds": s["stamps"][-1] - s["stamps"][0], "decode_tokens": len(done.ids) - 1,
                     "forward_passes": s["forward_passes"], "decode_passes": s["decode_passes"],
                     "draft_proposed": s["draft_proposed"], "draft_accepted": s["draft_accepted"],
-                    "bytes_read_per_token": s["bytes_read_per_token"], "peak_rss_bytes": peak_rss_bytes()}
+                    "bytes_read_per_token": s["bytes_read_per_token"], "peak_rss_bytes": peak_rss_bytes(), **used}
         batch = BatchGenerator(engine)
         handles = [batch.add(p, engine.new_state(), Sampler()) for p in prompts]
         ids = {h: [] for h in handles}
@@ -75,7 +76,7 @@ def worker(job: dict) -> dict:
                 "forward_passes": engine.forward_passes - passes0, "decode_passes": engine.forward_passes - first[2],
                 "draft_proposed": 0, "draft_accepted": 0,
                 "bytes_read_per_token": (bytes_read(engine) - first[1]) / tokens if tokens else None,
-                "peak_rss_bytes": peak_rss_bytes()}
+                "peak_rss_bytes": peak_rss_bytes(), **used}
 
 
 def prefill_worker(job: dict) -> dict:
@@ -246,7 +247,9 @@ def decode_table(doc: dict) -> str:
     runs = doc["runs"]
     lines = [f"decode on {Path(doc['model']).name} at trunk {doc['trunk_gb']:.2f} GB + cache {doc['cache_gb']:.2f} GB, "
              f"limit {human(doc['limit_bytes'])} ({runs[0].get('limit_kind', '-')}); {doc['gen']} ids per sequence; "
-             "ratios against the serial run of the same prompt in this invocation", "",
+             "ratios against the serial run of the same prompt in this invocation",
+             "kernels {kernels}, expert store {expert_store}, trunk placer {trunk_placer}".format(
+                 **{k: runs[0].get(k, "?") for k in ("kernels", "expert_store", "trunk_placer")}), "",
              "| run | s/token | tokens/s | × serial tokens/s | s/token ÷ serial | bytes read / token | ÷ serial "
              "| passes | drafts accepted | peak (cgroup) | ids identical |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]

@@ -120,7 +120,9 @@ def run_budget(model_dir, trunk_dir, trunk_gb: float, cache_gb: float, ids: str,
             "trunk_bytes_read": r["trunk_bytes_read"], "trunk_read_rate": r["trunk_read_rate"],
             "expert_bytes_read": r["expert_bytes_read"], "expert_read_rate": r["expert_read_rate"],
             "expert_true_hit_rate": r["expert_true_hit_rate"], "io_share_of_wall": r["io_share_of_wall"],
-            "tokens": len(r["generated_ids"]), "read_modes": [s.get("trunk_read_mode"), s.get("expert_read_mode")]}
+            "tokens": len(r["generated_ids"]), "read_modes": [s.get("trunk_read_mode"), s.get("expert_read_mode")],
+            "bytes_read_per_token": r["bytes_read_per_token"], "trunk_codec": s.get("trunk_codec", "raw"),
+            "trunk_decode_seconds": s.get("trunk_decode_seconds", 0.0), "trunk": str(trunk_dir)}
 
 
 def projection(row: dict, probe: dict, compute_per_byte: float) -> dict:
@@ -165,9 +167,17 @@ def cmd_stream(args) -> int:
     budgets = [tuple(float(v) for v in b.split(":")) for b in args.budgets.split(",")] if args.budgets \
         else default_budgets(model, trunk)
     probe = raw_probe(model, seconds=args.probe_seconds)
-    rows = [run_budget(model, trunk, t, c, args.ids, args.gen, args.overhead_gb) for t, c in budgets]
+    trunks = [trunk] + ([Path(args.compare_trunk)] if args.compare_trunk else [])
+    rows = [run_budget(model, d, t, c, args.ids, args.gen, args.overhead_gb) for t, c in budgets for d in trunks]
+    for r in rows:
+        if "error" not in r and r["bytes_read_per_token"]:  # the disk floor: this run's bytes at the probe's rate
+            r["disk_floor_seconds_per_token"] = r["bytes_read_per_token"] / probe["rate"]
+            r["vs_disk_floor"] = r["seconds_per_token"] / r["disk_floor_seconds_per_token"]
+    for first, second in zip(rows[::len(trunks)], rows[1::len(trunks)]) if len(trunks) == 2 else ():
+        if "error" not in first and "error" not in second:
+            second["vs_first_trunk_seconds_per_token"] = second["seconds_per_token"] / first["seconds_per_token"]
     ok = [r for r in rows if "error" not in r]
-    full = max(ok, key=lambda r: r["trunk_gb"] + r["cache_gb"]) if ok else None
+    full = max((r for r in ok if r["trunk"] == str(trunk)), key=lambda r: r["trunk_gb"] + r["cache_gb"], default=None)
     doc = {"model": str(model), "raw_o_direct_probe": probe, "runs": rows,
            "overhead_gb_allowed": args.overhead_gb}
     if full and full["seconds_per_token"]:
@@ -179,19 +189,26 @@ def cmd_stream(args) -> int:
         print(json.dumps(doc, indent=1))
         return 0
     print(f"raw O_DIRECT probe of the expert bytes: {human(probe['rate'])}/s at queue depth {probe['queue_depth']}")
-    print(f"\n| trunk GB | cache GB | limit ({ok[0]['limit_kind'] if ok else '-'}) | pinned | s/token prefill | "
-          "s/token decode | peak RSS | RSS − budget | expert read | vs probe | TRUE hits | I/O share |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"\n| trunk | trunk GB | cache GB | limit ({ok[0]['limit_kind'] if ok else '-'}) | pinned | s/token prefill | "
+          "s/token decode | ÷ first trunk | read / token | disk floor | × floor | peak RSS | RSS − budget | "
+          "expert read | vs probe | TRUE hits | I/O share |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['trunk_gb']:.2f} | {r['cache_gb']:.2f} | {human(r['limit_bytes'])} | failed (exit {r['exit']}) "
-                  f"| | | | | | | | |")
+            print(f"| | {r['trunk_gb']:.2f} | {r['cache_gb']:.2f} | {human(r['limit_bytes'])} | failed (exit {r['exit']}) "
+                  f"| | | | | | | | | | | |")
             continue
         rate = r["expert_read_rate"]
         share = f"{100 * rate / probe['rate']:.0f} %" if rate else "n/a"
         over = r["peak_rss_bytes"] - (r["trunk_gb"] + r["cache_gb"]) * 1e9
-        print(f"| {r['trunk_gb']:.2f} | {r['cache_gb']:.2f} | {human(r['limit_bytes'])} | {r['pinned_layers']} | "
-              f"{r['prefill_seconds']:.2f} | {r['seconds_per_token']:.2f} | {human(r['peak_rss_bytes'])} | "
+        floor = r.get("disk_floor_seconds_per_token")
+        vs = r.get("vs_first_trunk_seconds_per_token")
+        times = f"{r['vs_disk_floor']:.2f}" if floor else "n/a"
+        print(f"| {r['trunk_codec']} | {r['trunk_gb']:.2f} | {r['cache_gb']:.2f} | {human(r['limit_bytes'])} | "
+              f"{r['pinned_layers']} | {r['prefill_seconds']:.2f} | {r['seconds_per_token']:.2f} | "
+              f"{f'{vs:.2f}' if vs else '–'} | {human(r['bytes_read_per_token'] or 0)} | "
+              f"{f'{floor:.2f} s' if floor else 'n/a'} | {times} | "
+              f"{human(r['peak_rss_bytes'])} | "
               f"{human(over)} | {human(rate) + '/s' if rate else 'n/a'} | "
               f"{share} | "
               f"{100 * (r['expert_true_hit_rate'] or 0):.0f} % | {100 * (r['io_share_of_wall'] or 0):.0f} % |")
@@ -232,6 +249,8 @@ def add_parser(sub) -> None:
                "  k3 bench stream /data/k3-wide --trunk /data/k3-wide-trunk --budgets 3:0,6:0.5 --gen 4 --json")
     p.add_argument("model", metavar="MODEL_DIR")
     p.add_argument("--trunk", required=True, metavar="DIR", help="packed trunk (made first if missing)")
+    p.add_argument("--compare-trunk", metavar="DIR", help="a second pack of the same checkpoint (e.g. "
+                   "`k3 pack --codec planes`), run at every budget right after the first: an s/token ratio column")
     p.add_argument("--budgets", metavar="T:C,…", help="trunk GB:cache GB pairs (default: ring only, half, all)")
     p.add_argument("--ids", default="1,2,3,4,5,6,7,8", help="prompt ids (default 1..8)")
     p.add_argument("--gen", type=int, default=6, help="ids to generate per run (default 6)")

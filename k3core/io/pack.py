@@ -23,10 +23,12 @@ from .. import __version__
 from .aligned_io import ALIGN
 from .atomic import fsync_dir, write_json_atomic
 from ..model.checkpoint import PREFIX, VISION_PREFIXES, Checkpoint, open_checkpoint
-from ..errors import CheckpointError, TrunkError, UsageError
-from .trunk import (FORMAT, MANIFEST, PARTIAL, TRUNK, VERSION, _align, _canon, _diff_text, _read_json, _sha,
-                    fingerprint, fingerprint_diff, load_trunk)
+from ..errors import CheckpointError, TrunkError, UnsoundRunError, UsageError
+from .codec import BLOCK, RAW, check_block_bytes, check_codec, encode_run
+from .trunk import (CODEC_VERSION, FORMAT, MANIFEST, PARTIAL, TRUNK, VERSION, _align, _canon, _diff_text, _read_json,
+                    _sha, fingerprint, fingerprint_diff, load_trunk)
 from .safetensors_index import DTYPES
+from .trunk_reader import TrunkReader, restored_sha256
 
 STATE_FORMAT, STATE = "k3-pack-state", "pack-state.json"
 TENSOR_ALIGN = 64                         # tensors of a re-laid-out run; runs start at aligned_io.ALIGN
@@ -229,6 +231,16 @@ def _save_state(path, fp, plan_sha, done):
     write_json_atomic(path, {**state, "sha256": _sha(_canon(state))})
 
 
+def _expected_offsets(done: list, plan) -> list[int]:
+    """Where each recorded run must start: the plan's offsets for a raw pack; for a coded one, each run at
+    the aligned end of the stored bytes before it."""
+    at, out = 0, []
+    for d, p in zip(done, plan):
+        out.append(p.offset if "stored" not in d else at)
+        at = _align(d["offset"] + d.get("stored", d["length"]), ALIGN)
+    return out
+
+
 def _resume_point(out: Path, fp, plan, plan_sha, mover) -> tuple[list, list[str]]:
     """The recorded runs still trusted (the last one re-hashed from the partial file), and notes."""
     state, partial = _read_json(out / STATE), out / PARTIAL
@@ -242,7 +254,8 @@ def _resume_point(out: Path, fp, plan, plan_sha, mover) -> tuple[list, list[str]
         return [], [f"pack-state.json belongs to another checkpoint ({_diff_text(diffs)}); starting over"]
     done = state["done"]
     if state["plan_sha256"] != plan_sha or len(done) > len(plan) or any(
-            (d["key"], d["offset"], d["length"]) != (p.key, p.offset, p.length) for d, p in zip(done, plan)):
+            (d["key"], d["offset"], d["length"]) != (p.key, at, p.length)
+            for d, p, at in zip(done, plan, _expected_offsets(done, plan))):
         return [], ["pack-state.json describes another trunk layout; starting over"]
     if not partial.exists():
         return [], ["pack-state.json has no trunk.bin.partial beside it; starting over"] if done else []
@@ -251,8 +264,8 @@ def _resume_point(out: Path, fp, plan, plan_sha, mover) -> tuple[list, list[str]
         size = os.fstat(fd).st_size
         while done:
             d = done[-1]
-            if d["offset"] + d["length"] <= size and \
-                    mover.stream([(fd, partial, d["offset"], d["length"])]) == d["sha256"]:
+            n, sha = d.get("stored", d["length"]), d.get("stored_sha256", d["sha256"])
+            if d["offset"] + n <= size and mover.stream([(fd, partial, d["offset"], n)]) == sha:
                 break
             notes.append(f"{d['key']} in trunk.bin.partial does not match its recorded sha256 (torn write); "
                          "copying it again")
@@ -286,38 +299,98 @@ def _preflight(out: Path, need: int, freeable: int):
                          f"{probe} has {size_text(free)} free", file=out)
 
 
-def _manifest(fp, plan, total, shas) -> dict:
-    return {"format": FORMAT, "version": VERSION, "packed_by": f"k3 {__version__}", "alignment": ALIGN,
-            "tensor_alignment": TENSOR_ALIGN, "trunk_file": TRUNK, "trunk_bytes": total,
-            "run_bytes": sum(r.length for r in plan), "checkpoint": fp,
-            "runs": [r.entry(s) for r, s in zip(plan, shas)]}
+def _manifest(fp, plan, total, done, codec, block) -> dict:
+    m = {"format": FORMAT, "version": VERSION if codec == RAW else CODEC_VERSION, "packed_by": f"k3 {__version__}",
+         "alignment": ALIGN, "tensor_alignment": TENSOR_ALIGN, "trunk_file": TRUNK, "trunk_bytes": total,
+         "run_bytes": sum(r.length for r in plan), "checkpoint": fp}
+    if codec == RAW:
+        return {**m, "runs": [r.entry(d["sha256"]) for r, d in zip(plan, done)]}
+    return {**m, "codec": codec, "block_bytes": block, "stored_bytes": sum(d["stored"] for d in done),
+            "runs": [{**r.entry(d["sha256"]), "offset": d["offset"], "stored": d["stored"], "blocks": d["blocks"]}
+                     for r, d in zip(plan, done)]}
 
 
-def pack(model, trunk_dir, *, progress=None, say=None, chunk_bytes: int = CHUNK) -> PackResult:
-    """Pack `model` (a directory or Checkpoint) into trunk_dir, resuming an interrupted pack; a
-    matching finished pack is left alone. `progress(Progress)` is called per chunk and per run."""
+def _layout(entry: dict, coded: bool) -> dict:
+    """What of a run's manifest entry the plan decides: not its hashes or blocks, nor a coded run's offset."""
+    drop = ("sha256", "stored", "blocks") + (("offset",) if coded else ())
+    return {k: v for k, v in entry.items() if k not in drop}
+
+
+def _same_pack(old, fp, plan, total: int, codec: str, block: int, trunk: Path) -> bool:
+    """Whether the finished pack described by `old` is what packing `plan` with `codec` would write."""
+    if not isinstance(old, dict) or old.get("checkpoint") != fp or old.get("codec", RAW) != codec \
+            or old.get("version") != (VERSION if codec == RAW else CODEC_VERSION) or not trunk.is_file() \
+            or (codec != RAW and old.get("block_bytes") != block):
+        return False
+    if codec == RAW:
+        return [dict(r, sha256=None) for r in old.get("runs", [])] == [r.entry() for r in plan] \
+            and trunk.stat().st_size == total
+    return [_layout(r, True) for r in old.get("runs", [])] == [_layout(r.entry(), True) for r in plan] \
+        and trunk.stat().st_size == old.get("trunk_bytes")
+
+
+def _restored_window(pieces, lo: int, hi: int, buf) -> memoryview:
+    """Restored bytes [lo, hi) of a run given as pieces (fd + offset, or zeros) into buf."""
+    view, at = memoryview(buf)[:hi - lo], 0
+    for fd, path, src, n in pieces:
+        a, z = max(lo, at), min(hi, at + n)
+        if a < z:
+            if fd is None:
+                np.frombuffer(view, np.uint8)[a - lo:z - lo] = 0
+            else:
+                _pread_full(fd, view[a - lo:z - lo], src + a - at, path)
+        at += n
+    return view
+
+
+def _write_coded(pieces, length: int, fd, at: int, pool, chunk: int, block: int, tick) -> dict:
+    """A run encoded window by window (chunk restored bytes, whole blocks) and written from `at`: its
+    restored sha256, stored length, stored sha256 and block table."""
+    restored, stored_h, blocks, written = hashlib.sha256(), hashlib.sha256(), [], 0
+    buf = bytearray(chunk)
+    for lo in range(0, length, chunk):
+        view = _restored_window(pieces, lo, min(length, lo + chunk), buf)
+        restored.update(view)
+        coded, payloads = encode_run(view, pool, block)
+        for b, payload in zip(coded, payloads):
+            blocks.append([written + b.offset, *b.entry()[1:]])
+            stored_h.update(payload)
+        data = b"".join(payloads)
+        _pwrite_full(fd, memoryview(data), at + written)
+        written += len(data)
+        tick(len(view))
+    return {"sha256": restored.hexdigest(), "stored": written, "stored_sha256": stored_h.hexdigest(), "blocks": blocks}
+
+
+def pack(model, trunk_dir, *, progress=None, say=None, chunk_bytes: int = CHUNK, codec: str = RAW,
+         block_bytes: int = BLOCK) -> PackResult:
+    """Pack `model` (a directory or Checkpoint) into trunk_dir with `codec` (io/codec.py; coded runs in
+    blocks of `block_bytes`), resuming an interrupted pack; a matching finished pack is left alone.
+    `progress(Progress)` is called per chunk and per run."""
     t0, say = time.perf_counter(), say or (lambda msg: None)
+    check_codec(codec)
+    check_block_bytes(block_bytes)
     ckpt = model if isinstance(model, Checkpoint) else open_checkpoint(model)
     out = Path(trunk_dir)
     fp, (plan, total) = fingerprint(ckpt), plan_runs(ckpt.index)
-    plan_sha = _sha(_canon([r.entry() for r in plan]))
-    old = _read_json(out / MANIFEST)
+    entries = [r.entry() for r in plan]
+    plan_sha = _sha(_canon(entries if codec == RAW else {"codec": codec, "block_bytes": block_bytes, "runs": entries}))
     trunk = out / TRUNK
-    if isinstance(old, dict) and old.get("version") == VERSION and old.get("checkpoint") == fp \
-            and [dict(r, sha256=None) for r in old.get("runs", [])] == [r.entry() for r in plan] \
-            and trunk.is_file() and trunk.stat().st_size == total:
+    if _same_pack(_read_json(out / MANIFEST), fp, plan, total, codec, block_bytes, trunk):
         (out / STATE).unlink(missing_ok=True)
         say(f"{out} already holds the packed trunk of this checkpoint; nothing to do "
             "(`k3 pack --verify` re-hashes it)")
-        return PackResult("up-to-date", len(plan), 0, 0, total, time.perf_counter() - t0)
+        return PackResult("up-to-date", len(plan), 0, 0, trunk.stat().st_size, time.perf_counter() - t0)
     lock = _lock(out) if out.is_dir() else None
     mover = _Mover(min(chunk_bytes, max([r.length for r in plan] + [1])))
+    window = max(block_bytes, chunk_bytes // block_bytes * block_bytes)
+    encoders = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="k3-pack-encode") if codec != RAW else None
     sources = _Sources(plan)
     try:
         done, notes = _resume_point(out, fp, plan, plan_sha, mover) if lock is not None else ([], [])
         for note in notes:
             say(note)
-        kept = plan[len(done) - 1].offset + plan[len(done) - 1].length if done else 0
+        kept = done[-1]["offset"] + done[-1].get("stored", done[-1]["length"]) if done else 0
         partial_size = (out / PARTIAL).stat().st_size if (out / PARTIAL).exists() else 0
         _preflight(out, total - kept, (trunk.stat().st_size if trunk.exists() else 0) + max(0, partial_size - kept))
         if lock is None:
@@ -341,29 +414,40 @@ def pack(model, trunk_dir, *, progress=None, say=None, chunk_bytes: int = CHUNK)
                     progress(Progress(run.key, len(done), len(plan), in_place, run_bytes, moved,
                                       time.perf_counter() - start, finished))
 
+            at = _align(kept, ALIGN)
             for run in copied:
-                sha = mover.stream(sources.pieces(run), fd, run.offset, tick)
+                if codec == RAW:
+                    at = run.offset
+                    record = {"sha256": mover.stream(sources.pieces(run), fd, at, tick)}
+                    end = at + run.length
+                else:
+                    record = _write_coded(sources.pieces(run), run.length, fd, at, encoders, window, block_bytes, tick)
+                    end = at + record["stored"]
                 os.fsync(fd)
-                _drop_cache(fd, run.offset, run.length)
-                done = done + [{"key": run.key, "offset": run.offset, "length": run.length, "sha256": sha}]
+                _drop_cache(fd, at, end - at)
+                done = done + [{"key": run.key, "offset": at, "length": run.length, **record}]
                 _save_state(out / STATE, fp, plan_sha, done)
                 tick(0, finished=True)
-            os.ftruncate(fd, total)                      # zero padding: every run's aligned span is in the file
+                at = _align(end, ALIGN)
+            size = total if codec == RAW else at
+            os.ftruncate(fd, size)                       # zero padding: every run's aligned span is in the file
             os.fsync(fd)
         finally:
             os.close(fd)
         # manifest first: a kill before the rename leaves a state whose runs all check; the next pack finishes
-        write_json_atomic(out / MANIFEST, _manifest(fp, plan, total, [d["sha256"] for d in done]))
+        write_json_atomic(out / MANIFEST, _manifest(fp, plan, size, done, codec, block_bytes))
         os.replace(out / PARTIAL, trunk)
         fsync_dir(out)
         (out / STATE).unlink()
     finally:
         mover.close()
         sources.close()
+        if encoders:
+            encoders.shutdown(wait=True)
         if lock is not None:
             os.close(lock)
     return PackResult("resumed" if kept else "packed", len(plan), len(copied), sum(r.length for r in copied),
-                      total, time.perf_counter() - t0)
+                      size, time.perf_counter() - t0)
 
 
 def verify(trunk_dir, model=None, *, deep=False, progress=None) -> list[str]:
@@ -377,6 +461,7 @@ def verify(trunk_dir, model=None, *, deep=False, progress=None) -> list[str]:
     plan = {r.key: r for r in plan_runs(ckpt.index)[0]} if deep and ckpt is not None else {}
     total, done, start = sum(r.length for r in trunk.runs.values()), 0, time.perf_counter()
     mover, sources = _Mover(min(CHUNK, max([r.length for r in trunk.runs.values()] + [1]))), _Sources(plan.values())
+    reader = TrunkReader(trunk) if trunk.codec != RAW else None
     fd = os.open(trunk.path, os.O_RDONLY)
     try:
         for i, run in enumerate(trunk.runs.values()):
@@ -386,12 +471,19 @@ def verify(trunk_dir, model=None, *, deep=False, progress=None) -> list[str]:
                 if progress:
                     progress(Progress(run.key, i + finished, len(trunk.runs), done, total, done,
                                       time.perf_counter() - start, finished))
-            if (sha := mover.stream([(fd, trunk.path, run.offset, run.length)], tick=tick)) != run.sha256:
+            try:
+                sha = mover.stream([(fd, trunk.path, run.offset, run.length)], tick=tick) if reader is None \
+                    else restored_sha256(reader, run, tick=tick)
+            except UnsoundRunError as exc:  # a coded block that does not decode, or fails its checksum
+                problems.append(f"run {run.key}: {exc}")
+                sha = None
+            if sha is not None and sha != run.sha256:
                 problems.append(f"run {run.key} (offset {run.offset}, {run.length} bytes): sha256 {sha[:16]}… "
                                 f"does not match the manifest's {run.sha256[:16]}…")
             if deep and ckpt is not None:
                 p = plan.get(run.key)
-                if p is None or p.entry() != {**trunk.manifest["runs"][i], "sha256": None}:
+                if p is None or _layout(p.entry(), reader is not None) != _layout(trunk.manifest["runs"][i],
+                                                                                 reader is not None):
                     problems.append(f"run {run.key}: the checkpoint would be packed differently today")
                 elif mover.stream(sources.pieces(p)) != run.sha256:
                     problems.append(f"run {run.key}: the checkpoint's bytes differ from the pack")
@@ -400,4 +492,6 @@ def verify(trunk_dir, model=None, *, deep=False, progress=None) -> list[str]:
         os.close(fd)
         mover.close()
         sources.close()
+        if reader is not None:
+            reader.close()
     return problems

@@ -18,9 +18,12 @@ import numpy as np
 from ..model.checkpoint import Checkpoint, layer_prefix
 from ..errors import CheckpointError, TrunkError
 from ..interfaces import Param, Weights
+from .aligned_io import align_up
+from .codec import CODECS, RAW, Block, stored_length
 from .safetensors_index import DTYPES
 
 FORMAT, VERSION = "k3-trunk", 1
+CODEC_VERSION = 2             # a pack whose runs are coded (manifest "codec" other than raw): blocks per run
 SAMPLE_BLOCKS, SAMPLE_BLOCK, SAMPLE_ALL = 16, 4096, 1 << 20
 TRUNK, PARTIAL, MANIFEST = "trunk.bin", "trunk.bin.partial", "manifest.json"
 
@@ -114,6 +117,13 @@ class Run:
     sha256: str
     verbatim: bool
     tensors: tuple[TrunkTensor, ...]
+    codec: str = RAW
+    blocks: tuple[Block, ...] = ()  # a coded run's blocks (io/codec.py); () for a raw one
+
+    @property
+    def span(self) -> int:
+        """Bytes of trunk.bin from `offset` that hold this run (padding included)."""
+        return self.padded if self.codec == RAW else stored_length(list(self.blocks))
 
     @property
     def prefix(self) -> str:
@@ -144,6 +154,15 @@ class Trunk:
     size: int
     runs: dict[str, Run]
 
+    @property
+    def codec(self) -> str:
+        return str(self.manifest.get("codec", RAW))
+
+    @property
+    def block_bytes(self) -> int:
+        """Restored bytes per block of a coded pack (0 for a raw one)."""
+        return int(self.manifest.get("block_bytes", 0))
+
     def layer(self, layer: int) -> Run:
         if (run := self.runs.get(f"layer.{layer}")) is None:
             raise TrunkError(f"the packed trunk has no run for layer {layer}", file=self.directory / MANIFEST)
@@ -159,24 +178,38 @@ class Trunk:
 def _parse_runs(m: dict, where: Path) -> dict[str, Run]:
     runs, end = {}, 0
     try:
-        align, fp = int(m["alignment"]), m["checkpoint"]
+        align, fp, codec = int(m["alignment"]), m["checkpoint"], str(m.get("codec", RAW))
+        block = int(m["block_bytes"]) if codec != RAW else 0
+        if codec != RAW and (block <= 0 or block % align):
+            raise ValueError(f"block_bytes {block} is not a positive multiple of the alignment {align}")
         if not (isinstance(fp["config_sha256"], str) and all(
                 isinstance(s["name"], str) and isinstance(s["size"], int) for s in fp["shards"])):
             raise ValueError("the checkpoint fingerprint is incomplete")
         for r in m["runs"]:
             tensors = tuple(TrunkTensor(str(t["name"]), int(t["offset"]), str(t["dtype"]),
                                         tuple(int(s) for s in t["shape"]), int(t["nbytes"])) for t in r["tensors"])
+            blocks = tuple(Block.of(b, block) for b in r["blocks"]) if codec != RAW else ()
             run = Run(str(r["key"]), None if r["layer"] is None else int(r["layer"]), int(r["offset"]),
-                      int(r["length"]), _align(int(r["length"]), align), str(r["sha256"]), bool(r["verbatim"]), tensors)
+                      int(r["length"]), _align(int(r["length"]), align), str(r["sha256"]), bool(r["verbatim"]), tensors,
+                      codec, blocks)
             bad = [t.name for t in tensors if t.dtype not in DTYPES or t.offset < 0 or t.offset + t.nbytes > run.length
                    or t.nbytes != math.prod(t.shape) * DTYPES[t.dtype][0]]
+            if codec != RAW and not _blocks_cover(blocks, run.length, block):
+                raise ValueError(f"run {run.key}: its blocks do not restore exactly its {run.length} bytes in order")
             if run.key in runs or run.offset % align or run.offset < end or bad:
                 raise ValueError(f"run {run.key} is repeated, misaligned, overlaps the one before, or has an "
                                  f"impossible tensor entry {bad[:1]}")
-            runs[run.key], end = run, run.offset + run.length
+            runs[run.key], end = run, run.offset + (run.length if codec == RAW else run.span)
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
         raise TrunkError(f"manifest is malformed: {e!r}", file=where) from None
     return runs
+
+
+def _blocks_cover(blocks, length: int, block: int) -> bool:
+    """Blocks restore [0, length) one after the other, `block` bytes each but the last, stored in order."""
+    return sum(b.restored for b in blocks) == length and all(b.restored == block for b in blocks[:-1]) \
+        and all(b.offset == align_up(a.offset + a.stored) for a, b in zip(blocks, blocks[1:])) \
+        and (not blocks or blocks[0].offset == 0)
 
 
 def load_trunk(trunk_dir) -> Trunk:
@@ -189,16 +222,19 @@ def load_trunk(trunk_dir) -> Trunk:
     m = _read_json(where)
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise TrunkError(f'not a packed-trunk manifest (want "format": "{FORMAT}")', file=where)
-    if m.get("version") != VERSION:
-        raise TrunkError(f"manifest version {m.get('version')!r} is not one this k3 reads ({VERSION}); "
-                         "re-pack with `k3 pack`", file=where)
+    if m.get("version") not in (VERSION, CODEC_VERSION) or (m.get("version") == CODEC_VERSION) != ("codec" in m):
+        raise TrunkError(f"manifest version {m.get('version')!r} is not one this k3 reads ({VERSION}, or "
+                         f"{CODEC_VERSION} with a codec); re-pack with `k3 pack`", file=where)
+    if m.get("codec", RAW) not in CODECS:
+        raise TrunkError(f"manifest names codec {m.get('codec')!r}, which this k3 does not know (it knows "
+                         f"{', '.join(CODECS)}); re-pack with `k3 pack`", file=where)
     runs, path = _parse_runs(m, where), directory / TRUNK
     if not path.is_file():
         hint = " (packing was interrupted: run `k3 pack` again to finish)" if (directory / PARTIAL).exists() else ""
         raise TrunkError(f"trunk.bin is missing{hint}", file=path)
     size = path.stat().st_size
-    if bad := next((r for r in runs.values() if r.offset + r.padded > size), None):
-        raise TrunkError(f"trunk.bin has {size} bytes but run {bad.key} needs bytes up to {bad.offset + bad.padded}: "
+    if bad := next((r for r in runs.values() if r.offset + r.span > size), None):
+        raise TrunkError(f"trunk.bin has {size} bytes but run {bad.key} needs bytes up to {bad.offset + bad.span}: "
                          "the file is truncated; re-pack", file=path)
     return Trunk(directory, path, m, int(m["alignment"]), size, runs)
 

@@ -2,7 +2,8 @@
 packed trunk (k3 pack) through a ring of at least two slots, the next unit read in the background
 while the current one computes. A slot is never refilled while its layer is handed out.
 
-Units in visit order: the unpinned layers, then lm_head in row blocks unless it is pinned too.
+Units in visit order: the unpinned layers, then lm_head in row blocks unless it is pinned too. Every byte
+comes through a TrunkReader, which restores a coded pack's blocks (k3 pack --codec) on the reading thread.
 """
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..plugin_api import (ALIGN, HEAD, Param, PlanError, PlanRow, PluginOptions, TrunkPlacer, UnsoundRunError,
-                          UsageError, Weights, aligned_buffer, hookimpl, human, load_trunk, open_for_reading,
-                          open_trunk, read_exact)
+from ..plugin_api import (ALIGN, HEAD, RAW, Param, PlanError, PlanRow, PluginOptions, TrunkPlacer, TrunkReader,
+                          UsageError, Weights, aligned_buffer, hookimpl, human, load_trunk, open_trunk,
+                          trunk_scratch_bytes)
 
 MIN_RING = 2
 HEAD_BLOCK_BYTES = 64 << 20  # lm_head streams in row blocks of about this size when it is not pinned
@@ -76,7 +77,8 @@ class PinnedPlacer(TrunkPlacer):
         budget, config = ctx.budget, ctx.config
         if budget.trunk_dir is None:
             raise UsageError("the pinned trunk placer streams from a packed trunk: give --trunk DIR (`k3 pack`)")
-        lay = layout(load_trunk(budget.trunk_dir), config, budget, ctx.options)
+        trunk = load_trunk(budget.trunk_dir)
+        lay = layout(trunk, config, budget, ctx.options)
         if budget.trunk_gb is not None and lay.pinned_bytes + lay.ring_slots * lay.slot_bytes > budget.trunk_gb * 1e9:
             raise PlanError(f"--trunk-gb {budget.trunk_gb:g} cannot hold even the ring: {lay.ring_slots} slots × "
                             f"{human(lay.slot_bytes)}")
@@ -84,18 +86,17 @@ class PinnedPlacer(TrunkPlacer):
         return [PlanRow("pinned trunk", lay.pinned_bytes, f"layers 0..{len(lay.pinned) - 1} {head}of "
                         f"{config.num_hidden_layers}" if lay.pinned else f"no layers {head}pinned"),
                 PlanRow("trunk ring", lay.ring_slots * lay.slot_bytes, f"{lay.ring_slots} slots × "
-                        f"{human(lay.slot_bytes)}" if lay.ring_slots else "nothing streams")]
+                        f"{human(lay.slot_bytes)}" if lay.ring_slots else "nothing streams")] + (
+            [] if trunk.codec == RAW else
+            [PlanRow("trunk codec staging", trunk_scratch_bytes(trunk), f"{trunk.codec} blocks read and restored")])
 
     def __init__(self, ctx):
         super().__init__(ctx)
         config = self.config
-        self._lock = threading.Lock()
         self.trunk = open_trunk(ctx.budget.trunk_dir, self.checkpoint)
         self.layout = lay = layout(self.trunk, config, ctx.budget, self.options)
-        self._ring_file = open_for_reading(self.trunk.path)        # O_DIRECT where it is served
-        self._rows_file = open_for_reading(self.trunk.path, False)  # small unaligned reads (rows, norms)
-        self.trunk_bytes_read = 0
-        self.read_seconds = self.wait_seconds = 0.0
+        self.reader = TrunkReader(self.trunk)
+        self.wait_seconds = 0.0
         self._pinned = {L: self._load_resident(self.trunk.layer(L)) for L in lay.pinned}
         model = self.trunk.model
         self._head = _head_tensor(self.trunk)
@@ -110,67 +111,57 @@ class PinnedPlacer(TrunkPlacer):
             self._head_rows = rows
         self._slots = [aligned_buffer(lay.slot_bytes) for _ in range(lay.ring_slots)]
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="k3-trunk-read")
-        self._inflight: dict[tuple, tuple[int, object]] = {}  # unit -> (slot, future)
-        self._current: tuple | None = None                    # the unit handed out, and its slot
+        self._inflight: dict[tuple, tuple[int, object]] = {}  # unit -> (slot, future of the data's offset)
+        self._current: tuple | None = None                    # the unit handed out, its slot and offset
 
     # ---- resident parts ---------------------------------------------------------------------------
     def _load_resident(self, run) -> Weights:
-        buf = aligned_buffer(run.padded)
-        self._read(buf, run.offset, run.padded, run.key)
+        buf = aligned_buffer(TrunkReader.room(run, 0, run.length))
+        self.reader.read(run, 0, run.length, buf)  # runs start aligned: their bytes land at 0
         run.check(buf)  # pinned bytes are hashed once, against the manifest
         return run.weights(buf)
 
     def _read_tensor(self, run, t) -> Param:
-        data = os.pread(self._rows_file.fd, t.nbytes, self.trunk.model.offset + t.offset)
-        if len(data) != t.nbytes:
-            raise UnsoundRunError(f"short read of {t.name} from {self.trunk.path}")
-        self.trunk_bytes_read += t.nbytes
+        data = self.reader.read_bytes(run, t.offset, t.nbytes)
         dtype = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32}[t.dtype]
         return Param(np.frombuffer(data, dtype).reshape(t.shape).copy(), t.dtype, t.name)
 
-    def _read(self, buf, offset, length, what):
-        start = time.perf_counter()
-        read_exact(self._ring_file, memoryview(buf), offset, length, length, f"trunk unit {what}", self.trunk.path)
-        with self._lock:
-            self.trunk_bytes_read += length
-            self.read_seconds += time.perf_counter() - start
-
     # ---- the ring ---------------------------------------------------------------------------------
-    def _span(self, unit):
+    def _range(self, unit):
+        """The run a unit lives in and its restored bytes [lo, hi) there."""
         kind, i = unit
         if kind == "layer":
             run = self.trunk.layer(i)
-            return run.offset, run.padded
-        rows = min(self._head_rows, self._head.shape[0] - i)
-        start = self.trunk.model.offset + self._head.offset + i * self._head.shape[1] * 2
-        lo = start - start % ALIGN
-        return lo, -(-(start + rows * self._head.shape[1] * 2 - lo) // ALIGN) * ALIGN
+            return run, 0, run.length
+        rows, row = min(self._head_rows, self._head.shape[0] - i), self._head.shape[1] * 2
+        lo = self._head.offset + i * row
+        return self.trunk.model, lo, lo + rows * row
 
     def _submit(self, unit, slot):
-        offset, length = self._span(unit)
-        future = self._reader.submit(self._read, self._slots[slot], offset, length, unit)
+        future = self._reader.submit(self.reader.read, *self._range(unit), self._slots[slot])
         self._inflight[unit] = (slot, future)
 
-    def _acquire(self, unit) -> int:
-        """Wait until `unit` is in a slot and hand that slot out; the unit handed out before is done
-        with, so its slot may be refilled; start reading the units that come next."""
+    def _acquire(self, unit) -> tuple[int, int]:
+        """Wait until `unit` is in a slot and hand that slot out, with the offset of the unit's first byte
+        there; the unit handed out before is done with, so its slot may be refilled; start reading the
+        units that come next."""
         self._current = None
         if unit not in self._inflight:
             self._submit(unit, self._free_slot())
         slot, future = self._inflight.pop(unit)
         start = time.perf_counter()
-        future.result()
+        at = future.result()
         self.wait_seconds += time.perf_counter() - start
-        self._current = (unit, slot)
-        at = self._units.index(unit)
+        self._current = (unit, slot, at)
+        here = self._units.index(unit)
         for step in range(1, len(self._slots)):
-            nxt = self._units[(at + step) % len(self._units)]
+            nxt = self._units[(here + step) % len(self._units)]
             if nxt == unit or nxt in self._inflight:
                 continue
             if len(self._inflight) + 1 >= len(self._slots):
                 break
             self._submit(nxt, self._free_slot())
-        return slot
+        return slot, at
 
     def _free_slot(self) -> int:
         busy = {s for s, _ in self._inflight.values()} | ({self._current[1]} if self._current else set())
@@ -185,7 +176,7 @@ class PinnedPlacer(TrunkPlacer):
     def layer(self, layer):
         if layer in self._pinned:
             return self._pinned[layer]
-        slot = self._acquire(("layer", layer))
+        slot, _ = self._acquire(("layer", layer))  # runs start aligned: their bytes are at 0
         return self.trunk.layer(layer).weights(self._slots[slot])
 
     def model(self):
@@ -193,13 +184,8 @@ class PinnedPlacer(TrunkPlacer):
 
     def embed_rows(self, ids):
         e, H = self._embed, self._embed.shape[1]
-        rows = []
-        for i in ids:
-            at = self.trunk.model.offset + e.offset + int(i) * H * 2
-            data = os.pread(self._rows_file.fd, H * 2, at)
-            if len(data) != H * 2:
-                raise UnsoundRunError(f"short read of embedding row {i} from {self.trunk.path}")
-            rows.append(np.frombuffer(data, np.uint16))
+        rows = [np.frombuffer(self.reader.read_bytes(self.trunk.model, e.offset + int(i) * H * 2, H * 2), np.uint16)
+                for i in ids]
         return Param(np.stack(rows), e.dtype).f32()
 
     def head_blocks(self):
@@ -208,23 +194,22 @@ class PinnedPlacer(TrunkPlacer):
             return
         H = self._head.shape[1]
         for r in range(0, self._head.shape[0], self._head_rows):
-            slot = self._acquire(("head", r))
+            slot, at = self._acquire(("head", r))
             rows = min(self._head_rows, self._head.shape[0] - r)
-            start = self.trunk.model.offset + self._head.offset + r * H * 2
-            data = np.frombuffer(self._slots[slot], np.uint16, rows * H, start % ALIGN).reshape(rows, H)
+            data = np.frombuffer(self._slots[slot], np.uint16, rows * H, at).reshape(rows, H)
             yield r, Param(data, self._head.dtype, HEAD)
 
     def stats(self):
-        return {"trunk_bytes_read": self.trunk_bytes_read, "trunk_read_seconds": self.read_seconds,
+        return {"trunk_bytes_read": self.reader.bytes_read, "trunk_read_seconds": self.reader.read_seconds,
+                "trunk_decode_seconds": self.reader.decode_seconds, "trunk_codec": self.trunk.codec,
                 "trunk_wait_seconds": self.wait_seconds, "pinned_layers": len(self.layout.pinned),
                 "head_pinned": self.layout.head_pinned, "ring_slots": self.layout.ring_slots,
                 "ring_slot_bytes": self.layout.slot_bytes,
-                "trunk_read_mode": self._ring_file.mode}
+                "trunk_read_mode": self.reader.mode}
 
     def close(self):
         self._reader.shutdown(wait=True)
-        for opened in (self._ring_file, self._rows_file):
-            os.close(opened.fd)
+        self.reader.close()
 
 
 @hookimpl(trylast=True)

@@ -1,0 +1,181 @@
+"""Restored bytes of a packed trunk's runs, whatever its codec: what the pinned placer and `k3 pack
+--verify` read through.
+
+A raw run's bytes are read straight into the caller's aligned buffer (O_DIRECT, the aligned cover of the
+range, the bytes at the returned offset). A coded run's blocks are read in pieces of at most STAGE stored
+bytes into two staging buffers — the next piece is read while the one before is decoded — and restored
+into the buffer at offset 0; a range that starts or ends inside a block has that block restored into a
+scratch block first. Small reads (up to two blocks: an embedding row, a norm) have private buffers, so they never wait for
+a layer being restored on another thread.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from ..errors import TrunkError, UnsoundRunError
+from .aligned_io import ALIGN, align_down, align_up, aligned_buffer, open_for_reading, read_exact
+from .codec import RAW, Restorer, blocks_for
+
+STAGE = 32 << 20      # stored bytes per read of a coded run: two such buffers, plus one scratch block
+
+
+def scratch_bytes(trunk) -> int:
+    """Memory a TrunkReader of `trunk` keeps besides the caller's buffers (for the memory plan)."""
+    return 0 if trunk.codec == RAW else 2 * max(STAGE, trunk.block_bytes) + trunk.block_bytes
+
+
+class TrunkReader:
+    def __init__(self, trunk):
+        self.trunk, self.codec = trunk, trunk.codec
+        self.direct = open_for_reading(trunk.path)          # O_DIRECT where the filesystem serves it
+        self.buffered = open_for_reading(trunk.path, False)  # small unaligned raw reads
+        self.bytes_read = 0                                  # from disk: stored bytes, padding included
+        self.read_seconds = self.decode_seconds = 0.0
+        self._count = threading.Lock()
+        self._local = threading.local()
+        self.block = trunk.block_bytes
+        if self.codec != RAW:
+            self._stages = [aligned_buffer(max(STAGE, self.block)) for _ in range(2)]
+            self._scratch = aligned_buffer(self.block)
+            self._staged = threading.Lock()                  # the stages serve one large read at a time
+            self._io = ThreadPoolExecutor(1, thread_name_prefix="k3-trunk-stage")
+
+    @property
+    def mode(self) -> str:
+        return self.direct.mode
+
+    def close(self):
+        if self.codec != RAW:
+            self._io.shutdown(wait=True)
+        for opened in (self.direct, self.buffered):
+            os.close(opened.fd)
+
+    # ---- the interface ---------------------------------------------------------------------------------------
+    def read(self, run, lo: int, hi: int, buf) -> int:
+        """Restored bytes [lo, hi) of `run` into `buf` (aligned, at least `room(run, lo, hi)` bytes); returns
+        the offset in `buf` where byte lo landed."""
+        if not 0 <= lo <= hi <= run.length:
+            raise TrunkError(f"run {run.key}: bytes [{lo}, {hi}) are outside its {run.length}")
+        if run.codec == RAW:
+            start, end = align_down(run.offset + lo), align_up(run.offset + hi)
+            self._timed_read(self.direct, memoryview(buf), start, end - start, f"trunk unit {run.key}")
+            return run.offset + lo - start
+        if hi - lo <= 2 * self.block:  # small: private buffers
+            self._restore(run, lo, hi, buf, None)
+        else:
+            with self._staged:
+                self._restore(run, lo, hi, buf, self._stages)
+        return 0
+
+    def read_bytes(self, run, lo: int, n: int) -> bytes:
+        """n restored bytes of `run` from lo, for small unaligned reads (rows, norms)."""
+        if run.codec == RAW:
+            start = time.perf_counter()
+            data = os.pread(self.buffered.fd, n, run.offset + lo)
+            if len(data) != n:
+                raise UnsoundRunError(f"short read of run {run.key} bytes [{lo}, {lo + n}) from {self.trunk.path}")
+            self._count_read(n, time.perf_counter() - start)
+            return data
+        out = bytearray(n)
+        self._restore(run, lo, lo + n, out, None)
+        return bytes(out)
+
+    @staticmethod
+    def room(run, lo: int, hi: int) -> int:
+        """Buffer bytes read(run, lo, hi, buf) needs."""
+        if run.codec == RAW:
+            return align_up(run.offset + hi) - align_down(run.offset + lo)
+        return hi - lo
+
+    # ---- coded runs ------------------------------------------------------------------------------------------
+    def _restorer(self) -> Restorer:
+        if (r := getattr(self._local, "restorer", None)) is None:
+            r = self._local.restorer = Restorer()
+        return r
+
+    def _restore(self, run, lo, hi, buf, stages):
+        idx = list(blocks_for(lo, hi, self.block))
+        if not idx:
+            return
+        pieces, piece = [], [idx[0]]  # consecutive blocks whose stored bytes fit one stage
+        for i in idx[1:]:
+            first = run.blocks[piece[0]]
+            if run.blocks[i].offset + align_up(run.blocks[i].stored) - first.offset > max(STAGE, self.block):
+                pieces.append(piece)
+                piece = [i]
+            else:
+                piece.append(i)
+        pieces.append(piece)
+        out = memoryview(buf).cast("B")
+        if stages is None:  # a small range: one piece, private buffers
+            stage = aligned_buffer(max(self._stored_span(run, p) for p in pieces))
+            scratch = aligned_buffer(self.block)
+            for p in pieces:
+                self._read_piece(run, p, stage)
+                self._decode_piece(run, p, stage, lo, hi, out, scratch)
+            return
+        ahead = self._io.submit(self._read_piece, run, pieces[0], stages[0])
+        try:
+            for k, p in enumerate(pieces):
+                ahead.result()
+                if k + 1 < len(pieces):
+                    ahead = self._io.submit(self._read_piece, run, pieces[k + 1], stages[(k + 1) % 2])
+                self._decode_piece(run, p, stages[k % 2], lo, hi, out, self._scratch)
+        finally:
+            ahead.exception()  # a failed decode leaves no read running into the stages
+
+    def _stored_span(self, run, piece) -> int:
+        first, last = run.blocks[piece[0]], run.blocks[piece[-1]]
+        return last.offset + align_up(last.stored) - first.offset
+
+    def _read_piece(self, run, piece, stage):
+        first = run.blocks[piece[0]]
+        self._timed_read(self.direct, memoryview(stage), run.offset + first.offset, self._stored_span(run, piece),
+                         f"trunk unit {run.key}, blocks {piece[0]}..{piece[-1]}")
+
+    def _decode_piece(self, run, piece, stage, lo, hi, out, scratch):
+        start, base, restorer = time.perf_counter(), run.blocks[piece[0]].offset, self._restorer()
+        view = memoryview(stage)
+        for i in piece:
+            b = run.blocks[i]
+            b_lo = i * self.block
+            stored = view[b.offset - base:b.offset - base + b.stored]
+            what = f"block {i} of trunk unit {run.key} ({self.trunk.path})"
+            if lo <= b_lo and b_lo + b.restored <= hi:
+                restorer.restore(b, stored, out[b_lo - lo:b_lo - lo + b.restored], what)
+            else:  # the range starts or ends inside this block
+                restorer.restore(b, stored, scratch, what)
+                a, z = max(lo, b_lo), min(hi, b_lo + b.restored)
+                out[a - lo:z - lo] = memoryview(scratch)[a - b_lo:z - b_lo]
+        with self._count:
+            self.decode_seconds += time.perf_counter() - start
+
+    # ---- counting ----------------------------------------------------------------------------------------------
+    def _timed_read(self, opened, view, offset, length, what):
+        start = time.perf_counter()
+        read_exact(opened, view, offset, length, length, what, self.trunk.path)
+        self._count_read(length, time.perf_counter() - start)
+
+    def _count_read(self, n, seconds):
+        with self._count:
+            self.bytes_read += n
+            self.read_seconds += seconds
+
+
+def restored_sha256(reader: TrunkReader, run, chunk: int = 64 << 20, tick=None) -> str:
+    """sha256 of a run's restored bytes, read through `reader` in chunks (k3 pack --verify)."""
+    import hashlib
+
+    h, buf = hashlib.sha256(), aligned_buffer(chunk + 2 * ALIGN)
+    for lo in range(0, run.length, chunk):
+        hi = min(run.length, lo + chunk)
+        at = reader.read(run, lo, hi, buf)
+        h.update(memoryview(buf)[at:at + hi - lo])
+        if tick:
+            tick(hi - lo)
+    return h.hexdigest()
+
+

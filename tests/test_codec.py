@@ -1,0 +1,260 @@
+"""The lossless trunk codec (`k3 pack --codec planes`): blocks restore to their exact bytes on adversarial
+BF16/F32 content, an incompressible block is stored raw, a damaged block is named and never handed on;
+a coded pack restores every run's raw bytes, resumes after an interruption, verifies, and gives the raw
+trunk's ids and logit bytes at every budget and ring size."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from k3core import EngineConfig, _native, greedy_ids, open_engine
+from k3core.errors import UnsoundRunError, UsageError
+from k3core.io import codec, pack, trunk_reader
+from k3core.io.aligned_io import aligned_buffer
+from k3core.io.trunk import load_trunk, open_trunk
+from k3core.io.trunk_reader import TrunkReader
+from k3core.model.checkpoint import open_checkpoint
+
+from .conftest import DEMO_MODEL
+from .test_pack import Stop, cli, manifest, stop_after
+
+SMALL_BLOCK = 65_536  # blocks of the test packs: a tiny model's layer spans 3-4 (padding to 4096 costs ~3 %)
+
+
+def checksum_by_definition(data: bytes) -> int:
+    """native/planes.h's definition, in numpy: sum of (2i + 1) * word_i mod 2^64, the last word zero-padded."""
+    padded = np.frombuffer(data + bytes(-len(data) % 8), "<u8")
+    return int((padded * (2 * np.arange(padded.size, dtype=np.uint64) + 1)).sum(dtype=np.uint64)) if padded.size else 0
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 4095, 4096, 65537])
+def test_the_native_checksum_is_its_definition(n):
+    data = np.random.default_rng(n).bytes(n)
+    assert _native.planes_checksum(np.frombuffer(data, np.uint8)) == checksum_by_definition(data)
+
+
+def test_one_changed_byte_changes_the_checksum():
+    data = bytearray(np.random.default_rng(1).bytes(4096))
+    base = _native.planes_checksum(np.frombuffer(bytes(data), np.uint8))
+    for at in (0, 7, 8, 2049, 4095):
+        for delta in (1, 0x80, 0xFF):
+            changed = bytearray(data)
+            changed[at] ^= delta
+            assert _native.planes_checksum(np.frombuffer(bytes(changed), np.uint8)) != base
+
+
+def test_planes_join_interleaves_and_refuses_wrong_sizes():
+    raw = np.frombuffer(np.random.default_rng(2).bytes(4099), np.uint8)
+    out = np.zeros_like(raw)
+    got = _native.planes_join(np.ascontiguousarray(raw[0::2]), np.ascontiguousarray(raw[1::2]), out)
+    assert out.tobytes() == raw.tobytes() and got == checksum_by_definition(raw.tobytes())
+    with pytest.raises(ValueError, match="low needs 2050 and high 2049"):
+        _native.planes_join(np.ascontiguousarray(raw[1::2]), np.ascontiguousarray(raw[1::2]), out)
+
+
+def bf16(values) -> bytes:
+    return (np.asarray(values, np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
+
+
+rng = np.random.default_rng(3)
+CONTENTS = {
+    "gaussian bf16": bf16(rng.standard_normal(40_000) * 0.02),
+    "all equal": bf16(np.full(30_000, 0.5)),
+    "all zero": bytes(50_000),
+    "all distinct high bytes": np.stack([rng.integers(0, 256, 20_480), np.concatenate(
+        [rng.permutation(256) for _ in range(80)])], 1).astype(np.uint8).tobytes(),  # every 256 a permutation
+    "NaN and Inf patterns": np.tile(np.array([0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x7F81, 0x0000, 0x8000], "<u2"),
+                                    3000).tobytes(),
+    "subnormals": (np.arange(20_000) % 0x7F + 1).astype("<u2").tobytes(),
+    "f32 norms": (1 + 0.01 * rng.standard_normal(9000)).astype("<f4").tobytes(),
+    "odd length": bf16(rng.standard_normal(5001))[:-1],
+    "one byte": b"\x7f",
+    "random bytes": rng.bytes(33_333),
+}
+
+
+@pytest.mark.parametrize("name", CONTENTS)
+def test_every_block_restores_its_exact_bytes(name):
+    data = CONTENTS[name]
+    blocks, stored = codec.encode_run(data, block=8192)
+    assert sum(b.restored for b in blocks) == len(data) and codec.stored_length(blocks) == sum(map(len, stored))
+    restorer, back = codec.Restorer(), bytearray()
+    for b, s in zip(blocks, stored):
+        out = bytearray(b.restored)
+        restorer.restore(b, s[:b.stored], out, f"block of {name}")
+        back += out
+    assert bytes(back) == data
+    kinds = {b.kind for b in blocks}
+    if name in ("random bytes", "all distinct high bytes"):
+        assert kinds == {codec.RAW}  # nothing to gain: stored as is
+    if name == "gaussian bf16":  # sign + ~2.4 bits of exponent: near (8 + 3.4) / 16 of the bytes
+        assert kinds == {codec.PLANES} and sum(b.stored for b in blocks) < 0.75 * len(data)
+    if name in ("all equal", "all zero"):  # the high plane codes to almost nothing
+        assert kinds == {codec.PLANES} and sum(b.stored for b in blocks) < 0.55 * len(data)
+
+
+@pytest.mark.parametrize("where", ["low plane", "zstd frame", "raw block"])
+def test_a_damaged_block_is_named_never_handed_on(where):
+    data = CONTENTS["random bytes" if where == "raw block" else "gaussian bf16"][:8192]
+    (b,), (s,) = codec.encode_run(data, block=8192)
+    damaged = bytearray(s[:b.stored])
+    damaged[{"low plane": 10, "zstd frame": b.restored // 2 + 20, "raw block": 99}[where]] ^= 0x10
+    with pytest.raises(UnsoundRunError, match="block 3 of trunk unit layer.1.*(checksum|decode)"):
+        codec.Restorer().restore(b, bytes(damaged), bytearray(b.restored), "block 3 of trunk unit layer.1")
+
+
+def test_an_unknown_codec_or_block_size_is_a_usage_error(tiny_model, tmp_path):
+    with pytest.raises(UsageError, match="'lz4' is not a trunk codec; the codecs are: raw"):
+        pack.pack(tiny_model, tmp_path / "t", codec="lz4")
+    with pytest.raises(UsageError, match="multiple of 4096"):
+        pack.pack(tiny_model, tmp_path / "t", codec="planes", block_bytes=1000)
+
+
+# ---- packs ------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def raw_pack(tiny_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("raw") / "trunk"
+    pack.pack(tiny_model, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def coded_pack(tiny_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("coded") / "trunk"
+    pack.pack(tiny_model, out, codec="planes", block_bytes=SMALL_BLOCK)
+    return out
+
+
+def restored_runs(trunk_dir, layers_read=None) -> dict[str, bytes]:
+    """Every run's restored bytes read through a TrunkReader; `layers_read` (a list) gets the bytes it read
+    from disk for the layer runs."""
+    trunk = load_trunk(trunk_dir)
+    reader = TrunkReader(trunk)
+    try:
+        out = {}
+        for key, run in trunk.runs.items():
+            buf = aligned_buffer(TrunkReader.room(run, 0, run.length))
+            at = reader.read(run, 0, run.length, buf)
+            out[key] = bytes(buf[at:at + run.length])
+            if key == "model" and layers_read is not None:
+                layers_read.append(reader.bytes_read)
+        return out
+    finally:
+        reader.close()
+
+
+def test_a_coded_pack_restores_every_raw_byte_and_is_smaller(tiny_model, raw_pack, coded_pack):
+    m = manifest(coded_pack)
+    assert (m["version"], m["codec"], m["block_bytes"]) == (2, "planes", SMALL_BLOCK)
+    coded_read, raw_read = [], []
+    assert restored_runs(coded_pack, coded_read) == restored_runs(raw_pack, raw_read)
+    assert coded_read[0] < 0.8 * raw_read[0]  # a streamed layer reads its stored bytes, not its restored ones
+    assert [r["sha256"] for r in m["runs"]] == [r["sha256"] for r in manifest(raw_pack)["runs"]]
+    assert (coded_pack / "trunk.bin").stat().st_size < 0.8 * (raw_pack / "trunk.bin").stat().st_size
+    assert pack.verify(coded_pack, tiny_model, deep=True) == []
+    open_trunk(coded_pack, open_checkpoint(tiny_model))
+
+
+@pytest.mark.parametrize("lo, hi", [(0, 1), (65_535, 65_537), (100, 200_000), (65_536, 131_072), (5, 5), (0, 229_472)])
+def test_any_range_of_a_coded_run_reads_its_bytes(raw_pack, coded_pack, lo, hi, monkeypatch):
+    monkeypatch.setattr(trunk_reader, "STAGE", 16_384)  # large ranges: one staged piece per block
+    want = restored_runs(raw_pack)["layer.1"][lo:hi]
+    trunk = load_trunk(coded_pack)
+    reader = TrunkReader(trunk)
+    try:
+        buf = aligned_buffer(max(1, hi - lo))
+        assert reader.read(trunk.runs["layer.1"], lo, hi, buf) == 0 and bytes(buf[:hi - lo]) == want
+        assert reader.read_bytes(trunk.runs["layer.1"], lo, hi - lo) == want
+    finally:
+        reader.close()
+
+
+def test_packing_again_does_nothing_and_another_codec_repacks(tiny_model, coded_pack, tmp_path):
+    out = shutil.copytree(coded_pack, tmp_path / "copy")
+    assert pack.pack(tiny_model, out, codec="planes", block_bytes=SMALL_BLOCK).status == "up-to-date"
+    notes = []
+    assert pack.pack(tiny_model, out, say=notes.append).status == "packed"
+    assert manifest(out)["version"] == 1 and "codec" not in manifest(out)
+
+
+def test_an_interrupted_coded_pack_resumes_to_the_same_bytes(tiny_model, coded_pack, tmp_path):
+    out = tmp_path / "trunk"
+    with pytest.raises(Stop):
+        pack.pack(tiny_model, out, progress=stop_after(4), codec="planes", block_bytes=SMALL_BLOCK)
+    state = json.loads((out / pack.STATE).read_text())
+    assert [d["key"] for d in state["done"]] == ["layer.0", "layer.1", "layer.2", "layer.3"]
+    last = state["done"][-1]
+    with open(out / pack.PARTIAL, "r+b") as f:  # a torn last run: its stored hash no longer matches
+        f.seek(last["offset"] + 16)
+        f.write(b"\xab" * 64)
+    notes = []
+    r = pack.pack(tiny_model, out, say=notes.append, codec="planes", block_bytes=SMALL_BLOCK)
+    assert r.status == "resumed" and r.runs_copied == r.runs - 3
+    assert any("layer.3" in n and "torn" in n for n in notes)
+    assert (out / "trunk.bin").read_bytes() == (coded_pack / "trunk.bin").read_bytes()
+    assert manifest(out) == manifest(coded_pack)
+
+
+def flip_stored_byte(trunk_dir, key, block=2, at=30):
+    run = next(r for r in manifest(trunk_dir)["runs"] if r["key"] == key)
+    with open(trunk_dir / "trunk.bin", "r+b") as f:
+        f.seek(run["offset"] + run["blocks"][block][0] + at)
+        b = f.read(1)
+        f.seek(run["offset"] + run["blocks"][block][0] + at)
+        f.write(bytes([b[0] ^ 0x04]))
+
+
+def test_verify_names_the_damaged_block(tiny_model, coded_pack, tmp_path, capsys):
+    out = shutil.copytree(coded_pack, tmp_path / "copy")
+    assert cli(["--verify", out]) == 0 and "planes codec" in capsys.readouterr().out
+    flip_stored_byte(out, "layer.5")
+    problems = pack.verify(out)
+    assert len(problems) == 1 and "run layer.5" in problems[0] and "block 2 of trunk unit layer.5" in problems[0]
+    assert cli(["--verify", out]) == 2 and "block 2 of trunk unit layer.5" in capsys.readouterr().err
+
+
+# ---- the engine on a coded pack ------------------------------------------------------------------------------
+PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
+CONFIGS = {"pinned 0, ring 2": dict(pin_layers=0, ring=2, expert_store="direct"),
+           "pinned 3, ring 3": dict(pin_layers=3, ring=3),
+           "pinned all, head streamed": dict(pin_layers=99, placer_options={"pin_head": False}),
+           "pinned all and head": dict(pin_layers=99)}
+
+
+def run(model, trunk, **fields):
+    with open_engine(EngineConfig(model, trunk=trunk, **fields)) as engine:
+        ids, logits = greedy_ids(engine, PROMPT, 5)
+        return ids, logits.view(np.uint32).tobytes(), engine.stats()
+
+
+@pytest.mark.parametrize("model", ["tiny", "demo"])
+def test_a_coded_trunk_gives_the_raw_trunk_s_ids_and_logit_bytes(model, model_factory, tmp_path, monkeypatch):
+    monkeypatch.setattr(trunk_reader, "STAGE", 65_536)  # layers restore through several staged pieces
+    path = DEMO_MODEL if model == "demo" else model_factory(model)
+    raw, coded = tmp_path / "raw", tmp_path / "coded"
+    pack.pack(path, raw)
+    pack.pack(path, coded, codec="planes", block_bytes=SMALL_BLOCK)
+    for name, cfg in CONFIGS.items():
+        a, b = run(path, raw, **cfg), run(path, coded, **cfg)
+        assert a[:2] == b[:2], name
+        assert b[2]["trunk_codec"] == "planes" and a[2]["trunk_codec"] == "raw"
+    assert run(path, coded, **CONFIGS["pinned 0, ring 2"])[2]["trunk_decode_seconds"] > 0
+
+
+def test_the_memory_plan_counts_the_codec_staging(tiny_model, coded_pack):
+    from k3core import memory_plan
+
+    rows = {r.item: r.bytes for r in memory_plan(EngineConfig(tiny_model, trunk=coded_pack, pin_layers=0)).rows}
+    assert rows["trunk codec staging"] == trunk_reader.scratch_bytes(load_trunk(coded_pack))
+
+
+def test_a_damaged_block_mid_run_ends_the_run_with_exit_4(tiny_model, coded_pack, tmp_path, capsys):
+    from k3core.cli.main import main
+
+    out = shutil.copytree(coded_pack, tmp_path / "copy")
+    flip_stored_byte(out, "layer.4", block=1)
+    code = main(["run", str(tiny_model), "--trunk", str(out), "--pin-layers", "0", "--ids", "1,2,3",
+                 "--max-tokens", "3"])
+    err = capsys.readouterr().err
+    assert code == 4 and "block 1 of trunk unit layer.4" in err and "checksum" in err
