@@ -25,7 +25,10 @@ CODECS = {"raw": "the run's bytes as they are (the default)",
           "planes": "BF16 byte planes: low bytes verbatim, high bytes zstd-coded; 4096-aligned 1 MiB blocks"}
 BLOCK = 1 << 20               # restored bytes per block (the default; a pack's manifest says its own):
                               # a multiple of ALIGN, so of every dtype's size
-ZSTD_LEVEL = 3                # the frames' level: decode speed hardly depends on it, ratio a little
+# zstd's fastest strategy with the smallest match tables and 7-byte minimum matches: it finds almost no
+# matches in a high-byte plane, so a frame is Huffman-coded literals (measured on `wide`: 2.67 bits per
+# high byte and 1.6 GB/s of them decoded per core, against 3.28 bits and 0.6 GB/s at level 3).
+ZSTD_PARAMS = dict(strategy="fast", min_match=7, hash_log=6, chain_log=6, search_log=1)
 RAW, PLANES = "raw", "planes"
 
 
@@ -65,12 +68,19 @@ def _zstd():
 
 
 # ---- encoding (k3 pack) -------------------------------------------------------------------------------------
+def _compressor():
+    z = _zstd()
+    params = {**ZSTD_PARAMS, "strategy": z.STRATEGY_FAST}
+    return z.ZstdCompressor(compression_params=z.ZstdCompressionParameters(
+        **params, write_content_size=True, write_checksum=False))
+
+
 def encode_block(raw) -> tuple[str, bytes, int]:
     """(kind, stored bytes, checksum) of one block of restored bytes."""
     a = np.frombuffer(raw, np.uint8)
     checksum = _native.planes_checksum(a)
     high = np.ascontiguousarray(a[1::2])
-    frame = _zstd().ZstdCompressor(level=ZSTD_LEVEL, write_checksum=False, write_content_size=True).compress(high)
+    frame = _compressor().compress(high)
     if len(frame) >= high.nbytes:
         return RAW, a.tobytes(), checksum
     return PLANES, a[0::2].tobytes() + frame, checksum

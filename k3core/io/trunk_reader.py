@@ -42,6 +42,7 @@ class TrunkReader:
             self._scratch = aligned_buffer(self.block)
             self._staged = threading.Lock()                  # the stages serve one large read at a time
             self._io = ThreadPoolExecutor(1, thread_name_prefix="k3-trunk-stage")
+            self._decoders = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="k3-trunk-decode")
 
     @property
     def mode(self) -> str:
@@ -50,6 +51,7 @@ class TrunkReader:
     def close(self):
         if self.codec != RAW:
             self._io.shutdown(wait=True)
+            self._decoders.shutdown(wait=True)
         for opened in (self.direct, self.buffered):
             os.close(opened.fd)
 
@@ -123,7 +125,7 @@ class TrunkReader:
                 ahead.result()
                 if k + 1 < len(pieces):
                     ahead = self._io.submit(self._read_piece, run, pieces[k + 1], stages[(k + 1) % 2])
-                self._decode_piece(run, p, stages[k % 2], lo, hi, out, self._scratch)
+                self._decode_piece(run, p, stages[k % 2], lo, hi, out, self._scratch, self._decoders)
         finally:
             ahead.exception()  # a failed decode leaves no read running into the stages
 
@@ -136,20 +138,31 @@ class TrunkReader:
         self._timed_read(self.direct, memoryview(stage), run.offset + first.offset, self._stored_span(run, piece),
                          f"trunk unit {run.key}, blocks {piece[0]}..{piece[-1]}")
 
-    def _decode_piece(self, run, piece, stage, lo, hi, out, scratch):
-        start, base, restorer = time.perf_counter(), run.blocks[piece[0]].offset, self._restorer()
-        view = memoryview(stage)
-        for i in piece:
-            b = run.blocks[i]
-            b_lo = i * self.block
+    def _decode_piece(self, run, piece, stage, lo, hi, out, scratch, pool=None):
+        """Restore a staged piece's blocks into `out`: whole blocks on `pool` (every core) when given, a
+        block the range cuts through via `scratch`."""
+        start, base, view = time.perf_counter(), run.blocks[piece[0]].offset, memoryview(stage)
+
+        def one(i):
+            b, b_lo = run.blocks[i], i * self.block
             stored = view[b.offset - base:b.offset - base + b.stored]
             what = f"block {i} of trunk unit {run.key} ({self.trunk.path})"
             if lo <= b_lo and b_lo + b.restored <= hi:
-                restorer.restore(b, stored, out[b_lo - lo:b_lo - lo + b.restored], what)
+                self._restorer().restore(b, stored, out[b_lo - lo:b_lo - lo + b.restored], what)
             else:  # the range starts or ends inside this block
-                restorer.restore(b, stored, scratch, what)
+                self._restorer().restore(b, stored, scratch, what)
                 a, z = max(lo, b_lo), min(hi, b_lo + b.restored)
                 out[a - lo:z - lo] = memoryview(scratch)[a - b_lo:z - b_lo]
+
+        whole = [i for i in piece if lo <= i * self.block and i * self.block + run.blocks[i].restored <= hi]
+        cut = [i for i in piece if i not in set(whole)]
+        if pool is not None:
+            list(pool.map(one, whole))
+        else:
+            for i in whole:
+                one(i)
+        for i in cut:  # at most two per range: the scratch block serves them one after the other
+            one(i)
         with self._count:
             self.decode_seconds += time.perf_counter() - start
 
