@@ -104,6 +104,14 @@ def test_a_damaged_block_is_named_never_handed_on(where):
         codec.Restorer().restore(b, bytes(damaged), bytearray(b.restored), "block 3 of trunk unit layer.1")
 
 
+def test_a_truncated_block_is_named():
+    (b,), (s,) = codec.encode_run(CONTENTS["gaussian bf16"][:8192], block=8192)
+    for cut in (4097, 4200, b.stored - 1):  # inside the frame: it ends early
+        short = codec.Block(b.offset, cut, b.restored, b.kind, b.checksum)
+        with pytest.raises(UnsoundRunError, match="block 0 of trunk unit model (does not decode|decodes to)"):
+            codec.Restorer().restore(short, s[:cut], bytearray(b.restored), "block 0 of trunk unit model")
+
+
 def test_an_unknown_codec_or_block_size_is_a_usage_error(tiny_model, tmp_path):
     with pytest.raises(UsageError, match="'lz4' is not a trunk codec; the codecs are: raw"):
         pack.pack(tiny_model, tmp_path / "t", codec="lz4")
