@@ -80,3 +80,35 @@ def test_bench_drafts_reports_acceptance_on_the_demo_model(capsys):
     assert {r["run"] for r in rows} == {"serial", "ngram K=4", "ngram auto"}
     assert all(r["identical"] for r in rows)
     assert sum(r["drafted"] for r in rows) > 0
+
+
+def test_bench_codec_reports_ratio_bound_and_speed(capsys, tiny_model, tmp_path):
+    trunk = tmp_path / "trunk"
+    assert main(["bench", "codec", str(tiny_model), "--trunk", str(trunk), "--all", "--block", "65536",
+                 "--seconds", "0.05", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["blocks"] >= 10 and doc["raw_bytes"] == 65536 * doc["blocks"]
+    assert 0.5 < doc["bound_per_block"] < 1 and 0.5 < doc["payload_ratio"] <= doc["ratio"] < 1
+    assert doc["decode_gbps_one_core"] > 0 and doc["decode_gbps_all"] > 0 and doc["encode_gbps"] > 0
+    assert main(["bench", "codec", str(trunk), "--block", "65536", "--seconds", "0.05"]) == 0
+    assert "order-0 bound, per block" in capsys.readouterr().out
+    assert main(["bench", "codec", str(tiny_model)]) == 2  # a checkpoint needs --trunk
+    assert "give --trunk DIR" in capsys.readouterr().err
+
+
+def test_bench_stream_compares_two_trunks_against_the_disk_floor(capsys, tiny_model, tmp_path):
+    from k3core.io.pack import pack
+
+    raw, coded = tmp_path / "raw", tmp_path / "coded"
+    pack(tiny_model, raw)
+    pack(tiny_model, coded, codec="planes", block_bytes=65536)
+    assert main(["bench", "stream", str(tiny_model), "--trunk", str(raw), "--compare-trunk", str(coded),
+                 "--budgets", "0.0006:0", "--gen", "2", "--probe-seconds", "0.1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    first, second = doc["runs"]
+    assert (first["trunk_codec"], second["trunk_codec"]) == ("raw", "planes"), doc["runs"]
+    assert second["vs_first_trunk_seconds_per_token"] > 0 and first["disk_floor_seconds_per_token"] > 0
+    assert second["bytes_read_per_token"] < first["bytes_read_per_token"]
+    from k3core.cli.bench_stream import stream_table
+    table = stream_table(doc)
+    assert "| raw |" in table and "| planes |" in table and "× floor" in table

@@ -185,18 +185,25 @@ def cmd_stream(args) -> int:
         doc["compute_bytes_per_second"] = per_token / full["seconds_per_token"]
         doc["projection_full_k3"] = [dict(preset=r["trunk_gb"], **projection(r, probe, 1 / doc["compute_bytes_per_second"]))
                                      for r in ok]
-    if args.json:
-        print(json.dumps(doc, indent=1))
-        return 0
-    print(f"raw O_DIRECT probe of the expert bytes: {human(probe['rate'])}/s at queue depth {probe['queue_depth']}")
-    print(f"\n| trunk | trunk GB | cache GB | limit ({ok[0]['limit_kind'] if ok else '-'}) | pinned | s/token prefill | "
-          "s/token decode | ÷ first trunk | read / token | disk floor | × floor | peak RSS | RSS − budget | "
-          "expert read | vs probe | TRUE hits | I/O share |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(json.dumps(doc, indent=1) if args.json else stream_table(doc))
+    return 0
+
+
+def stream_table(doc: dict) -> str:
+    """The document of one `k3 bench stream` as Markdown (what docs/PERFORMANCE.md shows)."""
+    from ..model.budget import human
+
+    probe, rows = doc["raw_o_direct_probe"], doc["runs"]
+    ok = [r for r in rows if "error" not in r]
+    out = [f"raw O_DIRECT probe of the expert bytes: {human(probe['rate'])}/s at queue depth {probe['queue_depth']}",
+           "", f"| trunk | trunk GB | cache GB | limit ({ok[0]['limit_kind'] if ok else '-'}) | pinned | s/token prefill | "
+           "s/token decode | ÷ first trunk | read / token | disk floor | × floor | peak RSS | RSS − budget | "
+           "expert read | vs probe | TRUE hits | I/O share |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if "error" in r:
-            print(f"| | {r['trunk_gb']:.2f} | {r['cache_gb']:.2f} | {human(r['limit_bytes'])} | failed (exit {r['exit']}) "
-                  f"| | | | | | | | | | | |")
+            out.append(f"| | {r['trunk_gb']:.2f} | {r['cache_gb']:.2f} | {human(r['limit_bytes'])} | failed (exit "
+                       f"{r['exit']}) | | | | | | | | | | | |")
             continue
         rate = r["expert_read_rate"]
         share = f"{100 * rate / probe['rate']:.0f} %" if rate else "n/a"
@@ -204,22 +211,21 @@ def cmd_stream(args) -> int:
         floor = r.get("disk_floor_seconds_per_token")
         vs = r.get("vs_first_trunk_seconds_per_token")
         times = f"{r['vs_disk_floor']:.2f}" if floor else "n/a"
-        print(f"| {r['trunk_codec']} | {r['trunk_gb']:.2f} | {r['cache_gb']:.2f} | {human(r['limit_bytes'])} | "
-              f"{r['pinned_layers']} | {r['prefill_seconds']:.2f} | {r['seconds_per_token']:.2f} | "
-              f"{f'{vs:.2f}' if vs else '–'} | {human(r['bytes_read_per_token'] or 0)} | "
-              f"{f'{floor:.2f} s' if floor else 'n/a'} | {times} | "
-              f"{human(r['peak_rss_bytes'])} | "
-              f"{human(over)} | {human(rate) + '/s' if rate else 'n/a'} | "
-              f"{share} | "
-              f"{100 * (r['expert_true_hit_rate'] or 0):.0f} % | {100 * (r['io_share_of_wall'] or 0):.0f} % |")
+        out.append(f"| {r.get('trunk_codec', 'raw')} | {r['trunk_gb']:.2f} | {r['cache_gb']:.2f} | "
+                   f"{human(r['limit_bytes'])} | {r['pinned_layers']} | {r['prefill_seconds']:.2f} | "
+                   f"{r['seconds_per_token']:.2f} | {f'{vs:.2f}' if vs else '–'} | "
+                   f"{human(r.get('bytes_read_per_token') or 0)} | {f'{floor:.2f} s' if floor else 'n/a'} | {times} | "
+                   f"{human(r['peak_rss_bytes'])} | {human(over)} | {human(rate) + '/s' if rate else 'n/a'} | {share} | "
+                   f"{100 * (r['expert_true_hit_rate'] or 0):.0f} % | {100 * (r['io_share_of_wall'] or 0):.0f} % |")
     if "projection_full_k3" in doc:
-        print(f"\ncompute rate (everything resident, every expert cached): {human(doc['compute_bytes_per_second'])}/s "
-              "of weights touched")
-        print("projection to full K3 (nothing pinned, no expert hits; read rate and compute rate as measured here):")
         p = doc["projection_full_k3"][0]
-        print(f"  I/O {p['io_seconds']:.1f} s + compute {p['compute_seconds']:.1f} s = {p['serial_seconds_per_token']:.1f} "
-              f"s/token serial, {p['overlapped_seconds_per_token']:.1f} s/token if fully overlapped")
-    return 0
+        out += ["", f"compute rate (everything resident, every expert cached): "
+                f"{human(doc['compute_bytes_per_second'])}/s of weights touched",
+                "projection to full K3 (nothing pinned, no expert hits; read rate and compute rate as measured here):",
+                f"  I/O {p['io_seconds']:.1f} s + compute {p['compute_seconds']:.1f} s = "
+                f"{p['serial_seconds_per_token']:.1f} s/token serial, {p['overlapped_seconds_per_token']:.1f} s/token "
+                "if fully overlapped"]
+    return "\n".join(out)
 
 
 def _bytes_touched_per_token(model) -> float:
