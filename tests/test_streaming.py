@@ -126,6 +126,20 @@ def test_cli_runs_streamed_with_a_plan_and_a_report(tiny_model, tmp_path, capsys
         assert key in data
 
 
+def test_the_report_puts_the_run_against_the_disk_floor(tiny_model, tmp_path, capsys):
+    trunk = tmp_path / "trunk"
+    assert main(["pack", str(tiny_model), str(trunk), "--quiet"]) == 0
+    report = tmp_path / "r.json"
+    assert main(["run", str(tiny_model), "--ids", "1,2,3", "--gen", "4", "--trunk", str(trunk), "--pin-layers", "0",
+                 "--disk-floor", "0.05", "--json", str(report)]) == 0
+    data = json.loads(report.read_text())
+    probe, floor = data["disk_probe"], data["disk_floor_seconds_per_token"]
+    assert probe["rate"] > 0 and probe["seconds"] >= 0.05
+    assert floor == pytest.approx(data["bytes_read_per_token"] / probe["rate"])
+    assert data["vs_disk_floor"] == pytest.approx(data["seconds_per_token"] / floor)
+    assert "disk floor:" in capsys.readouterr().err
+
+
 def test_a_plan_that_does_not_fit_is_refused_before_loading(tiny_model, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("k3core.model.budget.mem_available", lambda: 200 << 20)  # a machine with 200 MB free
     code = main(["run", str(tiny_model), "--ids", "1", "--max-context", str(1 << 20)])

@@ -12,10 +12,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..io.aligned_io import align_down, align_up, aligned_buffer
+from ..io.aligned_io import align_down, align_up, read_rate
 from ..model.checkpoint import EXPERT_PARTS, expert_prefix, open_checkpoint
 
 # Full Kimi K3, per decode token (SPEC §1, STREAMING-FACTS): all 93 trunk layers, lm_head, 1,472 experts.
@@ -38,27 +37,8 @@ def raw_probe(model_dir, seconds: float = 3.0, depth: int = 16) -> dict:
             last = ckpt.index[expert_prefix(layer, e) + EXPERT_PARTS[-1]]
             start = align_down(first.offset)
             spans.append((str(first.file), start, align_up(last.offset + last.nbytes - start)))
-    size = max(n for _, _, n in spans)
-    buffers = [aligned_buffer(size) for _ in range(depth)]
-    fds = {}
-    for path, _, _ in spans:
-        if path not in fds:
-            fds[path] = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
-
-    def read(job):
-        (path, start, n), buf = job
-        return os.preadv(fds[path], [memoryview(buf)[:n]], start)
-
-    done, t0, i = 0, time.perf_counter(), 0
-    with ThreadPoolExecutor(depth) as pool:
-        while time.perf_counter() - t0 < seconds:
-            batch = [(spans[(i + k) % len(spans)], buffers[k]) for k in range(depth)]
-            done += sum(pool.map(read, batch))
-            i += depth
-    elapsed = time.perf_counter() - t0
-    for fd in fds.values():
-        os.close(fd)
-    return {"bytes": done, "seconds": elapsed, "rate": done / elapsed, "queue_depth": depth}
+    ckpt.close()
+    return read_rate(spans, seconds, depth)
 
 
 def _cgroup(limit_bytes: int):

@@ -153,6 +153,18 @@ class LogitsRecorder(Observer):
         self.rows.append(logits)
 
 
+def disk_floor(model, report: dict, seconds: float) -> dict:
+    """The O_DIRECT read rate of this checkpoint's experts, probed after the run (`k3 bench stream`'s probe),
+    and what it makes of the run: bytes read per generated id ÷ that rate, and decode s/token against it."""
+    from .bench_stream import raw_probe
+
+    probe = raw_probe(model, seconds=seconds)
+    per = report.get("bytes_read_per_token")
+    floor = per / probe["rate"] if per else None
+    return {"disk_probe": probe, "disk_floor_seconds_per_token": floor,
+            "vs_disk_floor": report["seconds_per_token"] / floor if floor else None}
+
+
 def cmd_run(args) -> int:
     from ..api import Session, load_tokenizer
     from ..model.report import report_text, run_report
@@ -202,6 +214,8 @@ def cmd_run(args) -> int:
                       speculate=args.speculate, draft=(args.draft or "ngram") if args.speculate else None)
         if trace is not None:
             trace.write(args.dump_trace, engine)
+    if args.disk_floor:
+        report.update(disk_floor(config.model, report, args.disk_floor))
     if not args.quiet:
         print(report_text(report), file=sys.stderr)
     if args.dump_logits:
@@ -256,5 +270,8 @@ def add_parser(sub) -> None:
     g.add_argument("--dump-trace", metavar="DIR",
                    help="record (layer, expert) of every routing decision into DIR/expert_trace.bin + trace.json "
                         "(replay with `k3 sim-cache DIR`)")
+    g.add_argument("--disk-floor", type=float, metavar="S", nargs="?", const=2.0,
+                   help="after the run, probe the disk's O_DIRECT rate for S seconds (default 2) and report the disk "
+                        "floor: bytes read per generated id ÷ that rate, and s/token as a multiple of it")
     g.add_argument("--quiet", action="store_true", help="no run report")
     run.set_defaults(func=cmd_run)

@@ -62,6 +62,18 @@ def _gbps(x):
     return "n/a" if x is None else f"{x / 1e9:.2f} GB/s"
 
 
+def _floor_line(r: dict) -> list[str]:
+    if "disk_probe" not in r:
+        return []
+    p = r["disk_probe"]
+    if not r.get("disk_floor_seconds_per_token"):
+        return [f"disk: {_gbps(p['rate'])} (O_DIRECT probe after the run, {p['mode']}); no disk floor: fewer than "
+                "two generated ids"]
+    return [f"disk floor: {_per_token(r['bytes_read_per_token'])} per generated id ÷ {_gbps(p['rate'])} (O_DIRECT probe "
+            f"after the run, {p['mode']}) = {r['disk_floor_seconds_per_token']:.3f} s/token; decode ran at "
+            f"{r['vs_disk_floor']:.2f}× it"]
+
+
 def report_text(r: dict) -> str:
     return "\n".join([
         f"prompt {len(r['prompt_ids'])} ids, generated {len(r['generated_ids'])} ({r['mode']}); load "
@@ -76,7 +88,7 @@ def report_text(r: dict) -> str:
         "the first" + (f"; drafts: {r['draft_accepted']} of {r['draft_proposed']} accepted "
                        f"({_pct(r['draft_accepted'] / r['draft_proposed'] if r['draft_proposed'] else None)})"
                        if r.get("speculate") else ""),
-    ])
+    ] + _floor_line(r))
 
 
 def _per_token(x):
