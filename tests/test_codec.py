@@ -204,6 +204,25 @@ def test_an_interrupted_coded_pack_resumes_to_the_same_bytes(tiny_model, coded_p
     assert manifest(out) == manifest(coded_pack)
 
 
+@pytest.mark.parametrize("edit, says", [
+    (lambda m: m.update(codec="lz4"), "names codec 'lz4', which this k3 does not know"),
+    (lambda m: m.pop("codec"), "version 2 is not one this k3 reads"),
+    (lambda m: m["runs"][1]["blocks"][0].__setitem__(3, "rle"), "impossible block entry"),
+    (lambda m: m["runs"][1]["blocks"][1].__setitem__(0, 4096 * 999), "blocks do not restore exactly"),
+    (lambda m: m.update(block_bytes=1000), "block_bytes 1000 is not a positive multiple"),
+])
+def test_a_damaged_coded_manifest_is_refused_naming_what(coded_pack, tmp_path, edit, says):
+    from k3core.errors import TrunkError
+
+    out = shutil.copytree(coded_pack, tmp_path / "copy")
+    m = manifest(out)
+    edit(m)
+    (out / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(TrunkError, match=says) as e:
+        load_trunk(out)
+    assert "manifest.json" in str(e.value)
+
+
 def flip_stored_byte(trunk_dir, key, block=2, at=30):
     run = next(r for r in manifest(trunk_dir)["runs"] if r["key"] == key)
     with open(trunk_dir / "trunk.bin", "r+b") as f:

@@ -11,14 +11,13 @@ Not a test: it measures and prints; it asserts nothing about speed.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from .bench_stream import _cgroup, _peak_of, default_budgets
+from .bench_stream import default_budgets, run_limited
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 NGRAM_PROMPTS = {  # ids that repeat, as "repeat after me" or a list does
@@ -108,22 +107,12 @@ def run_job(job: dict, limit: int | None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         spec, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
         spec.write_text(json.dumps(job))
-        cg = _cgroup(limit) if limit else None
-        started = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "k3core.cli.bench_decode", str(spec), str(out)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                preexec_fn=(lambda: (cg[0] / "cgroup.procs").write_text(str(os.getpid())))
-                                if cg else None)
-        _, err = proc.communicate()
-        wall = time.perf_counter() - started
-        peak = _peak_of(cg) if cg else None
-        if cg:
-            cg[0].rmdir()
-        if proc.returncode != 0:
-            return {"error": err.decode(errors="replace")[-2000:], "exit": proc.returncode}
+        ran = run_limited([sys.executable, "-m", "k3core.cli.bench_decode", str(spec), str(out)], limit)
+        if ran["exit"] != 0:
+            return {"error": ran["stderr"][-2000:], "exit": ran["exit"]}
         result = json.loads(out.read_text())
-    return {**result, "process_wall_seconds": wall, "peak_cgroup_bytes": peak,
-            "limit_kind": cg[1] if cg else "none (getrusage only)"}
+    return {**result, "process_wall_seconds": ran["wall"], "peak_cgroup_bytes": ran["peak"],
+            "limit_kind": ran["limit_kind"]}
 
 
 # ---- the C engine's prefill, for comparison --------------------------------------------------------------

@@ -68,6 +68,23 @@ def _peak_of(cg) -> int | None:
     return None
 
 
+def run_limited(cmd: list[str], limit: int | None) -> dict:
+    """`cmd` in its own process, inside a memory cgroup of `limit` bytes where the machine allows one:
+    its exit code, stderr, wall time, the group's peak and the kind of limit."""
+    cg = _cgroup(limit) if limit else None
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=(lambda: (cg[0] / "cgroup.procs").write_text(str(os.getpid())))
+                            if cg else None)
+    _, err = proc.communicate()
+    wall = time.perf_counter() - started
+    peak = _peak_of(cg) if cg else None
+    if cg:
+        cg[0].rmdir()
+    return {"exit": proc.returncode, "stderr": err.decode(errors="replace"), "wall": wall, "peak": peak,
+            "limit_kind": cg[1] if cg else "none (getrusage only)"}
+
+
 def run_budget(model_dir, trunk_dir, trunk_gb: float, cache_gb: float, ids: str, gen: int,
                overhead_gb: float) -> dict:
     """One `k3 run` in its own process under a memory limit of budget + overhead."""
@@ -77,25 +94,16 @@ def run_budget(model_dir, trunk_dir, trunk_gb: float, cache_gb: float, ids: str,
                str(trunk_gb), "--cache-gb", str(cache_gb), "--ids", ids, "--gen", str(gen), "--quiet", "--json",
                str(report), "--max-context", "256"]
         limit = int((trunk_gb + cache_gb + overhead_gb) * 1e9)
-        cg = _cgroup(limit)
-        started = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                preexec_fn=(lambda: (cg[0] / "cgroup.procs").write_text(str(os.getpid())))
-                                if cg else None)
-        _, err = proc.communicate()
-        wall = time.perf_counter() - started
-        peak_cgroup = _peak_of(cg) if cg else None
-        if cg:
-            cg[0].rmdir()
-        if proc.returncode != 0:
-            return {"trunk_gb": trunk_gb, "cache_gb": cache_gb, "error": err.decode()[-2000:],
-                    "exit": proc.returncode, "limit_bytes": limit, "limit_kind": cg[1] if cg else None}
+        ran = run_limited(cmd, limit)
+        if ran["exit"] != 0:
+            return {"trunk_gb": trunk_gb, "cache_gb": cache_gb, "error": ran["stderr"][-2000:],
+                    "exit": ran["exit"], "limit_bytes": limit, "limit_kind": ran["limit_kind"]}
         r = json.loads(report.read_text())
     s = r["stats"]
     return {"trunk_gb": trunk_gb, "cache_gb": cache_gb, "limit_bytes": limit,
-            "limit_kind": cg[1] if cg else "none (getrusage only)", "process_wall_seconds": wall,
+            "limit_kind": ran["limit_kind"], "process_wall_seconds": ran["wall"],
             "prefill_seconds": r["prefill_seconds"], "seconds_per_token": r["seconds_per_token"],
-            "peak_rss_bytes": r["peak_rss_bytes"], "peak_cgroup_bytes": peak_cgroup,
+            "peak_rss_bytes": r["peak_rss_bytes"], "peak_cgroup_bytes": ran["peak"],
             "pinned_layers": s.get("pinned_layers"), "ring_slots": s.get("ring_slots"),
             "trunk_bytes_read": r["trunk_bytes_read"], "trunk_read_rate": r["trunk_read_rate"],
             "expert_bytes_read": r["expert_bytes_read"], "expert_read_rate": r["expert_read_rate"],

@@ -5,8 +5,8 @@ A raw run's bytes are read straight into the caller's aligned buffer (O_DIRECT, 
 range, the bytes at the returned offset). A coded run's blocks are read in pieces of at most STAGE stored
 bytes into two staging buffers — the next piece is read while the one before is decoded — and restored
 into the buffer at offset 0; a range that starts or ends inside a block has that block restored into a
-scratch block first. Small reads (up to two blocks: an embedding row, a norm) have private buffers, so they never wait for
-a layer being restored on another thread.
+scratch block first. Small reads (up to two blocks: an embedding row, a norm) have private buffers, so
+they never wait for a layer being restored on another thread.
 """
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ class TrunkReader:
         self._local = threading.local()
         self.block = trunk.block_bytes
         if self.codec != RAW:
-            self._stages = [aligned_buffer(max(STAGE, self.block)) for _ in range(2)]
+            self._stage_bytes = max(STAGE, self.block)
+            self._stages = [aligned_buffer(self._stage_bytes) for _ in range(2)]
             self._scratch = aligned_buffer(self.block)
             self._staged = threading.Lock()                  # the stages serve one large read at a time
             self._io = ThreadPoolExecutor(1, thread_name_prefix="k3-trunk-stage")
@@ -102,10 +103,11 @@ class TrunkReader:
         idx = list(blocks_for(lo, hi, self.block))
         if not idx:
             return
+        limit = self._stage_bytes if stages is not None else max(STAGE, self.block)
         pieces, piece = [], [idx[0]]  # consecutive blocks whose stored bytes fit one stage
         for i in idx[1:]:
             first = run.blocks[piece[0]]
-            if run.blocks[i].offset + align_up(run.blocks[i].stored) - first.offset > max(STAGE, self.block):
+            if run.blocks[i].offset + align_up(run.blocks[i].stored) - first.offset > limit:
                 pieces.append(piece)
                 piece = [i]
             else:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..plugin_api import (ALIGN, HEAD, RAW, Param, PlanError, PlanRow, PluginOptions, TrunkPlacer, TrunkReader,
+from ..plugin_api import (ALIGN, DTYPES, HEAD, RAW, Param, PlanError, PlanRow, PluginOptions, TrunkPlacer, TrunkReader,
                           UsageError, Weights, aligned_buffer, hookimpl, human, load_trunk, open_trunk,
                           trunk_scratch_bytes)
 
@@ -123,8 +123,7 @@ class PinnedPlacer(TrunkPlacer):
 
     def _read_tensor(self, run, t) -> Param:
         data = self.reader.read_bytes(run, t.offset, t.nbytes)
-        dtype = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32}[t.dtype]
-        return Param(np.frombuffer(data, dtype).reshape(t.shape).copy(), t.dtype, t.name)
+        return Param(np.frombuffer(data, DTYPES[t.dtype][1]).reshape(t.shape).copy(), t.dtype, t.name)
 
     # ---- the ring ---------------------------------------------------------------------------------
     def _range(self, unit):
