@@ -403,6 +403,15 @@ class ExpertStore(ABC):
         """How many distinct experts one fetch may ask for (at least the router's top-k)."""
         return self.config.num_experts_per_token
 
+    def prefetch_capacity(self) -> int:
+        """How many guessed experts one `prefetch` may start reading; 0 (the default): the store takes no hints."""
+        return 0
+
+    def prefetch(self, layer: int, experts: Sequence[int]) -> None:
+        """A hint, before `layer`'s attention runs: `experts` (distinct, likeliest first, at most
+        prefetch_capacity()) will probably be fetched next. Start reading them if that pays; a guess may be
+        wrong, and what a later fetch serves must not depend on it. The default ignores it."""
+
     @abstractmethod
     def fetch(self, layer: int, experts: Sequence[int]) -> list[ExpertWeights]:
         """The distinct experts of `layer`, in the order asked. A failed or short read raises

@@ -50,9 +50,15 @@ STORE_STATS = {
     "expert_hits": "of those, experts resident before they were asked for: TRUE hits (int)",
     "expert_evictions": "experts dropped to make room (int; 0 for a store that keeps nothing)",
     "expert_bytes_read": "bytes read from the shards (int)",
-    "expert_read_seconds": "wall time spent waiting for those reads (float)",
+    "expert_read_seconds": "wall time with at least one of those reads in flight (float)",
     "expert_slots": "experts the store's buffers hold at once (int; what cache_policy(slots) is given)",
     "expert_slot_bytes": "bytes one expert occupies in the store's buffers, alignment included (int)",
+}
+# Read when present: a store that prefetches counts these too.
+STORE_PREFETCH_STATS = {
+    "expert_wait_seconds": "wall time fetch() blocked the forward pass (float; without prefetch ~ expert_read_seconds)",
+    "expert_prefetched": "experts read on the engine's guess before they were asked for (int)",
+    "expert_prefetch_used": "of those, experts a fetch then asked for and was served from the staged read (int)",
 }
 # The counters a trunk placer's stats() reports; `trunk_bytes_read` is required, the others are read
 # when present (a placer that never waits reports none).
@@ -85,7 +91,7 @@ __all__ = [
     "CachingStore", "CachingOptions", "cache_slots", "ExpertReader", "expert_slot_bytes", "ALIGN", "Opened", "align_down", "align_up", "aligned_buffer",
     "open_for_reading", "read_into", "read_exact", "Span", "read_spans", "open_trunk", "load_trunk", "TrunkReader", "trunk_scratch_bytes", "RAW",
     "PREFIX", "HEAD", "VISION_PREFIXES", "layer_prefix", "expert_prefix", "EXPERT_PARTS", "MATRIX", "FLOAT",
-    "STORE_STATS", "PLACER_STATS",
+    "STORE_STATS", "STORE_PREFETCH_STATS", "PLACER_STATS",
     "UnsoundRunError", "PlanError", "UsageError", "PluginError", "CheckpointError",
     "human", "default_threads", "native", "builtin_kernels", "E2M1", "scale_multipliers",
 ]

@@ -103,12 +103,15 @@ def test_bench_stream_compares_two_trunks_against_the_disk_floor(capsys, tiny_mo
     pack(tiny_model, raw)
     pack(tiny_model, coded, codec="planes", block_bytes=65536)
     assert main(["bench", "stream", str(tiny_model), "--trunk", str(raw), "--compare-trunk", str(coded),
-                 "--budgets", "0.0006:0", "--gen", "2", "--probe-seconds", "0.1", "--json"]) == 0
+                 "--compare-store-option", "prefetch=false", "--budgets", "0.0006:0", "--gen", "2",
+                 "--probe-seconds", "0.1", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    first, second = doc["runs"]
+    first, second, third = doc["runs"]
     assert (first["trunk_codec"], second["trunk_codec"]) == ("raw", "planes"), doc["runs"]
-    assert second["vs_first_trunk_seconds_per_token"] > 0 and first["disk_floor_seconds_per_token"] > 0
+    assert third["store_options"] == ["prefetch=false"] and third["expert_prefetched"] == 0
+    assert first["expert_prefetched"] > 0 and third["vs_first_run_seconds_per_token"] > 0
+    assert second["vs_first_run_seconds_per_token"] > 0 and first["disk_floor_seconds_per_token"] > 0
     assert second["bytes_read_per_token"] < first["bytes_read_per_token"]
     from k3core.cli.bench_stream import stream_table
     table = stream_table(doc)
-    assert "| raw |" in table and "| planes |" in table and "× floor" in table
+    assert "| raw |" in table and "| planes |" in table and "| raw, prefetch=false |" in table and "× floor" in table

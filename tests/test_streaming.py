@@ -24,6 +24,8 @@ CONFIGS = {
     "pinned all layers and head": dict(pin_layers=99),
     "pinned all layers, head streamed": dict(pin_layers=99, placer_options={"pin_head": False}),
     "pinned 1 layer, ring 2, lru small": dict(pin_layers=1, ring=2, cache_gb=0.0005),
+    "pinned 1 layer, ring 2, lru floor, no prefetch": dict(pin_layers=1, ring=2, cache_gb=0.0,
+                                                          store_options={"prefetch": False}),
     "budget-chosen pins, ring 3, lru large": dict(trunk_gb="60%", ring=3, cache_gb=2.0),
 }
 
@@ -60,6 +62,9 @@ def test_every_budget_and_store_gives_the_resident_run_s_bits(packed):
     assert 0 < stats["budget-chosen pins, ring 3, lru large"]["pinned_layers"]
     assert stats["pinned 0 layers, ring 2, direct"]["expert_hits"] == 0
     assert stats["budget-chosen pins, ring 3, lru large"]["expert_hits"] > 0
+    hinted, plain = stats["pinned 5 layers, ring 3, lru floor"], stats["pinned 1 layer, ring 2, lru floor, no prefetch"]
+    assert hinted["expert_prefetch_used"] > 0 and plain["expert_prefetched"] == 0
+    assert hinted["expert_hits"] == plain["expert_hits"]  # a guess never changes what the cache keeps
 
 
 def test_streamed_layers_are_read_every_token_and_pinned_ones_once(packed):

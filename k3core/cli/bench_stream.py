@@ -86,13 +86,14 @@ def run_limited(cmd: list[str], limit: int | None) -> dict:
 
 
 def run_budget(model_dir, trunk_dir, trunk_gb: float, cache_gb: float, ids: str, gen: int,
-               overhead_gb: float) -> dict:
-    """One `k3 run` in its own process under a memory limit of budget + overhead."""
+               overhead_gb: float, store_options: tuple[str, ...] = ()) -> dict:
+    """One `k3 run` in its own process under a memory limit of budget + overhead; `store_options`:
+    NAME=VALUE texts passed as --store-option."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         cmd = [sys.executable, "-m", "k3core", "run", str(model_dir), "--trunk", str(trunk_dir), "--trunk-gb",
                str(trunk_gb), "--cache-gb", str(cache_gb), "--ids", ids, "--gen", str(gen), "--quiet", "--json",
-               str(report), "--max-context", "256"]
+               str(report), "--max-context", "256", *(a for o in store_options for a in ("--store-option", o))]
         limit = int((trunk_gb + cache_gb + overhead_gb) * 1e9)
         ran = run_limited(cmd, limit)
         if ran["exit"] != 0:
@@ -110,7 +111,9 @@ def run_budget(model_dir, trunk_dir, trunk_gb: float, cache_gb: float, ids: str,
             "expert_true_hit_rate": r["expert_true_hit_rate"], "io_share_of_wall": r["io_share_of_wall"],
             "tokens": len(r["generated_ids"]), "read_modes": [s.get("trunk_read_mode"), s.get("expert_read_mode")],
             "bytes_read_per_token": r["bytes_read_per_token"], "trunk_codec": s.get("trunk_codec", "raw"),
-            "trunk_decode_seconds": s.get("trunk_decode_seconds", 0.0), "trunk": str(trunk_dir)}
+            "trunk_decode_seconds": s.get("trunk_decode_seconds", 0.0), "trunk": str(trunk_dir),
+            "store_options": list(store_options), "expert_wait_seconds": s.get("expert_wait_seconds"),
+            "expert_prefetched": s.get("expert_prefetched"), "expert_prefetch_used": s.get("expert_prefetch_used")}
 
 
 def projection(row: dict, probe: dict, compute_per_byte: float) -> dict:
@@ -155,17 +158,22 @@ def cmd_stream(args) -> int:
     budgets = [tuple(float(v) for v in b.split(":")) for b in args.budgets.split(",")] if args.budgets \
         else default_budgets(model, trunk)
     probe = raw_probe(model, seconds=args.probe_seconds)
-    trunks = [trunk] + ([Path(args.compare_trunk)] if args.compare_trunk else [])
-    rows = [run_budget(model, d, t, c, args.ids, args.gen, args.overhead_gb) for t, c in budgets for d in trunks]
+    variants = [(trunk, ())] + ([(Path(args.compare_trunk), ())] if args.compare_trunk else []) \
+        + ([(trunk, tuple(args.compare_store_option))] if args.compare_store_option else [])
+    rows = [run_budget(model, d, t, c, args.ids, args.gen, args.overhead_gb, opts) for t, c in budgets
+            for d, opts in variants]
     for r in rows:
         if "error" not in r and r["bytes_read_per_token"]:  # the disk floor: this run's bytes at the probe's rate
             r["disk_floor_seconds_per_token"] = r["bytes_read_per_token"] / probe["rate"]
             r["vs_disk_floor"] = r["seconds_per_token"] / r["disk_floor_seconds_per_token"]
-    for first, second in zip(rows[::len(trunks)], rows[1::len(trunks)]) if len(trunks) == 2 else ():
-        if "error" not in first and "error" not in second:
-            second["vs_first_trunk_seconds_per_token"] = second["seconds_per_token"] / first["seconds_per_token"]
+    n = len(variants)
+    for at in range(0, len(rows), n):  # each budget's variants against its first run
+        first = rows[at]
+        for other in rows[at + 1:at + n]:
+            if "error" not in first and "error" not in other:
+                other["vs_first_run_seconds_per_token"] = other["seconds_per_token"] / first["seconds_per_token"]
     ok = [r for r in rows if "error" not in r]
-    full = max((r for r in ok if r["trunk"] == str(trunk)), key=lambda r: r["trunk_gb"] + r["cache_gb"], default=None)
+    full = max((r for r in ok if r["trunk"] == str(trunk) and not r["store_options"]), key=lambda r: r["trunk_gb"] + r["cache_gb"], default=None)
     doc = {"model": str(model), "raw_o_direct_probe": probe, "runs": rows,
            "overhead_gb_allowed": args.overhead_gb}
     if full and full["seconds_per_token"]:
@@ -185,7 +193,7 @@ def stream_table(doc: dict) -> str:
     ok = [r for r in rows if "error" not in r]
     out = [f"raw O_DIRECT probe of the expert bytes: {human(probe['rate'])}/s at queue depth {probe['queue_depth']}",
            "", f"| trunk | trunk GB | cache GB | limit ({ok[0]['limit_kind'] if ok else '-'}) | pinned | s/token prefill | "
-           "s/token decode | ÷ first trunk | read / token | disk floor | × floor | peak RSS | RSS − budget | "
+           "s/token decode | ÷ first run | read / token | disk floor | × floor | peak RSS | RSS − budget | "
            "expert read | vs probe | TRUE hits | I/O share |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -197,9 +205,10 @@ def stream_table(doc: dict) -> str:
         share = f"{100 * rate / probe['rate']:.0f} %" if rate else "n/a"
         over = r["peak_rss_bytes"] - (r["trunk_gb"] + r["cache_gb"]) * 1e9
         floor = r.get("disk_floor_seconds_per_token")
-        vs = r.get("vs_first_trunk_seconds_per_token")
+        vs = r.get("vs_first_run_seconds_per_token")
         times = f"{r['vs_disk_floor']:.2f}" if floor else "n/a"
-        out.append(f"| {r.get('trunk_codec', 'raw')} | {r['trunk_gb']:.2f} | {r['cache_gb']:.2f} | "
+        label = ", ".join([r.get("trunk_codec", "raw"), *r.get("store_options", [])])
+        out.append(f"| {label} | {r['trunk_gb']:.2f} | {r['cache_gb']:.2f} | "
                    f"{human(r['limit_bytes'])} | {r['pinned_layers']} | {r['prefill_seconds']:.2f} | "
                    f"{r['seconds_per_token']:.2f} | {f'{vs:.2f}' if vs else '–'} | "
                    f"{human(r.get('bytes_read_per_token') or 0)} | {f'{floor:.2f} s' if floor else 'n/a'} | {times} | "
@@ -245,6 +254,9 @@ def add_parser(sub) -> None:
     p.add_argument("--trunk", required=True, metavar="DIR", help="packed trunk (made first if missing)")
     p.add_argument("--compare-trunk", metavar="DIR", help="a second pack of the same checkpoint (e.g. "
                    "`k3 pack --codec planes`), run at every budget right after the first: an s/token ratio column")
+    p.add_argument("--compare-store-option", action="append", metavar="NAME=VALUE",
+                   help="run every budget once more with this expert-store option (repeatable), e.g. prefetch=false: "
+                        "an s/token ratio column against the default")
     p.add_argument("--budgets", metavar="T:C,…", help="trunk GB:cache GB pairs (default: ring only, half, all)")
     p.add_argument("--ids", default="1,2,3,4,5,6,7,8", help="prompt ids (default 1..8)")
     p.add_argument("--gen", type=int, default=6, help="ids to generate per run (default 6)")

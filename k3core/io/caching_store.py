@@ -5,9 +5,16 @@ another store by giving another policy (examples/k3-store-2q).
 A slot is reserved before its read and published only after the whole read landed, so a failed read
 never leaves a slot claiming an expert. Hits are TRUE hits: resident before the request, as the
 policy says; `k3 sim-cache` replays the same policy object.
+
+Prefetch: the engine names the experts it guesses a layer will route to before that layer's attention
+runs; they are read in the background into staging slots beside the cache (the policy is not told).
+A fetch that misses on a staged expert waits for that read and adopts its slot instead of reading; a
+wrong guess costs only the read. Either way a fetch serves the same bytes.
 """
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..interfaces import CachePolicy, ExpertStore, PlanRow, PluginOptions
@@ -29,6 +36,7 @@ def cache_slots(config, cache_gb: float, slot_bytes: int) -> int:
 @dataclass(frozen=True)
 class CachingOptions(PluginOptions):
     direct_io: bool = True  # O_DIRECT reads where the filesystem allows them
+    prefetch: bool = True   # read the engine's guess of a layer's experts while its attention runs
 
 
 class CachingStore(ExpertStore):
@@ -49,8 +57,13 @@ class CachingStore(ExpertStore):
     def plan(cls, ctx):
         slot = expert_slot_bytes(ctx.checkpoint)
         slots = cache_slots(ctx.config, ctx.budget.cache_gb, slot)
-        return [PlanRow("expert cache", slots * slot, f"{slots} slots × {human(slot)}"
+        rows = [PlanRow("expert cache", slots * slot, f"{slots} slots × {human(slot)}"
                         + (" (every expert of the model)" if slots == all_experts(ctx.config) else ""))]
+        staged = staging_slots(ctx.config, slots, ctx.options)
+        if staged:
+            rows.append(PlanRow("expert prefetch", staged * slot, f"{staged} staging slots × {human(slot)} "
+                                "(guessed experts read while attention runs; prefetch=false drops them)"))
+        return rows
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -58,16 +71,62 @@ class CachingStore(ExpertStore):
         self.slot_bytes = expert_slot_bytes(self.checkpoint)
         self.slots = cache_slots(self.config, ctx.budget.cache_gb, self.slot_bytes)
         self.keeper = self.policy(self.slots, self.options)
-        self._arena = memoryview(aligned_buffer(self.slots * self.slot_bytes))
+        staged = staging_slots(self.config, self.slots, self.options)
+        self._arena = memoryview(aligned_buffer((self.slots + staged) * self.slot_bytes))
         self._slot_of: dict[tuple[int, int], int] = {}   # resident key -> its slot
         self._weights: dict[int, object] = {}             # slot -> ExpertWeights viewing it
-        self._free = list(range(self.slots - 1, -1, -1))
-        self.requests = self.hits = 0
+        self._free = list(range(self.slots - 1, -1, -1))  # slots the cache may fill
+        self._spare = list(range(self.slots, self.slots + staged))  # slots a prefetch may fill
+        self._staged: dict[tuple[int, int], tuple[int, object, int]] = {}  # key -> (slot, its read, index in it)
+        self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="k3-prefetch") if staged else None
+        self.requests = self.hits = self.prefetched = self.prefetch_used = 0
+        self.wait_seconds = 0.0
 
     def capacity(self) -> int:
         return self.slots
 
+    def prefetch_capacity(self) -> int:
+        return len(self._spare) + len(self._staged)
+
+    def prefetch(self, layer, experts):
+        self._drop_staged()
+        keys = [(layer, int(e)) for e in experts if (layer, int(e)) not in self._slot_of][:len(self._spare)]
+        if not keys:
+            return
+        taken = [(key, self._spare.pop()) for key in keys]
+        read = self._prefetcher.submit(self.reader.read, [(layer, key[1], self._slot(slot)) for key, slot in taken])
+        for i, (key, slot) in enumerate(taken):
+            self._staged[key] = (slot, read, i)
+        self.prefetched += len(keys)
+
+    def _drop_staged(self) -> None:
+        """Wait for the staged reads nobody adopted and give their slots back to prefetch."""
+        for slot, read, _ in self._staged.values():
+            _landed(read)
+            self._spare.append(slot)
+        self._staged.clear()
+
+    def _adopt(self, key):
+        """The ExpertWeights of `key` if a prefetch read it completely (its slot joins the cache), else None."""
+        slot, read, i = self._staged.pop(key)
+        landed = _landed(read)
+        if landed is None:  # that read failed: the fetch reads the expert itself, and raises if it fails again
+            self._spare.append(slot)
+            return None
+        self._spare.append(self._free.pop())  # the cache gains the staged slot and gives prefetch one back
+        self._slot_of[key] = slot
+        self._weights[slot] = landed[i]
+        self.prefetch_used += 1
+        return landed[i]
+
     def fetch(self, layer, experts):
+        started = time.perf_counter()
+        try:
+            return self._fetch(layer, experts)
+        finally:
+            self.wait_seconds += time.perf_counter() - started
+
+    def _fetch(self, layer, experts):
         keys = [(layer, int(e)) for e in experts]
         if len(keys) > self.slots:
             raise ValueError(f"{self.name} store has {self.slots} slots, asked for {len(keys)} experts at once")
@@ -81,7 +140,7 @@ class CachingStore(ExpertStore):
                 self._free.append(slot)
             if hit:
                 self.hits += 1
-            else:
+            elif key not in self._staged or self._adopt(key) is None:
                 missing.append(key)
         reserved = [(key, self._free.pop()) for key in missing]  # in flight: not yet resident
         try:
@@ -102,8 +161,25 @@ class CachingStore(ExpertStore):
     def stats(self):
         return {"expert_requests": self.requests, "expert_hits": self.hits, "expert_evictions": self.keeper.evictions,
                 "expert_bytes_read": self.reader.bytes_read, "expert_read_seconds": self.reader.seconds,
+                "expert_wait_seconds": self.wait_seconds,
                 "expert_read_mode": self.reader.mode, "expert_slots": self.slots, "expert_slot_bytes": self.slot_bytes,
-                "expert_cache_bytes": self.slots * self.slot_bytes}
+                "expert_cache_bytes": self.slots * self.slot_bytes, "expert_prefetched": self.prefetched,
+                "expert_prefetch_used": self.prefetch_used}
 
     def close(self):
+        if self._prefetcher is not None:
+            self._prefetcher.shutdown(wait=True)
         self.reader.close()
+
+
+def staging_slots(config, slots: int, options) -> int:
+    """Staging slots for prefetch: one token's top-k, none when the cache holds every expert or prefetch is off."""
+    return config.num_experts_per_token if options.prefetch and slots < all_experts(config) else 0
+
+
+def _landed(read):
+    """The ExpertWeights a background read returned, or None if it raised."""
+    try:
+        return read.result()
+    except Exception:
+        return None

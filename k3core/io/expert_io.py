@@ -45,7 +45,8 @@ class ExpertReader:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(QUEUE_DEPTH, thread_name_prefix="k3-expert-read")
         self.bytes_read = 0
-        self.seconds = 0.0
+        self.seconds = 0.0  # wall time with at least one read in flight (reads may come from two threads)
+        self._busy, self._busy_since = 0, 0.0
 
     def layout(self, layer: int, expert: int) -> tuple[Piece, ...]:
         """One piece when the six tensors form one gap-free run (SPEC §3), else one per tensor."""
@@ -87,17 +88,28 @@ class ExpertReader:
                 jobs.append((piece, memoryview(buf)[at:at + piece.length], i))
                 at += piece.length
         jobs.sort(key=lambda j: (j[0].file, j[0].start))
-        started = time.perf_counter()
-        results = list(self._pool.map(lambda j: self._read_piece(j[0], j[1]), jobs))
-        self.seconds += time.perf_counter() - started
+        self._count_busy(+1)
+        try:
+            results = list(self._pool.map(lambda j: self._read_piece(j[0], j[1]), jobs))
+        finally:
+            self._count_busy(-1)
         failures = [(job, r) for job, r in zip(jobs, results) if isinstance(r, str)]
         if failures:
             (piece, _, i), why = failures[0]
             layer, expert, _ = requests[i]
             raise UnsoundRunError(f"reading expert {expert} of layer {layer} from {piece.file} failed: {why}; "
                                   f"the ids generated so far are unsound and the run stops")
-        self.bytes_read += sum(j[0].length for j in jobs)
+        with self._lock:
+            self.bytes_read += sum(j[0].length for j in jobs)
         return [self._weights(layer, expert, buf) for layer, expert, buf in requests]
+
+    def _count_busy(self, step: int) -> None:
+        with self._lock:
+            if self._busy == 0:
+                self._busy_since = time.perf_counter()
+            self._busy += step
+            if self._busy == 0:
+                self.seconds += time.perf_counter() - self._busy_since
 
     def _weights(self, layer, expert, buf) -> ExpertWeights:
         arrays, at = {}, 0

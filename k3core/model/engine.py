@@ -17,7 +17,7 @@ from .attnres import Residual, fold
 from .checkpoint import PREFIX
 from .engine_config import EngineConfig, resolve
 from .mlp import dense_mlp
-from .moe import latent_moe
+from .moe import latent_moe, prefetch_guess
 
 
 class Observer:
@@ -210,6 +210,8 @@ def decoder_layer(L: int, w, stream: Residual, segments, c, kr, attention, store
     h = stream.mix(kr, fold(w, "self_attention_res"), c.rms_norm_eps) if stream.blocks else stream.prefix
     if L % c.attn_res_block_size == 0:
         stream.close_block()  # the snapshot is the layer's INPUT prefix
+    if not c.is_dense(L):
+        prefetch_guess(w, h, L, c, kr, store)  # the expert reads overlap the attention below
     x = kr.rmsnorm(h, w.vec("input_layernorm.weight"), c.rms_norm_eps)
     if len(segments) == 1:
         stream.add(attention.forward(w, x, segments[0][2], c, kr))

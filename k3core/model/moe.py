@@ -20,6 +20,19 @@ def route(w: Weights, x: np.ndarray, c, kr: KernelBackend) -> tuple[np.ndarray, 
     return kr.router(logits, bias, c.num_experts_per_token, c.moe_renormalize, c.routed_scaling_factor)
 
 
+def prefetch_guess(w: Weights, h: np.ndarray, layer: int, c, kr: KernelBackend, store: ExpertStore) -> None:
+    """Tell the store which experts this layer will probably route to, from the residual mix `h` before
+    the attention (the router reads the mix after it). Only a read hint: nothing computed here reaches
+    the stream, and a fetch serves the same bytes whether the guess was right or not."""
+    room = store.prefetch_capacity()
+    if room <= 0:
+        return
+    x = kr.rmsnorm(h, w.vec("post_attention_layernorm.weight"), c.rms_norm_eps)
+    ids, _ = route(w, x, c, kr)
+    guess = dict.fromkeys(int(e) for e in ids.T.flat)  # every token's first choice, then every second, …
+    store.prefetch(layer, list(guess)[:room])
+
+
 def latent_moe(w: Weights, x: np.ndarray, layer: int, c, kr: KernelBackend, store: ExpertStore,
                observers=()) -> np.ndarray:
     ids, weights = route(w, x, c, kr)

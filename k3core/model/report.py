@@ -23,7 +23,7 @@ def run_report(engine, prompt, generated, stats, load_seconds, mode) -> dict:
     decode = [b - a for a, b in zip(stamps, stamps[1:])]
     wall = stamps[-1] - started
     requests = s.get("expert_requests", 0)
-    io_seconds = s.get("trunk_wait_seconds", 0.0) + s.get("expert_read_seconds", 0.0)
+    io_seconds = s.get("trunk_wait_seconds", 0.0) + s.get("expert_wait_seconds", s.get("expert_read_seconds", 0.0))
     return {
         "model": str(engine.checkpoint.root),
         "prompt_ids": list(prompt),

@@ -81,30 +81,34 @@ def store_checks(cls, options=None) -> list[Check]:
             ckpt.close()
 
     def short_read_is_unsound():
-        model = shutil.copytree(models.model("tiny"), models.scratch(f"store-{cls.name}") / "m")
-        ckpt = open_checkpoint(model)
-        try:
-            store = build(cls, ckpt, 1.0, options)
+        for gb in (1.0, 0.0):  # every expert cached; the floor, where a store may take prefetch hints
+            model = shutil.copytree(models.model("tiny"), models.scratch(f"store-{cls.name}") / f"m{gb:g}")
+            ckpt = open_checkpoint(model)
             try:
-                c = ckpt.config
-                layer, last = c.num_hidden_layers - 1, c.num_experts - 1
-                tail = ckpt.index[expert_prefix(layer, last) + EXPERT_PARTS[-1]]
-                with open(tail.file, "r+b") as f:  # the shard shrinks after it was indexed
-                    f.truncate(tail.offset + 1)
+                store = build(cls, ckpt, gb, options)
                 try:
-                    got = store.fetch(layer, [last])
-                except UnsoundRunError:
-                    pass
-                else:
-                    raise CheckFailed(f"a fetch from a shard cut short returned {len(got)} expert(s) instead of "
-                                      "raising UnsoundRunError")
-                # the bytes come back (same file, same inode): the store must read them, not keep junk
-                shutil.copyfile(models.model("tiny") / tail.file.name, tail.file)
-                own_bytes(ckpt, store.fetch(layer, [last]), layer, [last], "after a failed read of the same expert")
+                    c = ckpt.config
+                    layer, last = c.num_hidden_layers - 1, c.num_experts - 1
+                    tail = ckpt.index[expert_prefix(layer, last) + EXPERT_PARTS[-1]]
+                    with open(tail.file, "r+b") as f:  # the shard shrinks after it was indexed
+                        f.truncate(tail.offset + 1)
+                    if store.prefetch_capacity():
+                        store.prefetch(layer, [last])  # the hinted read fails too: the fetch must not hide it
+                    try:
+                        got = store.fetch(layer, [last])
+                    except UnsoundRunError:
+                        pass
+                    else:
+                        raise CheckFailed(f"cache {gb:g} GB: a fetch from a shard cut short returned {len(got)} "
+                                          "expert(s) instead of raising UnsoundRunError")
+                    # the bytes come back (same file, same inode): the store must read them, not keep junk
+                    shutil.copyfile(models.model("tiny") / tail.file.name, tail.file)
+                    own_bytes(ckpt, store.fetch(layer, [last]), layer, [last],
+                              f"cache {gb:g} GB, after a failed read of the same expert")
+                finally:
+                    store.close()
             finally:
-                store.close()
-        finally:
-            ckpt.close()
+                ckpt.close()
 
     def capacity_serves_a_whole_fetch():
         ckpt = open_checkpoint(models.model("small"))
@@ -160,6 +164,32 @@ def store_checks(cls, options=None) -> list[Check]:
         finally:
             ckpt.close()
 
+    def prefetch_is_only_a_hint():
+        ckpt = open_checkpoint(models.model("tiny"))
+        try:
+            for gb in BUDGETS:
+                hinted, plain = build(cls, ckpt, gb, options), build(cls, ckpt, gb, options)
+                try:
+                    room = hinted.prefetch_capacity()
+                    r = np.random.default_rng(2)
+                    E = ckpt.config.num_experts
+                    for i, (layer, asked) in enumerate(request_patterns(ckpt.config, hinted.capacity(), seed=3)):
+                        if room and i % 4 != 3:  # right, half right, wrong, and (every fourth) no guess at all
+                            wrong = [int(e) for e in r.permutation(E) if e not in asked]
+                            guess = [asked, asked[::2] + wrong, wrong][i % 4 if i % 4 < 3 else 0]
+                            hinted.prefetch(layer, list(dict.fromkeys(guess))[:room])
+                        own_bytes(ckpt, hinted.fetch(layer, asked), layer, asked, f"cache {gb:g} GB, fetch {i} after "
+                                  "a prefetch hint")
+                        plain.fetch(layer, asked)
+                    a, b = hinted.stats(), plain.stats()
+                    expect(a["expert_hits"] == b["expert_hits"], f"cache {gb:g} GB: {a['expert_hits']} TRUE hits with "
+                           f"prefetch hints, {b['expert_hits']} without: a hint must not change what the cache keeps")
+                finally:
+                    hinted.close()
+                    plain.close()
+        finally:
+            ckpt.close()
+
     def same_ids_as_lru():
         for shape in ("tiny", "small"):
             for gb in BUDGETS:
@@ -177,5 +207,7 @@ def store_checks(cls, options=None) -> list[Check]:
             Check(f"{who}: plan() returns memory-plan rows", plan_rows_are_sound),
             Check(f"{who}: stats() has the STORE_STATS counters and its cache_policy replays its hits",
                   counters_are_honest),
+            Check(f"{who}: prefetch hints (right, partly right, wrong) change neither the bytes served nor the hits",
+                  prefetch_is_only_a_hint),
             Check(f"{who}: ids and logit bytes identical to the lru store at cache 0, 0.0002 and 1 GB",
                   same_ids_as_lru)]
