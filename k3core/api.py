@@ -37,13 +37,16 @@ from .model.testmodel import MARKER as TEST_MODEL_MARKER
 from .model.testmodel import make_model, planned_bytes, shape_config
 from .plugin_manager import describe_plugins as _describe
 from .plugin_manager import choose_draft, get_plugin_manager, new_plugin_manager
-from .text.channels import Event, visible
-from .text.chat import Conversation
+from .text.channels import Event, TextStream, visible
+from .text.chat import build_ids as build_chat_ids
+from .text.chat import (Conversation, Reply, ToolCall, forced_tool_prefix, parse_tool_calls, render as render_chat,
+                        split_reply, tool_call_markup)
 from .text.chat_session import ChatSession
 from .text.batch import BatchGenerator, Emitted
 from .text.generate import AUTO_K, Speculation, generate_ids, greedy_ids
 from .text.sampling import Sampler, SamplingParams
 from .text.session import Session
+from .text.state_cache import StateCache
 from .text.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = [
@@ -54,7 +57,8 @@ __all__ = [
     # generation and text
     "generate_ids", "greedy_ids", "Speculation", "speculation", "draft_source", "AUTO_K", "BatchGenerator", "Emitted",
     "Sampler", "SamplingParams", "Session", "ChatSession", "Conversation", "Event", "visible", "Tokenizer",
-    "load_tokenizer",
+    "load_tokenizer", "StateCache", "render_chat", "split_reply", "Reply", "ToolCall", "tool_call_markup",
+    "parse_tool_calls", "forced_tool_prefix", "build_chat_ids", "TextStream",
     # files: profile, decode states, packed trunks, test models
     "Profile", "load_profile", "save_profile", "profile_path", "config_from_profile", "save_state", "load_state",
     "pack_trunk", "PackMeter", "ProgressMeter", "packed_trunk_bytes", "make_test_model", "generated_model_bytes", "TEST_MODEL_MARKER", "write_json_atomic",

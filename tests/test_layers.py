@@ -1,6 +1,7 @@
-"""The rooms of the house keep to their doors: ui/ and wizard/ reach k3core only through the front door
-(`k3core`) and, as plugins, `k3core.plugin_api`; the built-in plugins see only `k3core.plugin_api`; no
-core module names a built-in plugin; no argparse Namespace configures the UI."""
+"""The rooms of the house keep to their doors: ui/, wizard/ and serve/ reach k3core only through the front
+door (`k3core`) and, as plugins, `k3core.plugin_api`; the built-in plugins see only `k3core.plugin_api`; no
+core module names a built-in plugin; k3core imports none of the front ends; serve/ never imports ui/; no
+argparse Namespace configures the UI."""
 from __future__ import annotations
 
 import ast
@@ -32,10 +33,18 @@ def files(folder: str):
     return sorted((ROOT / folder).rglob("*.py"))
 
 
-@pytest.mark.parametrize("folder", ["ui", "wizard"])
+@pytest.mark.parametrize("folder", ["ui", "wizard", "serve"])
 def test_ui_and_wizard_use_only_the_front_door_and_the_plugin_api(folder):
     wrong = [f"{p.relative_to(ROOT)}:{line} imports {m}" for p in files(folder) for line, m in imports(p)
              if m.startswith("k3core") and m not in ("k3core", "k3core.plugin_api")]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_core_knows_no_front_end_and_the_server_no_page():
+    wrong = [f"{p.relative_to(ROOT)}:{line} imports {m}" for p in files("k3core") for line, m in imports(p)
+             if m.split(".")[0] in ("ui", "wizard", "serve", "fastapi", "gradio", "uvicorn", "starlette")]
+    wrong += [f"{p.relative_to(ROOT)}:{line} imports {m}" for p in files("serve") for line, m in imports(p)
+              if m.split(".")[0] in ("ui", "wizard", "gradio")]
     assert not wrong, "\n".join(wrong)
 
 

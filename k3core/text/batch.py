@@ -56,8 +56,10 @@ class BatchGenerator:
         self.sequences[handle] = _Sequence(state, sampler or Sampler(), history, history[len(state.ids):])
         return handle
 
-    def remove(self, handle: int) -> None:
-        self.sequences.pop(handle, None)
+    def remove(self, handle: int):
+        """The sequence leaves the batch; returns its decode state (None for a handle not in the batch)."""
+        seq = self.sequences.pop(handle, None)
+        return None if seq is None else seq.state
 
     def __len__(self) -> int:
         return len(self.sequences)

@@ -36,6 +36,7 @@ each text run between markers by `tokenizer.encode(run)` with specials NOT allow
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Mapping, Sequence
@@ -51,6 +52,7 @@ CHAT_TEMPLATE = (
     "{%- macro el(tag, body, attrs='') -%}"
     "<|open|>{{ tag }}{{ attrs }}<|sep|>{{ body }}<|close|>{{ tag }}<|sep|>"
     "{%- endmacro -%}"
+    "{%- if tools -%}{{ el('tool_declarations', tools | tojson) }}<|end_of_msg|>{%- endif -%}"
     "{%- for m in messages -%}"
     "{%- if m.role == 'assistant' -%}"
     "{%- if m.thinking is defined and m.thinking is not none -%}{{ el('think', m.thinking) }}{%- endif -%}"
@@ -96,21 +98,34 @@ def normalize(messages: Sequence[Mapping]) -> list[dict]:
     return out
 
 
-def _element(tag: str, body: str, attrs: str = "") -> list[tuple[bool, str]]:
-    return [(True, OPEN), (False, tag + attrs), (True, SEP), (False, body), (True, CLOSE), (False, tag), (True, SEP)]
+def _element(tag: str, body, attrs: str = "") -> list[tuple[bool, str]]:
+    inner = body if isinstance(body, list) else [(False, body)]
+    return [(True, OPEN), (False, tag + attrs), (True, SEP), *inner, (True, CLOSE), (False, tag), (True, SEP)]
 
 
-def segments(messages, mode: str = "instruct", add_generation_prompt: bool = True) -> list[tuple[bool, str]]:
-    """The conversation as (is_marker, text) pieces; joined, they are the markup string."""
+_MARKERS = re.compile("(" + "|".join(re.escape(m) for m in (OPEN, SEP, CLOSE, EOM)) + ")")
+
+
+def _model_text(text: str) -> list[tuple[bool, str]]:
+    """An assistant field as the model wrote it: markup inside (a tools channel's calls) stays markup."""
+    return [(i % 2 == 1, piece) for i, piece in enumerate(_MARKERS.split(text)) if piece]
+
+
+def segments(messages, mode: str = "instruct", add_generation_prompt: bool = True,
+             tools: Sequence[Mapping] | None = None) -> list[tuple[bool, str]]:
+    """The conversation as (is_marker, text) pieces; joined, they are the markup string. `tools`: tool
+    declarations (OpenAI's function objects), rendered first as one `tool_declarations` element."""
     channel = _check_mode(mode)
     segs: list[tuple[bool, str]] = []
+    if tools:
+        segs += _element("tool_declarations", json.dumps(list(tools), ensure_ascii=False)) + [(True, EOM)]
     for m in normalize(messages):
         if m["role"] == "assistant":
             if "thinking" in m:
-                segs += _element("think", m["thinking"])
-            segs += _element("response", m["content"])
+                segs += _element("think", _model_text(m["thinking"]))
+            segs += _element("response", _model_text(m["content"]))
             if "tools" in m:
-                segs += _element("tools", m["tools"])
+                segs += _element("tools", _model_text(m["tools"]))
         elif m["role"] == "tool":
             segs += _element("tool_result", m["content"], f' name="{m["name"]}"' if "name" in m else "")
         else:
@@ -164,7 +179,7 @@ def _compile(template: str):
 
 
 def render_template(template: str, messages, mode: str = "instruct", add_generation_prompt: bool = True,
-                    bos_token: str = "") -> str:
+                    bos_token: str = "", tools: Sequence[Mapping] | None = None) -> str:
     """The template's text for these messages (the variables are listed in the module docstring)."""
     from jinja2 import TemplateError
 
@@ -172,17 +187,20 @@ def render_template(template: str, messages, mode: str = "instruct", add_generat
     try:
         return _compile(template).render(
             messages=normalize(messages), add_generation_prompt=add_generation_prompt, mode=mode,
-            thinking=mode == "thinking", enable_thinking=mode == "thinking", bos_token=bos_token, eos_token=EOM)
+            thinking=mode == "thinking", enable_thinking=mode == "thinking", bos_token=bos_token, eos_token=EOM,
+            tools=list(tools) if tools else None)
     except TemplateError as exc:
         raise CheckpointError(f"tokenizer_config.json: chat_template failed to render: {exc}") from None
 
 
 def render(messages, tokenizer, mode: str = "instruct", *, add_generation_prompt: bool = True,
-           use_template: bool = True, allow_markup_in_text: bool = False) -> list[int]:
-    """Prompt ids for `messages`: the checkpoint's chat_template if it has one (and use_template), else the builder."""
+           use_template: bool = True, allow_markup_in_text: bool = False,
+           tools: Sequence[Mapping] | None = None) -> list[int]:
+    """Prompt ids for `messages` (and `tools`, declarations the model may call): the checkpoint's
+    chat_template if it has one (and use_template), else the builder."""
     template = chat_template(tokenizer) if use_template else None
     if template is None:
-        return build_ids(tokenizer, segments(messages, mode, add_generation_prompt))
+        return build_ids(tokenizer, segments(messages, mode, add_generation_prompt, tools))
     if not allow_markup_in_text:  # what people typed; the model's own replies are its tokens, not input
         for i, m in enumerate(normalize(messages)):
             if m["role"] == "assistant":
@@ -195,7 +213,13 @@ def render(messages, tokenizer, mode: str = "instruct", *, add_generation_prompt
         bos = "[BOS]" if tokenizer.id_of("[BOS]") is not None else ""
     except (LookupError, ValueError, K3Error):
         bos = ""
-    return tokenizer.encode(render_template(template, messages, mode, add_generation_prompt, bos), allow_special=True)
+    if tools and not allow_markup_in_text:
+        text = json.dumps(list(tools), ensure_ascii=False)
+        if tokenizer.encode(text, allow_special=True) != tokenizer.encode(text):
+            raise UsageError("the tool declarations contain special-token text, which the chat template would turn "
+                             "into markup")
+    text = render_template(template, messages, mode, add_generation_prompt, bos, tools)
+    return tokenizer.encode(text, allow_special=True)
 
 
 @dataclass
@@ -247,6 +271,82 @@ def split_reply(ids: Sequence[int], tokenizer, mode: str = "instruct") -> Reply:
         i += 1
     text = {k: tokenizer.decode(v) for k, v in chans.items()}
     return Reply(text.get("response", ""), text.get("think"), text.get("tools"), finished)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model wrote in its `tools` channel."""
+
+    name: str
+    arguments: dict
+    complete: bool  # its `<|close|>call<|sep|>` was generated (False: cut off mid-call)
+
+
+_ATTR = re.compile(r'(\w+)="([^"]*)"')
+_SAFE_KEY = re.compile(r'^[^"<>\r\n]+$')
+
+
+def _block(tag: str, attrs: str, body: str) -> str:
+    return f"{OPEN}{tag}{attrs}{SEP}{body}{CLOSE}{tag}{SEP}"
+
+
+def tool_call_markup(calls: Sequence[tuple[str, Mapping]]) -> str:
+    """The `tools` channel text for (name, arguments) calls: per call an element `call tool="NAME"
+    index="N"` holding one `argument key="K" type="string|json"` element per argument (a string verbatim,
+    anything else as JSON), or one `json` element when a key cannot be an attribute."""
+    out = []
+    for index, (name, arguments) in enumerate(calls, start=1):
+        if all(isinstance(k, str) and _SAFE_KEY.match(k) for k in arguments):
+            body = "".join(_block("argument", f' key="{k}" type="{"string" if isinstance(v, str) else "json"}"',
+                                  v if isinstance(v, str) else json.dumps(v, ensure_ascii=False))
+                           for k, v in arguments.items())
+        else:
+            body = _block("json", "", json.dumps(dict(arguments), ensure_ascii=False))
+        out.append(_block("call", f' tool="{name}" index="{index}"', body))
+    return "".join(out)
+
+
+def parse_tool_calls(text: str) -> list[ToolCall]:
+    """The calls in a `tools` channel's text (markup included, as split_reply keeps it), in order. An
+    argument of type `string` is its text; any other type is parsed as JSON (kept as text if it is not)."""
+    calls = []
+    for m in re.finditer(re.escape(OPEN) + r"call([^<]*?)" + re.escape(SEP) + r"(.*?)(" + re.escape(CLOSE + "call" + SEP)
+                         + r"|$)", text, re.DOTALL):
+        attrs, body, closed = dict(_ATTR.findall(m.group(1))), m.group(2), bool(m.group(3))
+        arguments: dict = {}
+        whole = re.search(re.escape(OPEN) + "json" + re.escape(SEP) + r"(.*?)" + re.escape(CLOSE + "json" + SEP), body,
+                          re.DOTALL)
+        if whole:
+            try:
+                value = json.loads(whole.group(1))
+                arguments = value if isinstance(value, dict) else {"value": value}
+            except json.JSONDecodeError:
+                arguments = {"_raw": whole.group(1)}
+        for a in re.finditer(re.escape(OPEN) + r"argument([^<]*?)" + re.escape(SEP) + r"(.*?)"
+                             + re.escape(CLOSE + "argument" + SEP), body, re.DOTALL):
+            a_attrs, value = dict(_ATTR.findall(a.group(1))), a.group(2)
+            if a_attrs.get("type", "string") != "string":
+                try:
+                    value = json.loads(value)
+                except json.JSONDecodeError:
+                    pass
+            if "key" in a_attrs:
+                arguments[a_attrs["key"]] = value
+        calls.append(ToolCall(attrs.get("tool", ""), arguments, closed))
+    return calls
+
+
+def forced_tool_prefix(mode: str, name: str | None = None) -> list[tuple[bool, str]]:
+    """What to append to a generation prompt so the reply is a tool call: close the channel the prefix
+    opened (and an empty response), open `tools`, and with `name` the call to that tool."""
+    channel = _check_mode(mode)
+    segs = [(True, CLOSE), (False, channel), (True, SEP)]
+    if channel == "think":
+        segs += _element("response", "")
+    segs += [(True, OPEN), (False, "tools"), (True, SEP)]
+    if name is not None:
+        segs += [(True, OPEN), (False, f'call tool="{name}" index="1"'), (True, SEP)]
+    return segs
 
 
 class Conversation:

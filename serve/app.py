@@ -1,0 +1,320 @@
+"""The OpenAI-compatible routes: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET /health.
+
+`api_router(worker, options)` returns a FastAPI APIRouter that `k3 serve` serves alone and `k3 ui` includes
+in its own app beside the page, so one engine serves both. Every error is OpenAI-shaped with its HTTP
+status; a request body over `max_body_bytes` is refused (413) before it is parsed; with an API key set,
+every /v1 route needs `Authorization: Bearer KEY` (compared in constant time, never logged).
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import secrets
+import time
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from k3core import (SamplingParams, UsageError, build_chat_ids, forced_tool_prefix, parse_tool_calls, render_chat,
+                    split_reply)
+
+from .schema import ApiError, ChatRequest, CompletionRequest, chat_request, completion_request
+from .worker import Job, Worker
+
+EOM = "<|end_of_msg|>"
+FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
+
+
+@dataclass(frozen=True)
+class ApiOptions:
+    model_id: str                      # what /v1/models lists and requests name ("k3" is accepted too)
+    api_key: str | None = None         # None: no key asked (loopback only)
+    max_body_bytes: int = 4 << 20      # larger request bodies are refused with 413
+    default_max_tokens: int = 1024     # when a request names none (never over the context left)
+    created: int = 0
+
+
+def error_response(err: ApiError):
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def check_key(request, opts: ApiOptions) -> None:
+    if opts.api_key is None:
+        return
+    given = request.headers.get("authorization", "")
+    scheme, _, token = given.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), opts.api_key.encode()):
+        raise ApiError(401, "a valid API key is required: send `Authorization: Bearer KEY`", code="invalid_api_key")
+
+
+async def read_json(request, limit: int):
+    """The body parsed as JSON, read no further than `limit` bytes (413 past it)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the request body is {int(declared)} bytes, over the limit of {limit} (--max-body-bytes)",
+                       code="request_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"the request body is over the limit of {limit} bytes (--max-body-bytes)",
+                           code="request_too_large")
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks) or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"the request body is not JSON: {exc}", code="invalid_json") from None
+
+
+class Api:
+    """What the routes share: the worker, its engine and tokenizer, the options."""
+
+    def __init__(self, worker: Worker, opts: ApiOptions):
+        self.worker, self.opts = worker, opts
+
+    @property
+    def engine(self):
+        return self.worker.slot.engine
+
+    @property
+    def tokenizer(self):
+        return self.worker.slot.tokenizer
+
+    def check_model(self, name: str) -> None:
+        if name not in (self.opts.model_id, "k3"):
+            raise ApiError(404, f"model {name!r} is not served here; GET /v1/models lists {self.opts.model_id!r}",
+                           param="model", code="model_not_found")
+
+    def model_card(self) -> dict:
+        return {"id": self.opts.model_id, "object": "model", "created": self.opts.created, "owned_by": "k3",
+                "context_length": self.engine.max_context}
+
+    def params(self, sampling, mode: str, prompt_len: int) -> SamplingParams:
+        left = self.engine.max_context - prompt_len
+        if left < 1:
+            raise ApiError(400, f"the prompt is {prompt_len} tokens, and the context limit is {self.engine.max_context} "
+                           "(--max-context): no room for a reply", param="messages", code="context_length_exceeded")
+        temperature = sampling.temperature
+        if temperature is None:
+            temperature = SamplingParams.suggested(mode).temperature
+        max_tokens = min(sampling.max_tokens or self.opts.default_max_tokens, left)
+        return SamplingParams(temperature=temperature, top_p=sampling.top_p, seed=sampling.seed, max_tokens=max_tokens,
+                              stop_strings=sampling.stop)
+
+    def chat_job(self, req: ChatRequest) -> tuple[Job, str]:
+        mode = "thinking" if req.thinking else "instruct"
+        tools = req.tools if req.tool_choice != "none" else ()
+        try:
+            prompt = render_chat(list(req.messages), self.tokenizer, mode, tools=list(tools) or None)
+        except UsageError as exc:
+            raise ApiError(400, str(exc), param="messages", code="invalid_value") from None
+        forced = []
+        if req.tool_choice not in (None, "none"):
+            name = None if req.tool_choice == "required" else req.tool_choice
+            forced = build_chat_ids(self.tokenizer, forced_tool_prefix(mode, name))
+        prompt += forced
+        params = self.params(req.sampling, mode, len(prompt))
+        channel = "think" if req.thinking else "response"
+        return Job(prompt, params, emit=None, channel=channel, forced=forced,
+                   stop_ids=frozenset({self.tokenizer.id_of(EOM)})), mode
+
+    def completion_job(self, req: CompletionRequest) -> Job:
+        prompt = self.tokenizer.encode(req.prompt)
+        if not prompt:
+            raise ApiError(400, "prompt: encodes to no tokens", param="prompt", code="invalid_value")
+        return Job(prompt, self.params(req.sampling, "instruct", len(prompt)), emit=None)
+
+    def start(self, job: Job) -> asyncio.Queue:
+        """Submit `job`; its events arrive on the returned queue (thread-safe hand-over to this loop)."""
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+        job.emit = lambda event: loop.call_soon_threadsafe(events.put_nowait, event)
+        self.worker.submit(job)
+        return events
+
+
+def _usage(stats: dict) -> dict:
+    return {"prompt_tokens": stats["prompt_tokens"], "completion_tokens": stats["completion_tokens"],
+            "total_tokens": stats["prompt_tokens"] + stats["completion_tokens"],
+            "prompt_tokens_details": {"cached_tokens": stats["cached_tokens"]}}
+
+
+def _reply(api: Api, job: Job, mode: str, stats: dict, reason: str) -> tuple[dict, str]:
+    """The assistant message of a finished chat job, and its finish_reason."""
+    reply = split_reply(job.forced + stats["ids"], api.tokenizer, mode)
+    message = {"role": "assistant", "content": reply.content}
+    if reply.thinking is not None:
+        message["reasoning_content"] = reply.thinking
+    calls = [c for c in parse_tool_calls(reply.tools or "") if c.name]
+    finish = FINISH[reason]
+    if calls:
+        message["tool_calls"] = [{"id": f"call_{secrets.token_hex(8)}", "type": "function",
+                                  "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+                                 for c in calls]
+        if finish == "stop":
+            finish = "tool_calls"
+    return message, finish
+
+
+async def _collect(request, events: asyncio.Queue, job: Job):
+    """Wait for a job's end; cancel it if the client goes away. Returns (texts, reason, stats)."""
+    texts: dict[str | None, list[str]] = {}
+    try:
+        while True:
+            try:
+                event = await asyncio.wait_for(events.get(), timeout=0.5)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    job.cancelled.set()
+                    return None
+                continue
+            if event[0] == "text":
+                texts.setdefault(event[1], []).append(event[2])
+            elif event[0] == "done":
+                return texts, event[1], event[2]
+            else:
+                raise event[1]
+    except asyncio.CancelledError:
+        job.cancelled.set()
+        raise
+
+
+def _sse(payload) -> bytes:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
+
+
+def api_router(worker: Worker, opts: ApiOptions) -> APIRouter:
+    api = Api(worker, opts)
+    router = APIRouter()
+
+    def guarded(handler):
+        async def route(request: Request):
+            try:
+                return await handler(request)
+            except ApiError as err:
+                return error_response(err)
+        route.__name__ = handler.__name__
+        return route
+
+    async def health(request: Request):
+        return JSONResponse({"status": "ok", "model": opts.model_id, **worker.stats()})
+
+    async def models(request: Request):
+        check_key(request, opts)
+        return JSONResponse({"object": "list", "data": [api.model_card()]})
+
+    async def model(request: Request):
+        check_key(request, opts)
+        api.check_model(request.path_params["model"])
+        return JSONResponse(api.model_card())
+
+    async def chat(request: Request):
+        check_key(request, opts)
+        req = chat_request(await read_json(request, opts.max_body_bytes), api.engine.max_context)
+        api.check_model(req.model)
+        job, mode = api.chat_job(req)
+        events = api.start(job)
+        rid, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
+        head = {"id": rid, "created": created, "model": opts.model_id}
+        if req.stream:
+            return StreamingResponse(_chat_stream(api, request, events, job, mode, head, req.include_usage),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        got = await _collect(request, events, job)
+        if got is None:
+            return JSONResponse({}, status_code=499)
+        _, reason, stats = got
+        message, finish = _reply(api, job, mode, stats, reason)
+        return JSONResponse({**head, "object": "chat.completion", "usage": _usage(stats),
+                             "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}]})
+
+    async def completions(request: Request):
+        check_key(request, opts)
+        req = completion_request(await read_json(request, opts.max_body_bytes), api.engine.max_context)
+        api.check_model(req.model)
+        job = api.completion_job(req)
+        events = api.start(job)
+        head = {"id": f"cmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": opts.model_id}
+        if req.stream:
+            return StreamingResponse(_completion_stream(request, events, job, head, req),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        got = await _collect(request, events, job)
+        if got is None:
+            return JSONResponse({}, status_code=499)
+        texts, reason, stats = got
+        text = (req.prompt if req.echo else "") + "".join(texts.get(None, []))
+        return JSONResponse({**head, "object": "text_completion", "usage": _usage(stats),
+                             "choices": [{"index": 0, "text": text, "finish_reason": FINISH[reason],
+                                          "logprobs": None}]})
+
+    router.add_api_route("/health", guarded(health), methods=["GET"])
+    router.add_api_route("/v1/models", guarded(models), methods=["GET"])
+    router.add_api_route("/v1/models/{model}", guarded(model), methods=["GET"])
+    router.add_api_route("/v1/chat/completions", guarded(chat), methods=["POST"])
+    router.add_api_route("/v1/completions", guarded(completions), methods=["POST"])
+    return router
+
+
+async def _events_or_cancel(request, events: asyncio.Queue, job: Job):
+    """A job's events as they come; the job is cancelled when the client disconnects or the stream is closed."""
+    try:
+        while True:
+            try:
+                event = await asyncio.wait_for(events.get(), timeout=0.5)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    return
+                continue
+            yield event
+            if event[0] != "text":
+                return
+    finally:
+        job.cancelled.set()  # a no-op for a job that ended; frees the batch slot of one that did not
+
+
+async def _chat_stream(api: Api, request, events, job: Job, mode: str, head: dict, include_usage: bool):
+    def chunk(delta: dict, finish=None, usage=None) -> bytes:
+        body = {**head, "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+        if include_usage:
+            body["usage"] = usage
+        return _sse(body)
+
+    yield chunk({"role": "assistant", "content": ""})
+    async for event in _events_or_cancel(request, events, job):
+        kind = event[0]
+        if kind == "text" and event[1] in ("think", "response"):
+            yield chunk({"reasoning_content": event[2]} if event[1] == "think" else {"content": event[2]})
+        elif kind == "done":
+            message, finish = _reply(api, job, mode, event[2], event[1])
+            if "tool_calls" in message:
+                yield chunk({"tool_calls": [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]})
+            yield chunk({}, finish)
+            if include_usage:
+                yield _sse({**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage(event[2])})
+            yield b"data: [DONE]\n\n"
+        elif kind == "error":
+            yield _sse(event[1].body())
+            yield b"data: [DONE]\n\n"
+
+
+async def _completion_stream(request, events, job: Job, head: dict, req: CompletionRequest):
+    def chunk(text: str, finish=None) -> bytes:
+        body = {**head, "object": "text_completion", "choices": [{"index": 0, "text": text, "finish_reason": finish,
+                                                                  "logprobs": None}]}
+        if req.include_usage:
+            body["usage"] = None
+        return _sse(body)
+
+    if req.echo:
+        yield chunk(req.prompt)
+    async for event in _events_or_cancel(request, events, job):
+        if event[0] == "text":
+            yield chunk(event[2])
+        elif event[0] == "done":
+            yield chunk("", FINISH[event[1]])
+            if req.include_usage:
+                yield _sse({**head, "object": "text_completion", "choices": [], "usage": _usage(event[2])})
+            yield b"data: [DONE]\n\n"
+        else:
+            yield _sse(event[1].body())
+            yield b"data: [DONE]\n\n"

@@ -1,0 +1,84 @@
+"""Where `k3 serve` listens and who may call it: 127.0.0.1 by default; any other address only with an API
+key (--api-key or K3_API_KEY), else it refuses to start. The key is never printed or logged."""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from k3core import UsageError
+
+log = logging.getLogger("k3.serve")
+KEY_ENV = "K3_API_KEY"
+MIN_KEY_CHARS = 16
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost may resolve anywhere
+
+
+def api_key(given: str | None) -> str | None:
+    """The key from --api-key, else K3_API_KEY; None when neither is set. A short key is refused."""
+    key = given if given is not None else os.environ.get(KEY_ENV)
+    if key is None or key == "":
+        return None
+    if len(key) < MIN_KEY_CHARS or any(c.isspace() for c in key):
+        raise UsageError(f"the API key must be at least {MIN_KEY_CHARS} characters without spaces (e.g. "
+                         "`python -c 'import secrets; print(secrets.token_urlsafe(24))'`)")
+    return key
+
+
+def check_host(host: str | None, key: str | None) -> str:
+    """The address to bind: loopback, or another address when an API key guards it."""
+    host = host or "127.0.0.1"
+    if is_loopback(host) or key is not None:
+        return host
+    raise UsageError(f"refusing to listen on {host} without an API key: anyone who can reach it could use the model. "
+                     f"Set {KEY_ENV} (or --api-key) to a secret; clients then send `Authorization: Bearer KEY`. The "
+                     "default, 127.0.0.1, is this machine only")
+
+
+@dataclass
+class Listening:
+    url: str
+    server: object
+    thread: threading.Thread
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def listen(app, host: str, port: int, access_log: bool = False) -> Listening:
+    """Serve `app` on host:port in a thread; returns once it listens."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=access_log))
+    if access_log:
+        logging.getLogger("uvicorn.access").setLevel(logging.INFO)
+    thread = threading.Thread(target=server.run, name="k3-serve-http", daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise UsageError(f"could not listen on {host}:{port} (in use, or not an address of this machine)")
+        time.sleep(0.02)
+    return Listening(f"http://{f'[{host}]' if ':' in host else host}:{port}", server, thread)
+
+
+def model_id(model: Path) -> str:
+    return Path(model).name or "k3"
+
+
+def warn_exposed(host: str) -> None:
+    print(f"k3 serve: listening on {host}, not just this machine: every request needs the API key; traffic is "
+          "plain HTTP (put a TLS proxy in front for anything but a trusted network)", file=sys.stderr)

@@ -1,0 +1,143 @@
+"""Adds `k3 serve` through k3's `k3_subcommands` hook (entry point `serve = "serve.plugin"`). Parsing only:
+FastAPI and uvicorn are imported when the command runs."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+
+from k3core import (EXIT_CODES, add_engine_arguments, add_logging_arguments, configure_logging,
+                    engine_config_from_args)
+from k3core.plugin_api import hookimpl
+
+from .http import KEY_ENV
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """How `k3 serve` serves, beside the engine's EngineConfig."""
+
+    host: str | None = None
+    port: int = 8000
+    api_key: str | None = None       # --api-key; else K3_API_KEY
+    queue_size: int = 16             # requests that may wait for a place in the batch
+    keep_states: int = 4             # decode states kept for follow-up turns
+    max_body_bytes: int = 4 << 20
+    max_tokens: int = 1024           # a request that names no max_tokens gets this many at most
+    access_log: bool = False
+
+
+def build_app(worker, api_options):
+    """The FastAPI app `k3 serve` runs: the API routes, and OpenAI-shaped 404/405 for anything else."""
+    import fastapi
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException
+
+    from .app import api_router
+    from .schema import ApiError
+
+    app = fastapi.FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    app.include_router(api_router(worker, api_options))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, exc):
+        status = exc.status_code
+        message = f"no route {request.method} {request.url.path}" if status in (404, 405) else str(exc.detail)
+        return JSONResponse(ApiError(status, message, code="unknown_url" if status == 404 else None).body(),
+                            status_code=status)
+
+    return app
+
+
+def serve(config, opts: ServeOptions) -> int:
+    from k3core import load_tokenizer, open_engine
+
+    from .app import ApiOptions
+    from .http import api_key, check_host, is_loopback, listen, model_id, warn_exposed
+    from .worker import EngineSlot, Worker
+
+    key = api_key(opts.api_key)
+    host = check_host(opts.host, key)  # refused before the model loads
+    engine = open_engine(config, on_plan=lambda plan: print(plan.text(), file=sys.stderr))
+    try:
+        slot = EngineSlot(engine, load_tokenizer(config.tokenizer or config.model))
+        worker = Worker(slot, queue_size=opts.queue_size, keep_states=opts.keep_states)
+        name = model_id(config.model)
+        app = build_app(worker, ApiOptions(name, key, opts.max_body_bytes, opts.max_tokens, int(time.time())))
+        if not is_loopback(host):
+            warn_exposed(host)
+        running = listen(app, host, opts.port, opts.access_log)
+        print(f"k3 serve: model {name!r} at {running.url}/v1 ({engine.sequences} at once, {opts.queue_size} may wait"
+              f"{', API key required' if key else ''}) — Ctrl-C to stop", flush=True)
+        try:
+            while running.thread.is_alive():
+                running.thread.join(0.5)
+        except KeyboardInterrupt:
+            running.close()
+        finally:
+            worker.close()
+    finally:
+        engine.close()
+    return 0
+
+
+def cmd_serve(args) -> int:
+    configure_logging(args.log_level)
+    config = engine_config_from_args(args).replace(sequences=args.sequences)
+    return serve(config, ServeOptions(host=args.host, port=args.port, api_key=args.api_key,
+                                      queue_size=args.queue_size, keep_states=args.keep_states,
+                                      max_body_bytes=args.max_body_bytes, max_tokens=args.max_tokens,
+                                      access_log=args.access_log))
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "serve", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models)",
+        description="Serves one resident engine over the OpenAI HTTP API, so the `openai` package, curl, editors\n"
+                    "and agents can use k3. Concurrent requests are advanced together (--sequences), each\n"
+                    "reply the bits it gets alone; a follow-up turn forwards only its new tokens. Listens on\n"
+                    f"127.0.0.1 unless --host says otherwise, and any other address needs an API key ({KEY_ENV}).\n"
+                    "docs/SERVER.md has curl and openai examples.",
+        epilog="examples:\n"
+               "  k3 serve demo-model\n"
+               "  curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+               "       -d '{\"model\": \"demo-model\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}'\n"
+               f"  {KEY_ENV}=$(python -c 'import secrets; print(secrets.token_urlsafe(24))') \\\n"
+               "       k3 serve /models/K3 --trunk /models/K3-trunk --host 0.0.0.0\n\n" + EXIT_CODES)
+    add_engine_arguments(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", metavar="ADDR", help="address to listen on (default 127.0.0.1); any other needs an API key")
+    g.add_argument("--port", type=int, default=8000, metavar="N", help="port (default 8000)")
+    g.add_argument("--api-key", metavar="KEY", help=f"require `Authorization: Bearer KEY` (prefer {KEY_ENV}: a flag "
+                   "shows in the process list); at least 16 characters")
+    g.add_argument("--sequences", type=_positive, default=4, metavar="N",
+                   help="requests advanced together in one forward pass (default 4; the memory plan holds a decode "
+                        "state for each)")
+    g.add_argument("--queue-size", type=_positive, default=16, metavar="N",
+                   help="requests that may wait for a place (default 16); more get 429 with Retry-After")
+    g.add_argument("--keep-states", type=int, default=4, metavar="N",
+                   help="decode states kept so follow-up turns forward only their new tokens (default 4)")
+    g.add_argument("--max-tokens", type=_positive, default=1024, metavar="N",
+                   help="reply length for a request that names no max_tokens (default 1024; never past the context)")
+    g.add_argument("--max-body-bytes", type=_positive, default=4 << 20, metavar="N",
+                   help="larger request bodies get 413 (default 4 MiB)")
+    add_logging_arguments(p, access_log=True)
+    p.set_defaults(func=cmd_serve)
+    return p
+
+
+@hookimpl
+def k3_subcommands(subparsers):
+    add_parser(subparsers)

@@ -1,0 +1,281 @@
+"""OpenAI request bodies in, typed requests out; OpenAI-shaped errors.
+
+Unknown fields are ignored, as OpenAI does; a known field of the wrong type or out of range is a 400
+naming it (`param`). Text is the only content kind: a non-text part is refused by name.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from k3core import tool_call_markup
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_STOP = 4  # stop sequences per request, as OpenAI allows
+
+
+class ApiError(Exception):
+    """An error the client gets as {"error": {"message", "type", "param", "code"}} with `status`."""
+
+    TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+             413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "server_error"),
+                          "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What a request asks of the sampler; None: the server's default for the mode."""
+
+    temperature: float | None = None
+    top_p: float = 1.0
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    model: str
+    messages: tuple[dict, ...]            # k3 chat messages (role, content, thinking, tools, name)
+    sampling: Sampling
+    stream: bool = False
+    include_usage: bool = False
+    tools: tuple[dict, ...] = ()          # OpenAI function declarations
+    tool_choice: str | None = None        # None/"auto", "none", "required", or a function name
+    thinking: bool = False
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    model: str
+    prompt: str
+    sampling: Sampling
+    stream: bool = False
+    include_usage: bool = False
+    echo: bool = False
+
+
+def _bad(param: str, message: str) -> ApiError:
+    return ApiError(400, f"{param}: {message}", param=param, code="invalid_value")
+
+
+def _number(body: dict, name: str, low: float, high: float, default=None, low_open: bool = False):
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+        raise _bad(name, f"must be a number, got {v!r}")
+    if v < low or v > high or (low_open and v == low):
+        raise _bad(name, f"must be in {'(' if low_open else '['}{low}, {high}], got {v!r}")
+    return float(v)
+
+
+def _integer(body: dict, name: str, low: int, high: int | None = None):
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _bad(name, f"must be an integer, got {v!r}")
+    if v < low or (high is not None and v > high):
+        raise _bad(name, f"must be an integer in {low}..{high if high is not None else '∞'}, got {v}")
+    return v
+
+
+def _bool(body: dict, name: str, default: bool = False) -> bool:
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise _bad(name, f"must be true or false, got {v!r}")
+    return v
+
+
+def _model(body: dict) -> str:
+    m = body.get("model")
+    if not isinstance(m, str) or not m:
+        raise ApiError(400, "model: required, the id GET /v1/models lists", param="model", code="missing_model")
+    return m
+
+
+def _sampling(body: dict, max_tokens_limit: int) -> Sampling:
+    stop = body.get("stop")
+    if stop is None:
+        stops: tuple[str, ...] = ()
+    elif isinstance(stop, str):
+        stops = (stop,) if stop else ()
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stops = tuple(s for s in stop if s)
+        if len(stop) > MAX_STOP:
+            raise _bad("stop", f"at most {MAX_STOP} stop sequences, got {len(stop)}")
+    else:
+        raise _bad("stop", f"must be a string or a list of strings, got {stop!r}")
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise _bad("n", f"only n = 1 is served (one choice per request), got {n!r}")
+    given = [k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None]
+    max_tokens = _integer(body, given[0], 1, max_tokens_limit) if given else None
+    return Sampling(temperature=_number(body, "temperature", 0.0, 2.0), top_p=_number(body, "top_p", 0.0, 1.0, 1.0,
+                                                                                        low_open=True),
+                    max_tokens=max_tokens, stop=stops, seed=_integer(body, "seed", 0, 2 ** 64 - 1))
+
+
+def _include_usage(body: dict) -> bool:
+    opts = body.get("stream_options")
+    if opts is None:
+        return False
+    if not isinstance(opts, dict):
+        raise _bad("stream_options", f"must be an object, got {opts!r}")
+    return _bool(opts, "include_usage") if "include_usage" in opts else False
+
+
+def _text(content, where: str) -> str:
+    """A message's content: a string, null, or a list of text parts joined."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise _bad(f"{where}.content[{j}]", f"only text parts are served, got {kind!r}")
+            out.append(part["text"])
+        return "".join(out)
+    raise _bad(f"{where}.content", f"must be a string or a list of text parts, got {type(content).__name__}")
+
+
+def _tool_calls(calls, where: str) -> list[tuple[str, dict]]:
+    if not isinstance(calls, list):
+        raise _bad(f"{where}.tool_calls", "must be a list")
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not TOOL_NAME.match(fn["name"]):
+            raise _bad(f"{where}.tool_calls[{j}].function.name", "must be a tool name (letters, digits, _ and -)")
+        args = fn.get("arguments") or "{}"
+        try:
+            parsed = json.loads(args) if isinstance(args, str) else None
+        except json.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise _bad(f"{where}.tool_calls[{j}].function.arguments", "must be a JSON object, as a string")
+        out.append((fn["name"], parsed))
+    return out
+
+
+def _messages(body: dict) -> tuple[dict, ...]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("messages", "must be a non-empty list of messages")
+    out, names = [], {}  # tool_call_id -> the tool's name, from the assistant turns before
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise _bad(where, "must be an object with role and content")
+        role = m.get("role")
+        if role == "developer":
+            role = "system"
+        if role in ("system", "user"):
+            out.append({"role": role, "content": _text(m.get("content"), where)})
+        elif role == "assistant":
+            msg = {"role": "assistant", "content": _text(m.get("content"), where)}
+            thinking = m.get("reasoning_content")
+            if thinking is not None:
+                if not isinstance(thinking, str):
+                    raise _bad(f"{where}.reasoning_content", "must be a string")
+                msg["thinking"] = thinking
+            if m.get("tool_calls"):
+                calls = _tool_calls(m["tool_calls"], where)
+                msg["tools"] = tool_call_markup(calls)
+                for call, (name, _) in zip(m["tool_calls"], calls):
+                    if isinstance(call.get("id"), str):
+                        names[call["id"]] = name
+            out.append(msg)
+        elif role == "tool":
+            name = m.get("name") or names.get(m.get("tool_call_id"))
+            if name is not None and (not isinstance(name, str) or not TOOL_NAME.match(name)):
+                raise _bad(f"{where}.name", "must be a tool name (letters, digits, _ and -)")
+            out.append({"role": "tool", "content": _text(m.get("content"), where), "name": name})
+        else:
+            raise _bad(f"{where}.role", f"must be system, developer, user, assistant or tool, got {role!r}")
+    return tuple(out)
+
+
+def _tools(body: dict) -> tuple[tuple[dict, ...], str | None]:
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    declared = []
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise _bad("tools", "must be a list of tools")
+        for j, t in enumerate(tools):
+            fn = t.get("function") if isinstance(t, dict) and t.get("type", "function") == "function" else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not TOOL_NAME.match(fn["name"]):
+                raise _bad(f"tools[{j}].function.name", "each tool is {type: function, function: {name, description?, "
+                           "parameters?}} with a name of letters, digits, _ and -")
+            if "parameters" in fn and not isinstance(fn["parameters"], dict):
+                raise _bad(f"tools[{j}].function.parameters", "must be a JSON Schema object")
+            declared.append({k: fn[k] for k in ("name", "description", "parameters") if k in fn})
+    if choice is None or choice == "auto":
+        return tuple(declared), None
+    if choice in ("none", "required"):
+        if choice == "required" and not declared:
+            raise _bad("tool_choice", "'required' needs tools to choose from")
+        return tuple(declared), choice
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str) or name not in {d["name"] for d in declared}:
+        raise _bad("tool_choice", "must be 'none', 'auto', 'required' or {type: function, function: {name}} naming one "
+                   "of the tools")
+    return tuple(declared), name
+
+
+def _thinking(body: dict) -> bool:
+    effort, thinking = body.get("reasoning_effort"), body.get("thinking")
+    on = False
+    if effort is not None:
+        if effort not in REASONING_EFFORTS:
+            raise _bad("reasoning_effort", f"must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r}")
+        on = effort not in ("none", "minimal")
+    if thinking is not None:
+        kind = thinking.get("type") if isinstance(thinking, dict) else thinking
+        if kind not in ("enabled", "disabled", True, False):
+            raise _bad("thinking", f"must be {{\"type\": \"enabled\"}} or {{\"type\": \"disabled\"}}, got {thinking!r}")
+        on = kind in ("enabled", True)
+    return on
+
+
+def chat_request(body: Any, max_tokens_limit: int) -> ChatRequest:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    tools, choice = _tools(body)
+    return ChatRequest(model=_model(body), messages=_messages(body), sampling=_sampling(body, max_tokens_limit),
+                       stream=_bool(body, "stream"), include_usage=_include_usage(body), tools=tools,
+                       tool_choice=choice, thinking=_thinking(body))
+
+
+def completion_request(body: Any, max_tokens_limit: int) -> CompletionRequest:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise _bad("prompt", "must be a non-empty string (one prompt per request)")
+    if body.get("suffix") is not None:
+        raise _bad("suffix", "insertion (suffix) is not served")
+    return CompletionRequest(model=_model(body), prompt=prompt, sampling=_sampling(body, max_tokens_limit),
+                             stream=_bool(body, "stream"), include_usage=_include_usage(body),
+                             echo=_bool(body, "echo"))

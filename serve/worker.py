@@ -1,0 +1,195 @@
+"""The resident worker: one engine, one thread that advances every admitted request together.
+
+Requests wait in a bounded queue; up to `engine.sequences` of them are in the batch at once, advanced one
+forward pass per step (`BatchGenerator`: each reply is the bits it gets alone). A request starts from the
+kept decode state holding the longest prefix of its prompt (`StateCache`), so a follow-up turn forwards
+only its new ids; when it ends — stopped, finished, cut off or cancelled — its state is kept for the next
+one. A pass that fails ends only the requests in it; the worker goes on.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from k3core import BatchGenerator, InputError, K3Error, Sampler, SamplingParams, StateCache, TextStream
+
+from .schema import ApiError
+
+log = logging.getLogger("k3.serve")
+
+
+@dataclass
+class Job:
+    """One request for ids: what to generate, and where its events go (`emit` is called on the worker
+    thread with ("text", channel, text), ("done", reason, stats) or ("error", ApiError))."""
+
+    prompt: list[int]
+    params: SamplingParams
+    emit: Callable[[tuple], None]
+    channel: str | None = None        # the XTML channel the prompt's generation prefix opened (chat)
+    forced: list[int] = field(default_factory=list)  # ids at the prompt's end the reply is parsed from too
+    stop_ids: frozenset = frozenset()
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    # filled in by the worker
+    generated: list[int] = field(default_factory=list)
+    cached: int = 0
+    started: float = 0.0
+    first: float | None = None
+    text: TextStream | None = None
+    state: object = None
+
+
+@dataclass
+class EngineSlot:
+    """What the worker drives: the engine, its tokenizer, the lock every forward pass takes (shared with
+    a browser UI on the same engine) and a generation number that changes when the engine is reopened."""
+
+    engine: object
+    tokenizer: object
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    generation: int = 0
+
+
+class Worker:
+    def __init__(self, slot: EngineSlot, queue_size: int = 16, keep_states: int = 4):
+        self.slot, self.queue_size = slot, queue_size
+        self.states = StateCache(keep_states)
+        self._pending: deque[Job] = deque()
+        self._active: dict[int, Job] = {}
+        self._wake = threading.Condition()
+        self._stop = False
+        self._generation = slot.generation
+        self._batch = BatchGenerator(slot.engine)
+        self.completed = self.failed = 0
+        self.seconds_per_job = 1.0  # a running mean, for Retry-After
+        self._thread = threading.Thread(target=self._run, name="k3-serve-worker", daemon=True)
+        self._thread.start()
+
+    # ---- the HTTP side ------------------------------------------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        """Queue `job`, or raise ApiError 429 (with Retry-After) when the queue is full."""
+        with self._wake:
+            if self._stop:
+                raise ApiError(503, "the server is shutting down", code="shutting_down")
+            if len(self._pending) >= self.queue_size:
+                wait = max(1, round(self.seconds_per_job * (len(self._pending) + 1) / max(1, self.slot.engine.sequences)))
+                raise ApiError(429, f"the queue is full ({self.queue_size} requests waiting, --queue-size); retry "
+                               f"in about {wait} s", code="queue_full", headers={"Retry-After": str(wait)})
+            job.started = time.perf_counter()
+            self._pending.append(job)
+            self._wake.notify()
+
+    def stats(self) -> dict:
+        with self._wake:
+            return {"active": len(self._active), "queued": len(self._pending), "completed": self.completed,
+                    "failed": self.failed, **self.states.stats()}
+
+    def close(self) -> None:
+        with self._wake:
+            self._stop = True
+            self._wake.notify()
+        self._thread.join(timeout=60)
+
+    # ---- the worker thread --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stop and not self._pending and not self._active:
+                    self._wake.wait()
+                if self._stop:
+                    break
+            self._step()
+        for job in [*self._active.values(), *self._pending]:
+            job.emit(("error", ApiError(503, "the server is shutting down", code="shutting_down")))
+
+    def _step(self) -> None:
+        with self.slot.lock:
+            if self.slot.generation != self._generation:
+                self._engine_changed()
+            self._drop_cancelled()
+            self._admit()
+            if not self._batch.sequences:
+                return
+            try:
+                emitted = self._batch.step()
+            except Exception as exc:  # the pass failed: every request in it ends, the worker goes on
+                self._fail_active(exc)
+                return
+        for e in emitted:
+            self._emitted(e.handle, e.token, e.last)
+
+    def _engine_changed(self) -> None:
+        self._fail_active(K3Error("the engine was reopened (new memory budgets); send the request again"))
+        self.states.clear()
+        self._batch = BatchGenerator(self.slot.engine)
+        self._generation = self.slot.generation
+
+    def _admit(self) -> None:
+        engine = self.slot.engine
+        while len(self._batch) < engine.sequences:
+            with self._wake:
+                if not self._pending:
+                    return
+                job = self._pending.popleft()
+            if job.cancelled.is_set():
+                continue
+            state = self.states.take(job.prompt) or engine.new_state()
+            try:
+                handle = self._batch.add(job.prompt, state, Sampler(job.params))
+            except InputError as exc:
+                job.emit(("error", ApiError(400, str(exc), param="messages", code="context_length_exceeded"
+                                            if "context limit" in str(exc) else "invalid_value")))
+                continue
+            job.state, job.cached = state, len(state.ids)
+            job.text = TextStream(self.slot.tokenizer, job.params.stop_strings, job.channel)
+            for token in job.forced:  # markup the prompt forced (a tool call's opening): no text, but channels
+                job.text.feed(token)
+            self._active[handle] = job
+
+    def _emitted(self, handle: int, token: int, context_full: bool) -> None:
+        job = self._active[handle]
+        if job.first is None:
+            job.first = time.perf_counter()
+        job.generated.append(token)
+        if token in job.stop_ids or token in job.params.stop_ids:
+            return self._finish(handle, "stop")
+        for event in job.text.feed(token):
+            job.emit(("text", event.channel, event.text))
+        if job.text.stopped:
+            return self._finish(handle, "stop")
+        if len(job.generated) >= job.params.max_tokens or context_full:
+            return self._finish(handle, "length")
+
+    def _drop_cancelled(self) -> None:
+        for handle, job in list(self._active.items()):
+            if job.cancelled.is_set():
+                self._finish(handle, "cancelled")
+
+    def _finish(self, handle: int, reason: str) -> None:
+        job = self._active.pop(handle)
+        self._batch.remove(handle)
+        self.states.put(job.state)  # whole: it holds every id but the last one generated
+        for event in job.text.finish():
+            job.emit(("text", event.channel, event.text))
+        elapsed = time.perf_counter() - job.started
+        self.seconds_per_job = 0.8 * self.seconds_per_job + 0.2 * elapsed
+        self.completed += 1
+        decode = time.perf_counter() - job.first if job.first is not None else 0.0
+        job.emit(("done", reason, {"prompt_tokens": len(job.prompt), "completion_tokens": len(job.generated),
+                                   "cached_tokens": job.cached, "ids": list(job.generated),
+                                   "seconds": elapsed, "decode_seconds": decode,
+                                   "open_channel": job.text.open_channel}))
+
+    def _fail_active(self, exc: Exception) -> None:
+        log.error("a forward pass failed; the %d request(s) in it end: %s", len(self._active), exc)
+        for handle, job in list(self._active.items()):
+            self._batch.remove(handle)  # its state may be half-advanced: never kept
+            self.failed += 1
+            job.emit(("error", ApiError(500, f"generation failed: {exc}", code="engine_error")))
+        self._active.clear()
