@@ -139,12 +139,13 @@ def _usage(stats: dict) -> dict:
             "prompt_tokens_details": {"cached_tokens": stats["cached_tokens"]}}
 
 
-def _reply(api: Api, job: Job, mode: str, stats: dict, reason: str) -> tuple[dict, str]:
-    """The assistant message of a finished chat job, and its finish_reason."""
+def _reply(api: Api, job: Job, mode: str, stats: dict, reason: str, texts: dict) -> tuple[dict, str]:
+    """The assistant message of a finished chat job, and its finish_reason. Content and reasoning are the
+    text the stream sent (a stop string cuts them where it began); tool calls are parsed from the ids."""
     reply = split_reply(job.forced + stats["ids"], api.tokenizer, mode)
-    message = {"role": "assistant", "content": reply.content}
-    if reply.thinking is not None:
-        message["reasoning_content"] = reply.thinking
+    message = {"role": "assistant", "content": "".join(texts.get("response", []))}
+    if mode == "thinking" or "think" in texts:
+        message["reasoning_content"] = "".join(texts.get("think", []))
     calls = [c for c in parse_tool_calls(reply.tools or "") if c.name]
     finish = FINISH[reason]
     if calls:
@@ -222,8 +223,8 @@ def api_router(worker: Worker, opts: ApiOptions) -> APIRouter:
         got = await _collect(request, events, job)
         if got is None:
             return JSONResponse({}, status_code=499)
-        _, reason, stats = got
-        message, finish = _reply(api, job, mode, stats, reason)
+        texts, reason, stats = got
+        message, finish = _reply(api, job, mode, stats, reason, texts)
         return JSONResponse({**head, "object": "chat.completion", "usage": _usage(stats),
                              "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}]})
 
@@ -280,12 +281,14 @@ async def _chat_stream(api: Api, request, events, job: Job, mode: str, head: dic
         return _sse(body)
 
     yield chunk({"role": "assistant", "content": ""})
+    texts: dict[str | None, list[str]] = {}
     async for event in _events_or_cancel(request, events, job):
         kind = event[0]
         if kind == "text" and event[1] in ("think", "response"):
+            texts.setdefault(event[1], []).append(event[2])
             yield chunk({"reasoning_content": event[2]} if event[1] == "think" else {"content": event[2]})
         elif kind == "done":
-            message, finish = _reply(api, job, mode, event[2], event[1])
+            message, finish = _reply(api, job, mode, event[2], event[1], texts)
             if "tool_calls" in message:
                 yield chunk({"tool_calls": [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]})
             yield chunk({}, finish)

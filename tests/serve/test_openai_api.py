@@ -1,0 +1,270 @@
+"""`k3 serve` driven by the official `openai` package (and raw HTTP where the client hides the wire), live on
+127.0.0.1, on the trained demo model and on a generated one."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from k3core import EngineConfig, load_tokenizer, open_engine
+from k3core.cli.main import main
+from serve.app import ApiOptions
+from serve.plugin import build_app
+from serve.http import listen
+from serve.worker import EngineSlot, Worker
+
+from ..conftest import DEMO_MODEL
+
+KEY = "k3-test-key-0123456789abcdef"
+PARIS = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+class Live:
+    """A server on a free loopback port over its own engine."""
+
+    def __init__(self, model, sequences=4, queue_size=16, api_key=None, max_body_bytes=4 << 20, **fields):
+        self.engine = open_engine(EngineConfig(model, sequences=sequences, **fields))
+        self.slot = EngineSlot(self.engine, load_tokenizer(model))
+        self.worker = Worker(self.slot, queue_size=queue_size, keep_states=4)
+        self.name = model.name
+        app = build_app(self.worker, ApiOptions(self.name, api_key, max_body_bytes, 64, 0))
+        self.running = listen(app, "127.0.0.1", free_port())
+        self.url = self.running.url
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key=api_key or "none", max_retries=0, timeout=120)
+
+    def close(self):
+        self.running.close()
+        self.worker.close()
+        self.engine.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def demo():
+    live = Live(DEMO_MODEL)
+    yield live
+    live.close()
+
+
+@pytest.fixture(scope="module")
+def generated(model_factory):
+    live = Live(model_factory("small"), sequences=4)
+    yield live
+    live.close()
+
+
+def test_models_and_health(demo):
+    assert [m.id for m in demo.client.models.list().data] == [demo.name]
+    assert demo.client.models.retrieve(demo.name).id == demo.name
+    health = httpx.get(demo.url + "/health").json()
+    assert health["status"] == "ok" and health["model"] == demo.name
+
+
+def test_chat_answers_and_reports_usage(demo):
+    r = demo.client.chat.completions.create(model=demo.name, messages=PARIS, temperature=0)
+    assert r.choices[0].message.content == "The capital of France is Paris."
+    assert r.choices[0].finish_reason == "stop" and r.object == "chat.completion"
+    assert r.usage.prompt_tokens > 0 and r.usage.completion_tokens > 0
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_streaming_gives_the_same_text_and_a_usage_chunk(demo):
+    whole = demo.client.chat.completions.create(model=demo.name, messages=PARIS, temperature=0)
+    chunks = list(demo.client.chat.completions.create(model=demo.name, messages=PARIS, temperature=0, stream=True,
+                                                      stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_the_sse_wire_ends_with_done(demo):
+    body = {"model": demo.name, "messages": PARIS, "stream": True, "temperature": 0}
+    with httpx.stream("POST", demo.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in lines) and lines[-1] == "data: [DONE]"
+    json.loads(lines[-2][6:])
+
+
+def test_a_stop_string_cuts_the_reply(demo):
+    r = demo.client.chat.completions.create(model=demo.name, messages=PARIS, temperature=0, stop=["Paris"])
+    assert r.choices[0].message.content == "The capital of France is " and r.choices[0].finish_reason == "stop"
+
+
+def test_max_tokens_ends_with_length(demo):
+    r = demo.client.chat.completions.create(model=demo.name, messages=PARIS, temperature=0, max_completion_tokens=3)
+    assert r.usage.completion_tokens == 3 and r.choices[0].finish_reason == "length"
+
+
+def test_a_follow_up_turn_forwards_only_its_new_tokens(demo):
+    first = demo.client.chat.completions.create(model=demo.name, messages=PARIS, temperature=0)
+    turn = PARIS + [{"role": "assistant", "content": first.choices[0].message.content},
+                    {"role": "user", "content": "What is the capital of Italy?"}]
+    before = demo.engine.tokens_forwarded
+    second = demo.client.chat.completions.create(model=demo.name, messages=turn, temperature=0)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens + first.usage.completion_tokens - 1
+    # the engine forwarded the new prompt ids and the reply's (all but its last, which is never forwarded)
+    assert demo.engine.tokens_forwarded - before == second.usage.prompt_tokens - cached + second.usage.completion_tokens - 1
+    assert second.choices[0].message.content == "The capital of Italy is Rome."
+
+
+def test_a_seeded_completion_is_the_text_k3_run_gives_with_that_seed(demo, capsys):
+    r = demo.client.completions.create(model=demo.name, prompt="The capital of", max_tokens=8, temperature=0.9,
+                                       seed=11)
+    assert main(["run", str(DEMO_MODEL), "--prompt", "The capital of", "--max-tokens", "8", "--temperature", "0.9",
+                 "--seed", "11", "--quiet"]) == 0
+    assert capsys.readouterr().out.strip() == r.choices[0].text.strip() and len(r.choices[0].text) > 8
+    again = demo.client.completions.create(model=demo.name, prompt="The capital of", max_tokens=8, temperature=0.9,
+                                           seed=11)
+    assert again.choices[0].text == r.choices[0].text
+
+
+def test_thinking_goes_to_reasoning_content(demo):
+    r = demo.client.chat.completions.create(model=demo.name, messages=PARIS, reasoning_effort="high", temperature=0,
+                                            max_tokens=24)
+    message = r.choices[0].message
+    thinking = getattr(message, "reasoning_content", None) or message.model_extra.get("reasoning_content")
+    assert isinstance(thinking, str)
+    chunks = list(demo.client.chat.completions.create(model=demo.name, messages=PARIS, reasoning_effort="high",
+                                                      temperature=0, max_tokens=24, stream=True))
+    streamed = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or "" for c in chunks if c.choices)
+    assert streamed == thinking
+
+
+def test_bad_requests_name_the_field(demo):
+    with pytest.raises(openai.BadRequestError) as e:
+        demo.client.chat.completions.create(model=demo.name, messages=PARIS, temperature=7)
+    assert e.value.status_code == 400 and e.value.body["param"] == "temperature"
+    with pytest.raises(openai.BadRequestError) as e:
+        demo.client.chat.completions.create(model=demo.name, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "http://x"}}]}])
+    assert e.value.body["param"] == "messages[0].content[0]"
+    with pytest.raises(openai.BadRequestError) as e:
+        demo.client.chat.completions.create(model=demo.name, messages=[{"role": "user", "content": "x " * 5000}])
+    assert e.value.body["code"] == "context_length_exceeded" and "4096" in e.value.body["message"]
+    with pytest.raises(openai.NotFoundError) as e:
+        demo.client.chat.completions.create(model="gpt-9", messages=PARIS)
+    assert e.value.body["code"] == "model_not_found"
+    r = httpx.post(demo.url + "/v1/chat/completions", content=b"{not json")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    r = httpx.post(demo.url + "/v1/chat/completions", json={"model": demo.name, "messages": PARIS, "n": 2,
+                                                            "some_future_field": {"x": 1}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+
+
+def test_unknown_fields_are_ignored(demo):
+    r = httpx.post(demo.url + "/v1/chat/completions", json={"model": demo.name, "messages": PARIS, "temperature": 0,
+                                                            "logit_bias": {}, "user": "u", "x_future": [1]}, timeout=60)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "The capital of France is Paris."
+
+
+def test_four_concurrent_streams_are_each_what_the_request_gets_alone(generated):
+    prompts = [[{"role": "user", "content": f"tell me about {w}"}] for w in ("cats", "the sea", "bread", "42")]
+
+    def ask(messages):
+        chunks = generated.client.chat.completions.create(model=generated.name, messages=messages, temperature=0.7,
+                                                          seed=5, max_tokens=12, stream=True)
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    alone = [ask(m) for m in prompts]
+    generated.worker.states.clear()  # the concurrent runs start from fresh states too
+    passes = generated.engine.forward_passes
+    together: list = [None] * 4
+    threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, ask(prompts[i]))) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert together == alone
+    assert generated.engine.forward_passes - passes < 4 * 12  # they shared passes
+
+
+def test_a_client_that_disconnects_frees_its_place(generated):
+    body = {"model": generated.name, "messages": [{"role": "user", "content": "go on"}], "stream": True,
+            "max_tokens": 60}
+    done_before = generated.worker.completed
+    with httpx.stream("POST", generated.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i == 3:
+                break
+    deadline = time.time() + 30
+    while generated.worker.stats()["active"] and time.time() < deadline:
+        time.sleep(0.05)
+    assert generated.worker.stats()["active"] == 0 and generated.worker.completed == done_before + 1
+    kept = max(len(k) for k in generated.worker.states._states)  # the cancelled turn's state is kept, whole
+    assert kept < 60 + 40
+
+
+def test_a_full_queue_answers_429_with_retry_after(model_factory):
+    live = Live(model_factory("small"), sequences=1, queue_size=1)
+    try:
+        body = {"model": live.name, "messages": [{"role": "user", "content": "long"}], "max_tokens": 64}
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(
+            httpx.post(live.url + "/v1/chat/completions", json=body, timeout=120))) for _ in range(4)]
+        for t in threads:
+            t.start()
+            time.sleep(0.05)
+        for t in threads:
+            t.join()
+        codes = sorted(r.status_code for r in results)
+        assert codes.count(200) >= 2 and 429 in codes, codes
+        busy = next(r for r in results if r.status_code == 429)
+        assert int(busy.headers["Retry-After"]) >= 1 and busy.json()["error"]["type"] == "rate_limit_error"
+    finally:
+        live.close()
+
+
+def test_an_api_key_is_required_when_set_and_bodies_are_bounded(model_factory):
+    live = Live(model_factory("small"), api_key=KEY, max_body_bytes=2000)
+    try:
+        assert [m.id for m in live.client.models.list().data] == [live.name]
+        wrong = openai.OpenAI(base_url=live.url + "/v1", api_key="not-the-key", max_retries=0)
+        with pytest.raises(openai.AuthenticationError) as e:
+            wrong.models.list()
+        assert e.value.status_code == 401 and "KEY" in e.value.body["message"] and KEY not in e.value.body["message"]
+        r = httpx.post(live.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                       json={"model": live.name, "messages": [{"role": "user", "content": "x" * 5000}]})
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    finally:
+        live.close()
+
+
+def test_a_forced_tool_call_round_trip(generated):
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "weather in a city",
+                                                "parameters": {"type": "object",
+                                                               "properties": {"city": {"type": "string"}}}}}]
+    ask = [{"role": "user", "content": "weather in Paris?"}]
+    r = generated.client.chat.completions.create(model=generated.name, messages=ask, tools=tools, max_tokens=6,
+                                                 tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    call = r.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments), dict)
+    follow = ask + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": call.id, "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
+    r2 = generated.client.chat.completions.create(model=generated.name, messages=follow, tools=tools, max_tokens=4)
+    assert r2.usage.prompt_tokens > r.usage.prompt_tokens
+
+
+def test_loopback_only_by_default_and_no_open_host_without_a_key(demo, capsys, monkeypatch):
+    port = demo.url.rsplit(":", 1)[1]
+    listening = subprocess.run(["ss", "-ltn"], capture_output=True, text=True).stdout
+    mine = [line.split()[3] for line in listening.splitlines()[1:] if line.split()[3].endswith(":" + port)]
+    assert mine == [f"127.0.0.1:{port}"], listening
+    monkeypatch.delenv("K3_API_KEY", raising=False)
+    assert main(["serve", str(DEMO_MODEL), "--host", "0.0.0.0"]) == 2
+    err = capsys.readouterr().err
+    assert "refusing to listen on 0.0.0.0 without an API key" in err
