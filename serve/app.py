@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from k3core import (SamplingParams, UsageError, build_chat_ids, forced_tool_prefix, parse_tool_calls, render_chat,
                     split_reply)
 
+from .http import model_id
 from .schema import ApiError, ChatRequest, CompletionRequest, chat_request, completion_request
 from .worker import Job, Worker
 
@@ -28,7 +29,6 @@ FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
 
 @dataclass(frozen=True)
 class ApiOptions:
-    model_id: str                      # what /v1/models lists and requests name ("k3" is accepted too)
     api_key: str | None = None         # None: no key asked (loopback only)
     max_body_bytes: int = 4 << 20      # larger request bodies are refused with 413
     default_max_tokens: int = 1024     # when a request names none (never over the context left)
@@ -81,13 +81,18 @@ class Api:
     def tokenizer(self):
         return self.worker.slot.tokenizer
 
+    @property
+    def model_id(self) -> str:
+        """What /v1/models lists and requests name (the checkpoint directory's name; "k3" is accepted too)."""
+        return model_id(self.engine.checkpoint.root)
+
     def check_model(self, name: str) -> None:
-        if name not in (self.opts.model_id, "k3"):
-            raise ApiError(404, f"model {name!r} is not served here; GET /v1/models lists {self.opts.model_id!r}",
+        if name not in (self.model_id, "k3"):
+            raise ApiError(404, f"model {name!r} is not served here; GET /v1/models lists {self.model_id!r}",
                            param="model", code="model_not_found")
 
     def model_card(self) -> dict:
-        return {"id": self.opts.model_id, "object": "model", "created": self.opts.created, "owned_by": "k3",
+        return {"id": self.model_id, "object": "model", "created": self.opts.created, "owned_by": "k3",
                 "context_length": self.engine.max_context}
 
     def params(self, sampling, mode: str, prompt_len: int) -> SamplingParams:
@@ -198,7 +203,7 @@ def api_router(worker: Worker, opts: ApiOptions) -> APIRouter:
         return route
 
     async def health(request: Request):
-        return JSONResponse({"status": "ok", "model": opts.model_id, **worker.stats()})
+        return JSONResponse({"status": "ok", "model": api.model_id, **worker.stats()})
 
     async def models(request: Request):
         check_key(request, opts)
@@ -216,7 +221,7 @@ def api_router(worker: Worker, opts: ApiOptions) -> APIRouter:
         job, mode = api.chat_job(req)
         events = api.start(job)
         rid, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
-        head = {"id": rid, "created": created, "model": opts.model_id}
+        head = {"id": rid, "created": created, "model": api.model_id}
         if req.stream:
             return StreamingResponse(_chat_stream(api, request, events, job, mode, head, req.include_usage),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -234,7 +239,7 @@ def api_router(worker: Worker, opts: ApiOptions) -> APIRouter:
         api.check_model(req.model)
         job = api.completion_job(req)
         events = api.start(job)
-        head = {"id": f"cmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": opts.model_id}
+        head = {"id": f"cmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": api.model_id}
         if req.stream:
             return StreamingResponse(_completion_stream(request, events, job, head, req),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

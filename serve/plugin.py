@@ -64,7 +64,7 @@ def serve(config, opts: ServeOptions) -> int:
         slot = EngineSlot(engine, load_tokenizer(config.tokenizer or config.model))
         worker = Worker(slot, queue_size=opts.queue_size, keep_states=opts.keep_states)
         name = model_id(config.model)
-        app = build_app(worker, ApiOptions(name, key, opts.max_body_bytes, opts.max_tokens, int(time.time())))
+        app = build_app(worker, ApiOptions(key, opts.max_body_bytes, opts.max_tokens, int(time.time())))
         if not is_loopback(host):
             warn_exposed(host)
         running = listen(app, host, opts.port, opts.access_log)

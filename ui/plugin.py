@@ -26,7 +26,7 @@ def cmd_ui(args) -> int:
 def server_options(args) -> ServerOptions:
     return ServerOptions(host=args.host, port=args.port, expose=args.expose, auth=args.auth,
                          queue_size=args.queue_size, keep_states=args.keep_states, access_log=args.access_log,
-                         allow_admin=args.allow_admin, models_root=args.models_root)
+                         allow_admin=args.allow_admin, models_root=args.models_root, api_key=args.api_key)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -54,6 +54,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "actions that write files or change what every session sees (implied by --auth)")
     g.add_argument("--models-root", metavar="DIR", help="the only directory the Setup tab may write under "
                    "(default: the directory k3 ui starts in)")
+    g.add_argument("--api-key", metavar="KEY", help="the OpenAI API this page also serves under /v1 asks for "
+                   "`Authorization: Bearer KEY` (prefer K3_API_KEY); without one it is served on loopback only")
     g.add_argument("--queue-size", type=int, default=16, metavar="N",
                    help="requests that may wait for the engine at once (default 16); more are turned away")
     g.add_argument("--keep-states", type=int, default=2, metavar="N",

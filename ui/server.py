@@ -8,7 +8,6 @@ gets a server-issued, unguessable session cookie: a conversation belongs to the 
 """
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import secrets
@@ -19,6 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k3core import EngineConfig, UsageError
+
+from serve.http import api_key as read_api_key
+from serve.http import is_loopback
 
 from .guard import Guard
 from .host import EngineHost
@@ -40,15 +42,7 @@ class ServerOptions:
     access_log: bool = False     # log every HTTP request (uvicorn's access log)
     allow_admin: bool = False    # clients may run Setup, open another model, change budgets (also with auth)
     models_root: str | None = None  # where Setup may write; None: the current directory
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a host name other than localhost may resolve anywhere
+    api_key: str | None = None   # the OpenAI API under /v1 asks for it (else K3_API_KEY); off-loopback it is required
 
 
 def check_host(host: str | None, expose: bool) -> str:
@@ -114,13 +108,16 @@ class Running:
 
 
 def launch(demo, host: str, port: int, auth: tuple[str, str] | None = None, block: bool = True,
-           quiet: bool = False, access_log: bool = False) -> Running:
-    """Serve the app on host:port (already checked). Returns when it listens (block=False) or when it stops."""
+           quiet: bool = False, access_log: bool = False, api=None) -> Running:
+    """Serve the app on host:port (already checked), with `api` (an APIRouter: the OpenAI routes) beside the
+    page when given. Returns when it listens (block=False) or when it stops."""
     import fastapi
     import gradio as gr
     import uvicorn
 
     app = fastapi.FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    if api is not None:
+        app.include_router(api)  # before the page, which is mounted at /
     session_cookie_middleware(app)
     gr.mount_gradio_app(app, demo, path="/", auth=auth, server_name=host, server_port=port, show_error=True,
                         ssr_mode=False, mcp_server=False, enable_monitoring=False, footer_links=["api", "settings"],
@@ -138,6 +135,8 @@ def launch(demo, host: str, port: int, auth: tuple[str, str] | None = None, bloc
     log.info("listening on %s%s", url, " with a login" if auth else "")
     if not quiet:
         print(f"k3 ui: open {url}" + (f" (log in as {auth[0]})" if auth else "") + " — Ctrl-C to stop", flush=True)
+        if api is not None:
+            print(f"k3 ui: the OpenAI API is at {url}v1 too (docs/SERVER.md)", flush=True)
     running = Running(url, server, thread)
     if block:
         try:
@@ -161,15 +160,27 @@ def warn_exposed(host: str, auth) -> None:
           + "; traffic is plain HTTP", file=sys.stderr)
 
 
+def openai_routes(host: EngineHost, opts: ServerOptions, key: str | None):
+    """The `k3 serve` routes over this page's engine: its requests take the same engine lock as the page's
+    turns, between passes. Returns (the worker, the APIRouter)."""
+    from serve.app import ApiOptions, api_router
+    from serve.worker import Worker
+
+    worker = Worker(host, queue_size=opts.queue_size, keep_states=opts.keep_states)
+    return worker, api_router(worker, ApiOptions(api_key=key, created=int(time.time())))
+
+
 def serve(config: EngineConfig, opts: ServerOptions, speculation=lambda: None) -> int:
     """`k3 ui`: check the address first, then open the engine, build the app and serve until Ctrl-C."""
     host = check_host(opts.host, opts.expose)
     auth = parse_auth(opts.auth or os.environ.get("K3_UI_AUTH"))
     if not is_loopback(host):
         warn_exposed(host, auth)
+    key = read_api_key(opts.api_key)
     engine = EngineHost(config, speculation)  # no model, no profile, a plan that does not fit: said before Gradio loads
     for notice in engine.engine.notices:
         print(notice, file=sys.stderr)
+    worker = None
     try:
         os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
         from .app import build
@@ -180,7 +191,15 @@ def serve(config: EngineConfig, opts: ServerOptions, speculation=lambda: None) -
         print(f"k3 ui: model {engine.model}", flush=True)
         log.info("serving %s (kernels %s, trunk placer %s, expert store %s)", engine.model,
                  engine.engine.kernels.name, engine.engine.placer.name, engine.engine.store.name)
-        launch(demo, host, opts.port, auth, block=True, access_log=opts.access_log)
+        api = None
+        if is_loopback(host) or key is not None:
+            worker, api = openai_routes(engine, opts, key)
+        else:
+            print("k3 ui: the OpenAI API (/v1) is off: on a non-loopback address it needs an API key (K3_API_KEY)",
+                  file=sys.stderr)
+        launch(demo, host, opts.port, auth, block=True, access_log=opts.access_log, api=api)
     finally:
+        if worker is not None:
+            worker.close()
         engine.close()
     return 0

@@ -33,7 +33,7 @@ class Live:
         self.slot = EngineSlot(self.engine, load_tokenizer(model))
         self.worker = Worker(self.slot, queue_size=queue_size, keep_states=4)
         self.name = model.name
-        app = build_app(self.worker, ApiOptions(self.name, api_key, max_body_bytes, 64, 0))
+        app = build_app(self.worker, ApiOptions(api_key, max_body_bytes, 64, 0))
         self.running = listen(app, "127.0.0.1", free_port())
         self.url = self.running.url
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key=api_key or "none", max_retries=0, timeout=120)

@@ -32,13 +32,28 @@ def free_port() -> int:
 def served(host, tmp_path_factory):
     from ui.app import build
     from ui.guard import Guard
-    from ui.server import launch
+    from ui.server import ServerOptions, launch, openai_routes
 
     app = build(host, guard=Guard(admin=True, models_root=tmp_path_factory.mktemp("models")))
     app.demo.queue(max_size=QUEUE, default_concurrency_limit=None)
-    running = launch(app.demo, "127.0.0.1", free_port(), block=False, quiet=True)
+    worker, api = openai_routes(host, ServerOptions(), None)
+    running = launch(app.demo, "127.0.0.1", free_port(), block=False, quiet=True, api=api)
     yield app, running.url
     running.close()
+    worker.close()
+
+
+def test_the_openai_api_is_served_beside_the_page_by_the_same_engine(served, host, reference):
+    import openai
+
+    _, url = served
+    client = openai.OpenAI(base_url=url + "v1", api_key="none", max_retries=0, timeout=120)
+    forwarded = host.engine.tokens_forwarded
+    r = client.chat.completions.create(model=host.model.name, messages=[{"role": "user", "content": "hello there"}],
+                                       temperature=0, max_tokens=6)
+    assert host.engine.tokens_forwarded > forwarded  # the page's own engine did the work
+    assert r.choices[0].message.content == reference(["hello there"])[0][1]
+    assert Client(url, verbose=False).predict(api_name="/session") is not None  # and the page still answers
 
 
 def send(client, text, max_tokens=6, **kw):

@@ -62,9 +62,12 @@ class FakeHost:
     closed = 0
 
     def __init__(self, config, speculation=lambda: None):
+        import threading
+
         self.config, self.model = config, config.model
         named = types.SimpleNamespace(name="stand-in")
-        self.engine = types.SimpleNamespace(notices=[], kernels=named, placer=named, store=named)
+        self.engine = types.SimpleNamespace(notices=[], kernels=named, placer=named, store=named, sequences=1)
+        self.lock, self.tokenizer, self.generation = threading.Lock(), None, 0
 
     def close(self):
         FakeHost.closed += 1
@@ -77,8 +80,8 @@ def fake_app(monkeypatch):
     monkeypatch.setattr(server, "EngineHost", FakeHost)
     monkeypatch.setattr("ui.app.build", lambda host, keep_states, guard: (
         setattr(demo, "guard", guard), types.SimpleNamespace(demo=demo, host=host))[1])
-    monkeypatch.setattr(server, "launch", lambda d, host, port, auth, block, access_log: setattr(
-        demo, "launched", dict(server_name=host, server_port=port, auth=auth, block=block)))
+    monkeypatch.setattr(server, "launch", lambda d, host, port, auth, block, access_log, api: setattr(
+        demo, "launched", dict(server_name=host, server_port=port, auth=auth, block=block, api=api)))
     return demo
 
 
@@ -93,6 +96,14 @@ def test_exposing_warns_never_shares_and_hides_the_password(fake_app, capsys, sm
     assert kw["server_name"] == "0.0.0.0" and kw["server_port"] == 7999
     assert kw["auth"] == ("me", "hunter2") and demo.queued["max_size"] == 5 and FakeHost.closed == closed + 1
     assert demo.guard.admin  # a login lets its users run Setup and switch the model
+    assert kw["api"] is None and "the OpenAI API (/v1) is off" in out.err  # exposed without an API key
+
+
+def test_exposed_with_an_api_key_the_openai_api_is_mounted(fake_app, capsys, small_model, monkeypatch):
+    monkeypatch.setenv("K3_API_KEY", "a-long-enough-api-key-1234")
+    server.serve(*ui_args(small_model, "--host", "0.0.0.0", "--i-know-this-exposes-the-model"))
+    out = capsys.readouterr()
+    assert fake_app.launched["api"] is not None and "a-long-enough-api-key-1234" not in out.out + out.err
 
 
 def test_the_default_is_loopback(fake_app, small_model):
@@ -100,6 +111,7 @@ def test_the_default_is_loopback(fake_app, small_model):
     server.serve(*ui_args(small_model))
     assert demo.launched["server_name"] == "127.0.0.1" and demo.launched["server_port"] == 7860
     assert demo.launched["auth"] is None and not demo.guard.admin  # no flag, no login: nothing to steer
+    assert demo.launched["api"] is not None  # loopback: the OpenAI API beside the page
 
 
 def test_the_access_log_has_a_line_per_request(capfd):
