@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from k3core.text.chat import (CHAT_TEMPLATE, Conversation, render, render_template, segments, split_reply)
+from k3core.text.chat import (CHAT_TEMPLATE, Conversation, ToolCall, build_ids, forced_tool_prefix, parse_tool_calls,
+                             render, render_template, segments, split_reply, tool_call_markup)
 from k3core.errors import CheckpointError, UsageError
 
 O, S, C, E, BOS = 1001, 1002, 1003, 1004, 1000
@@ -218,3 +219,55 @@ def test_real_tokenizer_both_paths_agree(model_factory):
                        allow_special=True)
     r = split_reply(reply, tok, "thinking")
     assert (r.thinking, r.content, r.finished) == ("Hi", "Hello!", True)
+
+
+TOOLS_DECLARED = [{"name": "get_weather", "description": "weather <|open|> now",
+                   "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+TOOL_TURNS = [{"role": "user", "content": "Hi"},
+              {"role": "assistant", "content": "", "tools": tool_call_markup([("get_weather", {"city": "Paris"})])},
+              {"role": "tool", "content": "sunny", "name": "get_weather"}]
+
+
+@pytest.mark.parametrize("mode", ["instruct", "thinking"])
+def test_tool_declarations_render_the_same_through_the_template_and_the_builder(mode):
+    ids = render(TOOL_TURNS, TOK, mode, tools=TOOLS_DECLARED)
+    head = [O] + TOK.encode("tool_declarations") + [S]
+    assert ids[:len(head)] == head
+    clean = [{**TOOLS_DECLARED[0], "description": "weather now"}]
+    assert render(TOOL_TURNS, JTOK, mode, tools=clean) == render(TOOL_TURNS, TOK, mode, tools=clean)
+    assert render(TOOL_TURNS, TOK, mode) == ids[ids.index(E) + 1:]  # no tools: no declarations element
+    with pytest.raises(UsageError, match="tool declarations contain special-token text"):
+        render(TOOL_TURNS, JTOK, mode, tools=TOOLS_DECLARED)
+    # markup typed into a declaration stays text in the builder
+    declared = ids[:ids.index(E)]
+    assert declared.count(O) == 1 and declared.count(C) == 1
+
+
+def test_an_assistant_tool_call_is_rendered_as_markup_and_parsed_back():
+    ids = render(TOOL_TURNS, TOK)
+    turn = ids[ids.index(E) + 1:]  # the assistant turn, from its response element on
+    assert turn[:3] == [O, RESPONSE, S] and turn.count(O) == 6  # response tools call argument, tool_result, prefix
+    reply = split_reply(turn[3:], TOK)
+    assert parse_tool_calls(reply.tools) == [ToolCall("get_weather", {"city": "Paris"}, True)]
+
+
+@pytest.mark.parametrize("arguments", [{}, {"city": "Paris", "days": 3, "units": None, "nested": {"a": [1, "x"]}},
+                                       {'odd"key': 1, "<tag>": "v"}, {"text": "line\nbreak <b> \u4e2d"}])
+def test_tool_call_markup_round_trips(arguments):
+    calls = parse_tool_calls(tool_call_markup([("f", arguments), ("g_2", {"x": "y"})]))
+    assert calls == [ToolCall("f", arguments, True), ToolCall("g_2", {"x": "y"}, True)]
+
+
+def test_a_call_cut_off_is_marked_incomplete():
+    text = tool_call_markup([("f", {"a": "b"})])
+    cut = text[:text.index("<|close|>call")]
+    assert parse_tool_calls(cut) == [ToolCall("f", {"a": "b"}, False)]
+    assert parse_tool_calls("no calls here") == []
+
+
+@pytest.mark.parametrize("mode", ["instruct", "thinking"])
+def test_a_forced_tool_prefix_opens_the_tools_channel(mode):
+    ids = build_ids(TOK, forced_tool_prefix(mode, "f"))
+    reply = split_reply(ids + TOK.encode("x") + [C] + TOK.encode("call") + [S, C] + TOK.encode("tools") + [S, E], TOK,
+                        mode)
+    assert reply.finished and reply.content == "" and parse_tool_calls(reply.tools) == [ToolCall("f", {}, True)]
