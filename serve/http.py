@@ -60,7 +60,7 @@ class Listening:
 
 
 def listen(app, host: str, port: int, access_log: bool = False) -> Listening:
-    """Serve `app` on host:port in a thread; returns once it listens."""
+    """Serve `app` on host:port (0: any free port) in a thread; returns once it listens."""
     import uvicorn
 
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=access_log))
@@ -72,6 +72,7 @@ def listen(app, host: str, port: int, access_log: bool = False) -> Listening:
         if not thread.is_alive():
             raise UsageError(f"could not listen on {host}:{port} (in use, or not an address of this machine)")
         time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]  # the one bound when 0 asked for any free port
     return Listening(f"http://{f'[{host}]' if ':' in host else host}:{port}", server, thread)
 
 

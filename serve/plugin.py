@@ -85,6 +85,14 @@ def serve(config, opts: ServeOptions) -> int:
 def cmd_serve(args) -> int:
     configure_logging(args.log_level)
     config = engine_config_from_args(args).replace(sequences=args.sequences)
+    if args.bench:
+        import json
+
+        from .bench import bench_text, run_bench
+
+        result = run_bench(config, args.bench, args.bench_tokens)
+        print(json.dumps(result, indent=1) if args.json else bench_text(result))
+        return 0
     return serve(config, ServeOptions(host=args.host, port=args.port, api_key=args.api_key,
                                       queue_size=args.queue_size, keep_states=args.keep_states,
                                       max_body_bytes=args.max_body_bytes, max_tokens=args.max_tokens,
@@ -133,6 +141,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="reply length for a request that names no max_tokens (default 1024; never past the context)")
     g.add_argument("--max-body-bytes", type=_positive, default=4 << 20, metavar="N",
                    help="larger request bodies get 413 (default 4 MiB)")
+    g = p.add_argument_group("benchmark (instead of serving clients)")
+    g.add_argument("--bench", type=_positive, metavar="N", help="serve N streaming chat requests one after another, "
+                   "then all at once, on a loopback port; print the aggregate tokens/s of each and whether every "
+                   "reply was the same")
+    g.add_argument("--bench-tokens", type=_positive, default=32, metavar="N", help="tokens per reply (default 32)")
+    g.add_argument("--json", action="store_true", help="print the benchmark as JSON")
     add_logging_arguments(p, access_log=True)
     p.set_defaults(func=cmd_serve)
     return p
