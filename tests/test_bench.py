@@ -2,6 +2,8 @@
 table's target marks and bad usage. Tiny shapes; no timing assertions."""
 import json
 
+import pytest
+
 from k3core import _native
 from k3core.cli.main import main
 
@@ -115,3 +117,21 @@ def test_bench_stream_compares_two_trunks_against_the_disk_floor(capsys, tiny_mo
     from k3core.cli.bench_stream import stream_table
     table = stream_table(doc)
     assert "| raw |" in table and "| planes |" in table and "| raw, prefetch=false |" in table and "× floor" in table
+
+
+def test_the_real_model_projection_adds_up():
+    from k3core.cli.bench_stream import (K3_EXPERT_BYTES, K3_EXPERTS_PER_TOKEN, K3_HEAD_BYTES, K3_LRU_1GB_HIT_RATE,
+                                         K3_TRUNK_BYTES, projection, projections)
+
+    stream, experts = K3_TRUNK_BYTES + K3_HEAD_BYTES, K3_EXPERTS_PER_TOKEN * K3_EXPERT_BYTES
+    raw = projection(1.0, 1.0, 10e9, 1.2, 8)
+    assert raw["bytes_read_per_token"] == pytest.approx(stream + experts * (1 - K3_LRU_1GB_HIT_RATE))
+    assert raw["cpu_seconds"] == pytest.approx((stream + experts) / 10e9 / 8)  # no decoding for a raw trunk
+    assert raw["seconds_per_token"] == pytest.approx(max(raw["disk_seconds"], raw["cpu_seconds"]) * 1.2)
+    coded = projection(0.7, 2e9, 10e9, 1.0, 2)
+    assert coded["bytes_read_per_token"] == pytest.approx(0.7 * stream + experts * (1 - K3_LRU_1GB_HIT_RATE))
+    assert coded["cpu_seconds"] == pytest.approx((stream / 2e9 + (stream + experts) / 10e9) / 2)
+    rows = [{"trunk": "t", "store_options": [], "pinned_layers": 0, "vs_disk_floor": 0.8, "trunk_codec": "raw"}]
+    assert [p["cores"] for p in projections(rows, [("t", 1.0)], None, 5e9)] == [2, 8, 16]
+    assert projections(rows, [("t", 1.0)], None, 5e9)[0]["overhead"] == 1.0  # never below the disk floor
+    assert projections(rows, [("t", 0.7)], None, 5e9) == []  # a coded trunk needs its decode rate

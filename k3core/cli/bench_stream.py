@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..interfaces import default_threads
 from ..io.aligned_io import align_down, align_up, read_rate
 from ..model.checkpoint import EXPERT_PARTS, expert_prefix, open_checkpoint
 
@@ -22,6 +23,7 @@ K3_TRUNK_BYTES = 108.81e9
 K3_HEAD_BYTES = 2.35e9
 K3_EXPERTS_PER_TOKEN = 16 * 92
 K3_EXPERT_BYTES = 17_547_264
+K3_LRU_1GB_HIT_RATE = 0.3533  # TRUE hits of a 56-slot LRU on the real routing trace (docs/EXPERT-CACHE.md)
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 CGROUP_V2 = Path("/sys/fs/cgroup")
 
@@ -116,16 +118,60 @@ def run_budget(model_dir, trunk_dir, trunk_gb: float, cache_gb: float, ids: str,
             "expert_prefetched": s.get("expert_prefetched"), "expert_prefetch_used": s.get("expert_prefetch_used")}
 
 
-def projection(row: dict, probe: dict, compute_per_byte: float) -> dict:
-    """Full K3 at the same shares, from this run's measured rates: nothing pinned below the budget's
-    share of the trunk, experts at the measured hit rate, compute in proportion to bytes touched."""
-    trunk_stream = K3_TRUNK_BYTES + K3_HEAD_BYTES
-    expert_bytes = K3_EXPERTS_PER_TOKEN * K3_EXPERT_BYTES * (1 - (row.get("expert_true_hit_rate") or 0))
-    read_rate = row.get("expert_read_rate") or probe["rate"]
-    io = (trunk_stream + expert_bytes) / read_rate
-    compute = compute_per_byte * (K3_TRUNK_BYTES + K3_HEAD_BYTES + K3_EXPERTS_PER_TOKEN * K3_EXPERT_BYTES)
-    return {"io_seconds": io, "compute_seconds": compute, "serial_seconds_per_token": io + compute,
-            "overlapped_seconds_per_token": max(io, compute)}
+def projection(ratio: float, decode_per_core: float, compute_per_core: float, overhead: float, cores: int,
+               disk: float = 7e9) -> dict:
+    """Full K3 on a machine with 8 GB of RAM (the laptop preset: 3 GB of trunk, 1 GB of experts) and `cores`
+    cores reading a disk of `disk` bytes/s, from rates measured here (docs/PERFORMANCE.md, the method):
+
+    * bytes read per token: the whole trunk and lm_head (3 GB holds the 2-slot ring, ~2.3 GB, and no layer)
+      at the codec's stored `ratio`, plus the experts an LRU of 1 GB misses on the real routing trace;
+    * CPU per token: restoring the trunk at `decode_per_core` bytes/s per core, plus the kernels over every
+      weight byte the token touches at `compute_per_core`, spread over all cores;
+    * s/token = max(disk time, CPU time) × `overhead`: this machine's streamed floor run's s/token ÷ its disk
+      floor (what the pipeline loses to imperfect overlap; at least 1)."""
+    stream = K3_TRUNK_BYTES + K3_HEAD_BYTES
+    experts = K3_EXPERTS_PER_TOKEN * K3_EXPERT_BYTES * (1 - K3_LRU_1GB_HIT_RATE)
+    read = stream * ratio + experts
+    touched = stream + K3_EXPERTS_PER_TOKEN * K3_EXPERT_BYTES
+    cpu = ((stream / decode_per_core if ratio < 1 else 0.0) + touched / compute_per_core) / cores
+    return {"cores": cores, "disk_bytes_per_second": disk, "bytes_read_per_token": read,
+            "disk_seconds": read / disk, "cpu_seconds": cpu, "overhead": overhead,
+            "seconds_per_token": max(read / disk, cpu) * overhead}
+
+
+def projections(rows: list[dict], trunks: list[tuple[Path, float]], decode_per_core: float | None,
+                compute_per_core: float | None) -> list[dict]:
+    """The real-model projection of each trunk (dir, stored ratio) at 2, 8 and 16 cores, where this run has
+    what it needs: its streamed floor run (nothing pinned), whose s/token ÷ disk floor is the overhead."""
+    out = []
+    for trunk_dir, ratio in trunks:
+        floor = next((r for r in rows if "error" not in r and r["trunk"] == str(trunk_dir) and not r["store_options"]
+                      and r["pinned_layers"] == 0 and r.get("vs_disk_floor")), None)
+        if floor is None or not compute_per_core or (ratio < 1 and not decode_per_core):
+            continue
+        for cores in (2, 8, 16):
+            out.append({"trunk": str(trunk_dir), "codec": floor["trunk_codec"], "ratio": ratio,
+                        **projection(ratio, decode_per_core or 1.0, compute_per_core, max(1.0, floor["vs_disk_floor"]),
+                                     cores)})
+    return out
+
+
+def trunk_ratio(trunk_dir) -> float:
+    """Stored bytes ÷ restored bytes of a packed trunk (1 for a raw pack)."""
+    from ..io.trunk import load_trunk
+
+    runs = load_trunk(trunk_dir).runs.values()
+    return 1.0 if all(r.codec == "raw" for r in runs) else sum(r.span for r in runs) / sum(r.length for r in runs)
+
+
+def decode_rate(trunk_dir, seconds: float = 1.0) -> float:
+    """Restored bytes per second on one core, decoding blocks sampled from a coded trunk (as k3 bench codec)."""
+    from .bench_codec import measure, sample_blocks
+    from ..io.trunk import load_trunk
+
+    trunk = load_trunk(trunk_dir)
+    blocks = sample_blocks(trunk, 64 << 20, trunk.block_bytes)
+    return measure(blocks, trunk.block_bytes, 1, seconds)["decode_gbps_one_core"] * 1e9
 
 
 def default_budgets(model_dir, trunk_dir) -> list[tuple[float, float]]:
@@ -173,14 +219,19 @@ def cmd_stream(args) -> int:
             if "error" not in first and "error" not in other:
                 other["vs_first_run_seconds_per_token"] = other["seconds_per_token"] / first["seconds_per_token"]
     ok = [r for r in rows if "error" not in r]
-    full = max((r for r in ok if r["trunk"] == str(trunk) and not r["store_options"]), key=lambda r: r["trunk_gb"] + r["cache_gb"], default=None)
-    doc = {"model": str(model), "raw_o_direct_probe": probe, "runs": rows,
-           "overhead_gb_allowed": args.overhead_gb}
-    if full and full["seconds_per_token"]:
-        per_token = _bytes_touched_per_token(model)
-        doc["compute_bytes_per_second"] = per_token / full["seconds_per_token"]
-        doc["projection_full_k3"] = [dict(preset=r["trunk_gb"], **projection(r, probe, 1 / doc["compute_bytes_per_second"]))
-                                     for r in ok]
+    full = max((r for r in ok if r["trunk"] == str(trunk) and not r["store_options"]),
+               key=lambda r: r["trunk_gb"] + r["cache_gb"], default=None)
+    doc = {"model": str(model), "raw_o_direct_probe": probe, "runs": rows, "overhead_gb_allowed": args.overhead_gb,
+           "threads": default_threads()}
+    if full and full["seconds_per_token"] and full["ring_slots"] == 0:  # every layer pinned: kernels, few reads
+        doc["compute_bytes_per_second"] = _bytes_touched_per_token(model) / full["seconds_per_token"]
+    trunks = [(d, trunk_ratio(d)) for d, opts in variants if not opts]
+    coded = next((d for d, ratio in trunks if ratio < 1), None)
+    if coded is not None:
+        doc["decode_bytes_per_second_per_core"] = decode_rate(coded)
+    compute = doc.get("compute_bytes_per_second")
+    doc["projection_k3_8gb"] = projections(rows, trunks, doc.get("decode_bytes_per_second_per_core"),
+                                           compute / doc["threads"] if compute else None)
     print(json.dumps(doc, indent=1) if args.json else stream_table(doc))
     return 0
 
@@ -214,14 +265,20 @@ def stream_table(doc: dict) -> str:
                    f"{human(r.get('bytes_read_per_token') or 0)} | {f'{floor:.2f} s' if floor else 'n/a'} | {times} | "
                    f"{human(r['peak_rss_bytes'])} | {human(over)} | {human(rate) + '/s' if rate else 'n/a'} | {share} | "
                    f"{100 * (r['expert_true_hit_rate'] or 0):.0f} % | {100 * (r['io_share_of_wall'] or 0):.0f} % |")
-    if "projection_full_k3" in doc:
-        p = doc["projection_full_k3"][0]
-        out += ["", f"compute rate (everything resident, every expert cached): "
-                f"{human(doc['compute_bytes_per_second'])}/s of weights touched",
-                "projection to full K3 (nothing pinned, no expert hits; read rate and compute rate as measured here):",
-                f"  I/O {p['io_seconds']:.1f} s + compute {p['compute_seconds']:.1f} s = "
-                f"{p['serial_seconds_per_token']:.1f} s/token serial, {p['overlapped_seconds_per_token']:.1f} s/token "
-                "if fully overlapped"]
+    if doc.get("compute_bytes_per_second"):
+        out += ["", f"compute rate (everything resident, every expert cached): {human(doc['compute_bytes_per_second'])}/s "
+                f"of weights touched on {doc['threads']} cores"]
+    if doc.get("decode_bytes_per_second_per_core"):
+        out.append(f"lossless trunk decode: {human(doc['decode_bytes_per_second_per_core'])}/s restored per core")
+    if doc.get("projection_k3_8gb"):
+        out += ["", "projection to full Kimi K3 at 8 GB of RAM (laptop preset: the whole trunk streams, 1 GB of experts, "
+                "LRU hits of the real routing trace) on a 7 GB/s NVMe, from the rates above (docs/PERFORMANCE.md):", "",
+                "| trunk | stored ratio | cores | read / token | disk | CPU | overhead (floor run ÷ its disk floor) | s/token |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for p in doc["projection_k3_8gb"]:
+            out.append(f"| {p['codec']} | {p['ratio']:.4f} | {p['cores']} | {human(p['bytes_read_per_token'])} | "
+                       f"{p['disk_seconds']:.1f} s | {p['cpu_seconds']:.1f} s | {p['overhead']:.2f} | "
+                       f"{p['seconds_per_token']:.1f} |")
     return "\n".join(out)
 
 
