@@ -11,7 +11,8 @@ import random
 import numpy as np
 import pytest
 
-from k3core import (AUTO_K, ChatSession, Conversation, EngineConfig, SamplingParams, Session, Speculation, load_tokenizer,
+from k3core import (AUTO_K, BatchGenerator, ChatSession, Conversation, EngineConfig, Sampler, SamplingParams, Session,
+                    Speculation, load_tokenizer,
                     open_engine)
 from k3core.errors import InputError, K3Error, PluginError, UsageError
 from k3core.plugin_api import DraftSource
@@ -288,3 +289,39 @@ def test_the_id_prompt_is_still_checked_with_speculation(tiny_model):
         assert len(ids) == 13  # the context fills: 3 + 13 = 16
         assert generation(engine, [1, 2, 3], 40, GREEDY, Speculation(Listed(ids), 2))[0] == ids
         assert np.array_equal(ids, generation(engine, [1, 2, 3], 40, GREEDY, Speculation(Listed(ids[:4]), 2))[0])
+
+
+def test_batched_sequences_speculate_and_each_gets_its_serial_output(model_factory):
+    """Four sequences in one BatchGenerator, three of them speculating (an oracle, an always-wrong list, random
+    ids; fixed K and adaptive), joining together: each gets the serial ids, logit bytes and decode state, and
+    one stopped in the middle of a verified step keeps exactly the ids it used."""
+    with open_engine(EngineConfig(model_factory("small"), speculate=AUTO_K, sequences=4, max_context=64)) as engine:
+        prompts = [[3, 1, 4, 1, 5], [7, 7, 8, 7, 7, 8], [9, 2, 6], [5, 3, 5]]
+        params = [GREEDY, SEEDED, SamplingParams(temperature=1.0, seed=4), GREEDY]
+        steps = [14, 14, 14, 6]
+        solo = [generation(engine, p, n, sp) for p, n, sp in zip(prompts, steps, params)]
+        oracle = Listed(solo[0][0])  # the i-th id after the i-th generated: always right
+        specs = [Speculation(oracle, 4), Speculation(Listed([0] * 64), 3),
+                 Speculation(Random(2, engine.config.vocab_size), AUTO_K, adaptive=True),
+                 Speculation(Listed(solo[3][0]), 8)]
+        batch = BatchGenerator(engine)
+        states = [engine.new_state() for _ in prompts]
+        handles = [batch.add(p, st, Sampler(sp), s) for p, st, sp, s in zip(prompts, states, params, specs)]
+        got = {h: ([], []) for h in handles}
+        steps_of_oracle = 0
+        while len(batch):
+            emitted = batch.step()
+            steps_of_oracle += handles[0] in batch.sequences
+            for h in handles:
+                mine = [e for e in emitted if e.handle == h]
+                for used, e in enumerate(mine, start=1):
+                    ids, rows = got[h]
+                    ids.append(e.token)
+                    rows.append(e.logits.view("u4").tobytes())
+                    if len(ids) == steps[handles.index(h)]:
+                        batch.remove(h, used=used)  # maybe mid-step: the rest of this step's ids are dropped
+                        break
+        for i, (h, st) in enumerate(zip(handles, states)):
+            ids, rows = got[h]
+            assert (ids, b"".join(rows), state_bytes(engine, st)) == solo[i], f"sequence {i}"
+        assert steps_of_oracle < 14 // 2  # the oracle's sequence verified several ids per pass

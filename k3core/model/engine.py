@@ -104,12 +104,16 @@ class Engine:
         """Consume `ids` after what `state` holds; logits [T, V] if all_logits else [V] (last)."""
         return self.forward_batch([(ids, state)], all_logits, observers)[0]
 
-    def forward_batch(self, batch: Sequence[tuple[Sequence[int], DecodeState]], all_logits: bool = False,
-                      observers: Sequence[Observer] = ()) -> list[np.ndarray]:
+    def forward_batch(self, batch: Sequence[tuple[Sequence[int], DecodeState]],
+                      all_logits: bool | Sequence[bool] = False, observers: Sequence[Observer] = ()) -> list[np.ndarray]:
         """Advance several independent sequences in one pass: `batch` is [(ids, state)], each state its own.
         Every trunk layer is bound once and every distinct expert read once for all the rows; attention runs
-        per sequence. Each sequence's logits (as `forward` returns them) are the bits it gets alone."""
+        per sequence. Each sequence's logits (as `forward` returns them; `all_logits` for all or, as a list,
+        per sequence) are the bits it gets alone."""
         self._check_batch(batch)
+        every = [bool(all_logits)] * len(batch) if isinstance(all_logits, (bool, int)) else [bool(a) for a in all_logits]
+        if len(every) != len(batch):
+            raise InputError(f"all_logits names {len(every)} sequences, the batch has {len(batch)}")
         c, kr = self.config, self.kernels
         ids = [int(t) for seq, _ in batch for t in seq]
         ends = np.cumsum([len(seq) for seq, _ in batch]).tolist()
@@ -125,8 +129,9 @@ class Engine:
                 raise non_finite_error(L, w)
         model = self.placer.model()
         h = stream.mix(kr, fold(model, PREFIX + "output_attn_res"), c.rms_norm_eps)
-        if not all_logits:
-            h = h[[b - 1 for b in ends]]
+        wanted = [range(a, b) if all_ else range(b - 1, b) for a, b, all_ in zip(starts, ends, every)]
+        if not all(every):
+            h = h[[i for r in wanted for i in r]]
         x = kr.rmsnorm(h, model.vec(PREFIX + "norm.weight"), c.rms_norm_eps)
         logits = np.empty((x.shape[0], c.vocab_size), np.float32)
         for row, block in self.placer.head_blocks():
@@ -135,9 +140,11 @@ class Engine:
             state.ids.extend(int(t) for t in seq)
         self.tokens_forwarded += len(ids)
         self.forward_passes += 1
-        if all_logits:
-            return [logits[a:b] for a, b in zip(starts, ends)]
-        return list(logits)
+        out, at = [], 0
+        for r, all_ in zip(wanted, every):
+            out.append(logits[at:at + len(r)] if all_ else logits[at])
+            at += len(r)
+        return out
 
     def _check_batch(self, batch) -> None:
         if not batch:

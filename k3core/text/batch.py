@@ -6,6 +6,11 @@ a row the same bits in any batch, attention runs per sequence, and a pick sees o
 Sequences join (`add`) and leave (`remove`) between steps, so a server can let users come and go. A new
 prompt is forwarded within the steps, at most `engine.prefill_chunk` prompt ids per pass (shared by the
 prompts waiting), beside the other sequences' single decode rows.
+
+A sequence added with a Speculation verifies drafted ids in the same passes: its row is the last id and
+up to k drafted ones, and a step emits the ids the model agreed with (one pick, one PRNG draw, per id, as
+generate_ids does). The state is rolled back to what the consumer kept: all of them when the sequence goes
+on to the next step, or the `used` ones given to `remove`.
 """
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from ..errors import UsageError
-from .generate import checked_prompt, pick
+from .generate import DraftLength, Speculation, check_speculation, checked_prompt, pick, proposals, tell_draft
 from .sampling import Sampler
 
 
@@ -32,11 +37,16 @@ class _Sequence:
     sampler: Sampler
     history: list[int]
     pending: list[int] = field(default_factory=list)  # ids to forward before the next pick
+    speculation: Speculation | None = None
+    length: DraftLength | None = None
+    drafted: list[int] = field(default_factory=list)  # in this step's row after the last id (the state is marked)
+    emitted: int = 0                                    # ids the last verify pass emitted (kept unless told less)
+    generated: int = 0
 
 
 class BatchGenerator:
     """`add` sequences, call `step` for the ids each one produced in that pass, `remove` those that are
-    done (stopped, finished or cancelled: the state then holds all ids but the last one emitted, as with
+    done (stopped, finished or cancelled: the state then holds all ids but the last one used, as with
     generate_ids)."""
 
     def __init__(self, engine, observers: Sequence = ()):
@@ -44,53 +54,101 @@ class BatchGenerator:
         self.sequences: dict[int, _Sequence] = {}
         self._next = 0
 
-    def add(self, prompt: Sequence[int], state, sampler: Sampler | None = None) -> int:
-        """A sequence joins: `state` holds a prefix of `prompt` (a fresh state, or a kept conversation's)."""
+    def add(self, prompt: Sequence[int], state, sampler: Sampler | None = None,
+            speculation: Speculation | None = None) -> int:
+        """A sequence joins: `state` holds a prefix of `prompt` (a fresh state, or a kept conversation's).
+        `speculation` (a fresh one per sequence: draft sources keep per-generation state) verifies drafts."""
         if len(self.sequences) >= self.engine.sequences:
             raise UsageError(f"the batch already holds {len(self.sequences)} sequences, the most this engine's memory "
                              "plan reserves decode state for (EngineConfig.sequences, --sequences)")
         if any(s.state is state for s in self.sequences.values()):
             raise UsageError("this decode state is already in the batch: each sequence needs its own")
         history = checked_prompt(self.engine, prompt, state)
+        if speculation is not None:
+            check_speculation(self.engine, speculation, False)
+            speculation.draft.begin(tuple(history))
         handle, self._next = self._next, self._next + 1
-        self.sequences[handle] = _Sequence(state, sampler or Sampler(), history, history[len(state.ids):])
+        self.sequences[handle] = _Sequence(state, sampler or Sampler(), history, history[len(state.ids):], speculation,
+                                           DraftLength(speculation.k, speculation.adaptive) if speculation else None)
         return handle
 
-    def remove(self, handle: int):
-        """The sequence leaves the batch; returns its decode state (None for a handle not in the batch)."""
+    def remove(self, handle: int, used: int | None = None):
+        """The sequence leaves the batch; returns its decode state (None for a handle not in the batch).
+        `used`: how many of the ids its last step emitted the consumer kept (default all); the state then
+        holds every id before the last one kept."""
         seq = self.sequences.pop(handle, None)
-        return None if seq is None else seq.state
+        if seq is None:
+            return None
+        if used is not None and not 1 <= used <= max(1, seq.emitted):
+            raise UsageError(f"used must be 1..{max(1, seq.emitted)}, the ids the sequence's last step emitted; got {used}")
+        self._settle(seq, seq.emitted if used is None else used)
+        return seq.state
+
+    def _settle(self, seq: _Sequence, used: int) -> None:
+        """Roll a verified pass back to the `used` ids kept: the last id forwarded and the drafts before them."""
+        if seq.state.mark is not None:
+            self.engine.rollback(seq.state, used)
+        seq.drafted = []
 
     def __len__(self) -> int:
         return len(self.sequences)
 
     def step(self) -> list[Emitted]:
         """One forward pass for every sequence; the ids it produced, in the order the sequences joined (a
-        sequence still forwarding its prompt produces none until its last chunk)."""
+        sequence still forwarding its prompt produces none until its last chunk; a speculating one may
+        produce several, in order)."""
         if not self.sequences:
             return []
-        budget, batch, chunks = self.engine.prefill_chunk, [], []
+        budget, batch, chunks, every = self.engine.prefill_chunk, [], [], []
         for handle, seq in self.sequences.items():
+            self._settle(seq, seq.emitted)  # the previous step's ids were all kept
             n = 1 if len(seq.pending) == 1 else min(len(seq.pending), budget)
             if n == 0:
                 continue
             if len(seq.pending) > 1:
                 budget -= n
-            batch.append((seq.pending[:n], seq.state))
+            row = seq.pending[:n]
+            if n == 1 and len(seq.pending) == 1 and seq.speculation is not None:
+                row = row + self._drafts(seq)
+            batch.append((row, seq.state))
             chunks.append((handle, n))
-        rows = self.engine.forward_batch(batch, observers=self.observers)
+            every.append(len(row) > n)
+        rows = self.engine.forward_batch(batch, all_logits=every, observers=self.observers)
         out = []
-        for (handle, n), logits in zip(chunks, rows):
+        for (handle, n), logits, verify in zip(chunks, rows, every):
             seq = self.sequences[handle]
             del seq.pending[:n]
             if seq.pending:
                 continue
-            token = pick(seq.sampler, logits, seq.history, self.observers)
+            out += self._emit(handle, seq, logits if verify else logits[None])
+        return out
+
+    def _drafts(self, seq: _Sequence) -> list[int]:
+        """Drafted ids to verify after the last id (the state is marked when there are any)."""
+        spec = seq.speculation
+        k = min(seq.length.next(), self.engine.max_context - 1 - len(seq.history))
+        seq.drafted = proposals(spec.draft, seq.history, seq.generated, k, self.engine.config.vocab_size) if k > 0 else []
+        if seq.drafted:
+            self.engine.mark(seq.state)
+        return seq.drafted
+
+    def _emit(self, handle: int, seq: _Sequence, rows) -> list[Emitted]:
+        out, drafted = [], seq.drafted
+        for i in range(rows.shape[0]):
+            token = pick(seq.sampler, rows[i], seq.history, self.observers)
             seq.history.append(token)
+            seq.generated += 1
             full = len(seq.history) >= self.engine.max_context
-            out.append(Emitted(handle, token, logits, full))
-            if full:
-                self.remove(handle)
-            else:
-                seq.pending = [token]
+            out.append(Emitted(handle, token, rows[i], full))
+            if full or i >= len(drafted) or token != drafted[i]:
+                break
+        seq.emitted = len(out)
+        if drafted:
+            accepted = sum(1 for j, e in enumerate(out) if j < len(drafted) and e.token == drafted[j])
+            seq.length.update(len(drafted), accepted)
+            tell_draft(self.observers, drafted, accepted)
+        if out[-1].last:
+            self.remove(handle)
+        else:
+            seq.pending = [out[-1].token]
         return out
