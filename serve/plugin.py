@@ -7,8 +7,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from k3core import (EXIT_CODES, add_engine_arguments, add_logging_arguments, configure_logging,
-                    engine_config_from_args)
+from k3core import (EXIT_CODES, add_engine_arguments, add_logging_arguments, add_speculation_arguments,
+                    configure_logging, engine_config_from_args, speculation_from_args)
 from k3core.plugin_api import hookimpl
 
 from .http import KEY_ENV
@@ -50,7 +50,7 @@ def build_app(worker, api_options):
     return app
 
 
-def serve(config, opts: ServeOptions) -> int:
+def serve(config, opts: ServeOptions, speculation=lambda: None) -> int:
     from k3core import load_tokenizer, open_engine
 
     from .app import ApiOptions
@@ -62,7 +62,7 @@ def serve(config, opts: ServeOptions) -> int:
     engine = open_engine(config, on_plan=lambda plan: print(plan.text(), file=sys.stderr))
     try:
         slot = EngineSlot(engine, load_tokenizer(config.tokenizer or config.model))
-        worker = Worker(slot, queue_size=opts.queue_size, keep_states=opts.keep_states)
+        worker = Worker(slot, queue_size=opts.queue_size, keep_states=opts.keep_states, speculation=speculation)
         name = model_id(config.model)
         app = build_app(worker, ApiOptions(key, opts.max_body_bytes, opts.max_tokens, int(time.time())))
         if not is_loopback(host):
@@ -85,6 +85,7 @@ def serve(config, opts: ServeOptions) -> int:
 def cmd_serve(args) -> int:
     configure_logging(args.log_level)
     config = engine_config_from_args(args).replace(sequences=args.sequences)
+    speculation_from_args(args)  # a bad --draft is refused before the engine loads
     if args.bench:
         import json
 
@@ -96,7 +97,7 @@ def cmd_serve(args) -> int:
     return serve(config, ServeOptions(host=args.host, port=args.port, api_key=args.api_key,
                                       queue_size=args.queue_size, keep_states=args.keep_states,
                                       max_body_bytes=args.max_body_bytes, max_tokens=args.max_tokens,
-                                      access_log=args.access_log))
+                                      access_log=args.access_log), speculation=lambda: speculation_from_args(args))
 
 
 def _positive(text: str) -> int:
@@ -141,6 +142,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="reply length for a request that names no max_tokens (default 1024; never past the context)")
     g.add_argument("--max-body-bytes", type=_positive, default=4 << 20, metavar="N",
                    help="larger request bodies get 413 (default 4 MiB)")
+    add_speculation_arguments(p)
     g = p.add_argument_group("benchmark (instead of serving clients)")
     g.add_argument("--bench", type=_positive, metavar="N", help="serve N streaming chat requests one after another, "
                    "then all at once, on a loopback port; print the aggregate tokens/s of each and whether every "

@@ -55,8 +55,10 @@ class EngineSlot:
 
 
 class Worker:
-    def __init__(self, slot: EngineSlot, queue_size: int = 16, keep_states: int = 4):
+    def __init__(self, slot: EngineSlot, queue_size: int = 16, keep_states: int = 4,
+                 speculation: Callable[[], object] = lambda: None):
         self.slot, self.queue_size = slot, queue_size
+        self.speculation = speculation  # a fresh k3core.Speculation per request, or None (--speculate)
         self.states = StateCache(keep_states)
         self._pending: deque[Job] = deque()
         self._active: dict[int, Job] = {}
@@ -121,8 +123,10 @@ class Worker:
             except Exception as exc:  # the pass failed: every request in it ends, the worker goes on
                 self._fail_active(exc)
                 return
-        for e in emitted:
-            self._emitted(e.handle, e.token, e.last)
+        for handle in dict.fromkeys(e.handle for e in emitted):  # a speculating sequence may emit several ids
+            for used, e in enumerate((e for e in emitted if e.handle == handle), start=1):
+                if self._emitted(handle, e.token, e.last, used):
+                    break
 
     def _engine_changed(self) -> None:
         self._fail_active(K3Error("the engine was reopened (new memory budgets); send the request again"))
@@ -141,7 +145,7 @@ class Worker:
                 continue
             state = self.states.take(job.prompt) or engine.new_state()
             try:
-                handle = self._batch.add(job.prompt, state, Sampler(job.params))
+                handle = self._batch.add(job.prompt, state, Sampler(job.params), self.speculation())
             except InputError as exc:
                 job.emit(("error", ApiError(400, str(exc), param="messages", code="context_length_exceeded"
                                             if "context limit" in str(exc) else "invalid_value")))
@@ -152,28 +156,30 @@ class Worker:
                 job.text.feed(token)
             self._active[handle] = job
 
-    def _emitted(self, handle: int, token: int, context_full: bool) -> None:
+    def _emitted(self, handle: int, token: int, context_full: bool, used: int) -> bool:
+        """One id for a job (the `used`-th of its step); True when that ended the job."""
         job = self._active[handle]
         if job.first is None:
             job.first = time.perf_counter()
         job.generated.append(token)
         if token in job.stop_ids or token in job.params.stop_ids:
-            return self._finish(handle, "stop")
+            return self._finish(handle, "stop", used)
         for event in job.text.feed(token):
             job.emit(("text", event.channel, event.text))
         if job.text.stopped:
-            return self._finish(handle, "stop")
+            return self._finish(handle, "stop", used)
         if len(job.generated) >= job.params.max_tokens or context_full:
-            return self._finish(handle, "length")
+            return self._finish(handle, "length", used)
+        return False
 
     def _drop_cancelled(self) -> None:
         for handle, job in list(self._active.items()):
             if job.cancelled.is_set():
                 self._finish(handle, "cancelled")
 
-    def _finish(self, handle: int, reason: str) -> None:
+    def _finish(self, handle: int, reason: str, used: int | None = None) -> bool:
         job = self._active.pop(handle)
-        self._batch.remove(handle)
+        self._batch.remove(handle, used)  # the ids of its last step after the one it stopped at are not kept
         self.states.put(job.state)  # whole: it holds every id but the last one generated
         for event in job.text.finish():
             job.emit(("text", event.channel, event.text))
@@ -185,6 +191,7 @@ class Worker:
                                    "cached_tokens": job.cached, "ids": list(job.generated),
                                    "seconds": elapsed, "decode_seconds": decode,
                                    "open_channel": job.text.open_channel}))
+        return True
 
     def _fail_active(self, exc: Exception) -> None:
         log.error("a forward pass failed; the %d request(s) in it end: %s", len(self._active), exc)

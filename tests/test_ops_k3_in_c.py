@@ -150,6 +150,9 @@ class HandleStore:
     def capacity(self):
         return 8
 
+    def prefetch_capacity(self):
+        return 0  # takes no hints
+
     def fetch(self, layer, experts):
         return [ExpertWeights(layer, e, *([None] * 6)) for e in experts]
 

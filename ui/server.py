@@ -166,7 +166,7 @@ def openai_routes(host: EngineHost, opts: ServerOptions, key: str | None):
     from serve.app import ApiOptions, api_router
     from serve.worker import Worker
 
-    worker = Worker(host, queue_size=opts.queue_size, keep_states=opts.keep_states)
+    worker = Worker(host, queue_size=opts.queue_size, keep_states=opts.keep_states, speculation=host.speculation)
     return worker, api_router(worker, ApiOptions(api_key=key, created=int(time.time())))
 
 

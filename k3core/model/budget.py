@@ -110,20 +110,22 @@ def state_rows(config, attention_for, engine_config) -> list[PlanRow]:
         rows.append(PlanRow(f"{kind.upper()} state", total * e.sequences,
                             f"{len(layers)} layers ({backend.name}), {e.max_context} positions of context{each}"))
     if e.speculate:
-        rows.append(speculation_row(config, attention_for, e.speculate))
+        rows.append(speculation_row(config, attention_for, e.speculate, e.sequences))
     pass_rows = max(e.prefill_chunk, e.sequences * (1 + e.speculate))
     return rows + [PlanRow("prefill chunk", prefill_bytes(config, pass_rows),
                            f"activations of {pass_rows} ids per pass (--prefill-chunk, --speculate, --sequences)"),
                    PlanRow("working buffers", WORKING_BYTES, "Python, numpy, kernel temporaries")]
 
 
-def speculation_row(config, attention_for, k: int) -> PlanRow:
-    """What a verify pass of 1 + k positions keeps for its rollback, over every layer."""
+def speculation_row(config, attention_for, k: int, sequences: int = 1) -> PlanRow:
+    """What a verify pass of 1 + k positions keeps for its rollback, over every layer, for each sequence."""
     layers = range(config.num_hidden_layers)
     try:
         at_mark = sum(attention_for(L).rollback_bytes(config, L, 0) for L in layers)
         total = sum(attention_for(L).rollback_bytes(config, L, 1 + k) for L in layers)
     except NotImplementedError as exc:
         raise PlanError(f"speculate: {exc}; use speculate 0") from None
-    return PlanRow("speculation rollback", total, f"decode state at the mark {human(at_mark)} + "
-                   f"{human((total - at_mark) / (1 + k))} per verified position, {1 + k} positions (--speculate {k})")
+    each = f", x {sequences} sequences" if sequences > 1 else ""
+    return PlanRow("speculation rollback", total * sequences, f"decode state at the mark {human(at_mark)} + "
+                   f"{human((total - at_mark) / (1 + k))} per verified position, {1 + k} positions (--speculate {k})"
+                   + each)

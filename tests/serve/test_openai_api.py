@@ -268,3 +268,47 @@ def test_loopback_only_by_default_and_no_open_host_without_a_key(demo, capsys, m
     assert main(["serve", str(DEMO_MODEL), "--host", "0.0.0.0"]) == 2
     err = capsys.readouterr().err
     assert "refusing to listen on 0.0.0.0 without an API key" in err
+
+
+def test_speculating_server_replies_as_the_serial_one(model_factory):
+    """Two concurrent requests on a server that verifies drafts: one drafted by an oracle (the serial reply's
+    ids), one by prompt lookup; both replies are the serial server's, in fewer passes than ids."""
+    from k3core import SamplingParams, Speculation, render_chat
+    from k3core.plugin_api import DraftSource
+    from k3core.plugins.drafts import NgramDraft
+    from k3core.testing.engines import generation
+
+    asks = [[{"role": "user", "content": "the the the the the"}], [{"role": "user", "content": "one two one two"}]]
+    plain = Live(model_factory("small"), sequences=2)
+    try:
+        want = [plain.client.chat.completions.create(model=plain.name, messages=m, temperature=0,
+                                                     max_tokens=40).choices[0].message.content for m in asks]
+        serial_ids = generation(plain.engine, render_chat(asks[0], plain.slot.tokenizer), 40, SamplingParams())[0]
+    finally:
+        plain.close()
+
+    class Oracle(DraftSource):
+        name = "oracle"
+
+        def propose(self, history, generated, k):
+            return serial_ids[generated:generated + k] if tuple(history[-1:]) == (serial_ids[generated - 1],) else []
+
+    live = Live(model_factory("small"), sequences=2, speculate=4)
+    drafts = iter([Speculation(Oracle(None), 4), Speculation(Oracle(None), 4), Speculation(NgramDraft(None), 4)])
+    live.worker.speculation = lambda: next(drafts)
+    try:
+        passes = live.engine.forward_passes
+        alone = live.client.chat.completions.create(model=live.name, messages=asks[0], temperature=0, max_tokens=40)
+        assert alone.choices[0].message.content == want[0]
+        assert live.engine.forward_passes - passes <= 1 + 40 // 5 + 1  # 5 ids per verify pass: all drafts accepted
+        got = [None, None]
+        first = threading.Thread(target=lambda: got.__setitem__(0, live.client.chat.completions.create(
+            model=live.name, messages=asks[0], temperature=0, max_tokens=40).choices[0].message.content))
+        first.start()
+        time.sleep(0.05)
+        got[1] = live.client.chat.completions.create(model=live.name, messages=asks[1], temperature=0,
+                                                     max_tokens=40).choices[0].message.content
+        first.join()
+        assert got == want
+    finally:
+        live.close()

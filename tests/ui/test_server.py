@@ -67,7 +67,7 @@ class FakeHost:
         self.config, self.model = config, config.model
         named = types.SimpleNamespace(name="stand-in")
         self.engine = types.SimpleNamespace(notices=[], kernels=named, placer=named, store=named, sequences=1)
-        self.lock, self.tokenizer, self.generation = threading.Lock(), None, 0
+        self.lock, self.tokenizer, self.generation, self.speculation = threading.Lock(), None, 0, speculation
 
     def close(self):
         FakeHost.closed += 1
