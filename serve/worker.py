@@ -106,7 +106,10 @@ class Worker:
                     self._wake.wait()
                 if self._stop:
                     break
-            self._step()
+            try:
+                self._step()
+            except Exception as exc:  # never leave the worker dead with requests waiting on it
+                self._fail_active(exc)
         for job in [*self._active.values(), *self._pending]:
             job.emit(("error", ApiError(503, "the server is shutting down", code="shutting_down")))
 
@@ -147,8 +150,13 @@ class Worker:
             try:
                 handle = self._batch.add(job.prompt, state, Sampler(job.params), self.speculation())
             except InputError as exc:
+                self.states.put(state)  # untouched: still good for another request
                 job.emit(("error", ApiError(400, str(exc), param="messages", code="context_length_exceeded"
                                             if "context limit" in str(exc) else "invalid_value")))
+                continue
+            except Exception as exc:  # a draft source or the engine refused it: this request ends, not the worker
+                self.failed += 1
+                job.emit(("error", ApiError(500, f"could not start the generation: {exc}", code="engine_error")))
                 continue
             job.state, job.cached = state, len(state.ids)
             job.text = TextStream(self.slot.tokenizer, job.params.stop_strings, job.channel)

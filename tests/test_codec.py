@@ -28,7 +28,10 @@ def checksum_by_definition(data: bytes) -> int:
     return int((padded * (2 * np.arange(padded.size, dtype=np.uint64) + 1)).sum(dtype=np.uint64)) if padded.size else 0
 
 
-@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 4095, 4096, 65537])
+LENGTHS = [0, 1, 7, 8, 9, 31, 32, 33, 63, 64, 4095, 4096, 65537, (1 << 20) + 5]  # both sides of the vector steps
+
+
+@pytest.mark.parametrize("n", LENGTHS)
 def test_the_native_checksum_is_its_definition(n):
     data = np.random.default_rng(n).bytes(n)
     assert _native.planes_checksum(np.frombuffer(data, np.uint8)) == checksum_by_definition(data)
@@ -44,11 +47,17 @@ def test_one_changed_byte_changes_the_checksum():
             assert _native.planes_checksum(np.frombuffer(bytes(changed), np.uint8)) != base
 
 
-def test_planes_join_interleaves_and_refuses_wrong_sizes():
-    raw = np.frombuffer(np.random.default_rng(2).bytes(4099), np.uint8)
+@pytest.mark.parametrize("n", LENGTHS + [4099])
+def test_planes_join_interleaves_and_sums_what_it_wrote(n):
+    raw = np.frombuffer(np.random.default_rng(n).bytes(n), np.uint8)
     out = np.zeros_like(raw)
     got = _native.planes_join(np.ascontiguousarray(raw[0::2]), np.ascontiguousarray(raw[1::2]), out)
     assert out.tobytes() == raw.tobytes() and got == checksum_by_definition(raw.tobytes())
+
+
+def test_planes_join_refuses_wrong_sizes():
+    raw = np.frombuffer(np.random.default_rng(2).bytes(4099), np.uint8)
+    out = np.zeros_like(raw)
     with pytest.raises(ValueError, match="low needs 2050 and high 2049"):
         _native.planes_join(np.ascontiguousarray(raw[1::2]), np.ascontiguousarray(raw[1::2]), out)
 

@@ -312,3 +312,53 @@ def test_speculating_server_replies_as_the_serial_one(model_factory):
         assert got == want
     finally:
         live.close()
+
+
+def test_the_command_listens_on_loopback_only(tmp_path):
+    import sys
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "k3core", "serve", str(DEMO_MODEL), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        listening = subprocess.run(["ss", "-ltn"], capture_output=True, text=True).stdout
+        mine = [line.split()[3] for line in listening.splitlines()[1:] if line.split()[3].endswith(f":{port}")]
+        assert mine == [f"127.0.0.1:{port}"], listening
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=30)
+    assert f"at http://127.0.0.1:{port}/v1" in out
+
+
+def test_a_failed_pass_ends_only_its_requests_and_bad_ones_never_reach_the_engine(model_factory):
+    live = Live(model_factory("small"), sequences=2)
+    try:
+        real = live.engine.forward_batch
+        calls = {"n": 0}
+
+        def failing_once(*a, **kw):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise OSError("the disk went away")
+            return real(*a, **kw)
+
+        live.engine.forward_batch = failing_once
+        with pytest.raises(openai.InternalServerError) as e:
+            live.client.chat.completions.create(model=live.name, messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=10)
+        assert "the disk went away" in e.value.body["message"] and e.value.body["code"] == "engine_error"
+        with pytest.raises(openai.BadRequestError):  # refused before the engine: nothing else disturbed
+            live.client.chat.completions.create(model=live.name, messages=[{"role": "user", "content": "x " * 9000}])
+        r = live.client.chat.completions.create(model=live.name, messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=4, temperature=0)
+        assert r.usage.completion_tokens == 4 and live.worker.stats()["failed"] == 1
+    finally:
+        del live.engine.forward_batch
+        live.close()
