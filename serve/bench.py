@@ -43,7 +43,7 @@ def run_bench(config, concurrent: int, max_tokens: int) -> dict:
     from .plugin import build_app
     from .worker import EngineSlot, Worker
 
-    engine = open_engine(config.replace(sequences=max(concurrent, config.sequences)))
+    engine = open_engine(config.replace(sequences=max(concurrent, config.sequences), kept_states=0))
     worker = Worker(EngineSlot(engine, load_tokenizer(config.tokenizer or config.model)), queue_size=concurrent,
                     keep_states=0)  # no kept states: every request forwards its whole prompt, alone or not
     running = listen(build_app(worker, ApiOptions()), "127.0.0.1", 0)

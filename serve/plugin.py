@@ -84,7 +84,7 @@ def serve(config, opts: ServeOptions, speculation=lambda: None) -> int:
 
 def cmd_serve(args) -> int:
     configure_logging(args.log_level)
-    config = engine_config_from_args(args).replace(sequences=args.sequences)
+    config = engine_config_from_args(args).replace(sequences=args.sequences, kept_states=args.keep_states)
     speculation_from_args(args)  # a bad --draft is refused before the engine loads
     if args.bench:
         import json
@@ -137,7 +137,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--queue-size", type=_positive, default=16, metavar="N",
                    help="requests that may wait for a place (default 16); more get 429 with Retry-After")
     g.add_argument("--keep-states", type=int, default=4, metavar="N",
-                   help="decode states kept so follow-up turns forward only their new tokens (default 4)")
+                   help="decode states kept so follow-up turns forward only their new tokens (default 4; the memory "
+                        "plan counts them)")
     g.add_argument("--max-tokens", type=_positive, default=1024, metavar="N",
                    help="reply length for a request that names no max_tokens (default 1024; never past the context)")
     g.add_argument("--max-body-bytes", type=_positive, default=4 << 20, metavar="N",

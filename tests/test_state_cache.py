@@ -51,3 +51,13 @@ def test_a_taken_state_continues_exactly(small_model):
         want = engine.forward([5, 6, 7, 8, 9], fresh)
         assert np.array_equal(logits.view(np.uint32), want.view(np.uint32))
         assert state_bytes(engine, kept) == state_bytes(engine, fresh)
+
+
+def test_the_memory_plan_counts_kept_states(small_model):
+    from k3core import memory_plan
+
+    plain = {r.item: r.bytes for r in memory_plan(EngineConfig(small_model, sequences=2)).rows}
+    kept = {r.item: r.bytes for r in memory_plan(EngineConfig(small_model, sequences=2, kept_states=3)).rows}
+    for kind in ("KDA", "MLA"):
+        assert kept[f"kept {kind} states"] == plain[f"{kind} state"] // 2 * 3
+    assert sum(kept.values()) > sum(plain.values())

@@ -70,7 +70,8 @@ class EngineHost:
                                          trunk_placer=c.trunk_placer, expert_store=c.expert_store, ring=c.ring,
                                          max_context=c.max_context, placer_options=c.placer_options,
                                          store_options=c.store_options, speculate=c.speculate,
-                                         sequences=c.sequences, prefill_chunk=c.prefill_chunk))
+                                         sequences=c.sequences, kept_states=c.kept_states,
+                                         prefill_chunk=c.prefill_chunk))
         return self.engine.plan
 
     def _reopen(self, config: EngineConfig) -> None:

@@ -177,6 +177,8 @@ def serve(config: EngineConfig, opts: ServerOptions, speculation=lambda: None) -
     if not is_loopback(host):
         warn_exposed(host, auth)
     key = read_api_key(opts.api_key)
+    # the page's sessions and the API each keep up to --keep-states decode states: the plan counts both
+    config = config.replace(kept_states=2 * opts.keep_states)
     engine = EngineHost(config, speculation)  # no model, no profile, a plan that does not fit: said before Gradio loads
     for notice in engine.engine.notices:
         print(notice, file=sys.stderr)

@@ -109,6 +109,9 @@ def state_rows(config, attention_for, engine_config) -> list[PlanRow]:
         each = f", x {e.sequences} sequences" if e.sequences > 1 else ""
         rows.append(PlanRow(f"{kind.upper()} state", total * e.sequences,
                             f"{len(layers)} layers ({backend.name}), {e.max_context} positions of context{each}"))
+        if e.kept_states:
+            rows.append(PlanRow(f"kept {kind.upper()} states", total * e.kept_states,
+                                f"{e.kept_states} decode states kept between requests (--keep-states)"))
     if e.speculate:
         rows.append(speculation_row(config, attention_for, e.speculate, e.sequences))
     pass_rows = max(e.prefill_chunk, e.sequences * (1 + e.speculate))

@@ -51,6 +51,7 @@ class EngineConfig:
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK    # prompt ids forwarded per pass: bounds the working memory
     speculate: int = 0                            # drafted ids per verify pass the plan reserves rollback for; 0: none
     sequences: int = 1                            # sequences one pass may advance; the plan holds a decode state each
+    kept_states: int = 0                          # decode states a server keeps between requests; the plan holds them
     placer_options: Mapping | PluginOptions | None = None  # the trunk placer's own options
     store_options: Mapping | PluginOptions | None = None   # the expert store's own options
     tokenizer: str | os.PathLike | None = None    # tokenizer directory; None: the model directory
@@ -87,6 +88,8 @@ class EngineConfig:
               f"an integer in 0..{MAX_SPECULATE} (0: no speculative decoding)")
         check(_is_int(self.sequences) and 1 <= self.sequences <= MAX_SEQUENCES, "sequences",
               f"an integer in 1..{MAX_SEQUENCES}")
+        check(_is_int(self.kept_states) and 0 <= self.kept_states <= MAX_SEQUENCES, "kept_states",
+              f"an integer in 0..{MAX_SEQUENCES}")
         for name in ("placer_options", "store_options"):
             value = getattr(self, name)
             check(value is None or isinstance(value, (Mapping, PluginOptions)), name,

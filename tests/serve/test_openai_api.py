@@ -362,3 +362,42 @@ def test_a_failed_pass_ends_only_its_requests_and_bad_ones_never_reach_the_engin
     finally:
         del live.engine.forward_batch
         live.close()
+
+
+def test_a_reply_that_calls_a_tool_becomes_tool_calls(generated, monkeypatch):
+    """The engine runs as always, but every pick follows a script (the model's output forced to a complete
+    XTML tool call): non-streaming and streaming both return it as `tool_calls`, finish_reason tool_calls."""
+    from k3core import Sampler, tool_call_markup
+    import serve.worker
+
+    tok = generated.slot.tokenizer
+    script = tok.encode("Checking.<|close|>response<|sep|><|open|>tools<|sep|>"
+                        + tool_call_markup([("get_weather", {"city": "Paris", "days": 2})])
+                        + "<|close|>tools<|sep|><|end_of_msg|>", allow_special=True)
+
+    class Scripted(Sampler):
+        def pick(self, logits, history=()):
+            picked = self.__dict__.setdefault("picked", [])
+            picked.append(script[len(picked)])
+            return picked[-1]
+
+    monkeypatch.setattr(serve.worker, "Sampler", Scripted)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    ask = [{"role": "user", "content": "weather in Paris?"}]
+    r = generated.client.chat.completions.create(model=generated.name, messages=ask, tools=tools, max_tokens=200)
+    message = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls" and message.content == "Checking."
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [
+        ("get_weather", {"city": "Paris", "days": 2})]
+    chunks = list(generated.client.chat.completions.create(model=generated.name, messages=ask, tools=tools,
+                                                           max_tokens=200, stream=True))
+    calls = [c for ch in chunks if ch.choices for c in (ch.choices[0].delta.tool_calls or [])]
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris", "days": 2})]
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "tool_calls"
+    # the result goes back as a tool message and the conversation goes on
+    follow = ask + [message.model_dump(exclude_none=True),
+                    {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "sunny, 21 C"}]
+    monkeypatch.setattr(serve.worker, "Sampler", Sampler)
+    again = generated.client.chat.completions.create(model=generated.name, messages=follow, tools=tools, max_tokens=3)
+    assert again.usage.prompt_tokens > r.usage.prompt_tokens
