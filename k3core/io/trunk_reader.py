@@ -3,9 +3,9 @@
 
 A raw run's bytes are read straight into the caller's aligned buffer (O_DIRECT, the aligned cover of the
 range, the bytes at the returned offset). A coded run's blocks are read in pieces of at most STAGE stored
-bytes into two staging buffers — the next piece is read while the one before is decoded — and restored
-into the buffer at offset 0; a range that starts or ends inside a block has that block restored into a
-scratch block first. Small reads (up to two blocks: an embedding row, a norm) have private buffers, so
+bytes into STAGES staging buffers — up to STAGES − 1 pieces read ahead, one at a time, while the one before
+is decoded — and restored into the buffer at offset 0; a range that starts or ends inside a block has
+that block restored into a scratch block first. Small reads (up to two blocks: an embedding row, a norm) have private buffers, so
 they never wait for a layer being restored on another thread.
 """
 from __future__ import annotations
@@ -19,12 +19,13 @@ from ..errors import TrunkError, UnsoundRunError
 from .aligned_io import ALIGN, align_down, align_up, aligned_buffer, open_for_reading, read_exact
 from .codec import RAW, Restorer, blocks_for
 
-STAGE = 32 << 20      # stored bytes per read of a coded run: two such buffers, plus one scratch block
+STAGE = 16 << 20      # stored bytes per read of a coded run
+STAGES = 4            # staging buffers: up to STAGES - 1 pieces read ahead of the one being restored
 
 
 def scratch_bytes(trunk) -> int:
     """Memory a TrunkReader of `trunk` keeps besides the caller's buffers (for the memory plan)."""
-    return 0 if trunk.codec == RAW else 2 * max(STAGE, trunk.block_bytes) + trunk.block_bytes
+    return 0 if trunk.codec == RAW else STAGES * max(STAGE, trunk.block_bytes) + trunk.block_bytes
 
 
 class TrunkReader:
@@ -39,10 +40,10 @@ class TrunkReader:
         self.block = trunk.block_bytes
         if self.codec != RAW:
             self._stage_bytes = max(STAGE, self.block)
-            self._stages = [aligned_buffer(self._stage_bytes) for _ in range(2)]
+            self._stages = [aligned_buffer(self._stage_bytes) for _ in range(STAGES)]
             self._scratch = aligned_buffer(self.block)
             self._staged = threading.Lock()                  # the stages serve one large read at a time
-            self._io = ThreadPoolExecutor(1, thread_name_prefix="k3-trunk-stage")
+            self._io = ThreadPoolExecutor(1, thread_name_prefix="k3-trunk-stage")  # one read at a time: experts share the disk
             self._decoders = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="k3-trunk-decode")
 
     @property
@@ -121,15 +122,17 @@ class TrunkReader:
                 self._read_piece(run, p, stage)
                 self._decode_piece(run, p, stage, lo, hi, out, scratch)
             return
-        ahead = self._io.submit(self._read_piece, run, pieces[0], stages[0])
+        n = len(stages)
+        ahead = [self._io.submit(self._read_piece, run, pieces[k], stages[k % n]) for k in range(min(n - 1, len(pieces)))]
         try:
             for k, p in enumerate(pieces):
-                ahead.result()
-                if k + 1 < len(pieces):
-                    ahead = self._io.submit(self._read_piece, run, pieces[k + 1], stages[(k + 1) % 2])
-                self._decode_piece(run, p, stages[k % 2], lo, hi, out, self._scratch, self._decoders)
+                ahead[k].result()
+                if k + n - 1 < len(pieces):  # its stage is free: the piece n - 1 before it was restored
+                    ahead.append(self._io.submit(self._read_piece, run, pieces[k + n - 1], stages[(k + n - 1) % n]))
+                self._decode_piece(run, p, stages[k % n], lo, hi, out, self._scratch, self._decoders)
         finally:
-            ahead.exception()  # a failed decode leaves no read running into the stages
+            for read in ahead:
+                read.exception()  # a failed decode leaves no read running into the stages
 
     def _stored_span(self, run, piece) -> int:
         first, last = run.blocks[piece[0]], run.blocks[piece[-1]]
