@@ -22,7 +22,7 @@ class ServeOptions:
     port: int = 8000
     api_key: str | None = None       # --api-key; else K3_API_KEY
     queue_size: int = 16             # requests that may wait for a place in the batch
-    keep_states: int = 4             # decode states kept for follow-up turns
+    keep_states: int = 2             # decode states kept for follow-up turns
     max_body_bytes: int = 4 << 20
     max_tokens: int = 1024           # a request that names no max_tokens gets this many at most
     access_log: bool = False
@@ -136,8 +136,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "state for each)")
     g.add_argument("--queue-size", type=_positive, default=16, metavar="N",
                    help="requests that may wait for a place (default 16); more get 429 with Retry-After")
-    g.add_argument("--keep-states", type=int, default=4, metavar="N",
-                   help="decode states kept so follow-up turns forward only their new tokens (default 4; the memory "
+    g.add_argument("--keep-states", type=int, default=2, metavar="N",
+                   help="decode states kept so follow-up turns forward only their new tokens (default 2; the memory "
                         "plan counts them)")
     g.add_argument("--max-tokens", type=_positive, default=1024, metavar="N",
                    help="reply length for a request that names no max_tokens (default 1024; never past the context)")

@@ -55,7 +55,7 @@ class EngineSlot:
 
 
 class Worker:
-    def __init__(self, slot: EngineSlot, queue_size: int = 16, keep_states: int = 4,
+    def __init__(self, slot: EngineSlot, queue_size: int = 16, keep_states: int = 2,
                  speculation: Callable[[], object] = lambda: None):
         self.slot, self.queue_size = slot, queue_size
         self.speculation = speculation  # a fresh k3core.Speculation per request, or None (--speculate)

@@ -86,7 +86,7 @@ class Plan:
         if not self.fits:
             raise PlanError("the model does not fit in the memory available with these budgets; lower --trunk-gb or "
                             "--cache-gb, pick a smaller --preset, pack the trunk (k3 pack) to stream it, or lower "
-                            "--max-context\n" + self.text())
+                            "--max-context (a server: --sequences, --keep-states)\n" + self.text())
 
 
 def prefill_bytes(c, chunk: int) -> int:
