@@ -100,14 +100,19 @@ def cmd_serve(args) -> int:
                                       access_log=args.access_log), speculation=lambda: speculation_from_args(args))
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+    return parse
+
+
+_positive = _at_least(1)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -136,7 +141,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "state for each)")
     g.add_argument("--queue-size", type=_positive, default=16, metavar="N",
                    help="requests that may wait for a place (default 16); more get 429 with Retry-After")
-    g.add_argument("--keep-states", type=int, default=2, metavar="N",
+    g.add_argument("--keep-states", type=_at_least(0), default=2, metavar="N",
                    help="decode states kept so follow-up turns forward only their new tokens (default 2; the memory "
                         "plan counts them)")
     g.add_argument("--max-tokens", type=_positive, default=1024, metavar="N",
