@@ -136,3 +136,14 @@ def test_a_config_that_is_not_json_text_is_named(tmp_path, data, says):
     with pytest.raises(ConfigError, match=says) as e:
         load_config(tmp_path)
     assert e.value.exit_code == 2
+
+
+def test_a_missing_model_directory_is_a_named_checkpoint_error(tmp_path):
+    from k3core.errors import CheckpointError
+    from k3core.model.checkpoint import open_checkpoint
+
+    with pytest.raises(CheckpointError, match="no such directory"):
+        open_checkpoint(tmp_path / "nope")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CheckpointError, match="not a directory"):
+        open_checkpoint(tmp_path / "file")

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from k3core import EngineConfig, greedy_ids, open_engine
+from k3core import EngineConfig, open_engine
 from k3core.io.state_file import StateFileError, load_state, save_state
 
 

@@ -5,7 +5,7 @@ import pytest
 
 import k3core.model.engine
 from k3core.model import moe
-from k3core import EngineConfig, greedy_ids, open_engine
+from k3core import EngineConfig, open_engine
 from k3core.model.mlp import dense_mlp
 from k3core.plugins.reference_kernels import ReferenceKernels, _f64, _sigmoid64
 

@@ -12,7 +12,6 @@ import logging
 import os
 import secrets
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 from k3core import EngineConfig, UsageError
 
 from serve.http import api_key as read_api_key
-from serve.http import is_loopback
+from serve.http import Listening, is_loopback, listen
 
 from .guard import Guard
 from .host import EngineHost
@@ -94,26 +93,12 @@ def session_key(request) -> str:
     return f"{cookie or secrets.token_urlsafe(24)}/{getattr(request, 'session_hash', None) or '-'}"
 
 
-@dataclass
-class Running:
-    """A served page: its URL, and how to stop it."""
-
-    url: str
-    server: object
-    thread: threading.Thread
-
-    def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-
-
 def launch(demo, host: str, port: int, auth: tuple[str, str] | None = None, block: bool = True,
-           quiet: bool = False, access_log: bool = False, api=None) -> Running:
+           quiet: bool = False, access_log: bool = False, api=None) -> Listening:
     """Serve the app on host:port (already checked), with `api` (an APIRouter: the OpenAI routes) beside the
     page when given. Returns when it listens (block=False) or when it stops."""
     import fastapi
     import gradio as gr
-    import uvicorn
 
     app = fastapi.FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     if api is not None:
@@ -122,30 +107,21 @@ def launch(demo, host: str, port: int, auth: tuple[str, str] | None = None, bloc
     gr.mount_gradio_app(app, demo, path="/", auth=auth, server_name=host, server_port=port, show_error=True,
                         ssr_mode=False, mcp_server=False, enable_monitoring=False, footer_links=["api", "settings"],
                         **_look())
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=access_log))
-    if access_log:  # the config set uvicorn's loggers to WARNING: its access log speaks at INFO
-        logging.getLogger("uvicorn.access").setLevel(logging.INFO)
-    thread = threading.Thread(target=server.run, name="k3-ui-server", daemon=True)
-    thread.start()
-    while not server.started:
-        if not thread.is_alive():
-            raise UsageError(f"could not listen on {host}:{port} (in use, or not an address of this machine)")
-        time.sleep(0.02)
-    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
+    listening = listen(app, host, port, access_log)
+    url = listening.url = listening.url + "/"
     log.info("listening on %s%s", url, " with a login" if auth else "")
     if not quiet:
         print(f"k3 ui: open {url}" + (f" (log in as {auth[0]})" if auth else "") + " — Ctrl-C to stop", flush=True)
         if api is not None:
             print(f"k3 ui: the OpenAI API is at {url}v1 too (docs/SERVER.md)", flush=True)
-    running = Running(url, server, thread)
     if block:
         try:
-            while thread.is_alive():
-                thread.join(0.5)
+            while listening.thread.is_alive():
+                listening.thread.join(0.5)
         except KeyboardInterrupt:
-            running.close()
+            listening.close()
             raise
-    return running
+    return listening
 
 
 def _look() -> dict:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import threading
 import time
-from pathlib import Path
 
 import gradio as gr
 

@@ -194,7 +194,6 @@ def default_budgets(model_dir, trunk_dir) -> list[tuple[float, float]]:
 
 
 def cmd_stream(args) -> int:
-    from ..model.budget import human
     from ..io.pack import pack
 
     model, trunk = Path(args.model), Path(args.trunk)

@@ -11,7 +11,6 @@ import fcntl
 import hashlib
 import os
 import shutil
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from .. import __version__
 from .aligned_io import ALIGN
 from .atomic import fsync_dir, write_json_atomic
 from ..model.checkpoint import PREFIX, VISION_PREFIXES, Checkpoint, open_checkpoint
-from ..errors import CheckpointError, TrunkError, UnsoundRunError, UsageError
+from ..errors import CheckpointError, TrunkError, UnsoundRunError
 from .codec import BLOCK, RAW, check_block_bytes, check_codec, encode_run
 from .trunk import (CODEC_VERSION, FORMAT, MANIFEST, PARTIAL, TRUNK, VERSION, _align, _canon, _diff_text, _read_json,
                     _sha, fingerprint, fingerprint_diff, load_trunk)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import Config, load_config
-from ..errors import BindingError
+from ..errors import BindingError, CheckpointError
 from ..interfaces import TensorSpec
 from ..io.safetensors_index import ShardIndex
 

@@ -7,8 +7,6 @@ comes through a TrunkReader, which restores a coded pack's blocks (k3 pack --cod
 """
 from __future__ import annotations
 
-import os
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass

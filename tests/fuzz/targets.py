@@ -2,12 +2,8 @@
 error naming what is wrong, with an exit code). Shared by the hypothesis tests and the corpus replay."""
 from __future__ import annotations
 
-import json
-import shutil
 import tempfile
 from pathlib import Path
-
-import numpy as np
 
 from k3core import K3Error
 from k3core.io import header_scan as scan

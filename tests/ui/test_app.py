@@ -11,7 +11,7 @@ import pytest
 
 from k3core.text.sampling import SamplingParams
 from k3core import visible
-from tests.ui.conftest import slowed, ui_args
+from tests.ui.conftest import slowed
 
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import Client  # noqa: E402

@@ -194,7 +194,7 @@ def test_a_prompt_over_the_context_is_refused_naming_the_limit_and_the_conversat
     host = EngineHost(EngineConfig(small_model, max_context=64))
     try:
         chats = Chats(host, Monitor(host))
-        first = finish(chats.reply("c", "hi", SamplingParams(max_tokens=3)))[-1]
+        finish(chats.reply("c", "hi", SamplingParams(max_tokens=3)))[-1]
         refused = finish(chats.reply("c", "tell me more " * 20, GREEDY))[-1]
         assert refused.status == "error" and "over the context limit of 64" in refused.note
         assert [m["content"] for m in refused.messages if m["role"] == "user"] == ["hi"]
