@@ -104,7 +104,8 @@ class Api:
         if temperature is None:
             temperature = SamplingParams.suggested(mode).temperature
         max_tokens = min(sampling.max_tokens or self.opts.default_max_tokens, left)
-        return SamplingParams(temperature=temperature, top_p=sampling.top_p, seed=sampling.seed, max_tokens=max_tokens,
+        return SamplingParams(temperature=temperature, top_p=sampling.top_p, top_k=sampling.top_k, min_p=sampling.min_p,
+                              repetition_penalty=sampling.repetition_penalty, seed=sampling.seed, max_tokens=max_tokens,
                               stop_strings=sampling.stop)
 
     def chat_job(self, req: ChatRequest) -> tuple[Job, str]:

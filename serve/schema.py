@@ -36,13 +36,17 @@ class ApiError(Exception):
 
 @dataclass(frozen=True)
 class Sampling:
-    """What a request asks of the sampler; None: the server's default for the mode."""
+    """What a request asks of the sampler; None: the server's default for the mode. `top_k`, `min_p` and
+    `repetition_penalty` are k3's own (extension fields, as llama.cpp's and vLLM's servers take them)."""
 
     temperature: float | None = None
     top_p: float = 1.0
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,21 @@ def _model(body: dict) -> str:
     return m
 
 
+def _not_served(body: dict) -> None:
+    """Known OpenAI fields that would change what comes back, which k3 does not do: refused, never ignored."""
+    if body.get("logprobs") or body.get("top_logprobs"):
+        raise _bad("logprobs", "log probabilities are not served")
+    fmt = body.get("response_format")
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type", "text") != "text"):
+        raise _bad("response_format", "only {\"type\": \"text\"} is served (no JSON mode or schema)")
+    for name in ("frequency_penalty", "presence_penalty"):
+        v = body.get(name)
+        if v not in (None, 0, 0.0):
+            raise _bad(name, "not served; k3's `repetition_penalty` (a request field, > 0, 1 = off) is")
+
+
 def _sampling(body: dict, max_tokens_limit: int) -> Sampling:
+    _not_served(body)
     stop = body.get("stop")
     if stop is None:
         stops: tuple[str, ...] = ()
@@ -126,9 +144,11 @@ def _sampling(body: dict, max_tokens_limit: int) -> Sampling:
         raise _bad("n", f"only n = 1 is served (one choice per request), got {n!r}")
     given = [k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None]
     max_tokens = _integer(body, given[0], 1, max_tokens_limit) if given else None
-    return Sampling(temperature=_number(body, "temperature", 0.0, 2.0), top_p=_number(body, "top_p", 0.0, 1.0, 1.0,
-                                                                                        low_open=True),
-                    max_tokens=max_tokens, stop=stops, seed=_integer(body, "seed", 0, 2 ** 64 - 1))
+    return Sampling(temperature=_number(body, "temperature", 0.0, 2.0),
+                    top_p=_number(body, "top_p", 0.0, 1.0, 1.0, low_open=True), max_tokens=max_tokens, stop=stops,
+                    seed=_integer(body, "seed", 0, 2 ** 64 - 1), top_k=_integer(body, "top_k", 0) or 0,
+                    min_p=_number(body, "min_p", 0.0, 0.999999, 0.0),
+                    repetition_penalty=_number(body, "repetition_penalty", 0.0, 100.0, 1.0, low_open=True))
 
 
 def _include_usage(body: dict) -> bool:

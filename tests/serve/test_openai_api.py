@@ -165,6 +165,28 @@ def test_bad_requests_name_the_field(demo):
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"
 
 
+def test_what_k3_does_not_do_is_refused_not_ignored(demo):
+    for field, value in (("logprobs", True), ("response_format", {"type": "json_object"}),
+                         ("presence_penalty", 0.5), ("frequency_penalty", -1)):
+        r = httpx.post(demo.url + "/v1/chat/completions", json={"model": demo.name, "messages": PARIS, field: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, (field, r.text)
+    r = httpx.post(demo.url + "/v1/chat/completions", json={"model": demo.name, "messages": PARIS, "temperature": 0,
+                                                            "presence_penalty": 0, "response_format": {"type": "text"},
+                                                            "logprobs": False}, timeout=60)
+    assert r.status_code == 200  # the values that ask for nothing different are fine
+
+
+def test_k3_sampling_fields_reach_the_sampler(demo, capsys):
+    body = {"model": demo.name, "prompt": "The capital of", "max_tokens": 8, "temperature": 0.9, "seed": 4,
+            "top_k": 3, "min_p": 0.05, "repetition_penalty": 1.3}
+    text = httpx.post(demo.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+    assert main(["run", str(DEMO_MODEL), "--prompt", "The capital of", "--max-tokens", "8", "--temperature", "0.9",
+                 "--seed", "4", "--top-k", "3", "--min-p", "0.05", "--repeat-penalty", "1.3", "--quiet"]) == 0
+    assert capsys.readouterr().out.strip() == text.strip()
+    r = httpx.post(demo.url + "/v1/completions", json={**body, "top_k": -1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_k"
+
+
 def test_unknown_fields_are_ignored(demo):
     r = httpx.post(demo.url + "/v1/chat/completions", json={"model": demo.name, "messages": PARIS, "temperature": 0,
                                                             "logit_bias": {}, "user": "u", "x_future": [1]}, timeout=60)
