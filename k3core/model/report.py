@@ -82,13 +82,20 @@ def report_text(r: dict) -> str:
         f"kernels {r['kernels']}, trunk placer {r['trunk_placer']}, expert store {r['expert_store']}",
         f"trunk read {r['trunk_bytes_read'] / 1e9:.3f} GB at {_gbps(r['trunk_read_rate'])}; experts: "
         f"{r['expert_requests']} requests, TRUE hits {_pct(r['expert_true_hit_rate'])}, retention "
-        f"{_pct(r['expert_retention'])}, read {r['expert_bytes_read'] / 1e9:.3f} GB at {_gbps(r['expert_read_rate'])}; "
-        f"I/O {_pct(r['io_share_of_wall'])} of wall time",
+        f"{_pct(r['expert_retention'])}, read {r['expert_bytes_read'] / 1e9:.3f} GB at {_gbps(r['expert_read_rate'])}"
+        + _prefetch_part(r["stats"]) + f"; I/O {_pct(r['io_share_of_wall'])} of wall time",
         f"{r['forward_passes']} forward passes; {_per_token(r['bytes_read_per_token'])} read per generated id after "
         "the first" + (f"; drafts: {r['draft_accepted']} of {r['draft_proposed']} accepted "
                        f"({_pct(r['draft_accepted'] / r['draft_proposed'] if r['draft_proposed'] else None)})"
                        if r.get("speculate") else ""),
     ] + _floor_line(r))
+
+
+def _prefetch_part(s: dict) -> str:
+    if not s.get("expert_prefetched"):
+        return ""
+    return (f", prefetched {s['expert_prefetched']} on guesses ({s.get('expert_prefetch_used', 0)} then used, "
+            f"{_pct(s.get('expert_prefetch_used', 0) / s['expert_prefetched'])})")
 
 
 def _per_token(x):
