@@ -134,7 +134,6 @@ class Worker:
     def _engine_changed(self) -> None:
         self._fail_active(K3Error("the engine was reopened (new memory budgets); send the request again"))
         self.states.clear()
-        self._batch = BatchGenerator(self.slot.engine)
         self._generation = self.slot.generation
 
     def _admit(self) -> None:
@@ -203,8 +202,8 @@ class Worker:
 
     def _fail_active(self, exc: Exception) -> None:
         log.error("a forward pass failed; the %d request(s) in it end: %s", len(self._active), exc)
-        for handle, job in list(self._active.items()):
-            self._batch.remove(handle)  # its state may be half-advanced: never kept
+        for job in self._active.values():
             self.failed += 1
             job.emit(("error", ApiError(500, f"generation failed: {exc}", code="engine_error")))
         self._active.clear()
+        self._batch = BatchGenerator(self.slot.engine)  # their states may be half-advanced: dropped, never kept
