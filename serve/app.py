@@ -155,12 +155,21 @@ def _reply(api: Api, job: Job, mode: str, stats: dict, reason: str, texts: dict)
     calls = [c for c in parse_tool_calls(reply.tools or "") if c.name]
     finish = FINISH[reason]
     if calls:
-        message["tool_calls"] = [{"id": f"call_{secrets.token_hex(8)}", "type": "function",
-                                  "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
-                                 for c in calls]
+        message["tool_calls"] = [_call_json(c) for c in calls]
         if finish == "stop":
             finish = "tool_calls"
     return message, finish
+
+
+def _call_json(call) -> dict:
+    return {"id": f"call_{secrets.token_hex(8)}", "type": "function",
+            "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}}
+
+
+def _complete_calls(api: Api, job: Job, mode: str, ids: list[int]) -> list:
+    """The tool calls a reply has finished writing so far (their `<|close|>call<|sep|>` generated)."""
+    tools = split_reply(job.forced + ids, api.tokenizer, mode).tools
+    return [c for c in parse_tool_calls(tools or "") if c.name and c.complete]
 
 
 async def _collect(request, events: asyncio.Queue, job: Job):
@@ -179,7 +188,7 @@ async def _collect(request, events: asyncio.Queue, job: Job):
                 texts.setdefault(event[1], []).append(event[2])
             elif event[0] == "done":
                 return texts, event[1], event[2]
-            else:
+            elif event[0] == "error":
                 raise event[1]
     except asyncio.CancelledError:
         job.cancelled.set()
@@ -272,7 +281,7 @@ async def _events_or_cancel(request, events: asyncio.Queue, job: Job):
                     return
                 continue
             yield event
-            if event[0] != "text":
+            if event[0] in ("done", "error"):
                 return
     finally:
         job.cancelled.set()  # a no-op for a job that ended; frees the batch slot of one that did not
@@ -288,15 +297,22 @@ async def _chat_stream(api: Api, request, events, job: Job, mode: str, head: dic
 
     yield chunk({"role": "assistant", "content": ""})
     texts: dict[str | None, list[str]] = {}
+    ids, sent, sep = [], 0, api.tokenizer.id_of("<|sep|>")  # each tool call goes out once its element closes
     async for event in _events_or_cancel(request, events, job):
         kind = event[0]
-        if kind == "text" and event[1] in ("think", "response"):
+        if kind == "token":
+            ids.append(event[1])
+            if event[1] == sep and (calls := _complete_calls(api, job, mode, ids)) and len(calls) > sent:
+                yield chunk({"tool_calls": [{"index": i, **_call_json(c)} for i, c in enumerate(calls) if i >= sent]})
+                sent = len(calls)
+        elif kind == "text" and event[1] in ("think", "response"):
             texts.setdefault(event[1], []).append(event[2])
             yield chunk({"reasoning_content": event[2]} if event[1] == "think" else {"content": event[2]})
         elif kind == "done":
             message, finish = _reply(api, job, mode, event[2], event[1], texts)
-            if "tool_calls" in message:
-                yield chunk({"tool_calls": [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]})
+            rest = message.get("tool_calls", [])[sent:]  # a call cut off by max_tokens comes last, as it is
+            if rest:
+                yield chunk({"tool_calls": [{"index": sent + i, **call} for i, call in enumerate(rest)]})
             yield chunk({}, finish)
             if include_usage:
                 yield _sse({**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage(event[2])})
@@ -324,6 +340,6 @@ async def _completion_stream(request, events, job: Job, head: dict, req: Complet
             if req.include_usage:
                 yield _sse({**head, "object": "text_completion", "choices": [], "usage": _usage(event[2])})
             yield b"data: [DONE]\n\n"
-        else:
+        elif event[0] == "error":
             yield _sse(event[1].body())
             yield b"data: [DONE]\n\n"

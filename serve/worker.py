@@ -169,6 +169,8 @@ class Worker:
         if job.first is None:
             job.first = time.perf_counter()
         job.generated.append(token)
+        if job.channel is not None:  # chat: the stream parses tool calls from the ids as they come
+            job.emit(("token", token))
         if token in job.stop_ids or token in job.params.stop_ids:
             return self._finish(handle, "stop", used)
         for event in job.text.feed(token):

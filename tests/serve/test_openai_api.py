@@ -393,8 +393,8 @@ def test_a_reply_that_calls_a_tool_becomes_tool_calls(generated, monkeypatch):
     import serve.worker
 
     tok = generated.slot.tokenizer
-    script = tok.encode("Checking.<|close|>response<|sep|><|open|>tools<|sep|>"
-                        + tool_call_markup([("get_weather", {"city": "Paris", "days": 2})])
+    calls_out = [("get_weather", {"city": "Paris", "days": 2}), ("get_weather", {"city": "Rome"})]
+    script = tok.encode("Checking.<|close|>response<|sep|><|open|>tools<|sep|>" + tool_call_markup(calls_out)
                         + "<|close|>tools<|sep|><|end_of_msg|>", allow_special=True)
 
     class Scripted(Sampler):
@@ -406,16 +406,17 @@ def test_a_reply_that_calls_a_tool_becomes_tool_calls(generated, monkeypatch):
     monkeypatch.setattr(serve.worker, "Sampler", Scripted)
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
     ask = [{"role": "user", "content": "weather in Paris?"}]
-    r = generated.client.chat.completions.create(model=generated.name, messages=ask, tools=tools, max_tokens=200)
+    r = generated.client.chat.completions.create(model=generated.name, messages=ask, tools=tools, max_tokens=len(script))
     message = r.choices[0].message
     assert r.choices[0].finish_reason == "tool_calls" and message.content == "Checking."
-    assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [
-        ("get_weather", {"city": "Paris", "days": 2})]
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == calls_out
     chunks = list(generated.client.chat.completions.create(model=generated.name, messages=ask, tools=tools,
-                                                           max_tokens=200, stream=True))
-    calls = [c for ch in chunks if ch.choices for c in (ch.choices[0].delta.tool_calls or [])]
-    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
-        ("get_weather", {"city": "Paris", "days": 2})]
+                                                           max_tokens=len(script), stream=True))
+    carrying = [ch.choices[0].delta.tool_calls for ch in chunks if ch.choices and ch.choices[0].delta.tool_calls]
+    assert len(carrying) == 2  # each call went out as soon as its element closed, not both at the end
+    calls = [c for part in carrying for c in part]
+    assert [(c.index, c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        (i, name, args) for i, (name, args) in enumerate(calls_out)]
     assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "tool_calls"
     # the result goes back as a tool message and the conversation goes on
     follow = ask + [message.model_dump(exclude_none=True),
