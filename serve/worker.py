@@ -25,7 +25,8 @@ log = logging.getLogger("k3.serve")
 @dataclass
 class Job:
     """One request for ids: what to generate, and where its events go (`emit` is called on the worker
-    thread with ("text", channel, text), ("done", reason, stats) or ("error", ApiError))."""
+    thread with ("token", id) for each id of a chat reply, ("text", channel, text), then ("done", reason,
+    stats) or ("error", ApiError))."""
 
     prompt: list[int]
     params: SamplingParams

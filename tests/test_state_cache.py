@@ -30,8 +30,9 @@ def test_the_least_recently_used_goes_and_empty_states_are_not_kept():
     cache.put(S([1]))
     cache.put(S([2]))
     cache.put(S([]))
-    cache.put(S([3]))
-    assert len(cache) == 2 and cache.take([1, 0]) is None and cache.take([3, 0]).ids == [3]
+    cache.put(S([3, 3]))
+    assert cache.kept_lengths() == [1, 2]  # [2] and [3, 3], least recently used first
+    assert len(cache) == 2 and cache.take([1, 0]) is None and cache.take([3, 3, 0]).ids == [3, 3]
     off = StateCache(0)
     off.put(S([1]))
     assert len(off) == 0

@@ -47,6 +47,10 @@ class StateCache:
         while len(self._states) > self.capacity:
             self._states.popitem(last=False)
 
+    def kept_lengths(self) -> list[int]:
+        """How many ids each kept state holds, least recently used first."""
+        return [len(key) for key in self._states]
+
     def clear(self) -> None:
         self._states.clear()
 

@@ -226,7 +226,7 @@ def test_a_client_that_disconnects_frees_its_place(generated):
     while generated.worker.stats()["active"] and time.time() < deadline:
         time.sleep(0.05)
     assert generated.worker.stats()["active"] == 0 and generated.worker.completed == done_before + 1
-    kept = max(len(k) for k in generated.worker.states._states)  # the cancelled turn's state is kept, whole
+    kept = max(generated.worker.states.kept_lengths())  # the cancelled turn's state is kept, whole
     assert kept < 60 + 40
 
 
