@@ -138,11 +138,13 @@ def warn_exposed(host: str, auth) -> None:
 
 def openai_routes(host: EngineHost, opts: ServerOptions, key: str | None):
     """The `k3 serve` routes over this page's engine: its requests take the same engine lock as the page's
-    turns, between passes. Returns (the worker, the APIRouter)."""
+    turns, between passes. They keep no decode state between requests — the page's sessions hold the
+    --keep-states the plan counts; `k3 serve` is the one for clients whose follow-ups should reuse theirs.
+    Returns (the worker, the APIRouter)."""
     from serve.app import ApiOptions, api_router
     from serve.worker import Worker
 
-    worker = Worker(host, queue_size=opts.queue_size, keep_states=opts.keep_states, speculation=host.speculation)
+    worker = Worker(host, queue_size=opts.queue_size, keep_states=0, speculation=host.speculation)
     return worker, api_router(worker, ApiOptions(api_key=key, created=int(time.time())))
 
 
@@ -153,8 +155,7 @@ def serve(config: EngineConfig, opts: ServerOptions, speculation=lambda: None) -
     if not is_loopback(host):
         warn_exposed(host, auth)
     key = read_api_key(opts.api_key)
-    # the page's sessions and the API each keep up to --keep-states decode states: the plan counts both
-    config = config.replace(kept_states=2 * opts.keep_states)
+    config = config.replace(kept_states=opts.keep_states)  # the page's sessions keep these: the plan counts them
     engine = EngineHost(config, speculation)  # no model, no profile, a plan that does not fit: said before Gradio loads
     for notice in engine.engine.notices:
         print(notice, file=sys.stderr)
