@@ -110,7 +110,7 @@ def test_bench_stream_compares_two_trunks_against_the_disk_floor(capsys, tiny_mo
     doc = json.loads(capsys.readouterr().out)
     first, second, third = doc["runs"]
     assert (first["trunk_codec"], second["trunk_codec"]) == ("raw", "planes"), doc["runs"]
-    assert third["store_options"] == ["prefetch=false"] and third["expert_prefetched"] == 0
+    assert third["options"] == ["prefetch=false"] and third["expert_prefetched"] == 0
     assert first["expert_prefetched"] > 0 and third["vs_first_run_seconds_per_token"] > 0
     assert second["vs_first_run_seconds_per_token"] > 0 and first["disk_floor_seconds_per_token"] > 0
     assert second["bytes_read_per_token"] < first["bytes_read_per_token"]
@@ -131,7 +131,7 @@ def test_the_real_model_projection_adds_up():
     coded = projection(0.7, 2e9, 10e9, 1.0, 2)
     assert coded["bytes_read_per_token"] == pytest.approx(0.7 * stream + experts * (1 - K3_LRU_1GB_HIT_RATE))
     assert coded["cpu_seconds"] == pytest.approx((stream / 2e9 + (stream + experts) / 10e9) / 2)
-    rows = [{"trunk": "t", "store_options": [], "pinned_layers": 0, "vs_disk_floor": 0.8, "trunk_codec": "raw"}]
+    rows = [{"trunk": "t", "options": [], "pinned_layers": 0, "vs_disk_floor": 0.8, "trunk_codec": "raw"}]
     assert [p["cores"] for p in projections(rows, [("t", 1.0)], None, 5e9)] == [2, 8, 16]
     assert projections(rows, [("t", 1.0)], None, 5e9)[0]["overhead"] == 1.0  # never below the disk floor
     assert projections(rows, [("t", 0.7)], None, 5e9) == []  # a coded trunk needs its decode rate

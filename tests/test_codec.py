@@ -255,7 +255,9 @@ PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 CONFIGS = {"pinned 0, ring 2": dict(pin_layers=0, ring=2, expert_store="direct"),
            "pinned 3, ring 3": dict(pin_layers=3, ring=3),
            "pinned all, head streamed": dict(pin_layers=99, placer_options={"pin_head": False}),
-           "pinned all and head": dict(pin_layers=99)}
+           "pinned all and head": dict(pin_layers=99),
+           "3 held coded, ring 2": dict(pin_layers=3, ring=2, placer_options={"pin_coded": True}),
+           "all held coded, head pinned": dict(pin_layers=99, placer_options={"pin_coded": True, "pin_head": True})}
 
 
 def run(model, trunk, **fields):
@@ -276,6 +278,33 @@ def test_a_coded_trunk_gives_the_raw_trunk_s_ids_and_logit_bytes(model, model_fa
         assert a[:2] == b[:2], name
         assert b[2]["trunk_codec"] == "planes" and a[2]["trunk_codec"] == "raw"
     assert run(path, coded, **CONFIGS["pinned 0, ring 2"])[2]["trunk_decode_seconds"] > 0
+    held = run(path, coded, **CONFIGS["3 held coded, ring 2"])[2]
+    assert held["pinned_coded"] and held["pinned_layers"] == 3
+
+
+def test_held_coded_layers_pin_more_per_gigabyte_and_read_nothing_per_token(model_factory, tmp_path):
+    from k3core import memory_plan
+
+    path = model_factory("medium")
+    coded = tmp_path / "coded"
+    pack.pack(path, coded, codec="planes", block_bytes=SMALL_BLOCK)
+    trunk = load_trunk(coded)
+    plain = {r.item: r for r in memory_plan(EngineConfig(path, trunk=coded, pin_layers=6)).rows}
+    held = {r.item: r for r in memory_plan(EngineConfig(path, trunk=coded, pin_layers=6,
+                                                          placer_options={"pin_coded": True})).rows}
+    assert held["pinned trunk"].bytes == sum(trunk.layer(L).span for L in range(6)) < plain["pinned trunk"].bytes
+    assert "held as planes blocks" in held["pinned trunk"].detail
+    budget = plain["pinned trunk"].bytes / 1e9 + plain["trunk ring"].bytes / 1e9 + 1e-6  # 6 layers as raw pins
+    fit = {name: run(path, coded, trunk_gb=budget, **({"placer_options": {"pin_coded": True}} if name else {}))[2]
+           for name in ("", "held")}
+    assert fit["held"]["pinned_layers"] > fit[""]["pinned_layers"] == 6
+    read = {}
+    for name, options in (("raw pins", {"pin_head": True}), ("held", {"pin_coded": True, "pin_head": True})):
+        with open_engine(EngineConfig(path, trunk=coded, pin_layers=99, placer_options=options)) as engine:
+            before = engine.stats()["trunk_bytes_read"]
+            greedy_ids(engine, PROMPT, 3)
+            read[name] = engine.stats()["trunk_bytes_read"] - before
+    assert read["held"] == read["raw pins"]  # embedding rows only: every held layer is restored from RAM, not read
 
 
 def test_the_memory_plan_counts_the_codec_staging(tiny_model, coded_pack):

@@ -88,14 +88,14 @@ def run_limited(cmd: list[str], limit: int | None) -> dict:
 
 
 def run_budget(model_dir, trunk_dir, trunk_gb: float, cache_gb: float, ids: str, gen: int,
-               overhead_gb: float, store_options: tuple[str, ...] = ()) -> dict:
-    """One `k3 run` in its own process under a memory limit of budget + overhead; `store_options`:
-    NAME=VALUE texts passed as --store-option."""
+               overhead_gb: float, options: tuple[str, ...] = ()) -> dict:
+    """One `k3 run` in its own process under a memory limit of budget + overhead; `options`: flags like
+    ("--store-option", "prefetch=false") passed on."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         cmd = [sys.executable, "-m", "k3core", "run", str(model_dir), "--trunk", str(trunk_dir), "--trunk-gb",
                str(trunk_gb), "--cache-gb", str(cache_gb), "--ids", ids, "--gen", str(gen), "--quiet", "--json",
-               str(report), "--max-context", "256", *(a for o in store_options for a in ("--store-option", o))]
+               str(report), "--max-context", "256", *options]
         limit = int((trunk_gb + cache_gb + overhead_gb) * 1e9)
         ran = run_limited(cmd, limit)
         if ran["exit"] != 0:
@@ -114,7 +114,7 @@ def run_budget(model_dir, trunk_dir, trunk_gb: float, cache_gb: float, ids: str,
             "tokens": len(r["generated_ids"]), "read_modes": [s.get("trunk_read_mode"), s.get("expert_read_mode")],
             "bytes_read_per_token": r["bytes_read_per_token"], "trunk_codec": s.get("trunk_codec", "raw"),
             "trunk_decode_seconds": s.get("trunk_decode_seconds", 0.0), "trunk": str(trunk_dir),
-            "store_options": list(store_options), "expert_wait_seconds": s.get("expert_wait_seconds"),
+            "options": list(options[1::2]), "expert_wait_seconds": s.get("expert_wait_seconds"),
             "expert_prefetched": s.get("expert_prefetched"), "expert_prefetch_used": s.get("expert_prefetch_used")}
 
 
@@ -145,7 +145,7 @@ def projections(rows: list[dict], trunks: list[tuple[Path, float]], decode_per_c
     what it needs: its streamed floor run (nothing pinned), whose s/token ÷ disk floor is the overhead."""
     out = []
     for trunk_dir, ratio in trunks:
-        floor = next((r for r in rows if "error" not in r and r["trunk"] == str(trunk_dir) and not r["store_options"]
+        floor = next((r for r in rows if "error" not in r and r["trunk"] == str(trunk_dir) and not r["options"]
                       and r["pinned_layers"] == 0 and r.get("vs_disk_floor")), None)
         if floor is None or not compute_per_core or (ratio < 1 and not decode_per_core):
             continue
@@ -203,8 +203,10 @@ def cmd_stream(args) -> int:
     budgets = [tuple(float(v) for v in b.split(":")) for b in args.budgets.split(",")] if args.budgets \
         else default_budgets(model, trunk)
     probe = raw_probe(model, seconds=args.probe_seconds)
+    changed = tuple(a for o in args.compare_store_option or () for a in ("--store-option", o)) \
+        + tuple(a for o in args.compare_placer_option or () for a in ("--placer-option", o))
     variants = [(trunk, ())] + ([(Path(args.compare_trunk), ())] if args.compare_trunk else []) \
-        + ([(trunk, tuple(args.compare_store_option))] if args.compare_store_option else [])
+        + ([(trunk, changed)] if changed else [])
     rows = [run_budget(model, d, t, c, args.ids, args.gen, args.overhead_gb, opts) for t, c in budgets
             for d, opts in variants]
     for r in rows:
@@ -218,7 +220,7 @@ def cmd_stream(args) -> int:
             if "error" not in first and "error" not in other:
                 other["vs_first_run_seconds_per_token"] = other["seconds_per_token"] / first["seconds_per_token"]
     ok = [r for r in rows if "error" not in r]
-    full = max((r for r in ok if r["trunk"] == str(trunk) and not r["store_options"]),
+    full = max((r for r in ok if r["trunk"] == str(trunk) and not r["options"]),
                key=lambda r: r["trunk_gb"] + r["cache_gb"], default=None)
     doc = {"model": str(model), "raw_o_direct_probe": probe, "runs": rows, "overhead_gb_allowed": args.overhead_gb,
            "threads": default_threads()}
@@ -257,7 +259,7 @@ def stream_table(doc: dict) -> str:
         floor = r.get("disk_floor_seconds_per_token")
         vs = r.get("vs_first_run_seconds_per_token")
         times = f"{r['vs_disk_floor']:.2f}" if floor else "n/a"
-        label = ", ".join([r.get("trunk_codec", "raw"), *r.get("store_options", [])])
+        label = ", ".join([r.get("trunk_codec", "raw"), *r.get("options", r.get("store_options", []))])
         out.append(f"| {label} | {r['trunk_gb']:.2f} | {r['cache_gb']:.2f} | "
                    f"{human(r['limit_bytes'])} | {r['pinned_layers']} | {r['prefill_seconds']:.2f} | "
                    f"{r['seconds_per_token']:.2f} | {f'{vs:.2f}' if vs else '–'} | "
@@ -313,6 +315,8 @@ def add_parser(sub) -> None:
     p.add_argument("--compare-store-option", action="append", metavar="NAME=VALUE",
                    help="run every budget once more with this expert-store option (repeatable), e.g. prefetch=false: "
                         "an s/token ratio column against the default")
+    p.add_argument("--compare-placer-option", action="append", metavar="NAME=VALUE",
+                   help="the same for a trunk-placer option (repeatable), e.g. pin_coded=true on a coded --trunk")
     p.add_argument("--budgets", metavar="T:C,…", help="trunk GB:cache GB pairs (default: ring only, half, all)")
     p.add_argument("--ids", default="1,2,3,4,5,6,7,8", help="prompt ids (default 1..8)")
     p.add_argument("--gen", type=int, default=6, help="ids to generate per run (default 6)")

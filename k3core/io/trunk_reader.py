@@ -87,6 +87,21 @@ class TrunkReader:
         self._restore(run, lo, lo + n, out, None)
         return bytes(out)
 
+    def read_stored(self, run):
+        """A coded run's stored blocks as they are on disk, in a buffer of their own: what a placer holds in RAM
+        to restore later (`restore_stored`) instead of reading the run again."""
+        every = list(range(len(run.blocks)))
+        stored = aligned_buffer(self._stored_span(run, every))
+        self._read_piece(run, every, stored)
+        return stored
+
+    def restore_stored(self, run, stored, buf) -> int:
+        """All of `run` restored into `buf` from its stored blocks held in `stored` (read_stored), on every core,
+        each block checked against its checksum; returns 0, where the run's first byte landed."""
+        self._decode_piece(run, list(range(len(run.blocks))), stored, 0, run.length, memoryview(buf).cast("B"),
+                           None, self._decoders)
+        return 0
+
     @staticmethod
     def room(run, lo: int, hi: int) -> int:
         """Buffer bytes read(run, lo, hi, buf) needs."""

@@ -4,6 +4,10 @@ while the current one computes. A slot is never refilled while its layer is hand
 
 Units in visit order: the unpinned layers, then lm_head in row blocks unless it is pinned too. Every byte
 comes through a TrunkReader, which restores a coded pack's blocks (k3 pack --codec) on the reading thread.
+
+With a coded pack and `pin_coded`, pinned layers are held in RAM as their stored blocks (about 0.68× the
+bytes, so more of them fit) and restored into a ring slot each time they are used, like a streamed layer
+but without the read: every layer is then a unit of the ring.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ class Layout:
     ring_slots: int
     slot_bytes: int           # 0 when nothing streams
     pinned_bytes: int
+    held: bool = False        # pinned layers are held as stored (coded) blocks, restored on each use
 
 
 def _head_tensor(trunk):
@@ -37,6 +42,7 @@ def _head_tensor(trunk):
 @dataclass(frozen=True)
 class PinnedOptions(PluginOptions):
     pin_head: bool | None = None  # keep lm_head in RAM; default: only when every layer is pinned
+    pin_coded: bool = False       # with a coded pack: hold pinned layers as stored blocks, restore them on use
 
 
 def layout(trunk, config, budget, options: PinnedOptions) -> Layout:
@@ -44,7 +50,9 @@ def layout(trunk, config, budget, options: PinnedOptions) -> Layout:
     n, ring = config.num_hidden_layers, budget.ring_slots
     if ring < MIN_RING:
         raise UsageError(f"the ring needs at least {MIN_RING} slots, got {ring}")
+    held = options.pin_coded and trunk.codec != RAW
     sizes = [trunk.layer(L).padded for L in range(n)]
+    pinned_sizes = [trunk.layer(L).span for L in range(n)] if held else sizes  # what a pinned layer keeps in RAM
     head = _head_tensor(trunk)
     head_block = min(head.nbytes, max(HEAD_BLOCK_BYTES, head.shape[1] * 2)) + 2 * ALIGN  # + alignment slack
     if budget.pinned_layers is not None:
@@ -53,16 +61,21 @@ def layout(trunk, config, budget, options: PinnedOptions) -> Layout:
     else:
         limit = budget.trunk_gb * 1e9 if budget.trunk_gb is not None else float("inf")
 
-        def need(k, head_pinned):  # pinned bytes + the ring for whatever still streams
-            streamed = sizes[k:] + ([] if head_pinned else [head_block])
-            return sum(sizes[:k]) + (head.nbytes if head_pinned else 0) + (ring * max(streamed) if streamed else 0)
+        def need(k, head_pinned):  # pinned bytes + the ring for whatever goes through it
+            through = _through_ring(sizes, k, held) + ([] if head_pinned else [head_block])
+            return sum(pinned_sizes[:k]) + (head.nbytes if head_pinned else 0) + (ring * max(through) if through else 0)
 
         fits = [(k, h) for k in range(n + 1) for h in ((False, True) if k == n else (False,)) if need(k, h) <= limit]
         k, head_pinned = max(fits, default=(0, False), key=lambda kh: (kh[0], kh[1]))
-    streamed = sizes[k:] + ([] if head_pinned else [head_block])
-    slot = max(streamed) if streamed else 0
-    pinned_bytes = sum(sizes[:k]) + (head.nbytes if head_pinned else 0)
-    return Layout(tuple(range(k)), head_pinned, ring if streamed else 0, slot, pinned_bytes)
+    through = _through_ring(sizes, k, held) + ([] if head_pinned else [head_block])
+    slot = max(through) if through else 0
+    pinned_bytes = sum(pinned_sizes[:k]) + (head.nbytes if head_pinned else 0)
+    return Layout(tuple(range(k)), head_pinned, ring if through else 0, slot, pinned_bytes, held and k > 0)
+
+
+def _through_ring(sizes, pinned: int, held: bool) -> list[int]:
+    """Restored sizes of the layers that pass through the ring: the streamed ones, and held ones too."""
+    return sizes if held and pinned else sizes[pinned:]
 
 
 class PinnedPlacer(TrunkPlacer):
@@ -81,8 +94,9 @@ class PinnedPlacer(TrunkPlacer):
             raise PlanError(f"--trunk-gb {budget.trunk_gb:g} cannot hold even the ring: {lay.ring_slots} slots × "
                             f"{human(lay.slot_bytes)}")
         head = "and lm_head " if lay.head_pinned else ""
+        held = f", held as {trunk.codec} blocks and restored on each use" if lay.held else ""
         return [PlanRow("pinned trunk", lay.pinned_bytes, f"layers 0..{len(lay.pinned) - 1} {head}of "
-                        f"{config.num_hidden_layers}" if lay.pinned else f"no layers {head}pinned"),
+                        f"{config.num_hidden_layers}{held}" if lay.pinned else f"no layers {head}pinned"),
                 PlanRow("trunk ring", lay.ring_slots * lay.slot_bytes, f"{lay.ring_slots} slots × "
                         f"{human(lay.slot_bytes)}" if lay.ring_slots else "nothing streams")] + (
             [] if trunk.codec == RAW else
@@ -95,7 +109,8 @@ class PinnedPlacer(TrunkPlacer):
         self.layout = lay = layout(self.trunk, config, ctx.budget, self.options)
         self.reader = TrunkReader(self.trunk)
         self.wait_seconds = 0.0
-        self._pinned = {L: self._load_resident(self.trunk.layer(L)) for L in lay.pinned}
+        self._pinned = {} if lay.held else {L: self._load_resident(self.trunk.layer(L)) for L in lay.pinned}
+        self._held = {L: self.reader.read_stored(self.trunk.layer(L)) for L in lay.pinned} if lay.held else {}
         model = self.trunk.model
         self._head = _head_tensor(self.trunk)
         small = [t for t in model.tensors if t.name != HEAD and not t.name.endswith("embed_tokens.weight")]
@@ -111,6 +126,10 @@ class PinnedPlacer(TrunkPlacer):
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="k3-trunk-read")
         self._inflight: dict[tuple, tuple[int, object]] = {}  # unit -> (slot, future of the data's offset)
         self._current: tuple | None = None                    # the unit handed out, its slot and offset
+        for L in self._held:  # held bytes are hashed once, restored, against the manifest
+            run = self.trunk.layer(L)
+            self.reader.restore_stored(run, self._held[L], self._slots[0])
+            run.check(self._slots[0])
 
     # ---- resident parts ---------------------------------------------------------------------------
     def _load_resident(self, run) -> Weights:
@@ -135,7 +154,11 @@ class PinnedPlacer(TrunkPlacer):
         return self.trunk.model, lo, lo + rows * row
 
     def _submit(self, unit, slot):
-        future = self._reader.submit(self.reader.read, *self._range(unit), self._slots[slot])
+        kind, i = unit
+        if kind == "layer" and i in self._held:  # restored from RAM, no read
+            future = self._reader.submit(self.reader.restore_stored, self.trunk.layer(i), self._held[i], self._slots[slot])
+        else:
+            future = self._reader.submit(self.reader.read, *self._range(unit), self._slots[slot])
         self._inflight[unit] = (slot, future)
 
     def _acquire(self, unit) -> tuple[int, int]:
@@ -200,6 +223,7 @@ class PinnedPlacer(TrunkPlacer):
         return {"trunk_bytes_read": self.reader.bytes_read, "trunk_read_seconds": self.reader.read_seconds,
                 "trunk_decode_seconds": self.reader.decode_seconds, "trunk_codec": self.trunk.codec,
                 "trunk_wait_seconds": self.wait_seconds, "pinned_layers": len(self.layout.pinned),
+                "pinned_coded": self.layout.held,
                 "head_pinned": self.layout.head_pinned, "ring_slots": self.layout.ring_slots,
                 "ring_slot_bytes": self.layout.slot_bytes,
                 "trunk_read_mode": self.reader.mode}
