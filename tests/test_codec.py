@@ -289,15 +289,19 @@ def test_held_coded_layers_pin_more_per_gigabyte_and_read_nothing_per_token(mode
     coded = tmp_path / "coded"
     pack.pack(path, coded, codec="planes", block_bytes=SMALL_BLOCK)
     trunk = load_trunk(coded)
-    plain = {r.item: r for r in memory_plan(EngineConfig(path, trunk=coded, pin_layers=6)).rows}
+    plain = {r.item: r for r in memory_plan(EngineConfig(path, trunk=coded, pin_layers=6,
+                                                           placer_options={"pin_coded": False})).rows}
     held = {r.item: r for r in memory_plan(EngineConfig(path, trunk=coded, pin_layers=6,
                                                           placer_options={"pin_coded": True})).rows}
     assert held["pinned trunk"].bytes == sum(trunk.layer(L).span for L in range(6)) < plain["pinned trunk"].bytes
     assert "held as planes blocks" in held["pinned trunk"].detail
     budget = plain["pinned trunk"].bytes / 1e9 + plain["trunk ring"].bytes / 1e9 + 1e-6  # 6 layers as raw pins
-    fit = {name: run(path, coded, trunk_gb=budget, **({"placer_options": {"pin_coded": True}} if name else {}))[2]
-           for name in ("", "held")}
-    assert fit["held"]["pinned_layers"] > fit[""]["pinned_layers"] == 6
+    fit = {name: run(path, coded, trunk_gb=budget, placer_options=options)[2]
+           for name, options in (("restored", {"pin_coded": False}), ("default", None))}
+    assert fit["restored"]["pinned_layers"] == 6 and not fit["restored"]["pinned_coded"]
+    assert fit["default"]["pinned_layers"] > 6 and fit["default"]["pinned_coded"]  # by default: held, as it pins more
+    every = {r.item: r for r in memory_plan(EngineConfig(path, trunk=coded, trunk_gb=10)).rows}
+    assert "held" not in every["pinned trunk"].detail  # when everything fits restored, nothing is held coded
     read = {}
     for name, options in (("raw pins", {"pin_head": True}), ("held", {"pin_coded": True, "pin_head": True})):
         with open_engine(EngineConfig(path, trunk=coded, pin_layers=99, placer_options=options)) as engine:

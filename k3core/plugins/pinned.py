@@ -42,15 +42,26 @@ def _head_tensor(trunk):
 @dataclass(frozen=True)
 class PinnedOptions(PluginOptions):
     pin_head: bool | None = None  # keep lm_head in RAM; default: only when every layer is pinned
-    pin_coded: bool = False       # with a coded pack: hold pinned layers as stored blocks, restore them on use
+    pin_coded: bool | None = None  # with a coded pack, hold pinned layers as stored blocks and restore them on
+                                   # use; default: when that pins more layers than keeping them restored
 
 
 def layout(trunk, config, budget, options: PinnedOptions) -> Layout:
-    """Pin layers in visit order while pinned bytes + the ring fit the budget; then the head."""
+    """Pin layers in visit order while pinned bytes + the ring fit the budget; then the head. With a coded
+    pack, pinned layers are held coded when `pin_coded` says so, or by default when that pins more."""
+    if budget.ring_slots < MIN_RING:
+        raise UsageError(f"the ring needs at least {MIN_RING} slots, got {budget.ring_slots}")
+    restored = _layout(trunk, config, budget, options, held=False)
+    if trunk.codec == RAW or options.pin_coded is False:
+        return restored
+    held = _layout(trunk, config, budget, options, held=True)
+    if options.pin_coded or len(held.pinned) > len(restored.pinned):
+        return held
+    return restored
+
+
+def _layout(trunk, config, budget, options: PinnedOptions, held: bool) -> Layout:
     n, ring = config.num_hidden_layers, budget.ring_slots
-    if ring < MIN_RING:
-        raise UsageError(f"the ring needs at least {MIN_RING} slots, got {ring}")
-    held = options.pin_coded and trunk.codec != RAW
     sizes = [trunk.layer(L).padded for L in range(n)]
     pinned_sizes = [trunk.layer(L).span for L in range(n)] if held else sizes  # what a pinned layer keeps in RAM
     head = _head_tensor(trunk)
