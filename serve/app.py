@@ -173,26 +173,17 @@ def _complete_calls(api: Api, job: Job, mode: str, ids: list[int]) -> list:
 
 
 async def _collect(request, events: asyncio.Queue, job: Job):
-    """Wait for a job's end; cancel it if the client goes away. Returns (texts, reason, stats)."""
+    """Wait for a job's end (cancelled if the client goes away): (texts by channel, reason, stats), or None
+    when the client went away first."""
     texts: dict[str | None, list[str]] = {}
-    try:
-        while True:
-            try:
-                event = await asyncio.wait_for(events.get(), timeout=0.5)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    job.cancelled.set()
-                    return None
-                continue
-            if event[0] == "text":
-                texts.setdefault(event[1], []).append(event[2])
-            elif event[0] == "done":
-                return texts, event[1], event[2]
-            elif event[0] == "error":
-                raise event[1]
-    except asyncio.CancelledError:
-        job.cancelled.set()
-        raise
+    async for event in _events_or_cancel(request, events, job):
+        if event[0] == "text":
+            texts.setdefault(event[1], []).append(event[2])
+        elif event[0] == "done":
+            return texts, event[1], event[2]
+        elif event[0] == "error":
+            raise event[1]
+    return None
 
 
 def _sse(payload) -> bytes:

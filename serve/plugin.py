@@ -84,7 +84,7 @@ def serve(config, opts: ServeOptions, speculation=lambda: None) -> int:
 
 def cmd_serve(args) -> int:
     configure_logging(args.log_level)
-    config = engine_config_from_args(args).replace(sequences=args.sequences, kept_states=args.keep_states)
+    config = engine_config_from_args(args)
     speculation_from_args(args)  # a bad --draft is refused before the engine loads
     if args.bench:
         import json
@@ -100,19 +100,15 @@ def cmd_serve(args) -> int:
                                       access_log=args.access_log), speculation=lambda: speculation_from_args(args))
 
 
-def _at_least(low: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
-        return value
-    return parse
-
-
-_positive = _at_least(1)
+def _positive(text: str) -> int:
+    """A server-only count (the engine's own flags are checked by EngineConfig, named as flags)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -136,12 +132,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--port", type=int, default=8000, metavar="N", help="port (default 8000)")
     g.add_argument("--api-key", metavar="KEY", help=f"require `Authorization: Bearer KEY` (prefer {KEY_ENV}: a flag "
                    "shows in the process list); at least 16 characters")
-    g.add_argument("--sequences", type=_positive, default=4, metavar="N",
+    g.add_argument("--sequences", type=int, default=4, metavar="N",
                    help="requests advanced together in one forward pass (default 4; the memory plan holds a decode "
                         "state for each)")
     g.add_argument("--queue-size", type=_positive, default=16, metavar="N",
                    help="requests that may wait for a place (default 16); more get 429 with Retry-After")
-    g.add_argument("--keep-states", type=_at_least(0), default=2, metavar="N",
+    g.add_argument("--keep-states", type=int, default=2, metavar="N",
                    help="decode states kept so follow-up turns forward only their new tokens (default 2; the memory "
                         "plan counts them)")
     g.add_argument("--max-tokens", type=_positive, default=1024, metavar="N",

@@ -110,3 +110,17 @@ def test_one_pass_reads_each_expert_once_for_all_rows(model_factory):
         engine.forward_batch([([1, 2], engine.new_state()), ([3], engine.new_state()), ([4, 5, 6], engine.new_state())],
                              observers=[routes])
         assert engine.stats()["expert_requests"] - before == routes.wanted  # the union per layer, not per row
+
+
+def test_per_sequence_logits_and_a_bad_used_count_are_checked(engine):
+    a, b = engine.new_state(), engine.new_state()
+    rows = engine.forward_batch([([1, 2, 3], a), ([4, 5], b)], all_logits=[True, False])
+    assert rows[0].shape == (3, engine.config.vocab_size) and rows[1].shape == (engine.config.vocab_size,)
+    with pytest.raises(InputError, match="all_logits names 1 sequences, the batch has 2"):
+        engine.forward_batch([([1], engine.new_state()), ([2], engine.new_state())], all_logits=[True])
+    batch = BatchGenerator(engine)
+    h = batch.add([1, 2], engine.new_state())
+    batch.step()
+    with pytest.raises(UsageError, match="used must be 1..1"):
+        batch.remove(h, used=2)
+    assert len(batch) == 1 and batch.remove(h, used=1) is not None  # refused, it stayed; then it leaves

@@ -59,8 +59,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--queue-size", type=int, default=16, metavar="N",
                    help="requests that may wait for the engine at once (default 16); more are turned away")
     g.add_argument("--keep-states", type=int, default=2, metavar="N",
-                   help="browser sessions whose decode state stays in memory (default 2; about 0.6 GB each on "
-                        "the real model); others recompute their history on their next turn")
+                   help="browser sessions whose decode state stays in memory (default 2; about 0.69 GB each on "
+                        "the real model, counted in the memory plan); others recompute their history on their next "
+                        "turn")
     g = p.add_argument_group("chat")
     g.add_argument("--tok", metavar="DIR", help="tokenizer directory (default: MODEL_DIR)")
     add_speculation_arguments(p)

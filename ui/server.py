@@ -155,7 +155,6 @@ def serve(config: EngineConfig, opts: ServerOptions, speculation=lambda: None) -
     if not is_loopback(host):
         warn_exposed(host, auth)
     key = read_api_key(opts.api_key)
-    config = config.replace(kept_states=opts.keep_states)  # the page's sessions keep these: the plan counts them
     engine = EngineHost(config, speculation)  # no model, no profile, a plan that does not fit: said before Gradio loads
     for notice in engine.engine.notices:
         print(notice, file=sys.stderr)

@@ -152,7 +152,8 @@ def engine_config(args):
                   pin_layers=args.pin_layers, max_context=args.max_context, prefill_chunk=args.prefill_chunk,
                   store_options=_options(args.store_option, "--store-option"),
                   placer_options=_options(args.placer_option, "--placer-option"),
-                  tokenizer=getattr(args, "tok", None), speculate=speculate_k(args))
+                  tokenizer=getattr(args, "tok", None), speculate=speculate_k(args),
+                  sequences=getattr(args, "sequences", 1), kept_states=getattr(args, "keep_states", 0))
     try:
         return EngineConfig(args.model, **fields) if args.model else config_from_profile(**fields)
     except UsageError as exc:  # name the flags, not the fields
@@ -162,7 +163,7 @@ def engine_config(args):
         raise UsageError(text) from None
 
 
-FLAGS = {"tokenizer": "tok"}  # fields whose flag is not the field's name with dashes
+FLAGS = {"tokenizer": "tok", "kept_states": "keep-states"}  # fields whose flag is not the field's name with dashes
 
 
 def open_engine(config):

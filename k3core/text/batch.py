@@ -76,11 +76,12 @@ class BatchGenerator:
         """The sequence leaves the batch; returns its decode state (None for a handle not in the batch).
         `used`: how many of the ids its last step emitted the consumer kept (default all); the state then
         holds every id before the last one kept."""
-        seq = self.sequences.pop(handle, None)
+        seq = self.sequences.get(handle)
         if seq is None:
             return None
         if used is not None and not 1 <= used <= max(1, seq.emitted):
             raise UsageError(f"used must be 1..{max(1, seq.emitted)}, the ids the sequence's last step emitted; got {used}")
+        del self.sequences[handle]
         self._settle(seq, seq.emitted if used is None else used)
         return seq.state
 

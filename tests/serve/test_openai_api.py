@@ -424,3 +424,55 @@ def test_a_reply_that_calls_a_tool_becomes_tool_calls(generated, monkeypatch):
     monkeypatch.setattr(serve.worker, "Sampler", Sampler)
     again = generated.client.chat.completions.create(model=generated.name, messages=follow, tools=tools, max_tokens=3)
     assert again.usage.prompt_tokens > r.usage.prompt_tokens
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": PARIS}, "model"),
+    ({"messages": PARIS, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"messages": PARIS, "stop": 3}, "stop"),
+    ({"messages": PARIS, "max_tokens": 0}, "max_tokens"),
+    ({"messages": PARIS, "max_completion_tokens": 10 ** 9}, "max_completion_tokens"),
+    ({"messages": PARIS, "seed": -1}, "seed"),
+    ({"messages": PARIS, "stream": "yes"}, "stream"),
+    ({"messages": PARIS, "stream_options": []}, "stream_options"),
+    ({"messages": PARIS, "reasoning_effort": "huge"}, "reasoning_effort"),
+    ({"messages": PARIS, "thinking": {"type": "sometimes"}}, "thinking"),
+    ({"messages": PARIS, "tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].function.name"),
+    ({"messages": PARIS, "tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]},
+     "tools[0].function.parameters"),
+    ({"messages": PARIS, "tool_choice": {"type": "function", "function": {"name": "g"}},
+      "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
+    ({"messages": PARIS, "tool_choice": "required"}, "tool_choice"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+    ({"messages": [{"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": "not json"}}]}]},
+     "messages[0].tool_calls[0].function.arguments"),
+    ({"messages": [{"role": "assistant", "content": "x", "reasoning_content": 5}]}, "messages[0].reasoning_content"),
+])
+def test_each_bad_field_is_a_400_naming_it(demo, body, param):
+    r = httpx.post(demo.url + "/v1/chat/completions", json={"model": demo.name, **body} if param != "model" else body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert r.json()["error"]["message"].startswith(param)
+
+
+def test_completions_refuse_what_they_cannot_serve(demo):
+    for body, param in (({"prompt": ""}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"),
+                        ({"prompt": "x", "suffix": "y"}, "suffix")):
+        r = httpx.post(demo.url + "/v1/completions", json={"model": demo.name, **body})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_an_api_key_must_be_long_and_a_bad_flag_is_named(capsys, monkeypatch):
+    from k3core import UsageError
+    from serve.http import api_key
+
+    monkeypatch.delenv("K3_API_KEY", raising=False)
+    assert api_key(None) is None and api_key(KEY) == KEY
+    for bad in ("short", "sixteen chars ok?"):
+        with pytest.raises(UsageError, match="at least 16 characters without spaces"):
+            api_key(bad)
+    monkeypatch.setenv("K3_API_KEY", "short")
+    with pytest.raises(UsageError):
+        api_key(None)
+    assert main(["serve", str(DEMO_MODEL), "--keep-states", "-1"]) == 2
+    assert "--keep-states must be an integer in 0..64" in capsys.readouterr().err
