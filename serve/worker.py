@@ -39,7 +39,6 @@ class Job:
     generated: list[int] = field(default_factory=list)
     cached: int = 0
     started: float = 0.0
-    first: float | None = None
     text: TextStream | None = None
     state: object = None
 
@@ -167,8 +166,6 @@ class Worker:
     def _emitted(self, handle: int, token: int, context_full: bool, used: int) -> bool:
         """One id for a job (the `used`-th of its step); True when that ended the job."""
         job = self._active[handle]
-        if job.first is None:
-            job.first = time.perf_counter()
         job.generated.append(token)
         if job.channel is not None:  # chat: the stream parses tool calls from the ids as they come
             job.emit(("token", token))
@@ -196,11 +193,8 @@ class Worker:
         elapsed = time.perf_counter() - job.started
         self.seconds_per_job = 0.8 * self.seconds_per_job + 0.2 * elapsed
         self.completed += 1
-        decode = time.perf_counter() - job.first if job.first is not None else 0.0
         job.emit(("done", reason, {"prompt_tokens": len(job.prompt), "completion_tokens": len(job.generated),
-                                   "cached_tokens": job.cached, "ids": list(job.generated),
-                                   "seconds": elapsed, "decode_seconds": decode,
-                                   "open_channel": job.text.open_channel}))
+                                   "cached_tokens": job.cached, "ids": list(job.generated)}))
         return True
 
     def _fail_active(self, exc: Exception) -> None:
