@@ -508,14 +508,14 @@ PYBIND11_MODULE(_native, m) {
         without_gil([&] { sum = k3::planes::checksum(static_cast<const uint8_t*>(b.ptr), b.size); });
         return sum;
     }, py::arg("data"), "The codec's block checksum of a byte buffer (native/planes.h).");
-    m.def("planes_join", [](py::buffer low, py::buffer high, py::buffer out) {
-        const py::buffer_info l = low.request(), h = high.request(), o = out.request(true);
+    m.def("planes_join", [](py::buffer rest, py::buffer exponent, py::buffer out) {
+        const py::buffer_info l = rest.request(), h = exponent.request(), o = out.request(true);
         for (const py::buffer_info* b : {&l, &h, &o})
             if (b->itemsize != 1 || b->ndim != 1) throw std::invalid_argument("planes_join wants 1-D byte buffers");
         const size_t n = o.size;
         if (static_cast<size_t>(l.size) != (n + 1) / 2 || static_cast<size_t>(h.size) != n / 2)
-            throw std::invalid_argument("planes_join: out has " + std::to_string(n) + " bytes, so low needs " +
-                                        std::to_string((n + 1) / 2) + " and high " + std::to_string(n / 2) +
+            throw std::invalid_argument("planes_join: out has " + std::to_string(n) + " bytes, so rest needs " +
+                                        std::to_string((n + 1) / 2) + " and exponent " + std::to_string(n / 2) +
                                         "; got " + std::to_string(l.size) + " and " + std::to_string(h.size));
         uint64_t sum = 0;
         without_gil([&] {
@@ -523,8 +523,9 @@ PYBIND11_MODULE(_native, m) {
                                    static_cast<uint8_t*>(o.ptr));
         });
         return sum;
-    }, py::arg("low"), py::arg("high"), py::arg("out"),
-          "Interleave the low (even) and high (odd) byte planes into out; returns out's block checksum.");
+    }, py::arg("rest"), py::arg("exponent"), py::arg("out"),
+          "Join the rest (sign + mantissa) and exponent planes into out's 16-bit words (native/planes.h); "
+          "returns out's block checksum.");
     py::class_<Kernels>(m, "Kernels")
         .def(py::init<const std::string&, unsigned>(), py::arg("name"), py::arg("threads") = 1)
         .def_property_readonly("name", &Kernels::name)

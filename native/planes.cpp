@@ -15,14 +15,6 @@ uint64_t word_at(const uint8_t* p, size_t avail) {
     return w;
 }
 
-// The 4 bytes of a at the even bytes of a word: b0 b1 b2 b3 -> b0 0 b1 0 b2 0 b3 0.
-inline uint64_t spread(uint32_t a) {
-    uint64_t x = a;
-    x = (x | (x << 16)) & 0x0000FFFF0000FFFFull;
-    x = (x | (x << 8)) & 0x00FF00FF00FF00FFull;
-    return x;
-}
-
 #if defined(__SSE2__)
 // The checksum's sum over words without a multiply: words are taken 4 at a time (lanes j = i mod 4, two
 // per vector), and for a lane's words x_0 … x_{M-1}, Σ m·x_m = (M − 1)·Σ x − Q with Q the sum of its
@@ -72,30 +64,30 @@ uint64_t checksum(const uint8_t* data, size_t n) {
     return sum;
 }
 
-uint64_t join(const uint8_t* low, const uint8_t* high, size_t n, uint8_t* out) {
+uint64_t join(const uint8_t* rest, const uint8_t* exponent, size_t n, uint8_t* out) {
     uint64_t sum = 0;
-    size_t i = 0;  // output word index: bytes [8i, 8i + 8) come from low/high [4i, 4i + 4)
+    size_t i = 0;  // output word index (of 8 bytes): bytes [8i, 8i + 8) come from the planes' [4i, 4i + 4)
 #if defined(__SSE2__)
     Lanes lanes;
-    for (; 8 * i + 32 <= n; i += 4) {  // 16 + 16 source bytes -> 32 output bytes = words i … i + 3
-        const __m128i l = _mm_loadu_si128(reinterpret_cast<const __m128i*>(low + 4 * i));
-        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(high + 4 * i));
-        const __m128i w01 = _mm_unpacklo_epi8(l, h), w23 = _mm_unpackhi_epi8(l, h);
+    for (; 8 * i + 32 <= n; i += 4) {  // 16 + 16 plane bytes -> 32 output bytes = words i … i + 3
+        const __m128i r = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rest + 4 * i));
+        const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(exponent + 4 * i));
+        const __m128i x01 = _mm_unpacklo_epi8(r, e), x23 = _mm_unpackhi_epi8(r, e);  // rotl(w, 1) per lane
+        const __m128i w01 = _mm_or_si128(_mm_srli_epi16(x01, 1), _mm_slli_epi16(x01, 15));
+        const __m128i w23 = _mm_or_si128(_mm_srli_epi16(x23, 1), _mm_slli_epi16(x23, 15));
         _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 8 * i), w01);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 8 * i + 16), w23);
         lanes.add(w01, w23);
     }
     sum = lanes.finish();
 #endif
-    for (; 8 * i + 8 <= n; ++i) {
-        uint32_t l, h;
-        std::memcpy(&l, low + 4 * i, 4);
-        std::memcpy(&h, high + 4 * i, 4);
-        const uint64_t w = spread(l) | (spread(h) << 8);
-        std::memcpy(out + 8 * i, &w, 8);
-        sum += w * (2 * i + 1);
+    for (size_t j = 4 * i; j < n / 2; ++j) {
+        const unsigned x = static_cast<unsigned>(exponent[j]) << 8 | rest[j];  // rotl(w, 1)
+        const uint16_t w = static_cast<uint16_t>((x >> 1) | (x << 15));
+        std::memcpy(out + 2 * j, &w, 2);
     }
-    for (size_t b = 8 * i; b < n; ++b) out[b] = (b & 1) ? high[b / 2] : low[b / 2];
+    if (n & 1) out[n - 1] = rest[n / 2];
+    for (; 8 * i + 8 <= n; ++i) sum += word_at(out + 8 * i, 8) * (2 * i + 1);
     if (8 * i < n) sum += word_at(out + 8 * i, n - 8 * i) * (2 * i + 1);
     return sum;
 }

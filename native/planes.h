@@ -1,5 +1,9 @@
-// Byte planes of the lossless trunk codec (k3core/io/codec.py): a block of n bytes is stored as its
-// even bytes (the low plane, verbatim) and its odd bytes (the high plane, entropy-coded elsewhere).
+// Byte planes of the lossless trunk codec (k3core/io/codec.py): a block of n bytes is n / 2 little-endian
+// 16-bit words w (BF16: sign, 8 exponent bits, 7 mantissa bits), each rotated left one bit, x = rotl(w, 1),
+// so that its bytes are
+//   exponent  e = x >> 8   = the 8 exponent bits            (entropy-coded elsewhere)
+//   rest      r = x & 0xFF = mantissa << 1 | sign            (noise, verbatim)
+// stored as two planes of one byte per word; an odd n's last byte follows the rest plane.
 // Not kernels: storage only, one implementation, no backend variants.
 #pragma once
 
@@ -12,8 +16,8 @@ namespace k3::planes {
 // sum of w_i * (2i + 1) mod 2^64. Any single changed byte changes it (the multiplier is odd).
 uint64_t checksum(const uint8_t* data, size_t n);
 
-// out[2j] = low[j], out[2j + 1] = high[j] for the n bytes of out (low has (n + 1) / 2 bytes, high
-// n / 2); returns checksum(out, n), computed while writing.
-uint64_t join(const uint8_t* low, const uint8_t* high, size_t n, uint8_t* out);
+// The n bytes of out from the rest plane `rest` ((n + 1) / 2 bytes: one per word, then an odd n's last
+// byte) and the exponent plane `exponent` (n / 2 bytes); returns checksum(out, n), computed while writing.
+uint64_t join(const uint8_t* rest, const uint8_t* exponent, size_t n, uint8_t* out);
 
 }  // namespace k3::planes

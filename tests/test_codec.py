@@ -47,18 +47,29 @@ def test_one_changed_byte_changes_the_checksum():
             assert _native.planes_checksum(np.frombuffer(bytes(changed), np.uint8)) != base
 
 
+def planes_by_definition(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """native/planes.h's split, bit by bit: rest = mantissa << 1 | sign (+ an odd block's last byte), exponent."""
+    w = [int(raw[2 * j]) | int(raw[2 * j + 1]) << 8 for j in range(raw.size // 2)]
+    rest = [(w_ & 0x7F) << 1 | w_ >> 15 for w_ in w] + ([int(raw[-1])] if raw.size % 2 else [])
+    return np.array(rest, np.uint8), np.array([w_ >> 7 & 0xFF for w_ in w], np.uint8)
+
+
 @pytest.mark.parametrize("n", LENGTHS + [4099])
-def test_planes_join_interleaves_and_sums_what_it_wrote(n):
+def test_planes_split_and_join_are_the_definition_and_inverse(n):
     raw = np.frombuffer(np.random.default_rng(n).bytes(n), np.uint8)
+    rest, exponent = codec.split_planes(raw)
+    if n < 70_000:
+        want_rest, want_exponent = planes_by_definition(raw)
+        assert rest.tobytes() == want_rest.tobytes() and exponent.tobytes() == want_exponent.tobytes()
     out = np.zeros_like(raw)
-    got = _native.planes_join(np.ascontiguousarray(raw[0::2]), np.ascontiguousarray(raw[1::2]), out)
+    got = _native.planes_join(rest, exponent, out)
     assert out.tobytes() == raw.tobytes() and got == checksum_by_definition(raw.tobytes())
 
 
 def test_planes_join_refuses_wrong_sizes():
     raw = np.frombuffer(np.random.default_rng(2).bytes(4099), np.uint8)
     out = np.zeros_like(raw)
-    with pytest.raises(ValueError, match="low needs 2050 and high 2049"):
+    with pytest.raises(ValueError, match="rest needs 2050 and exponent 2049"):
         _native.planes_join(np.ascontiguousarray(raw[1::2]), np.ascontiguousarray(raw[1::2]), out)
 
 
@@ -103,13 +114,16 @@ def test_every_block_restores_its_exact_bytes(name):
         assert kinds == {codec.PLANES} and sum(b.stored for b in blocks) < 0.55 * len(data)
 
 
-@pytest.mark.parametrize("where", ["low plane", "zstd frame", "raw block"])
+@pytest.mark.parametrize("where", ["rest plane", "piece count", "piece table", "frame header", "zstd frame",
+                                   "raw block"])
 def test_a_damaged_block_is_named_never_handed_on(where):
     data = CONTENTS["random bytes" if where == "raw block" else "gaussian bf16"][:8192]
     (b,), (s,) = codec.encode_run(data, block=8192)
     damaged = bytearray(s[:b.stored])
-    damaged[{"low plane": 10, "zstd frame": b.restored // 2 + 20, "raw block": 99}[where]] ^= 0x10
-    with pytest.raises(UnsoundRunError, match="block 3 of trunk unit layer.1.*(checksum|decode)"):
+    half = b.restored // 2  # the rest plane's bytes; then the piece count, one (count, size) entry, the frame
+    damaged[{"rest plane": 10, "piece count": half + 1, "piece table": half + 5, "frame header": half + 12 + 5,
+             "zstd frame": half + 40, "raw block": 99}[where]] ^= 0x10
+    with pytest.raises(UnsoundRunError, match="block 3 of trunk unit layer.1.*(checksum|decode|piece table)"):
         codec.Restorer().restore(b, bytes(damaged), bytearray(b.restored), "block 3 of trunk unit layer.1")
 
 
@@ -117,8 +131,28 @@ def test_a_truncated_block_is_named():
     (b,), (s,) = codec.encode_run(CONTENTS["gaussian bf16"][:8192], block=8192)
     for cut in (4097, 4200, b.stored - 1):  # inside the frame: it ends early
         short = codec.Block(b.offset, cut, b.restored, b.kind, b.checksum)
-        with pytest.raises(UnsoundRunError, match="block 0 of trunk unit model (does not decode|decodes to)"):
+        with pytest.raises(UnsoundRunError, match="block 0 of trunk unit model (does not decode|decodes to|has a "
+                                                  "damaged piece table)"):
             codec.Restorer().restore(short, s[:cut], bytearray(b.restored), "block 0 of trunk unit model")
+
+
+def test_a_piece_per_tensor_codes_two_scales_smaller_and_restores_them():
+    small, large = bf16(rng.standard_normal(12_000) * 1e-3), bf16(rng.standard_normal(20_000) * 4.0)
+    data, cut = small + large, len(small)
+    (one,), _ = codec.encode_run(data, block=len(data) + 64)
+    (two,), (s,) = codec.encode_run(data, block=len(data) + 64, starts=[cut])
+    assert two.kind == codec.PLANES and two.stored < one.stored - 2000  # one code table cannot fit both
+    assert int(np.frombuffer(s[len(data) // 2:][:4], "<u4")[0]) == 2
+    out = bytearray(two.restored)
+    codec.Restorer().restore(two, s[:two.stored], out, "two tensors")
+    assert bytes(out) == data
+
+
+def test_pieces_are_cut_only_where_both_sides_keep_min_segment_words():
+    m = codec.MIN_SEGMENT
+    assert codec.segments(10 * m, []) == [(0, 10 * m)]
+    assert codec.segments(10 * m, [m - 2, 3 * m, 3 * m + 5, 10 * m - 1]) == [(0, 3 * m), (3 * m, 10 * m)]
+    assert codec.segments(0, [5]) == []
 
 
 def test_an_unknown_codec_or_block_size_is_a_usage_error(tiny_model, tmp_path):
@@ -163,7 +197,7 @@ def restored_runs(trunk_dir, layers_read=None) -> dict[str, bytes]:
 
 def test_a_coded_pack_restores_every_raw_byte_and_is_smaller(tiny_model, raw_pack, coded_pack):
     m = manifest(coded_pack)
-    assert (m["version"], m["codec"], m["block_bytes"]) == (2, "planes", SMALL_BLOCK)
+    assert (m["version"], m["codec"], m["block_bytes"]) == (3, "planes", SMALL_BLOCK)
     coded_read, raw_read = [], []
     assert restored_runs(coded_pack, coded_read) == restored_runs(raw_pack, raw_read)
     assert coded_read[0] < 0.8 * raw_read[0]  # a streamed layer reads its stored bytes, not its restored ones
@@ -215,7 +249,7 @@ def test_an_interrupted_coded_pack_resumes_to_the_same_bytes(tiny_model, coded_p
 
 @pytest.mark.parametrize("edit, says", [
     (lambda m: m.update(codec="lz4"), "names codec 'lz4', which this k3 does not know"),
-    (lambda m: m.pop("codec"), "version 2 is not one this k3 reads"),
+    (lambda m: m.pop("codec"), "version 3 is not one this k3 reads"),
     (lambda m: m["runs"][1]["blocks"][0].__setitem__(3, "rle"), "impossible block entry"),
     (lambda m: m["runs"][1]["blocks"][1].__setitem__(0, 4096 * 999), "blocks do not restore exactly"),
     (lambda m: m.update(block_bytes=1000), "block_bytes 1000 is not a positive multiple"),

@@ -2,9 +2,9 @@
 order-0 entropy bound of the same bytes, encode speed, and decode (restore) GB/s per core and on every
 core, all measured in one run, from memory (no disk in the figures).
 
-The bound: the low plane verbatim (8 bits per pair) plus the high plane at its order-0 entropy H, over
-16 bits: (8 + H) / 16 of the raw bytes; H is taken per block (a block's own histogram, as a per-block
-code sees it) and over the whole sample.
+The bound: the rest plane verbatim (8 bits per word: sign and mantissa) plus the exponent plane at its
+order-0 entropy H, over 16 bits: (8 + H) / 16 of the raw bytes; H is taken per piece (the histogram of
+each piece the encoder codes alone: a tensor's part of a block), per block, and over the whole sample.
 """
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ import numpy as np
 from ..errors import UsageError
 
 
-def sample_blocks(trunk, sample_bytes: int, block: int) -> list[bytes]:
-    """Blocks of `block` bytes spread evenly over every run of a raw packed trunk, about sample_bytes in all."""
+def sample_blocks(trunk, sample_bytes: int, block: int) -> list[tuple[bytes, list[int]]]:
+    """Blocks of `block` bytes spread evenly over every run of a raw packed trunk, about sample_bytes in all,
+    each with the offsets in it where its run's tensors start."""
     from ..io.aligned_io import aligned_buffer
     from ..io.trunk_reader import TrunkReader
 
@@ -36,26 +37,30 @@ def sample_blocks(trunk, sample_bytes: int, block: int) -> list[bytes]:
             for i, lo in enumerate(range(0, run.length - block + 1, block)):
                 if i % every == 0:
                     at = reader.read(run, lo, lo + block, buf)
-                    out.append(bytes(memoryview(buf)[at:at + block]))
+                    starts = [t.offset - lo for t in run.tensors if lo < t.offset < lo + block]
+                    out.append((bytes(memoryview(buf)[at:at + block]), starts))
     finally:
         reader.close()
     return out
 
 
-def measure(blocks: list[bytes], block: int, threads: int, seconds: float) -> dict:
+def measure(blocks: list[tuple[bytes, list[int]]], block: int, threads: int, seconds: float) -> dict:
     from ..io import codec
 
-    raw = sum(map(len, blocks))
+    raw = sum(len(b) for b, _ in blocks)
     hist = np.zeros(256, np.int64)
-    per_block_bits = 0.0
-    for b in blocks:
-        h = np.bincount(np.frombuffer(b, np.uint8)[1::2], minlength=256)
+    per_block_bits = per_piece_bits = 0.0
+    for b, starts in blocks:
+        exponent = codec.split_planes(b)[1]
+        h = np.bincount(exponent, minlength=256)
         hist += h
         per_block_bits += codec.order0_bits(h) * h.sum()
-    high = hist.sum()
+        for lo, hi in codec.segments(exponent.size, [s // 2 for s in starts]):
+            per_piece_bits += codec.order0_bits(np.bincount(exponent[lo:hi], minlength=256)) * (hi - lo)
+    words = hist.sum()
     t0 = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
-        coded = list(pool.map(lambda b: codec.encode_run(b, block=block), blocks))
+        coded = list(pool.map(lambda bs: codec.encode_run(bs[0], block=block, starts=bs[1]), blocks))
     encode_s = time.perf_counter() - t0
     stored = sum(codec.stored_length(bl) for bl, _ in coded)
     payload = sum(b.stored for bl, _ in coded for b in bl)
@@ -81,8 +86,9 @@ def measure(blocks: list[bytes], block: int, threads: int, seconds: float) -> di
     one, every = rate(1), rate(threads)
     return {"blocks": len(blocks), "block_bytes": block, "raw_bytes": raw, "stored_bytes": stored,
             "payload_bytes": payload, "ratio": stored / raw, "payload_ratio": payload / raw,
-            "bound_per_block": (8 + per_block_bits / high) / 16, "bound_whole": (8 + codec.order0_bits(hist)) / 16,
-            "high_bits_per_block": per_block_bits / high, "high_bits_whole": codec.order0_bits(hist),
+            "bound_per_piece": (8 + per_piece_bits / words) / 16, "bound_per_block": (8 + per_block_bits / words) / 16,
+            "bound_whole": (8 + codec.order0_bits(hist)) / 16, "exponent_bits_per_piece": per_piece_bits / words,
+            "exponent_bits_per_block": per_block_bits / words, "exponent_bits_whole": codec.order0_bits(hist),
             "planes_blocks": sum(b.kind == codec.PLANES for bl, _ in coded for b in bl),
             "encode_gbps": raw / encode_s / 1e9, "encode_threads": threads,
             "decode_gbps_one_core": one / 1e9, "decode_gbps_all": every / 1e9, "threads": threads}
@@ -128,8 +134,10 @@ def codec_table(d: dict) -> str:
         f"| raw bytes sampled | {d['raw_bytes'] / 1e9:.3f} GB |",
         f"| stored ÷ raw (blocks padded to 4096) | {d['ratio']:.4f} |",
         f"| stored ÷ raw (payload only) | {d['payload_ratio']:.4f} |",
-        f"| order-0 bound, per block | {d['bound_per_block']:.4f} (high plane {d['high_bits_per_block']:.3f} bits) |",
-        f"| order-0 bound, whole sample | {d['bound_whole']:.4f} (high plane {d['high_bits_whole']:.3f} bits) |",
+        f"| order-0 bound, per piece (a tensor's part of a block) | {d['bound_per_piece']:.4f} "
+        f"(exponent {d['exponent_bits_per_piece']:.3f} bits) |",
+        f"| order-0 bound, per block | {d['bound_per_block']:.4f} (exponent {d['exponent_bits_per_block']:.3f} bits) |",
+        f"| order-0 bound, whole sample | {d['bound_whole']:.4f} (exponent {d['exponent_bits_whole']:.3f} bits) |",
         f"| blocks coded / stored raw | {d['planes_blocks']} / {d['blocks'] - d['planes_blocks']} |",
         f"| encode, {d['encode_threads']} threads | {d['encode_gbps']:.2f} GB/s of raw bytes |",
         f"| decode, 1 core | {d['decode_gbps_one_core']:.2f} GB/s of restored bytes |",
@@ -139,8 +147,8 @@ def codec_table(d: dict) -> str:
 CODEC_HELP = """\
 The lossless trunk codec (`k3 pack --codec planes`) on a packed trunk's own bytes, from memory:
   stored ÷ raw        what the coded pack would store, padding to 4096 included, and without it
-  order-0 bound       (8 + H) / 16: the low byte verbatim, the high byte at its order-0 entropy H
-                      (per block, as a per-block code sees it, and over the whole sample)
+  order-0 bound       (8 + H) / 16: sign and mantissa verbatim, the exponent byte at its order-0
+                      entropy H (per piece the encoder codes alone, per block, whole sample)
   encode              k3 pack's coding rate on every core
   decode              restored GB/s on one core and on every core: a streamed coded trunk is only
                       faster than a raw one where this outruns the disk (which `k3 bench stream` shows)

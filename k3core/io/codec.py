@@ -1,9 +1,15 @@
 """The packed trunk's lossless codec: what `k3 pack --codec planes` stores and how a placer restores it.
 
-A run is cut into BLOCK-byte blocks (the last one shorter). A `planes` block is its even bytes (the low
-byte of every BF16 weight: mantissa noise, stored verbatim) followed by a zstd frame of its odd bytes
-(sign + exponent: under 3 bits of information per byte, which zstd's Huffman literals code near the
-order-0 entropy). A block whose frame would not be smaller is stored as is (`raw`). Every block starts
+A run is cut into BLOCK-byte blocks (the last one shorter). A `planes` block splits every 16-bit word (a
+BF16 weight: sign, 8 exponent bits, 7 mantissa bits) into two byte planes (native/planes.h): the sign and
+mantissa bits, noise, stored verbatim (the "rest" plane, with an odd block's last byte after it), and the
+exponent byte, under 3 bits of information, coded by zstd's Huffman literals near its order-0 entropy. The
+exponent plane is cut where a tensor starts (pieces of at least MIN_SEGMENT words), one zstd frame per
+piece, so each tensor's exponents get their own code table:
+
+    rest plane ((n + 1) / 2 bytes) | k: u32 | k × (exponents: u32, frame bytes: u32) | k frames
+
+A block whose planes would not be smaller is stored as is (`raw`). Every block starts
 at an aligned_io.ALIGN offset, so it is read with O_DIRECT, and carries the checksum of its restored
 bytes (native/planes.h), checked on every restore: a corrupt block is UnsoundRunError naming the run
 and block, never wrong weights.
@@ -22,14 +28,17 @@ from ..errors import UnsoundRunError, UsageError
 from .aligned_io import ALIGN, align_up
 
 CODECS = {"raw": "the run's bytes as they are (the default)",
-          "planes": "BF16 byte planes: low bytes verbatim, high bytes zstd-coded; 4096-aligned 1 MiB blocks"}
+          "planes": "BF16 split into sign+mantissa bytes (verbatim) and exponent bytes (zstd Huffman-coded, "
+                    "a code table per tensor); 4096-aligned 1 MiB blocks"}
 BLOCK = 1 << 20               # restored bytes per block (the default; a pack's manifest says its own):
                               # a multiple of ALIGN, so of every dtype's size
 # zstd's fastest strategy with the smallest match tables and 7-byte minimum matches: it finds almost no
-# matches in a high-byte plane, so a frame is Huffman-coded literals (measured on `wide`: 2.67 bits per
-# high byte and 1.6 GB/s of them decoded per core, against 3.28 bits and 0.6 GB/s at level 3).
+# matches in an exponent plane, so a frame is Huffman-coded literals (measured on `wide`'s high-byte plane:
+# 2.67 bits per byte and 1.6 GB/s of them decoded per core, against 3.28 bits and 0.6 GB/s at level 3).
 ZSTD_PARAMS = dict(strategy="fast", min_match=7, hash_log=6, chain_log=6, search_log=1)
 RAW, PLANES = "raw", "planes"
+MIN_SEGMENT = 4096            # exponents per separately coded piece, at least (a code table costs ~100 bytes)
+_TABLE = np.dtype("<u4")
 
 
 @dataclass(frozen=True)
@@ -75,15 +84,43 @@ def _compressor():
         **params, write_content_size=True, write_checksum=False))
 
 
-def encode_block(raw) -> tuple[str, bytes, int]:
-    """(kind, stored bytes, checksum) of one block of restored bytes."""
+def split_planes(raw) -> tuple[np.ndarray, np.ndarray]:
+    """(rest plane, exponent plane) of a block's bytes: what native planes_join puts back together."""
+    a = np.frombuffer(raw, np.uint8)
+    w = a[: a.size // 2 * 2].view("<u2")
+    x = (w << 1) | (w >> 15)  # rotl(w, 1): exponent byte high, mantissa << 1 | sign low
+    return np.concatenate([(x & 0xFF).astype(np.uint8), a[a.size // 2 * 2:]]), (x >> 8).astype(np.uint8)
+
+
+def segments(words: int, cuts) -> list[tuple[int, int]]:
+    """The pieces [a, b) of a block's `words` exponents coded as separate frames: cut at the word offsets
+    `cuts` (where tensors start), keeping only cuts that leave MIN_SEGMENT words on both sides."""
+    kept = [0]
+    for c in sorted(cuts):
+        if c - kept[-1] >= MIN_SEGMENT and words - c >= MIN_SEGMENT:
+            kept.append(c)
+    return list(zip(kept, kept[1:] + [words])) if words else []
+
+
+def _frames(exponent: np.ndarray, pieces) -> bytes:
+    compress = _compressor().compress
+    frames = [compress(exponent[a:b].tobytes()) for a, b in pieces]
+    table = np.array([(b - a, len(f)) for (a, b), f in zip(pieces, frames)], _TABLE).reshape(-1)
+    return np.array([len(pieces)], _TABLE).tobytes() + table.tobytes() + b"".join(frames)
+
+
+def encode_block(raw, cuts=()) -> tuple[str, bytes, int]:
+    """(kind, stored bytes, checksum) of one block of restored bytes; `cuts`: word offsets where a tensor
+    starts in it (a piece per tensor when that codes smaller than one piece)."""
     a = np.frombuffer(raw, np.uint8)
     checksum = _native.planes_checksum(a)
-    high = np.ascontiguousarray(a[1::2])
-    frame = _compressor().compress(high)
-    if len(frame) >= high.nbytes:
+    rest, exponent = split_planes(a)
+    coded = _frames(exponent, [(0, exponent.size)])
+    if len(pieces := segments(exponent.size, cuts)) > 1:
+        coded = min(coded, _frames(exponent, pieces), key=len)
+    if rest.size + len(coded) >= a.size:
         return RAW, a.tobytes(), checksum
-    return PLANES, a[0::2].tobytes() + frame, checksum
+    return PLANES, rest.tobytes() + coded, checksum
 
 
 def check_block_bytes(block: int) -> int:
@@ -92,12 +129,14 @@ def check_block_bytes(block: int) -> int:
     return block
 
 
-def encode_run(data, pool=None, block: int = BLOCK) -> tuple[list[Block], list[bytes]]:
+def encode_run(data, pool=None, block: int = BLOCK, starts=()) -> tuple[list[Block], list[bytes]]:
     """A run's blocks of `block` restored bytes and their stored bytes, each padded to ALIGN (so they can be
-    written back to back from an aligned run offset). `pool`: an executor to encode blocks in parallel."""
+    written back to back from an aligned run offset). `starts`: byte offsets in `data` where tensors start
+    (even: tensors are 64-byte aligned). `pool`: an executor to encode blocks in parallel."""
     view = memoryview(data).cast("B")
     pieces = [view[i:i + block] for i in range(0, len(view), block)]
-    coded = list(pool.map(encode_block, pieces)) if pool else [encode_block(p) for p in pieces]
+    cuts = [[(s - i) // 2 for s in starts if i < s < i + block] for i in range(0, len(view), block)]
+    coded = list((pool.map if pool else map)(encode_block, pieces, cuts))
     blocks, stored, at = [], [], 0
     for piece, (kind, payload, checksum) in zip(pieces, coded):
         blocks.append(Block(at, len(payload), len(piece), kind, checksum))
@@ -126,19 +165,37 @@ class Restorer:
             dst[:] = src
             got = _native.planes_checksum(dst)
         else:
-            low = (block.restored + 1) // 2
-            try:
-                high = self._dctx.decompress(src[low:], max_output_size=block.restored // 2)
-            except Exception as exc:  # zstandard.ZstdError, and anything a torn frame provokes
-                raise UnsoundRunError(f"{what} does not decode ({exc}); the packed trunk is damaged: "
-                                      "run `k3 pack --verify` and re-pack") from None
-            if len(high) != block.restored // 2:
-                raise UnsoundRunError(f"{what} decodes to {len(high)} high bytes, not {block.restored // 2}; "
-                                      "the packed trunk is damaged: run `k3 pack --verify` and re-pack")
-            got = _native.planes_join(src[:low], np.frombuffer(high, np.uint8), dst)
+            rest = (block.restored + 1) // 2
+            exponent = self._exponents(block, src[rest:], what)
+            got = _native.planes_join(src[:rest], np.frombuffer(exponent, np.uint8), dst)
         if got != block.checksum:
             raise UnsoundRunError(f"{what} fails its checksum (restored {got:016x}, stored {block.checksum:016x}); "
                                   "the packed trunk is damaged: run `k3 pack --verify` and re-pack")
+
+
+    def _exponents(self, block: Block, coded: np.ndarray, what: str) -> bytes:
+        """The exponent plane of a planes block from its piece table and frames."""
+        words = block.restored // 2
+        k = int(coded[:4].view(_TABLE)[0]) if coded.size >= 4 else 0
+        table = coded[4:4 + 8 * k].view(_TABLE).reshape(-1, 2) if 0 < k <= words and coded.size >= 4 + 8 * k \
+            else None
+        if table is None or int(table[:, 0].sum()) != words or int(table[:, 1].sum()) != coded.size - 4 - 8 * k \
+                or not table[:, 0].all():
+            raise UnsoundRunError(f"{what} has a damaged piece table; the packed trunk is damaged: run "
+                                  "`k3 pack --verify` and re-pack")
+        pieces, at = [], 4 + 8 * k
+        for count, size in table.tolist():
+            try:
+                piece = self._dctx.decompress(coded[at:at + size], max_output_size=count)
+            except Exception as exc:  # zstandard.ZstdError, and anything a torn frame provokes
+                raise UnsoundRunError(f"{what} does not decode ({exc}); the packed trunk is damaged: "
+                                      "run `k3 pack --verify` and re-pack") from None
+            if len(piece) != count:
+                raise UnsoundRunError(f"{what} decodes to {len(piece)} exponents where its table says {count}; "
+                                      "the packed trunk is damaged: run `k3 pack --verify` and re-pack")
+            pieces.append(piece)
+            at += size
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 def blocks_for(lo: int, hi: int, block: int) -> range:

@@ -342,15 +342,15 @@ def _restored_window(pieces, lo: int, hi: int, buf) -> memoryview:
     return view
 
 
-def _write_coded(pieces, length: int, fd, at: int, pool, chunk: int, block: int, tick) -> dict:
+def _write_coded(pieces, length: int, starts, fd, at: int, pool, chunk: int, block: int, tick) -> dict:
     """A run encoded window by window (chunk restored bytes, whole blocks) and written from `at`: its
-    restored sha256, stored length, stored sha256 and block table."""
+    restored sha256, stored length, stored sha256 and block table. `starts`: where its tensors start."""
     restored, stored_h, blocks, written = hashlib.sha256(), hashlib.sha256(), [], 0
     buf = bytearray(chunk)
     for lo in range(0, length, chunk):
         view = _restored_window(pieces, lo, min(length, lo + chunk), buf)
         restored.update(view)
-        coded, payloads = encode_run(view, pool, block)
+        coded, payloads = encode_run(view, pool, block, [s - lo for s in starts if lo <= s < lo + len(view)])
         for b, payload in zip(coded, payloads):
             blocks.append([written + b.offset, *b.entry()[1:]])
             stored_h.update(payload)
@@ -373,7 +373,8 @@ def pack(model, trunk_dir, *, progress=None, say=None, chunk_bytes: int = CHUNK,
     out = Path(trunk_dir)
     fp, (plan, total) = fingerprint(ckpt), plan_runs(ckpt.index)
     entries = [r.entry() for r in plan]
-    plan_sha = _sha(_canon(entries if codec == RAW else {"codec": codec, "block_bytes": block_bytes, "runs": entries}))
+    plan_sha = _sha(_canon(entries if codec == RAW else {"codec": codec, "version": CODEC_VERSION, "block_bytes": block_bytes,
+                                                          "runs": entries}))
     trunk = out / TRUNK
     if _same_pack(_read_json(out / MANIFEST), fp, plan, total, codec, block_bytes, trunk):
         (out / STATE).unlink(missing_ok=True)
@@ -420,7 +421,7 @@ def pack(model, trunk_dir, *, progress=None, say=None, chunk_bytes: int = CHUNK,
                     record = {"sha256": mover.stream(sources.pieces(run), fd, at, tick)}
                     end = at + run.length
                 else:
-                    record = _write_coded(sources.pieces(run), run.length, fd, at, encoders, window, block_bytes, tick)
+                    record = _write_coded(sources.pieces(run), run.length, [t["offset"] for t in run.tensors], fd, at, encoders, window, block_bytes, tick)
                     end = at + record["stored"]
                 os.fsync(fd)
                 _drop_cache(fd, at, end - at)
