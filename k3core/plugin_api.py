@@ -15,7 +15,8 @@ What is here, by use:
 - reading bytes: ExpertReader + expert_slot_bytes for experts; the aligned reader (ALIGN,
   aligned_buffer, open_for_reading, read_into, read_exact; Span + read_spans for many spans in
   parallel) for anything else; open_trunk / load_trunk for a packed trunk, TrunkReader for its
-  restored bytes whatever its codec (RAW, or a coded pack: trunk_scratch_bytes for the plan);
+  restored bytes whatever its codec (RAW, or a coded pack: trunk_scratch_bytes for the plan; a buffer for n
+  restored bytes: trunk_room_for, and what a buffer holds: trunk_capacity);
 - naming tensors: PREFIX, HEAD, VISION_PREFIXES, layer_prefix, expert_prefix, EXPERT_PARTS, MATRIX, FLOAT;
 - the counters the run report reads: STORE_STATS, PLACER_STATS;
 - errors: UnsoundRunError (a read failed: exit 4), PlanError, UsageError, PluginError, CheckpointError;
@@ -37,7 +38,8 @@ from .io.expert_io import ExpertReader, expert_slot_bytes
 from .io.safetensors_index import DTYPES
 from .io.codec import RAW
 from .io.trunk import load_trunk, open_trunk
-from .io.trunk_reader import TrunkReader, scratch_bytes as trunk_scratch_bytes
+from .io.trunk_reader import TrunkReader, capacity as trunk_capacity, room_for as trunk_room_for, \
+    scratch_bytes as trunk_scratch_bytes
 from .model.budget import human
 from .model.checkpoint import (EXPERT_PARTS, FLOAT, HEAD, MATRIX, PREFIX, VISION_PREFIXES, expert_prefix,
                                layer_prefix)
@@ -89,7 +91,8 @@ __all__ = [
     "Param", "Weights", "ExpertWeights", "TensorSpec", "DTYPES",
     "PluginContext", "Budget", "PluginOptions", "PlanRow",
     "CachingStore", "CachingOptions", "cache_slots", "ExpertReader", "expert_slot_bytes", "ALIGN", "Opened", "align_down", "align_up", "aligned_buffer",
-    "open_for_reading", "read_into", "read_exact", "Span", "read_spans", "open_trunk", "load_trunk", "TrunkReader", "trunk_scratch_bytes", "RAW",
+    "open_for_reading", "read_into", "read_exact", "Span", "read_spans", "open_trunk", "load_trunk", "TrunkReader", "trunk_scratch_bytes", "trunk_room_for",
+    "trunk_capacity", "RAW",
     "PREFIX", "HEAD", "VISION_PREFIXES", "layer_prefix", "expert_prefix", "EXPERT_PARTS", "MATRIX", "FLOAT",
     "STORE_STATS", "STORE_PREFETCH_STATS", "PLACER_STATS",
     "UnsoundRunError", "PlanError", "UsageError", "PluginError", "CheckpointError",

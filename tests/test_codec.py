@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from k3core import EngineConfig, _native, greedy_ids, open_engine
-from k3core.errors import UnsoundRunError, UsageError
+from k3core.errors import TrunkError, UnsoundRunError, UsageError
 from k3core.io import codec, pack, trunk_reader
 from k3core.io.aligned_io import aligned_buffer
 from k3core.io.trunk import load_trunk, open_trunk
@@ -207,16 +207,57 @@ def test_a_coded_pack_restores_every_raw_byte_and_is_smaller(tiny_model, raw_pac
     open_trunk(coded_pack, open_checkpoint(tiny_model))
 
 
+@pytest.mark.parametrize("read_bytes, decode_blocks", [(16_384, 1), (trunk_reader.READ_BYTES, trunk_reader.DECODE_BLOCKS)])
 @pytest.mark.parametrize("lo, hi", [(0, 1), (65_535, 65_537), (100, 200_000), (65_536, 131_072), (5, 5), (0, 229_472)])
-def test_any_range_of_a_coded_run_reads_its_bytes(raw_pack, coded_pack, lo, hi, monkeypatch):
-    monkeypatch.setattr(trunk_reader, "STAGE", 16_384)  # large ranges: one staged piece per block
+def test_any_range_of_a_coded_run_reads_its_bytes(raw_pack, coded_pack, lo, hi, read_bytes, decode_blocks,
+                                                  monkeypatch):
+    monkeypatch.setattr(trunk_reader, "READ_BYTES", read_bytes)  # 16 KiB: a read per block
+    monkeypatch.setattr(trunk_reader, "DECODE_BLOCKS", decode_blocks)
     want = restored_runs(raw_pack)["layer.1"][lo:hi]
     trunk = load_trunk(coded_pack)
     reader = TrunkReader(trunk)
     try:
-        buf = aligned_buffer(max(1, hi - lo))
-        assert reader.read(trunk.runs["layer.1"], lo, hi, buf) == 0 and bytes(buf[:hi - lo]) == want
-        assert reader.read_bytes(trunk.runs["layer.1"], lo, hi - lo) == want
+        run = trunk.runs["layer.1"]
+        buf = aligned_buffer(max(1, TrunkReader.room(run, lo, hi)))
+        assert reader.read(run, lo, hi, buf) == 0 and bytes(buf[:hi - lo]) == want
+        assert reader.read_bytes(run, lo, hi - lo) == want
+        assert TrunkReader.room(run, lo, hi) <= trunk_reader.room_for(trunk, hi - lo)
+        if hi - lo > 2 * trunk.block_bytes:
+            with pytest.raises(TrunkError, match="cannot restore bytes .* in place; it needs"):
+                reader.read(run, lo, hi, aligned_buffer(hi - lo))
+    finally:
+        reader.close()
+
+
+def synthetic_coded_run(tmp_path, contents: list[bytes], block: int):
+    """A coded run of `contents` (one block each) written to its own trunk.bin, with the Trunk and Run fields a
+    TrunkReader uses."""
+    from types import SimpleNamespace
+
+    data = b"".join(contents)
+    blocks, stored = codec.encode_run(data, block=block)
+    path = tmp_path / "trunk.bin"
+    path.write_bytes(b"".join(stored))
+    trunk = SimpleNamespace(path=path, codec=codec.PLANES, block_bytes=block)
+    return trunk, SimpleNamespace(key="layer.7", offset=0, length=len(data), blocks=tuple(blocks), codec=codec.PLANES), data
+
+
+@pytest.mark.parametrize("decode_blocks", [1, 3])
+@pytest.mark.parametrize("lo, hi", [(0, None), (1000, None), (8192 + 5, -77)])
+def test_in_place_restores_never_overwrite_a_block_not_yet_restored(tmp_path, monkeypatch, decode_blocks, lo, hi):
+    """The worst order for the in-place restore: blocks that store almost nothing (their restored bytes race
+    ahead) before blocks stored raw (their stored bytes are as long as the restored ones)."""
+    monkeypatch.setattr(trunk_reader, "DECODE_BLOCKS", decode_blocks)
+    monkeypatch.setattr(trunk_reader, "READ_BYTES", 3 * 8192)
+    noise = np.random.default_rng(9).bytes
+    contents = [bytes(8192)] * 12 + [noise(8192) for _ in range(10)] + [bf16(rng.standard_normal(4096))] * 3
+    trunk, run, data = synthetic_coded_run(tmp_path, contents, 8192)
+    assert {b.kind for b in run.blocks} == {codec.RAW, codec.PLANES}
+    hi = len(data) + hi if hi else len(data)
+    reader = TrunkReader(trunk)
+    try:
+        buf = aligned_buffer(TrunkReader.room(run, lo, hi))
+        assert reader.read(run, lo, hi, buf) == 0 and bytes(buf[:hi - lo]) == data[lo:hi]
     finally:
         reader.close()
 
@@ -302,7 +343,8 @@ def run(model, trunk, **fields):
 
 @pytest.mark.parametrize("model", ["tiny", "demo"])
 def test_a_coded_trunk_gives_the_raw_trunk_s_ids_and_logit_bytes(model, model_factory, tmp_path, monkeypatch):
-    monkeypatch.setattr(trunk_reader, "STAGE", 65_536)  # layers restore through several staged pieces
+    monkeypatch.setattr(trunk_reader, "READ_BYTES", 65_536)  # layers restore through several reads
+    monkeypatch.setattr(trunk_reader, "DECODE_BLOCKS", 2)
     path = DEMO_MODEL if model == "demo" else model_factory(model)
     raw, coded = tmp_path / "raw", tmp_path / "coded"
     pack.pack(path, raw)

@@ -168,7 +168,7 @@ def cmd_decode(args) -> int:
         pack(model, trunk)
     args.floor = args.trunk_gb is None  # the ring alone, nothing pinned
     if args.trunk_gb is None or args.cache_gb is None:  # the floor: the ring alone, the cache floor
-        floor_trunk, floor_cache = default_budgets(model, trunk)[0]
+        floor_trunk, floor_cache = default_budgets(model, [trunk])[0]
         args.trunk_gb = floor_trunk if args.trunk_gb is None else args.trunk_gb
         args.cache_gb = floor_cache if args.cache_gb is None else args.cache_gb
     ckpt = open_checkpoint(model)

@@ -174,9 +174,10 @@ def decode_rate(trunk_dir, seconds: float = 1.0) -> float:
     return measure(blocks, trunk.block_bytes, 1, seconds)["decode_gbps_one_core"] * 1e9
 
 
-def default_budgets(model_dir, trunk_dir) -> list[tuple[float, float]]:
+def default_budgets(model_dir, trunk_dirs) -> list[tuple[float, float]]:
     """(trunk GB, cache GB): the ring alone (nothing pinned, cache floor), about half the layers
-    pinned with a small cache, and everything pinned with every expert cached."""
+    pinned with a small cache, and everything pinned with every expert cached; each the most any of the
+    packs `trunk_dirs` needs for it (a coded pack's ring slots are larger: they restore in place)."""
     from ..api import EngineConfig, memory_plan
 
     ckpt = open_checkpoint(model_dir)
@@ -186,8 +187,8 @@ def default_budgets(model_dir, trunk_dir) -> list[tuple[float, float]]:
     ckpt.close()
 
     def trunk_gb(pinned: int) -> float:  # what the pinned placer's plan holds: pinned layers + the ring
-        plan = memory_plan(EngineConfig(model_dir, trunk=trunk_dir, trunk_placer="pinned", pin_layers=pinned))
-        return sum(r.bytes for r in plan.trunk) / 1e9 + 0.001
+        return max(sum(r.bytes for r in memory_plan(EngineConfig(model_dir, trunk=d, trunk_placer="pinned",
+                                                                  pin_layers=pinned)).trunk) for d in trunk_dirs) / 1e9 + 0.001
 
     n = config.num_hidden_layers
     return [(trunk_gb(0), 0.0), (trunk_gb(n // 2), 0.5), (trunk_gb(n) + 0.1, experts / 1e9 + 0.1)]
@@ -201,7 +202,7 @@ def cmd_stream(args) -> int:
         print(f"packing {model} into {trunk} first …", file=sys.stderr)
         pack(model, trunk)
     budgets = [tuple(float(v) for v in b.split(":")) for b in args.budgets.split(",")] if args.budgets \
-        else default_budgets(model, trunk)
+        else default_budgets(model, [trunk] + ([Path(args.compare_trunk)] if args.compare_trunk else []))
     probe = raw_probe(model, seconds=args.probe_seconds)
     changed = tuple(a for o in args.compare_store_option or () for a in ("--store-option", o)) \
         + tuple(a for o in args.compare_placer_option or () for a in ("--placer-option", o))

@@ -2,11 +2,14 @@
 --verify` read through.
 
 A raw run's bytes are read straight into the caller's aligned buffer (O_DIRECT, the aligned cover of the
-range, the bytes at the returned offset). A coded run's blocks are read in pieces of at most STAGE stored
-bytes into STAGES staging buffers — up to STAGES − 1 pieces read ahead, one at a time, while the one before
-is decoded — and restored into the buffer at offset 0; a range that starts or ends inside a block has
-that block restored into a scratch block first. Small reads (up to two blocks: an embedding row, a norm) have private buffers, so
-they never wait for a layer being restored on another thread.
+range, the bytes at the returned offset). A coded range is restored in place, in the caller's buffer: its
+stored blocks are read into the buffer's tail, back to back in reads of up to READ_BYTES (the disk never
+waits for the decoder), and restored DECODE_BLOCKS at a time, on every core, into the buffer from offset 0.
+The restored bytes grow towards the stored ones but never reach a block not yet restored: a block stores
+no more than it restores, and the buffer holds `slack` bytes more than the range (room()). A range that
+starts or ends inside a block has that block restored into a scratch block first. Small reads (up to two
+blocks: an embedding row, a norm) have private buffers, so they never wait for a layer being restored on
+another thread.
 """
 from __future__ import annotations
 
@@ -19,13 +22,32 @@ from ..errors import TrunkError, UnsoundRunError
 from .aligned_io import ALIGN, align_down, align_up, aligned_buffer, open_for_reading, read_exact
 from .codec import RAW, Restorer, blocks_for
 
-STAGE = 16 << 20      # stored bytes per read of a coded run
-STAGES = 4            # staging buffers: up to STAGES - 1 pieces read ahead of the one being restored
+READ_BYTES = 64 << 20  # stored bytes per read of a coded range, at most (or one block's, if larger)
+DECODE_BLOCKS = 8      # blocks restored together, on every core, once their read has landed
+
+
+def slack(n: int, block: int) -> int:
+    """Buffer bytes beyond n restored bytes that an in-place restore of them needs: while DECODE_BLOCKS blocks
+    from block k are restored (a cut first block counts whole), their restored end stays below block k's
+    stored start if the stored bytes, padding to ALIGN included, sit this far past the range."""
+    return (DECODE_BLOCKS + 1) * block + ALIGN * (n // block + 2)
+
+
+def room_for(trunk, n: int) -> int:
+    """Buffer bytes enough for reading any n restored bytes of `trunk` (room() of the worst range)."""
+    return align_up(n) + 2 * ALIGN if trunk.codec == RAW else align_up(n + slack(n, trunk.block_bytes))
+
+
+def capacity(trunk, buffer_bytes: int) -> int:
+    """Restored bytes of `trunk` a buffer of buffer_bytes can always take in one read (room_for's inverse)."""
+    extra = 2 * ALIGN if trunk.codec == RAW else slack(buffer_bytes, trunk.block_bytes) + ALIGN
+    return max(0, buffer_bytes - extra)
 
 
 def scratch_bytes(trunk) -> int:
-    """Memory a TrunkReader of `trunk` keeps besides the caller's buffers (for the memory plan)."""
-    return 0 if trunk.codec == RAW else STAGES * max(STAGE, trunk.block_bytes) + trunk.block_bytes
+    """Memory a TrunkReader of `trunk` uses besides the caller's buffers (for the memory plan): the scratch
+    block of a range that cuts one, and a small read's private blocks."""
+    return 0 if trunk.codec == RAW else 4 * trunk.block_bytes
 
 
 class TrunkReader:
@@ -39,11 +61,9 @@ class TrunkReader:
         self._local = threading.local()
         self.block = trunk.block_bytes
         if self.codec != RAW:
-            self._stage_bytes = max(STAGE, self.block)
-            self._stages = [aligned_buffer(self._stage_bytes) for _ in range(STAGES)]
             self._scratch = aligned_buffer(self.block)
-            self._staged = threading.Lock()                  # the stages serve one large read at a time
-            self._io = ThreadPoolExecutor(1, thread_name_prefix="k3-trunk-stage")  # one read at a time: experts share the disk
+            self._large = threading.Lock()                   # the scratch block serves one large read at a time
+            self._io = ThreadPoolExecutor(1, thread_name_prefix="k3-trunk-io")  # one read at a time: experts share the disk
             self._decoders = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="k3-trunk-decode")
 
     @property
@@ -68,10 +88,10 @@ class TrunkReader:
             self._timed_read(self.direct, memoryview(buf), start, end - start, f"trunk unit {run.key}")
             return run.offset + lo - start
         if hi - lo <= 2 * self.block:  # small: private buffers
-            self._restore(run, lo, hi, buf, None)
+            self._restore_small(run, lo, hi, buf)
         else:
-            with self._staged:
-                self._restore(run, lo, hi, buf, self._stages)
+            with self._large:
+                self._restore_in_place(run, lo, hi, buf)
         return 0
 
     def read_bytes(self, run, lo: int, n: int) -> bytes:
@@ -84,7 +104,7 @@ class TrunkReader:
             self._count_read(n, time.perf_counter() - start)
             return data
         out = bytearray(n)
-        self._restore(run, lo, lo + n, out, None)
+        self._restore_small(run, lo, lo + n, out)
         return bytes(out)
 
     def read_stored(self, run):
@@ -107,7 +127,8 @@ class TrunkReader:
         """Buffer bytes read(run, lo, hi, buf) needs."""
         if run.codec == RAW:
             return align_up(run.offset + hi) - align_down(run.offset + lo)
-        return hi - lo
+        block = run.blocks[0].restored if run.blocks else ALIGN
+        return hi - lo if hi - lo <= 2 * block else align_up(hi - lo + slack(hi - lo, block))
 
     # ---- coded runs ------------------------------------------------------------------------------------------
     def _restorer(self) -> Restorer:
@@ -115,39 +136,40 @@ class TrunkReader:
             r = self._local.restorer = Restorer()
         return r
 
-    def _restore(self, run, lo, hi, buf, stages):
+    def _restore_small(self, run, lo, hi, buf):
         idx = list(blocks_for(lo, hi, self.block))
-        if not idx:
-            return
-        limit = self._stage_bytes if stages is not None else max(STAGE, self.block)
-        pieces, piece = [], [idx[0]]  # consecutive blocks whose stored bytes fit one stage
+        if idx:
+            stage, scratch = aligned_buffer(self._stored_span(run, idx)), aligned_buffer(self.block)
+            self._read_piece(run, idx, stage)
+            self._decode_piece(run, idx, stage, lo, hi, memoryview(buf).cast("B"), scratch)
+
+    def _restore_in_place(self, run, lo, hi, buf):
+        idx = list(blocks_for(lo, hi, self.block))
+        view, base = memoryview(buf).cast("B"), run.blocks[idx[0]].offset
+        tail = align_down(len(view) - self._stored_span(run, idx))  # where the first stored block lands
+        if len(view) < self.room(run, lo, hi) or tail < 0:
+            raise TrunkError(f"run {run.key}: a {len(view)}-byte buffer cannot restore bytes [{lo}, {hi}) in place; "
+                             f"it needs {self.room(run, lo, hi)} (TrunkReader.room)")
+        reads, read = [], [idx[0]]  # consecutive blocks whose stored bytes fit one read
         for i in idx[1:]:
-            first = run.blocks[piece[0]]
-            if run.blocks[i].offset + align_up(run.blocks[i].stored) - first.offset > limit:
-                pieces.append(piece)
-                piece = [i]
+            if run.blocks[i].offset + align_up(run.blocks[i].stored) - run.blocks[read[0]].offset > READ_BYTES:
+                reads.append(read)
+                read = [i]
             else:
-                piece.append(i)
-        pieces.append(piece)
-        out = memoryview(buf).cast("B")
-        if stages is None:  # a small range: one piece, private buffers
-            stage = aligned_buffer(max(self._stored_span(run, p) for p in pieces))
-            scratch = aligned_buffer(self.block)
-            for p in pieces:
-                self._read_piece(run, p, stage)
-                self._decode_piece(run, p, stage, lo, hi, out, scratch)
-            return
-        n = len(stages)
-        ahead = [self._io.submit(self._read_piece, run, pieces[k], stages[k % n]) for k in range(min(n - 1, len(pieces)))]
+                read.append(i)
+        reads.append(read)
+        at = lambda i: tail + run.blocks[i].offset - base  # noqa: E731 — a block's stored bytes in the buffer
+        landed = [self._io.submit(self._read_piece, run, r, view[at(r[0]):]) for r in reads]
+        last_read = {i: k for k, r in enumerate(reads) for i in r}
         try:
-            for k, p in enumerate(pieces):
-                ahead[k].result()
-                if k + n - 1 < len(pieces):  # its stage is free: the piece n - 1 before it was restored
-                    ahead.append(self._io.submit(self._read_piece, run, pieces[k + n - 1], stages[(k + n - 1) % n]))
-                self._decode_piece(run, p, stages[k % n], lo, hi, out, self._scratch, self._decoders)
+            for k in range(0, len(idx), DECODE_BLOCKS):
+                piece = idx[k:k + DECODE_BLOCKS]
+                for future in landed[last_read[piece[0]]:last_read[piece[-1]] + 1]:
+                    future.result()
+                self._decode_piece(run, piece, view[at(piece[0]):], lo, hi, view, self._scratch, self._decoders)
         finally:
-            for read in ahead:
-                read.exception()  # a failed decode leaves no read running into the stages
+            for future in landed:
+                future.exception()  # a failed decode leaves no read running into the buffer
 
     def _stored_span(self, run, piece) -> int:
         first, last = run.blocks[piece[0]], run.blocks[piece[-1]]

@@ -11,15 +11,16 @@ but without the read: every layer is then a unit of the ring.
 """
 from __future__ import annotations
 
+import mmap
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..plugin_api import (ALIGN, DTYPES, HEAD, RAW, Param, PlanError, PlanRow, PluginOptions, TrunkPlacer, TrunkReader,
+from ..plugin_api import (DTYPES, HEAD, RAW, Param, PlanError, PlanRow, PluginOptions, TrunkPlacer, TrunkReader,
                           UsageError, Weights, aligned_buffer, hookimpl, human, load_trunk, open_trunk,
-                          trunk_scratch_bytes)
+                          trunk_capacity, trunk_room_for, trunk_scratch_bytes)
 
 MIN_RING = 2
 HEAD_BLOCK_BYTES = 64 << 20  # lm_head streams in row blocks of about this size when it is not pinned
@@ -62,10 +63,10 @@ def layout(trunk, config, budget, options: PinnedOptions) -> Layout:
 
 def _layout(trunk, config, budget, options: PinnedOptions, held: bool) -> Layout:
     n, ring = config.num_hidden_layers, budget.ring_slots
-    sizes = [trunk.layer(L).padded for L in range(n)]
-    pinned_sizes = [trunk.layer(L).span for L in range(n)] if held else sizes  # what a pinned layer keeps in RAM
+    sizes = [TrunkReader.room(trunk.layer(L), 0, trunk.layer(L).length) for L in range(n)]  # a ring slot's need
+    pinned_sizes = [trunk.layer(L).span if held else trunk.layer(L).padded for L in range(n)]  # kept in RAM
     head = _head_tensor(trunk)
-    head_block = min(head.nbytes, max(HEAD_BLOCK_BYTES, head.shape[1] * 2)) + 2 * ALIGN  # + alignment slack
+    head_block = trunk_room_for(trunk, min(head.nbytes, max(HEAD_BLOCK_BYTES, head.shape[1] * 2)))
     if budget.pinned_layers is not None:
         k = max(0, min(n, budget.pinned_layers))
         head_pinned = k == n if options.pin_head is None else options.pin_head
@@ -130,7 +131,7 @@ class PinnedPlacer(TrunkPlacer):
         self._head_param = self._read_tensor(model, self._head) if lay.head_pinned else None
         self._units = [("layer", L) for L in range(config.num_hidden_layers) if L not in self._pinned]
         if not lay.head_pinned:
-            rows = max(1, (lay.slot_bytes - 2 * ALIGN) // (self._head.shape[1] * 2))
+            rows = max(1, trunk_capacity(self.trunk, lay.slot_bytes) // (self._head.shape[1] * 2))
             self._units += [("head", r) for r in range(0, self._head.shape[0], rows)]
             self._head_rows = rows
         self._slots = [aligned_buffer(lay.slot_bytes) for _ in range(lay.ring_slots)]
@@ -146,6 +147,8 @@ class PinnedPlacer(TrunkPlacer):
     def _load_resident(self, run) -> Weights:
         buf = aligned_buffer(TrunkReader.room(run, 0, run.length))
         self.reader.read(run, 0, run.length, buf)  # runs start aligned: their bytes land at 0
+        if len(buf) > run.padded:  # a coded run's in-place room: give the pages past its bytes back
+            buf.madvise(mmap.MADV_DONTNEED, run.padded, len(buf) - run.padded)
         run.check(buf)  # pinned bytes are hashed once, against the manifest
         return run.weights(buf)
 
