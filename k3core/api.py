@@ -25,11 +25,13 @@ from .cli.logs import add_logging_args as add_logging_arguments
 from .cli.logs import configure_logging
 from .interfaces import Budget, PlanRow
 from .io.atomic import write_json_atomic
+from .io.codec import CODECS as TRUNK_CODECS
 from .io.pack import pack, packed_size, packed_size_of_headers
 from .io.profile import Profile, ProfileError, load_profile, profile_path, save_profile
 from .io.state_file import StateFileError, load_state, save_state
 from .model.budget import PRESETS, WORKING_BYTES, Plan, auto_preset, human, mem_available
 from .model.checkpoint import VISION_PREFIXES, open_checkpoint
+from .model.cost import CodecChoice, choose_codec
 from .model.engine import DecodeState, Engine, Observer
 from .model.engine_config import PRESET_NAMES, EngineConfig, resolve
 from .model.report import peak_rss_bytes
@@ -64,7 +66,7 @@ __all__ = [
     "pack_trunk", "PackMeter", "ProgressMeter", "packed_trunk_bytes", "make_test_model", "generated_model_bytes", "TEST_MODEL_MARKER", "write_json_atomic",
     "human", "VISION_PREFIXES",
     # the machine
-    "machine_checks", "measure_read", "RELEASED_TRUNK_BYTES",
+    "machine_checks", "measure_read", "RELEASED_TRUNK_BYTES", "choose_trunk_codec", "CodecChoice", "TRUNK_CODECS",
     # a subcommand that runs the engine takes the same flags as `k3 run`
     "add_engine_arguments", "engine_config_from_args", "add_speculation_arguments", "speculation_from_args", "EXIT_CODES", "add_logging_arguments", "configure_logging",
     # errors
@@ -179,9 +181,10 @@ def model_note(model_dir) -> str | None:
     return None
 
 
-def pack_trunk(model_dir, trunk_dir, *, progress=None, say=None):
-    """`k3 pack`: the checkpoint's trunk into one aligned file (resumable; see k3 pack --help)."""
-    return pack(model_dir, trunk_dir, progress=progress, say=say)
+def pack_trunk(model_dir, trunk_dir, *, progress=None, say=None, codec: str = "raw"):
+    """`k3 pack`: the checkpoint's trunk into one aligned file (resumable; see k3 pack --help), its runs stored
+    with `codec` (raw, or planes: lossless, ~0.67× the bytes)."""
+    return pack(model_dir, trunk_dir, progress=progress, say=say, codec=codec)
 
 
 def packed_trunk_bytes(source) -> int:
@@ -213,6 +216,30 @@ def machine_checks(path: str, read_mb: int = 64, *, name: str | None = None, che
     if name is None:
         return run_checks(path, read_mb)
     return run_checks(path, read_mb, Target(name, checkpoint_bytes, trunk_bytes or checkpoint_bytes))
+
+
+def choose_trunk_codec(disk_bytes_per_second: float, cores: int | None = None, seconds: float = 0.3) -> CodecChoice:
+    """The trunk codec (`k3 pack --codec`) this machine streams the full model faster with, from the disk rate
+    given (`k3 doctor`'s disk read) and the restore and bf16 kernel rates measured here, one core each, for
+    about `seconds` apiece (model/cost.py: a projection, printed with its rates by `k3 setup`)."""
+    import os
+    import time
+
+    import numpy as np
+
+    from . import _native
+    from .io.codec import restore_rate
+
+    cores = cores or len(os.sched_getaffinity(0))
+    kernels = _native.Kernels(_native.available_backends()[0], 1)
+    weights = [np.random.default_rng(i).integers(0, 1 << 16, (4096, 4096), dtype=np.uint16) & 0xBFFF
+               for i in range(4)]  # 128 MB cycled, so they come from RAM as a streamed layer's do
+    x, done, start = np.ones((1, 4096), np.float32), 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds or not done:
+        for w in weights:
+            kernels.linear(w, "BF16", x)
+            done += w.nbytes
+    return choose_codec(disk_bytes_per_second, cores, restore_rate(seconds), done / elapsed)
 
 
 def add_engine_arguments(parser) -> None:

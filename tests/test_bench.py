@@ -122,8 +122,9 @@ def test_bench_stream_compares_two_trunks_against_the_disk_floor(capsys, tiny_mo
 
 
 def test_the_real_model_projection_adds_up():
-    from k3core.cli.bench_stream import (K3_EXPERT_BYTES, K3_EXPERTS_PER_TOKEN, K3_HEAD_BYTES, K3_LRU_1GB_HIT_RATE,
-                                         K3_TRUNK_BYTES, projection, projections)
+    from k3core.cli.bench_stream import projections
+    from k3core.model.cost import (K3_EXPERT_BYTES, K3_EXPERTS_PER_TOKEN, K3_HEAD_BYTES, K3_LRU_1GB_HIT_RATE,
+                                   K3_TRUNK_BYTES, projection)
 
     stream, experts = K3_TRUNK_BYTES + K3_HEAD_BYTES, K3_EXPERTS_PER_TOKEN * K3_EXPERT_BYTES
     raw = projection(1.0, 1.0, 10e9, 1.2, 8)

@@ -387,11 +387,14 @@ def test_held_coded_layers_pin_more_per_gigabyte_and_read_nothing_per_token(mode
     assert read["held"] == read["raw pins"]  # embedding rows only: every held layer is restored from RAM, not read
 
 
-def test_the_memory_plan_counts_the_codec_staging(tiny_model, coded_pack):
+def test_the_memory_plan_counts_the_codec_scratch_and_the_in_place_slots(tiny_model, coded_pack):
     from k3core import memory_plan
 
     rows = {r.item: r.bytes for r in memory_plan(EngineConfig(tiny_model, trunk=coded_pack, pin_layers=0)).rows}
-    assert rows["trunk codec staging"] == trunk_reader.scratch_bytes(load_trunk(coded_pack))
+    trunk = load_trunk(coded_pack)
+    assert rows["trunk codec scratch"] == trunk_reader.scratch_bytes(trunk)
+    biggest = max(TrunkReader.room(r, 0, r.length) for k, r in trunk.runs.items() if k.startswith("layer."))
+    assert rows["trunk ring"] == 2 * biggest  # each slot restores its layer in place: its bytes + slack
 
 
 def test_a_damaged_block_mid_run_ends_the_run_with_exit_4(tiny_model, coded_pack, tmp_path, capsys):

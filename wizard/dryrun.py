@@ -63,7 +63,8 @@ def dry_run(setup) -> int:
               "the demo model" if s.src.kind == "demo" else "nothing: used in place",
               estimate(fetch, net) if s.src.kind == "hf" else "a few s"),
              ("verify", f"re-read {human(total)}: size and hash of every file", estimate(total, hashing)),
-             ("pack", "skipped (--no-pack)" if o.no_pack else f"{human(plan.trunk_bytes)} into {s.trunk}",
+             ("pack", "skipped (--no-pack)" if o.no_pack else f"{human(plan.trunk_bytes)} into {s.trunk}, codec "
+              + ("chosen from the disk and CPU rates (raw or planes)" if o.codec == "auto" else o.codec),
               "instant" if o.no_pack else estimate(2 * plan.trunk_bytes, disk)),
              ("profile", f"preset {o.preset}, saved for k3 run / k3 chat", "instant"),
              ("next", "print the command to run next", "instant")]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from k3core import add_logging_arguments, configure_logging
+from k3core import TRUNK_CODECS, add_logging_arguments, configure_logging
 from k3core.plugin_api import hookimpl
 
 PRESETS = ["auto", "laptop", "desktop", "workstation", "server", "max"]
@@ -63,7 +63,7 @@ def cmd_setup(args) -> int:
 
     opts = Options(source=args.source, dest=args.dest, trunk_dir=args.trunk_dir, preset=args.preset,
                    vision=args.vision, jobs=args.jobs, yes=args.yes, dry_run=args.dry_run, no_pack=args.no_pack,
-                   read_mb=args.read_mb, stall=args.stall)
+                   codec=args.codec, read_mb=args.read_mb, stall=args.stall)
     return Setup(opts).run()
 
 
@@ -90,6 +90,10 @@ def k3_subcommands(subparsers):
     p.add_argument("--dry-run", action="store_true", help="print the plan (files, bytes, disk needed, time from "
                    "measured network and disk rates) and stop; exit 2 if it would not fit")
     p.add_argument("--no-pack", action="store_true", help="skip packing (the whole trunk is then held in RAM)")
+    p.add_argument("--codec", default="auto", choices=["auto", *TRUNK_CODECS],
+                   help="how the packed trunk stores its bytes: raw, planes (lossless, ~0.67x the bytes, restored on "
+                        "the fly), or auto (default): planes where this machine's cores restore faster than its disk "
+                        "saves, from the disk speed the machine check measured (k3 pack --help)")
     p.add_argument("--read-mb", type=int, default=64, metavar="N", help="MiB the machine check's disk test reads")
     p.add_argument("--stall", type=float, default=60.0, metavar="S",
                    help="reconnect a download that received nothing for S seconds (default 60)")

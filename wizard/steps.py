@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from k3core import (K3Error, PackMeter, Profile, UsageError, auto_preset, machine_checks, mem_available, pack_trunk,
-                    save_profile)
+from k3core import (K3Error, PackMeter, Profile, UsageError, auto_preset, choose_trunk_codec, machine_checks,
+                    mem_available, pack_trunk, save_profile)
 
 from .download import Downloader
 from .hub import Hub
@@ -40,6 +40,7 @@ class Options:
     yes: bool = False
     dry_run: bool = False
     no_pack: bool = False
+    codec: str = "auto"           # the packed trunk's codec: raw, planes, or auto (what this machine streams faster)
     read_mb: int = 64
     stall: float = 60.0
 
@@ -80,7 +81,8 @@ class Setup:
 
     def command(self) -> str:
         src = f"{self.src}@{self.src.revision}" if self.src.kind == "hf" and self.src.revision != "main" else self.src
-        extra = (" --vision" if self.opts.vision else "") + (" --no-pack" if self.opts.no_pack else "")
+        extra = (" --vision" if self.opts.vision else "") + (" --no-pack" if self.opts.no_pack else "") \
+            + (f" --codec {self.opts.codec}" if self.opts.codec != "auto" else "")
         return f"k3 setup --source {shlex.quote(str(src))} --dest {shlex.quote(str(self.dest))} --yes{extra}"
 
     # ---- the state machine --------------------------------------------------------------------------
@@ -129,7 +131,7 @@ class Setup:
 
     def key(self, name: str):
         if name == "pack":
-            return "no-pack" if self.opts.no_pack else str(self.trunk)
+            return "no-pack" if self.opts.no_pack else [str(self.trunk), self.opts.codec]
         if name in ("profile", "next"):
             return [self.opts.preset, None if self.opts.no_pack else str(self.trunk)]
         return None
@@ -160,7 +162,9 @@ class Setup:
         if name == "pack":
             if self.opts.no_pack:
                 return "skipped (--no-pack)", "instant"
-            return f"k3 pack {self.dest} {self.trunk}", estimate(2 * f.get("trunk_bytes", total), disk)
+            codec = "chosen from the disk and CPU rates" if self.opts.codec == "auto" else self.opts.codec
+            return (f"k3 pack {self.dest} {self.trunk} --codec ({codec})",
+                    estimate(2 * f.get("trunk_bytes", total), disk))
         if name == "profile":
             return "choose a memory preset from RAM and save the profile k3 run / k3 chat use", "instant"
         return "print the command to run next", "instant"
@@ -284,12 +288,26 @@ class Setup:
     def step_pack(self) -> str:
         if self.opts.no_pack:
             return "skipped: the whole trunk will be held in RAM"
+        codec = self.codec()
         meter = PackMeter(self.err)
         try:
-            r = pack_trunk(self.dest, self.trunk, progress=meter, say=lambda msg: self.say(f"      {msg}"))
+            r = pack_trunk(self.dest, self.trunk, progress=meter, say=lambda msg: self.say(f"      {msg}"), codec=codec)
         finally:
             meter.close()
-        return f"{self.trunk}: {r.runs} runs, {human(r.trunk_bytes)} ({r.status})"
+        return f"{self.trunk}: {r.runs} runs, {human(r.trunk_bytes)}, codec {codec} ({r.status})"
+
+    def codec(self) -> str:
+        """--codec, or for auto the codec this machine streams the full model faster with (said, with why)."""
+        if self.opts.codec != "auto":
+            return self.opts.codec
+        disk = self.st.facts.get("disk_rate")
+        if not disk:
+            self.say("      codec raw: the machine check measured no disk read speed to choose by (--codec planes "
+                     "packs losslessly in ~0.67x the bytes)")
+            return "raw"
+        choice = choose_trunk_codec(disk)
+        self.say(f"      codec {choice.codec}: {choice.why} (--codec raw|planes to choose yourself)")
+        return choice.codec
 
     def step_profile(self) -> str:
         preset, why = self.opts.preset, "as asked"

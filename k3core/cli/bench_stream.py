@@ -17,13 +17,9 @@ from pathlib import Path
 from ..interfaces import default_threads
 from ..io.aligned_io import align_down, align_up, read_rate
 from ..model.checkpoint import EXPERT_PARTS, expert_prefix, open_checkpoint
+from ..model.cost import projection
 
 # Full Kimi K3, per decode token (SPEC §1, STREAMING-FACTS): all 93 trunk layers, lm_head, 1,472 experts.
-K3_TRUNK_BYTES = 108.81e9
-K3_HEAD_BYTES = 2.35e9
-K3_EXPERTS_PER_TOKEN = 16 * 92
-K3_EXPERT_BYTES = 17_547_264
-K3_LRU_1GB_HIT_RATE = 0.3533  # TRUE hits of a 56-slot LRU on the real routing trace (docs/EXPERT-CACHE.md)
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 CGROUP_V2 = Path("/sys/fs/cgroup")
 
@@ -116,27 +112,6 @@ def run_budget(model_dir, trunk_dir, trunk_gb: float, cache_gb: float, ids: str,
             "trunk_decode_seconds": s.get("trunk_decode_seconds", 0.0), "trunk": str(trunk_dir),
             "options": list(options[1::2]), "expert_wait_seconds": s.get("expert_wait_seconds"),
             "expert_prefetched": s.get("expert_prefetched"), "expert_prefetch_used": s.get("expert_prefetch_used")}
-
-
-def projection(ratio: float, decode_per_core: float, compute_per_core: float, overhead: float, cores: int,
-               disk: float = 7e9) -> dict:
-    """Full K3 on a machine with 8 GB of RAM (the laptop preset: 3 GB of trunk, 1 GB of experts) and `cores`
-    cores reading a disk of `disk` bytes/s, from rates measured here (docs/PERFORMANCE.md, the method):
-
-    * bytes read per token: the whole trunk and lm_head (3 GB holds the 2-slot ring, ~2.3 GB, and no layer)
-      at the codec's stored `ratio`, plus the experts an LRU of 1 GB misses on the real routing trace;
-    * CPU per token: restoring the trunk at `decode_per_core` bytes/s per core, plus the kernels over every
-      weight byte the token touches at `compute_per_core`, spread over all cores;
-    * s/token = max(disk time, CPU time) × `overhead`: this machine's streamed floor run's s/token ÷ its disk
-      floor (what the pipeline loses to imperfect overlap; at least 1)."""
-    stream = K3_TRUNK_BYTES + K3_HEAD_BYTES
-    experts = K3_EXPERTS_PER_TOKEN * K3_EXPERT_BYTES * (1 - K3_LRU_1GB_HIT_RATE)
-    read = stream * ratio + experts
-    touched = stream + K3_EXPERTS_PER_TOKEN * K3_EXPERT_BYTES
-    cpu = ((stream / decode_per_core if ratio < 1 else 0.0) + touched / compute_per_core) / cores
-    return {"cores": cores, "disk_bytes_per_second": disk, "bytes_read_per_token": read,
-            "disk_seconds": read / disk, "cpu_seconds": cpu, "overhead": overhead,
-            "seconds_per_token": max(read / disk, cpu) * overhead}
 
 
 def projections(rows: list[dict], trunks: list[tuple[Path, float]], decode_per_core: float | None,

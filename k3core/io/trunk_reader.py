@@ -139,9 +139,9 @@ class TrunkReader:
     def _restore_small(self, run, lo, hi, buf):
         idx = list(blocks_for(lo, hi, self.block))
         if idx:
-            stage, scratch = aligned_buffer(self._stored_span(run, idx)), aligned_buffer(self.block)
-            self._read_piece(run, idx, stage)
-            self._decode_piece(run, idx, stage, lo, hi, memoryview(buf).cast("B"), scratch)
+            stored, scratch = aligned_buffer(self._stored_span(run, idx)), aligned_buffer(self.block)
+            self._read_piece(run, idx, stored)
+            self._decode_piece(run, idx, stored, lo, hi, memoryview(buf).cast("B"), scratch)
 
     def _restore_in_place(self, run, lo, hi, buf):
         idx = list(blocks_for(lo, hi, self.block))
@@ -175,15 +175,17 @@ class TrunkReader:
         first, last = run.blocks[piece[0]], run.blocks[piece[-1]]
         return last.offset + align_up(last.stored) - first.offset
 
-    def _read_piece(self, run, piece, stage):
+    def _read_piece(self, run, piece, into):
+        """The stored bytes of consecutive blocks `piece`, into the start of `into`."""
         first = run.blocks[piece[0]]
-        self._timed_read(self.direct, memoryview(stage), run.offset + first.offset, self._stored_span(run, piece),
+        self._timed_read(self.direct, memoryview(into), run.offset + first.offset, self._stored_span(run, piece),
                          f"trunk unit {run.key}, blocks {piece[0]}..{piece[-1]}")
 
-    def _decode_piece(self, run, piece, stage, lo, hi, out, scratch, pool=None):
-        """Restore a staged piece's blocks into `out`: whole blocks on `pool` (every core) when given, a
-        block the range cuts through via `scratch`."""
-        start, base, view = time.perf_counter(), run.blocks[piece[0]].offset, memoryview(stage)
+    def _decode_piece(self, run, piece, stored, lo, hi, out, scratch, pool=None):
+        """Restore consecutive blocks `piece`, their stored bytes from the start of `stored`, into `out` (which
+        holds restored bytes [lo, hi)): whole blocks on `pool` (every core) when given, a block the range cuts
+        through via `scratch`."""
+        start, base, view = time.perf_counter(), run.blocks[piece[0]].offset, memoryview(stored)
 
         def one(i):
             b, b_lo = run.blocks[i], i * self.block

@@ -112,7 +112,8 @@ class PinnedPlacer(TrunkPlacer):
                 PlanRow("trunk ring", lay.ring_slots * lay.slot_bytes, f"{lay.ring_slots} slots × "
                         f"{human(lay.slot_bytes)}" if lay.ring_slots else "nothing streams")] + (
             [] if trunk.codec == RAW else
-            [PlanRow("trunk codec staging", trunk_scratch_bytes(trunk), f"{trunk.codec} blocks read and restored")])
+            [PlanRow("trunk codec scratch", trunk_scratch_bytes(trunk), f"{trunk.codec} blocks a range cuts, "
+                                                                            "small reads")])
 
     def __init__(self, ctx):
         super().__init__(ctx)

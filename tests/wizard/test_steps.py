@@ -9,6 +9,7 @@ import pytest
 
 from k3core.cli import doctor
 from k3core.io.profile import load_profile
+from k3core.model.cost import choose_codec
 from wizard import plan as plan_module
 from wizard.steps import Setup
 from wizard.verify import published_sizes
@@ -192,3 +193,31 @@ def test_a_destination_that_cannot_be_written_is_refused_naming_it(k3, tmp_path)
         rc, _, err = k3("setup", "--source", "demo", "--dest", dest, "--yes", "--read-mb", "1")
         assert rc == 2 and f"--dest {dest}" in err and says in err, err
     assert (tmp_path / "afile").read_text() == "x" and sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_the_codec_is_chosen_from_the_measured_rates_or_as_asked(hub, k3, tmp_path, monkeypatch):
+    from wizard import steps
+
+    asked = []
+    monkeypatch.setattr(steps, "choose_trunk_codec", lambda disk: asked.append(disk) or choose_codec(disk, 2, 3e9, 9e9))
+    dest = tmp_path / "model"
+    rc, out, err = k3(*setup_args(dest))
+    assert rc == 0, err
+    disk = state_of(dest)["facts"]["disk_rate"]
+    assert asked == [disk] and f"disk {disk / 1e9:.2f} GB/s, 2 cores" in out
+    want = choose_codec(disk, 2, 3e9, 9e9).codec
+    assert json.loads((dest / "trunk" / "manifest.json").read_text()).get("codec", "raw") == want
+    assert f"codec {want} (" in out
+    other = "raw" if want == "planes" else "planes"  # asking for the other one packs again, with it
+    rc, out, err = k3(*setup_args(dest, f"hf://{REPO}", "--codec", other))
+    assert rc == 0, err
+    assert json.loads((dest / "trunk" / "manifest.json").read_text()).get("codec", "raw") == other
+    assert len(asked) == 1 and f"codec {other} (" in out
+
+
+def test_planes_pays_where_cores_restore_faster_than_the_disk_saves():
+    assert choose_codec(7e9, 2, 3.2e9, 8.9e9).codec == "raw"        # a fast NVMe and two cores: CPU-bound
+    assert choose_codec(7e9, 8, 3.2e9, 8.9e9).codec == "planes"     # the same disk, eight cores
+    slow = choose_codec(1.5e9, 2, 3.2e9, 8.9e9)                     # this machine's kind of disk
+    assert slow.codec == "planes" and slow.planes_seconds < slow.raw_seconds
+    assert "1.50 GB/s, 2 cores" in slow.why
