@@ -229,6 +229,19 @@ def test_any_range_of_a_coded_run_reads_its_bytes(raw_pack, coded_pack, lo, hi, 
         reader.close()
 
 
+def test_hashing_a_coded_run_in_chunks_shorter_than_it_restores_in_place(raw_pack, coded_pack):
+    import hashlib
+
+    want = restored_runs(raw_pack)["layer.1"]
+    trunk = load_trunk(coded_pack)
+    reader = TrunkReader(trunk)
+    try:  # three blocks per chunk: each is restored in place, in a buffer room_for sized
+        got = trunk_reader.restored_sha256(reader, trunk.runs["layer.1"], chunk=3 * trunk.block_bytes)
+    finally:
+        reader.close()
+    assert got == hashlib.sha256(want).hexdigest()
+
+
 def synthetic_coded_run(tmp_path, contents: list[bytes], block: int):
     """A coded run of `contents` (one block each) written to its own trunk.bin, with the Trunk and Run fields a
     TrunkReader uses."""
@@ -373,9 +386,9 @@ def test_held_coded_layers_pin_more_per_gigabyte_and_read_nothing_per_token(mode
     assert "held as planes blocks" in held["pinned trunk"].detail
     budget = plain["pinned trunk"].bytes / 1e9 + plain["trunk ring"].bytes / 1e9 + 1e-6  # 6 layers as raw pins
     fit = {name: run(path, coded, trunk_gb=budget, placer_options=options)[2]
-           for name, options in (("restored", {"pin_coded": False}), ("default", None))}
-    assert fit["restored"]["pinned_layers"] == 6 and not fit["restored"]["pinned_coded"]
-    assert fit["default"]["pinned_layers"] > 6 and fit["default"]["pinned_coded"]  # by default: held, as it pins more
+           for name, options in (("default", None), ("held", {"pin_coded": True}))}
+    assert fit["default"]["pinned_layers"] == 6 and not fit["default"]["pinned_coded"]  # by default: restored
+    assert fit["held"]["pinned_layers"] > 6 and fit["held"]["pinned_coded"]
     every = {r.item: r for r in memory_plan(EngineConfig(path, trunk=coded, trunk_gb=10)).rows}
     assert "held" not in every["pinned trunk"].detail  # when everything fits restored, nothing is held coded
     read = {}

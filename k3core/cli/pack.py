@@ -58,9 +58,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "the checkpoint (shard sizes, header and sampled data hashes, config.json) that ties the pack to it.\n\n"
         "--codec planes stores each run losslessly in 1 MiB blocks: the sign and mantissa bits of every BF16\n"
         "weight as they are, its exponent byte zstd-coded (a code per tensor), ~0.67x the bytes; the engine\n"
-        "restores the exact bytes\n"
-        "as it reads (each block checksummed: a damaged one stops the run with exit 4, never wrong weights).\n"
-        "`k3 bench codec TRUNK_DIR` measures the ratio and decode speed on your machine.\n\n"
+        "restores the exact bytes as it reads (each block checksummed: a damaged one stops the run with\n"
+        "exit 4, never wrong weights). It streams faster where the cores restore faster than the disk\n"
+        "saves (k3 setup --codec auto decides so); `k3 bench codec TRUNK_DIR` measures the ratio and decode\n"
+        "speed on your machine, `k3 bench stream --compare-trunk` the end-to-end difference.\n\n"
         "Resumable: after Ctrl-C, a kill or a power cut, run the same command again; it re-checks the last\n"
         "finished run and continues after it. On a finished pack of the same checkpoint it does nothing.",
         epilog="examples:\n"

@@ -144,6 +144,7 @@ class TrunkReader:
             self._decode_piece(run, idx, stored, lo, hi, memoryview(buf).cast("B"), scratch)
 
     def _restore_in_place(self, run, lo, hi, buf):
+        """Restored bytes [lo, hi) into buf from 0, its stored blocks read into buf's tail (module docstring)."""
         idx = list(blocks_for(lo, hi, self.block))
         view, base = memoryview(buf).cast("B"), run.blocks[idx[0]].offset
         tail = align_down(len(view) - self._stored_span(run, idx))  # where the first stored block lands
@@ -158,15 +159,15 @@ class TrunkReader:
             else:
                 read.append(i)
         reads.append(read)
-        at = lambda i: tail + run.blocks[i].offset - base  # noqa: E731 — a block's stored bytes in the buffer
-        landed = [self._io.submit(self._read_piece, run, r, view[at(r[0]):]) for r in reads]
+        at = {i: tail + run.blocks[i].offset - base for i in idx}  # where each block's stored bytes land
+        landed = [self._io.submit(self._read_piece, run, r, view[at[r[0]]:]) for r in reads]
         last_read = {i: k for k, r in enumerate(reads) for i in r}
         try:
             for k in range(0, len(idx), DECODE_BLOCKS):
                 piece = idx[k:k + DECODE_BLOCKS]
                 for future in landed[last_read[piece[0]]:last_read[piece[-1]] + 1]:
                     future.result()
-                self._decode_piece(run, piece, view[at(piece[0]):], lo, hi, view, self._scratch, self._decoders)
+                self._decode_piece(run, piece, view[at[piece[0]]:], lo, hi, view, self._scratch, self._decoders)
         finally:
             for future in landed:
                 future.exception()  # a failed decode leaves no read running into the buffer
@@ -226,7 +227,7 @@ def restored_sha256(reader: TrunkReader, run, chunk: int = 64 << 20, tick=None) 
     """sha256 of a run's restored bytes, read through `reader` in chunks (k3 pack --verify)."""
     import hashlib
 
-    h, buf = hashlib.sha256(), aligned_buffer(chunk + 2 * ALIGN)
+    h, buf = hashlib.sha256(), aligned_buffer(room_for(reader.trunk, chunk))
     for lo in range(0, run.length, chunk):
         hi = min(run.length, lo + chunk)
         at = reader.read(run, lo, hi, buf)

@@ -43,22 +43,20 @@ def _head_tensor(trunk):
 @dataclass(frozen=True)
 class PinnedOptions(PluginOptions):
     pin_head: bool | None = None  # keep lm_head in RAM; default: only when every layer is pinned
-    pin_coded: bool | None = None  # with a coded pack, hold pinned layers as stored blocks and restore them on
-                                   # use; default: when that pins more layers than keeping them restored
+    pin_coded: bool = False  # with a coded pack, hold pinned layers as stored blocks and restore them on each
+                             # use: more of them fit, but each costs a restore per token (measured slower than
+                             # streaming them on 2 cores: docs/PERFORMANCE.md, "Holding pinned layers coded")
 
 
 def layout(trunk, config, budget, options: PinnedOptions) -> Layout:
     """Pin layers in visit order while pinned bytes + the ring fit the budget; then the head. With a coded
-    pack, pinned layers are held coded when `pin_coded` says so, or by default when that pins more."""
+    pack, pinned layers are held coded when `pin_coded` says so."""
     if budget.ring_slots < MIN_RING:
         raise UsageError(f"the ring needs at least {MIN_RING} slots, got {budget.ring_slots}")
     restored = _layout(trunk, config, budget, options, held=False)
-    if trunk.codec == RAW or options.pin_coded is False:
+    if trunk.codec == RAW or not options.pin_coded:
         return restored
-    held = _layout(trunk, config, budget, options, held=True)
-    if options.pin_coded or len(held.pinned) > len(restored.pinned):
-        return held
-    return restored
+    return _layout(trunk, config, budget, options, held=True)
 
 
 def _layout(trunk, config, budget, options: PinnedOptions, held: bool) -> Layout:
