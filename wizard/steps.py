@@ -162,8 +162,9 @@ class Setup:
         if name == "pack":
             if self.opts.no_pack:
                 return "skipped (--no-pack)", "instant"
-            codec = "chosen from the disk and CPU rates" if self.opts.codec == "auto" else self.opts.codec
-            return (f"k3 pack {self.dest} {self.trunk} --codec ({codec})",
+            codec = "raw or planes, chosen from the disk and CPU rates" if self.opts.codec == "auto" \
+                else self.opts.codec
+            return (f"k3 pack {self.dest} {self.trunk}, codec {codec}",
                     estimate(2 * f.get("trunk_bytes", total), disk))
         if name == "profile":
             return "choose a memory preset from RAM and save the profile k3 run / k3 chat use", "instant"

@@ -108,7 +108,8 @@ class PinnedPlacer(TrunkPlacer):
         return [PlanRow("pinned trunk", lay.pinned_bytes, f"layers 0..{len(lay.pinned) - 1} {head}of "
                         f"{config.num_hidden_layers}{held}" if lay.pinned else f"no layers {head}pinned"),
                 PlanRow("trunk ring", lay.ring_slots * lay.slot_bytes, f"{lay.ring_slots} slots × "
-                        f"{human(lay.slot_bytes)}" if lay.ring_slots else "nothing streams")] + (
+                        f"{human(lay.slot_bytes)}" + ("" if trunk.codec == RAW else " (a layer and the slack it is "
+                                                     "restored in place with)") if lay.ring_slots else "nothing streams")] + (
             [] if trunk.codec == RAW else
             [PlanRow("trunk codec scratch", trunk_scratch_bytes(trunk), f"{trunk.codec} blocks a range cuts, "
                                                                             "small reads")])
