@@ -19,6 +19,7 @@ Only where bytes are stored changes: the restored bytes are the raw pack's, bit 
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +39,6 @@ BLOCK = 1 << 20               # restored bytes per block (the default; a pack's 
 ZSTD_PARAMS = dict(strategy="fast", min_match=7, hash_log=6, chain_log=6, search_log=1)
 RAW, PLANES = "raw", "planes"
 MIN_SEGMENT = 4096            # exponents per separately coded piece, at least (a code table costs ~100 bytes)
-_TABLE = np.dtype("<u4")
 
 
 @dataclass(frozen=True)
@@ -105,8 +105,8 @@ def segments(words: int, cuts) -> list[tuple[int, int]]:
 def _frames(exponent: np.ndarray, pieces) -> bytes:
     compress = _compressor().compress
     frames = [compress(exponent[a:b].tobytes()) for a, b in pieces]
-    table = np.array([(b - a, len(f)) for (a, b), f in zip(pieces, frames)], _TABLE).reshape(-1)
-    return np.array([len(pieces)], _TABLE).tobytes() + table.tobytes() + b"".join(frames)
+    table = [v for (a, b), f in zip(pieces, frames) for v in (b - a, len(f))]
+    return struct.pack(f"<{1 + len(table)}I", len(pieces), *table) + b"".join(frames)
 
 
 def encode_block(raw, cuts=()) -> tuple[str, bytes, int]:
@@ -166,25 +166,23 @@ class Restorer:
             got = _native.planes_checksum(dst)
         else:
             rest = (block.restored + 1) // 2
-            exponent = self._exponents(block, src[rest:], what)
+            exponent = self._exponents(block, memoryview(src)[rest:], what)
             got = _native.planes_join(src[:rest], np.frombuffer(exponent, np.uint8), dst)
         if got != block.checksum:
             raise UnsoundRunError(f"{what} fails its checksum (restored {got:016x}, stored {block.checksum:016x}); "
                                   "the packed trunk is damaged: run `k3 pack --verify` and re-pack")
 
-
-    def _exponents(self, block: Block, coded: np.ndarray, what: str) -> bytes:
+    def _exponents(self, block: Block, coded: memoryview, what: str) -> bytes:
         """The exponent plane of a planes block from its piece table and frames."""
-        words = block.restored // 2
-        k = int(coded[:4].view(_TABLE)[0]) if coded.size >= 4 else 0
-        table = coded[4:4 + 8 * k].view(_TABLE).reshape(-1, 2) if 0 < k <= words and coded.size >= 4 + 8 * k \
-            else None
-        if table is None or int(table[:, 0].sum()) != words or int(table[:, 1].sum()) != coded.size - 4 - 8 * k \
-                or not table[:, 0].all():
+        words, n = block.restored // 2, len(coded)
+        k = struct.unpack_from("<I", coded)[0] if n >= 4 else 0
+        table = struct.unpack_from(f"<{2 * k}I", coded, 4) if 0 < k <= words and n >= 4 + 8 * k else ()
+        counts, sizes = table[0::2], table[1::2]
+        if not table or sum(counts) != words or sum(sizes) != n - 4 - 8 * k or not all(counts):
             raise UnsoundRunError(f"{what} has a damaged piece table; the packed trunk is damaged: run "
                                   "`k3 pack --verify` and re-pack")
         pieces, at = [], 4 + 8 * k
-        for count, size in table.tolist():
+        for count, size in zip(counts, sizes):
             try:
                 piece = self._dctx.decompress(coded[at:at + size], max_output_size=count)
             except Exception as exc:  # zstandard.ZstdError, and anything a torn frame provokes
