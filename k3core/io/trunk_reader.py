@@ -200,7 +200,7 @@ class TrunkReader:
                 out[a - lo:z - lo] = memoryview(scratch)[a - b_lo:z - b_lo]
 
         whole = [i for i in piece if lo <= i * self.block and i * self.block + run.blocks[i].restored <= hi]
-        cut = [i for i in piece if i not in set(whole)]
+        cut = sorted(set(piece) - set(whole))
         if pool is not None:
             list(pool.map(one, whole))
         else:
