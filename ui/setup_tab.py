@@ -12,9 +12,11 @@ import time
 
 import gradio as gr
 
-from k3core import K3Error
+from k3core import TRUNK_CODECS, K3Error, UsageError
 
 from .guard import ADMIN_FLAG
+
+CODEC_CHOICES = ("auto", *TRUNK_CODECS)
 
 try:
     from wizard.state import read_state
@@ -70,14 +72,16 @@ def steps_table(guard, dest: str | None, running: bool = False) -> str:
 
 
 def run_setup(guard, source: str, dest: str, trunk_dir: str, preset: str, no_pack: bool, vision: bool, jobs: int,
-              poll: float = 0.5):
+              codec: str = "auto", poll: float = 0.5):
     """Run (or resume) the wizard where `guard` allows; yields (steps table, output so far, status line)."""
     sink = Sink()
     try:
+        if codec not in CODEC_CHOICES:
+            raise UsageError(f"codec {codec!r} is not one of {', '.join(CODEC_CHOICES)}")
         where_to, trunk = guard.destination(source, dest, trunk_dir)  # refused: nothing is created
         opts = Options(source=(source or "").strip() or "demo", dest=str(where_to), trunk_dir=str(trunk),
                        preset=preset, vision=bool(vision), jobs=max(1, min(16, int(jobs))), yes=True,
-                       no_pack=bool(no_pack))
+                       no_pack=bool(no_pack), codec=codec)
         setup = Setup(opts, out=sink, err=sink)
     except (K3Error, ValueError, TypeError) as exc:
         yield steps_table(guard, dest), "", f"⚠ {exc}"
@@ -130,6 +134,9 @@ def setup_tab(host, chats, title, header, tab, guard) -> None:
             with gr.Row():
                 no_pack = gr.Checkbox(False, label="Skip packing")
                 vision = gr.Checkbox(False, label="Vision shards too")
+            codec = gr.Dropdown(list(CODEC_CHOICES), value="auto", label="Packed trunk codec",
+                                info="auto: planes (lossless, ~0.67× the bytes) where this machine's cores restore "
+                                     "faster than its disk saves; else raw")
             jobs = gr.Slider(1, 16, value=4, step=1, label="Files in parallel")
             with gr.Row():
                 show = gr.Button("Show progress", size="sm")
@@ -150,13 +157,13 @@ def setup_tab(host, chats, title, header, tab, guard) -> None:
         chats.reset_all("a new model was opened: this is a new conversation")
         return f"✓ now serving {host.model}", header(host)
 
-    def setup_fn(source_, dest_, trunk_dir_, preset_, no_pack_, vision_, jobs_):
-        yield from run_setup(guard, source_, dest_, trunk_dir_, preset_, no_pack_, vision_, jobs_)
+    def setup_fn(source_, dest_, trunk_dir_, preset_, no_pack_, vision_, jobs_, codec_="auto"):
+        yield from run_setup(guard, source_, dest_, trunk_dir_, preset_, no_pack_, vision_, jobs_, codec_)
 
     def table_fn(dest_):
         return steps_table(guard, dest_)
 
-    run.click(setup_fn, [source, dest, trunk_dir, preset, no_pack, vision, jobs], [table, log, status],
+    run.click(setup_fn, [source, dest, trunk_dir, preset, no_pack, vision, jobs, codec], [table, log, status],
               api_name="setup", concurrency_limit=1, concurrency_id="setup")
     show.click(table_fn, dest, table, api_visibility="private", concurrency_limit=None)
     dest.change(table_fn, dest, table, api_visibility="private", concurrency_limit=None)

@@ -62,3 +62,20 @@ def test_without_the_flag_no_client_can_write_files_or_switch_the_model(guarded)
     _, status = client.predict("laptop", None, None, api_name="/plan_preview")
     assert status.startswith("preview:")  # reading is fine
     assert host.engine is engine and host.engine.plan is plan and os.listdir(root) == []
+
+
+def test_the_setup_tab_packs_with_the_codec_chosen_and_refuses_an_unknown_one(tmp_path):
+    import json
+
+    from ui.setup_tab import run_setup
+
+    root = tmp_path / "models"
+    root.mkdir()
+    guard = Guard(admin=True, models_root=root)
+    *_, (_, _, status) = run_setup(guard, "lz4-source", "bad", "", "auto", False, False, 2, codec="lz4", poll=0.05)
+    assert "codec 'lz4' is not one of auto, raw, planes" in status and os.listdir(root) == []
+    *_, (table, log, status) = run_setup(guard, "demo", "demo-model", "", "auto", False, False, 2, codec="planes",
+                                         poll=0.05)
+    assert status.startswith("✓"), (status, log)
+    manifest = json.loads((root / "demo-model" / "trunk" / "manifest.json").read_text())
+    assert manifest["codec"] == "planes" and "codec planes" in log
