@@ -148,11 +148,11 @@ def test_a_piece_per_tensor_codes_two_scales_smaller_and_restores_them():
     assert bytes(out) == data
 
 
-def test_pieces_are_cut_only_where_both_sides_keep_min_segment_words():
-    m = codec.MIN_SEGMENT
-    assert codec.segments(10 * m, []) == [(0, 10 * m)]
-    assert codec.segments(10 * m, [m - 2, 3 * m, 3 * m + 5, 10 * m - 1]) == [(0, 3 * m), (3 * m, 10 * m)]
-    assert codec.segments(0, [5]) == []
+def test_pieces_are_cut_only_where_both_sides_keep_min_piece_words():
+    m = codec.MIN_PIECE
+    assert codec.exponent_pieces(10 * m, []) == [(0, 10 * m)]
+    assert codec.exponent_pieces(10 * m, [m - 2, 3 * m, 3 * m + 5, 10 * m - 1]) == [(0, 3 * m), (3 * m, 10 * m)]
+    assert codec.exponent_pieces(0, [5]) == []
 
 
 def test_an_unknown_codec_or_block_size_is_a_usage_error(tiny_model, tmp_path):

@@ -55,7 +55,7 @@ def measure(blocks: list[tuple[bytes, list[int]]], block: int, threads: int, sec
         h = np.bincount(exponent, minlength=256)
         hist += h
         per_block_bits += codec.order0_bits(h) * h.sum()
-        for lo, hi in codec.segments(exponent.size, [s // 2 for s in starts]):
+        for lo, hi in codec.exponent_pieces(exponent.size, [s // 2 for s in starts]):
             per_piece_bits += codec.order0_bits(np.bincount(exponent[lo:hi], minlength=256)) * (hi - lo)
     words = hist.sum()
     t0 = time.perf_counter()

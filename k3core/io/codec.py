@@ -4,7 +4,7 @@ A run is cut into BLOCK-byte blocks (the last one shorter). A `planes` block spl
 BF16 weight: sign, 8 exponent bits, 7 mantissa bits) into two byte planes (native/planes.h): the sign and
 mantissa bits, noise, stored verbatim (the "rest" plane, with an odd block's last byte after it), and the
 exponent byte, under 3 bits of information, coded by zstd's Huffman literals near its order-0 entropy. The
-exponent plane is cut where a tensor starts (pieces of at least MIN_SEGMENT words), one zstd frame per
+exponent plane is cut where a tensor starts (pieces of at least MIN_PIECE words), one zstd frame per
 piece, so each tensor's exponents get their own code table:
 
     rest plane ((n + 1) / 2 bytes) | k: u32 | k × (exponents: u32, frame bytes: u32) | k frames
@@ -38,7 +38,7 @@ BLOCK = 1 << 20               # restored bytes per block (the default; a pack's 
 # 2.67 bits per byte and 1.6 GB/s of them decoded per core, against 3.28 bits and 0.6 GB/s at level 3).
 ZSTD_PARAMS = dict(strategy="fast", min_match=7, hash_log=6, chain_log=6, search_log=1)
 RAW, PLANES = "raw", "planes"
-MIN_SEGMENT = 4096            # exponents per separately coded piece, at least (a code table costs ~100 bytes)
+MIN_PIECE = 4096              # exponents per separately coded piece, at least (a code table costs ~100 bytes)
 
 
 @dataclass(frozen=True)
@@ -92,12 +92,12 @@ def split_planes(raw) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate([(x & 0xFF).astype(np.uint8), a[a.size // 2 * 2:]]), (x >> 8).astype(np.uint8)
 
 
-def segments(words: int, cuts) -> list[tuple[int, int]]:
+def exponent_pieces(words: int, cuts) -> list[tuple[int, int]]:
     """The pieces [a, b) of a block's `words` exponents coded as separate frames: cut at the word offsets
-    `cuts` (where tensors start), keeping only cuts that leave MIN_SEGMENT words on both sides."""
+    `cuts` (where tensors start), keeping only cuts that leave MIN_PIECE words on both sides."""
     kept = [0]
     for c in sorted(cuts):
-        if c - kept[-1] >= MIN_SEGMENT and words - c >= MIN_SEGMENT:
+        if c - kept[-1] >= MIN_PIECE and words - c >= MIN_PIECE:
             kept.append(c)
     return list(zip(kept, kept[1:] + [words])) if words else []
 
@@ -116,7 +116,7 @@ def encode_block(raw, cuts=()) -> tuple[str, bytes, int]:
     checksum = _native.planes_checksum(a)
     rest, exponent = split_planes(a)
     coded = _frames(exponent, [(0, exponent.size)])
-    if len(pieces := segments(exponent.size, cuts)) > 1:
+    if len(pieces := exponent_pieces(exponent.size, cuts)) > 1:
         coded = min(coded, _frames(exponent, pieces), key=len)
     if rest.size + len(coded) >= a.size:
         return RAW, a.tobytes(), checksum
