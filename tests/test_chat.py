@@ -99,7 +99,7 @@ CONVERSATIONS = [
 @pytest.mark.parametrize("i", range(len(CONVERSATIONS)))
 def test_jinja_template_equals_builder(i, gen, mode):
     msgs = CONVERSATIONS[i]
-    markup = "".join(text for _, text in exponent_pieces(msgs, mode, gen))
+    markup = "".join(text for _, text in segments(msgs, mode, gen))
     assert render_template(CHAT_TEMPLATE, msgs, mode, gen) == markup
     assert render(msgs, JTOK, mode, add_generation_prompt=gen) == render(msgs, TOK, mode, add_generation_prompt=gen)
 

@@ -111,7 +111,7 @@ def _model_text(text: str) -> list[tuple[bool, str]]:
     return [(i % 2 == 1, piece) for i, piece in enumerate(_MARKERS.split(text)) if piece]
 
 
-def exponent_pieces(messages, mode: str = "instruct", add_generation_prompt: bool = True,
+def segments(messages, mode: str = "instruct", add_generation_prompt: bool = True,
              tools: Sequence[Mapping] | None = None) -> list[tuple[bool, str]]:
     """The conversation as (is_marker, text) pieces; joined, they are the markup string. `tools`: tool
     declarations (OpenAI's function objects), rendered first as one `tool_declarations` element."""
@@ -200,7 +200,7 @@ def render(messages, tokenizer, mode: str = "instruct", *, add_generation_prompt
     chat_template if it has one (and use_template), else the builder."""
     template = chat_template(tokenizer) if use_template else None
     if template is None:
-        return build_ids(tokenizer, exponent_pieces(messages, mode, add_generation_prompt, tools))
+        return build_ids(tokenizer, segments(messages, mode, add_generation_prompt, tools))
     if not allow_markup_in_text:  # what people typed; the model's own replies are its tokens, not input
         for i, m in enumerate(normalize(messages)):
             if m["role"] == "assistant":
