@@ -223,23 +223,21 @@ def choose_trunk_codec(disk_bytes_per_second: float, cores: int | None = None, s
     given (`k3 doctor`'s disk read) and the restore and bf16 kernel rates measured here, one core each, for
     about `seconds` apiece (model/cost.py: a projection, printed with its rates by `k3 setup`)."""
     import os
-    import time
 
     import numpy as np
 
     from . import _native
-    from .io.codec import restore_rate
+    from .cli.bench import timed
+    from .cli.bench_codec import gaussian_restore_rate
 
     cores = cores or len(os.sched_getaffinity(0))
     kernels = _native.Kernels(_native.available_backends()[0], 1)
     weights = [np.random.default_rng(i).integers(0, 1 << 16, (4096, 4096), dtype=np.uint16) & 0xBFFF
                for i in range(4)]  # 128 MB cycled, so they come from RAM as a streamed layer's do
-    x, done, start = np.ones((1, 4096), np.float32), 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - start) < seconds or not done:
-        for w in weights:
-            kernels.linear(w, "BF16", x)
-            done += w.nbytes
-    return choose_codec(disk_bytes_per_second, cores, restore_rate(seconds), done / elapsed)
+    x = np.ones((1, 4096), np.float32)
+    gemv = timed(lambda: [kernels.linear(w, "BF16", x) for w in weights], seconds)
+    compute = sum(w.nbytes for w in weights) / gemv["median_s"]
+    return choose_codec(disk_bytes_per_second, cores, gaussian_restore_rate(seconds), compute)
 
 
 def add_engine_arguments(parser) -> None:

@@ -66,24 +66,7 @@ def measure(blocks: list[tuple[bytes, list[int]]], block: int, threads: int, sec
     payload = sum(b.stored for bl, _ in coded for b in bl)
     pairs = [(bl[0], st[0][:bl[0].stored]) for bl, st in coded]
 
-    def restore_all(share: list) -> int:
-        restorer, out, n = codec.Restorer(), bytearray(block), 0
-        for b, s in share:
-            restorer.restore(b, s, out, "bench block")
-            n += b.restored
-        return n
-
-    def rate(nthreads: int) -> float:
-        shares = [pairs[i::nthreads] for i in range(nthreads)]
-        restore_all(pairs[: max(1, len(pairs) // 20)])  # warm
-        done, start = 0, time.perf_counter()
-        while True:
-            with ThreadPoolExecutor(nthreads) as pool:
-                done += sum(pool.map(restore_all, shares))
-            if (elapsed := time.perf_counter() - start) >= seconds:
-                return done / elapsed
-
-    one, every = rate(1), rate(threads)
+    one, every = restore_rate(pairs, block, 1, seconds), restore_rate(pairs, block, threads, seconds)
     return {"blocks": len(blocks), "block_bytes": block, "raw_bytes": raw, "stored_bytes": stored,
             "payload_bytes": payload, "ratio": stored / raw, "payload_ratio": payload / raw,
             "bound_per_piece": (8 + per_piece_bits / words) / 16, "bound_per_block": (8 + per_block_bits / words) / 16,
@@ -92,6 +75,38 @@ def measure(blocks: list[tuple[bytes, list[int]]], block: int, threads: int, sec
             "planes_blocks": sum(b.kind == codec.PLANES for bl, _ in coded for b in bl),
             "encode_gbps": raw / encode_s / 1e9, "encode_threads": threads,
             "decode_gbps_one_core": one / 1e9, "decode_gbps_all": every / 1e9, "threads": threads}
+
+
+def restore_rate(pairs: list, block: int, threads: int, seconds: float) -> float:
+    """Restored bytes per second of (Block, stored bytes) pairs restored over and over on `threads` threads,
+    for about `seconds` after a warm-up."""
+    from ..io import codec
+
+    def restore_all(share: list) -> int:
+        restorer, out, n = codec.Restorer(), bytearray(block), 0
+        for b, s in share:
+            restorer.restore(b, s, out, "bench block")
+            n += b.restored
+        return n
+
+    shares = [pairs[i::threads] for i in range(threads)]
+    restore_all(pairs[: max(1, len(pairs) // 20)])  # warm
+    done, start = 0, time.perf_counter()
+    while True:
+        with ThreadPoolExecutor(threads) as pool:
+            done += sum(pool.map(restore_all, shares))
+        if (elapsed := time.perf_counter() - start) >= seconds:
+            return done / elapsed
+
+
+def gaussian_restore_rate(seconds: float, blocks: int = 8) -> float:
+    """restore_rate on one core of Gaussian BF16 weights coded as `k3 pack --codec planes` codes them (the kind
+    of bytes a trained trunk holds; `wide`'s own blocks restore at the same rate)."""
+    from ..io import codec
+
+    values = np.random.default_rng(0).standard_normal(blocks * codec.BLOCK // 2).astype(np.float32) * 0.02
+    coded, stored = codec.encode_run((values.view(np.uint32) >> 16).astype("<u2").tobytes())
+    return restore_rate([(b, s[:b.stored]) for b, s in zip(coded, stored)], codec.BLOCK, 1, seconds)
 
 
 def cmd_codec(args) -> int:

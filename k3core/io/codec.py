@@ -201,23 +201,6 @@ def blocks_for(lo: int, hi: int, block: int) -> range:
     return range(lo // block, max(lo // block, math.ceil(hi / block)))
 
 
-def restore_rate(seconds: float = 0.3, blocks: int = 8) -> float:
-    """Restored bytes per second on one core, measured on Gaussian BF16 weights (the kind of bytes a trained
-    trunk holds: `wide`'s coded blocks restore at the same rate, `k3 bench codec`)."""
-    import time
-
-    values = np.random.default_rng(0).standard_normal(blocks * BLOCK // 2).astype(np.float32) * 0.02
-    raw = (values.view(np.uint32) >> 16).astype("<u2").tobytes()
-    coded, stored = encode_run(raw)
-    restorer, out, done = Restorer(), bytearray(BLOCK), 0
-    start = time.perf_counter()
-    while (elapsed := time.perf_counter() - start) < seconds or not done:
-        for b, s in zip(coded, stored):
-            restorer.restore(b, s[:b.stored], out, "a measurement block")
-            done += b.restored
-    return done / elapsed
-
-
 def order0_bits(counts: np.ndarray) -> float:
     """Order-0 entropy in bits per symbol of a histogram."""
     p = counts[counts > 0] / counts.sum()
