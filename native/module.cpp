@@ -17,6 +17,7 @@
 #include "cpu_features.h"
 #include "kernels.h"
 #include "ops.h"
+#include "exponent_code.h"
 #include "planes.h"
 #include "pool.h"
 
@@ -526,6 +527,45 @@ PYBIND11_MODULE(_native, m) {
     }, py::arg("rest"), py::arg("exponent"), py::arg("out"),
           "Join the rest (sign + mantissa) and exponent planes into out's 16-bit words (native/planes.h); "
           "returns out's block checksum.");
+    m.def("exponent_encode", [](py::buffer exponents) {
+        const py::buffer_info e = exponents.request();
+        if (e.itemsize != 1 || e.ndim != 1 || e.size == 0)
+            throw std::invalid_argument("exponent_encode wants a non-empty 1-D byte buffer");
+        std::string out(k3::planes::piece_bound(e.size), '\0');
+        size_t n = 0;
+        without_gil([&] {
+            n = k3::planes::encode_piece(static_cast<const uint8_t*>(e.ptr), e.size, reinterpret_cast<uint8_t*>(out.data()));
+        });
+        out.resize(n);
+        return py::bytes(out);
+    }, py::arg("exponents"), "One stored piece of the exponent code (native/exponent_code.h).");
+    m.def("exponent_decode", [](py::buffer piece, size_t count) {
+        const py::buffer_info p = piece.request();
+        if (p.itemsize != 1 || p.ndim != 1 || count == 0)
+            throw std::invalid_argument("exponent_decode wants a 1-D byte buffer and a positive count");
+        std::string out(count, '\0');
+        const char* why = nullptr;
+        without_gil([&] {
+            why = k3::planes::decode_piece(static_cast<const uint8_t*>(p.ptr), p.size, count,
+                                           reinterpret_cast<uint8_t*>(out.data()));
+        });
+        if (why) throw std::invalid_argument(why);
+        return py::bytes(out);
+    }, py::arg("piece"), py::arg("count"), "The `count` exponents of one stored piece (native/exponent_code.h); "
+          "ValueError naming what is malformed.");
+    m.def("planes_restore", [](py::buffer stored, py::buffer out) {
+        const py::buffer_info s = stored.request(), o = out.request(true);
+        if (s.itemsize != 1 || s.ndim != 1 || o.itemsize != 1 || o.ndim != 1)
+            throw std::invalid_argument("planes_restore wants 1-D byte buffers");
+        uint64_t sum = 0;
+        const char* why = nullptr;
+        without_gil([&] {
+            why = k3::planes::restore(static_cast<const uint8_t*>(s.ptr), s.size, o.size, static_cast<uint8_t*>(o.ptr), &sum);
+        });
+        if (why) throw std::invalid_argument(why);
+        return sum;
+    }, py::arg("stored"), py::arg("out"), "Restore a planes block's bytes into out (native/planes.h); returns "
+          "their block checksum, or ValueError naming what is malformed.");
     py::class_<Kernels>(m, "Kernels")
         .def(py::init<const std::string&, unsigned>(), py::arg("name"), py::arg("threads") = 1)
         .def_property_readonly("name", &Kernels::name)

@@ -1,6 +1,9 @@
 #include "planes.h"
 
 #include <cstring>
+#include <vector>
+
+#include "exponent_code.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -90,6 +93,31 @@ uint64_t join(const uint8_t* rest, const uint8_t* exponent, size_t n, uint8_t* o
     for (; 8 * i + 8 <= n; ++i) sum += word_at(out + 8 * i, 8) * (2 * i + 1);
     if (8 * i < n) sum += word_at(out + 8 * i, n - 8 * i) * (2 * i + 1);
     return sum;
+}
+
+const char* restore(const uint8_t* stored, size_t stored_len, size_t n, uint8_t* out, uint64_t* sum) {
+    const size_t rest = (n + 1) / 2, words = n / 2;
+    if (stored_len < rest + 4) return "a block shorter than its rest plane and piece count";
+    uint32_t k;
+    std::memcpy(&k, stored + rest, 4);
+    if (k > words || (k == 0) != (words == 0) || stored_len - rest - 4 < 8 * size_t{k})
+        return "a damaged piece table";
+    thread_local std::vector<uint8_t> exponent;
+    if (exponent.size() < words) exponent.resize(words);
+    const uint8_t* table = stored + rest + 4;
+    size_t at = rest + 4 + 8 * size_t{k}, done = 0;
+    for (uint32_t i = 0; i < k; ++i) {
+        uint32_t count, size;
+        std::memcpy(&count, table + 8 * i, 4);
+        std::memcpy(&size, table + 8 * i + 4, 4);
+        if (!count || count > words - done || size > stored_len - at) return "a damaged piece table";
+        if (const char* why = decode_piece(stored + at, size, count, exponent.data() + done)) return why;
+        done += count;
+        at += size;
+    }
+    if (done != words || at != stored_len) return "a damaged piece table";
+    *sum = join(stored, exponent.data(), n, out);
+    return nullptr;
 }
 
 }  // namespace k3::planes

@@ -20,4 +20,10 @@ uint64_t checksum(const uint8_t* data, size_t n);
 // byte) and the exponent plane `exponent` (n / 2 bytes); returns checksum(out, n), computed while writing.
 uint64_t join(const uint8_t* rest, const uint8_t* exponent, size_t n, uint8_t* out);
 
+// A planes block's n restored bytes into out from its stored bytes (`stored`, `stored_len` of them):
+//   [rest plane: (n + 1) / 2 bytes][k: u32][k x (exponents: u32, bytes: u32)][k pieces (exponent_code.h)]
+// the pieces' exponents, in order, being the exponent plane. *sum gets checksum(out, n). Returns nullptr,
+// or what is malformed (the caller names the block).
+const char* restore(const uint8_t* stored, size_t stored_len, size_t n, uint8_t* out, uint64_t* sum);
+
 }  // namespace k3::planes

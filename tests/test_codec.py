@@ -12,7 +12,7 @@ from k3core import EngineConfig, _native, greedy_ids, open_engine
 from k3core.errors import TrunkError, UnsoundRunError, UsageError
 from k3core.io import codec, pack, trunk_reader
 from k3core.io.aligned_io import aligned_buffer
-from k3core.io.trunk import load_trunk, open_trunk
+from k3core.io.trunk import CODEC_VERSION, load_trunk, open_trunk
 from k3core.io.trunk_reader import TrunkReader
 from k3core.model.checkpoint import open_checkpoint
 
@@ -99,10 +99,10 @@ def test_every_block_restores_its_exact_bytes(name):
     data = CONTENTS[name]
     blocks, stored = codec.encode_run(data, block=8192)
     assert sum(b.restored for b in blocks) == len(data) and codec.stored_length(blocks) == sum(map(len, stored))
-    restorer, back = codec.Restorer(), bytearray()
+    back = bytearray()
     for b, s in zip(blocks, stored):
         out = bytearray(b.restored)
-        restorer.restore(b, s[:b.stored], out, f"block of {name}")
+        codec.restore(b, s[:b.stored], out, f"block of {name}")
         back += out
     assert bytes(back) == data
     kinds = {b.kind for b in blocks}
@@ -114,26 +114,29 @@ def test_every_block_restores_its_exact_bytes(name):
         assert kinds == {codec.PLANES} and sum(b.stored for b in blocks) < 0.55 * len(data)
 
 
-@pytest.mark.parametrize("where", ["rest plane", "piece count", "piece table", "frame header", "zstd frame",
-                                   "raw block"])
+@pytest.mark.parametrize("where", ["rest plane", "piece count", "piece table", "code lengths", "stream length",
+                                   "piece stream", "raw block"])
 def test_a_damaged_block_is_named_never_handed_on(where):
     data = CONTENTS["random bytes" if where == "raw block" else "gaussian bf16"][:8192]
     (b,), (s,) = codec.encode_run(data, block=8192)
     damaged = bytearray(s[:b.stored])
-    half = b.restored // 2  # the rest plane's bytes; then the piece count, one (count, size) entry, the frame
-    damaged[{"rest plane": 10, "piece count": half + 1, "piece table": half + 5, "frame header": half + 12 + 5,
-             "zstd frame": half + 40, "raw block": 99}[where]] ^= 0x10
+    half = b.restored // 2  # the rest plane's bytes; then the piece count, one (count, size) entry, the piece:
+    piece = half + 12       # its exponent range, code lengths, three stream lengths, four streams
+    nibbles = (s[piece + 1] - s[piece] + 2) // 2
+    damaged[{"rest plane": 10, "piece count": half + 1, "piece table": half + 5, "code lengths": piece + 2,
+             "stream length": piece + 2 + nibbles + 1, "piece stream": piece + 2 + nibbles + 12 + 40,
+             "raw block": 99}[where]] ^= 0x10
     with pytest.raises(UnsoundRunError, match="block 3 of trunk unit layer.1.*(checksum|decode|piece table)"):
-        codec.Restorer().restore(b, bytes(damaged), bytearray(b.restored), "block 3 of trunk unit layer.1")
+        codec.restore(b, bytes(damaged), bytearray(b.restored), "block 3 of trunk unit layer.1")
 
 
 def test_a_truncated_block_is_named():
     (b,), (s,) = codec.encode_run(CONTENTS["gaussian bf16"][:8192], block=8192)
-    for cut in (4097, 4200, b.stored - 1):  # inside the frame: it ends early
+    for cut in (4097, 4200, b.stored - 1):  # inside the piece: it ends early
         short = codec.Block(b.offset, cut, b.restored, b.kind, b.checksum)
-        with pytest.raises(UnsoundRunError, match="block 0 of trunk unit model (does not decode|decodes to|has a "
-                                                  "damaged piece table)"):
-            codec.Restorer().restore(short, s[:cut], bytearray(b.restored), "block 0 of trunk unit model")
+        with pytest.raises(UnsoundRunError, match="block 0 of trunk unit model does not decode: it has (a block shorter|a damaged "
+                                                  "piece table|a stream that ends|stream lengths)"):
+            codec.restore(short, s[:cut], bytearray(b.restored), "block 0 of trunk unit model")
 
 
 def test_a_piece_per_tensor_codes_two_scales_smaller_and_restores_them():
@@ -144,7 +147,7 @@ def test_a_piece_per_tensor_codes_two_scales_smaller_and_restores_them():
     assert two.kind == codec.PLANES and two.stored < one.stored - 2000  # one code table cannot fit both
     assert int(np.frombuffer(s[len(data) // 2:][:4], "<u4")[0]) == 2
     out = bytearray(two.restored)
-    codec.Restorer().restore(two, s[:two.stored], out, "two tensors")
+    codec.restore(two, s[:two.stored], out, "two tensors")
     assert bytes(out) == data
 
 
@@ -197,7 +200,7 @@ def restored_runs(trunk_dir, layers_read=None) -> dict[str, bytes]:
 
 def test_a_coded_pack_restores_every_raw_byte_and_is_smaller(tiny_model, raw_pack, coded_pack):
     m = manifest(coded_pack)
-    assert (m["version"], m["codec"], m["block_bytes"]) == (3, "planes", SMALL_BLOCK)
+    assert (m["version"], m["codec"], m["block_bytes"]) == (CODEC_VERSION, "planes", SMALL_BLOCK)
     coded_read, raw_read = [], []
     assert restored_runs(coded_pack, coded_read) == restored_runs(raw_pack, raw_read)
     assert coded_read[0] < 0.8 * raw_read[0]  # a streamed layer reads its stored bytes, not its restored ones
@@ -303,7 +306,8 @@ def test_an_interrupted_coded_pack_resumes_to_the_same_bytes(tiny_model, coded_p
 
 @pytest.mark.parametrize("edit, says", [
     (lambda m: m.update(codec="lz4"), "names codec 'lz4', which this k3 does not know"),
-    (lambda m: m.pop("codec"), "version 3 is not one this k3 reads"),
+    (lambda m: m.pop("codec"), f"version {CODEC_VERSION} is not one this k3 reads"),
+    (lambda m: m.update(version=3), "version 3 is not one this k3 reads.*re-pack"),  # the zstd-coded format
     (lambda m: m["runs"][1]["blocks"][0].__setitem__(3, "rle"), "impossible block entry"),
     (lambda m: m["runs"][1]["blocks"][1].__setitem__(0, 4096 * 999), "blocks do not restore exactly"),
     (lambda m: m.update(block_bytes=1000), "block_bytes 1000 is not a positive multiple"),

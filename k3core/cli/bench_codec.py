@@ -83,9 +83,9 @@ def restore_rate(pairs: list, block: int, threads: int, seconds: float) -> float
     from ..io import codec
 
     def restore_all(share: list) -> int:
-        restorer, out, n = codec.Restorer(), bytearray(block), 0
+        out, n = bytearray(block), 0
         for b, s in share:
-            restorer.restore(b, s, out, "bench block")
+            codec.restore(b, s, out, "bench block")
             n += b.restored
         return n
 

@@ -3,11 +3,11 @@
 A run is cut into BLOCK-byte blocks (the last one shorter). A `planes` block splits every 16-bit word (a
 BF16 weight: sign, 8 exponent bits, 7 mantissa bits) into two byte planes (native/planes.h): the sign and
 mantissa bits, noise, stored verbatim (the "rest" plane, with an odd block's last byte after it), and the
-exponent byte, under 3 bits of information, coded by zstd's Huffman literals near its order-0 entropy. The
-exponent plane is cut where a tensor starts (pieces of at least MIN_PIECE words), one zstd frame per
-piece, so each tensor's exponents get their own code table:
+exponent byte, under 3 bits of information, Huffman-coded near its order-0 entropy (native/exponent_code.h:
+a canonical code in four streams, decoded up to four exponents per table lookup). The exponent plane is
+cut where a tensor starts (pieces of at least MIN_PIECE words), each piece with its own code:
 
-    rest plane ((n + 1) / 2 bytes) | k: u32 | k × (exponents: u32, frame bytes: u32) | k frames
+    rest plane ((n + 1) / 2 bytes) | k: u32 | k × (exponents: u32, piece bytes: u32) | k pieces
 
 A block whose planes would not be smaller is stored as is (`raw`). Every block starts
 at an aligned_io.ALIGN offset, so it is read with O_DIRECT, and carries the checksum of its restored
@@ -29,16 +29,12 @@ from ..errors import UnsoundRunError, UsageError
 from .aligned_io import ALIGN, align_up
 
 CODECS = {"raw": "the run's bytes as they are (the default)",
-          "planes": "BF16 split into sign+mantissa bytes (verbatim) and exponent bytes (zstd Huffman-coded, "
-                    "a code table per tensor); 4096-aligned 1 MiB blocks"}
+          "planes": "BF16 split into sign+mantissa bytes (verbatim) and exponent bytes (Huffman-coded, "
+                    "a code per tensor); 4096-aligned 1 MiB blocks"}
 BLOCK = 1 << 20               # restored bytes per block (the default; a pack's manifest says its own):
                               # a multiple of ALIGN, so of every dtype's size
-# zstd's fastest strategy with the smallest match tables and 7-byte minimum matches: it finds almost no
-# matches in an exponent plane, so a frame is Huffman-coded literals (measured on `wide`'s high-byte plane:
-# 2.67 bits per byte and 1.6 GB/s of them decoded per core, against 3.28 bits and 0.6 GB/s at level 3).
-ZSTD_PARAMS = dict(strategy="fast", min_match=7, hash_log=6, chain_log=6, search_log=1)
 RAW, PLANES = "raw", "planes"
-MIN_PIECE = 4096              # exponents per separately coded piece, at least (a code table costs ~100 bytes)
+MIN_PIECE = 4096              # exponents per separately coded piece, at least (a code costs ~30 bytes)
 
 
 @dataclass(frozen=True)
@@ -68,22 +64,7 @@ def check_codec(name: str) -> str:
     return name
 
 
-def _zstd():
-    try:
-        import zstandard
-    except ImportError:
-        raise UsageError("the `planes` trunk codec needs the zstandard package: pip install zstandard") from None
-    return zstandard
-
-
 # ---- encoding (k3 pack) -------------------------------------------------------------------------------------
-def _compressor():
-    z = _zstd()
-    params = {**ZSTD_PARAMS, "strategy": z.STRATEGY_FAST}
-    return z.ZstdCompressor(compression_params=z.ZstdCompressionParameters(
-        **params, write_content_size=True, write_checksum=False))
-
-
 def split_planes(raw) -> tuple[np.ndarray, np.ndarray]:
     """(rest plane, exponent plane) of a block's bytes: what native planes_join puts back together."""
     a = np.frombuffer(raw, np.uint8)
@@ -102,11 +83,10 @@ def exponent_pieces(words: int, cuts) -> list[tuple[int, int]]:
     return list(zip(kept, kept[1:] + [words])) if words else []
 
 
-def _frames(exponent: np.ndarray, pieces) -> bytes:
-    compress = _compressor().compress
-    frames = [compress(exponent[a:b].tobytes()) for a, b in pieces]
-    table = [v for (a, b), f in zip(pieces, frames) for v in (b - a, len(f))]
-    return struct.pack(f"<{1 + len(table)}I", len(pieces), *table) + b"".join(frames)
+def _pieces(exponent: np.ndarray, pieces) -> bytes:
+    coded = [_native.exponent_encode(exponent[a:b]) for a, b in pieces]
+    table = [v for (a, b), c in zip(pieces, coded) for v in (b - a, len(c))]
+    return struct.pack(f"<{1 + len(table)}I", len(pieces), *table) + b"".join(coded)
 
 
 def encode_block(raw, cuts=()) -> tuple[str, bytes, int]:
@@ -115,9 +95,9 @@ def encode_block(raw, cuts=()) -> tuple[str, bytes, int]:
     a = np.frombuffer(raw, np.uint8)
     checksum = _native.planes_checksum(a)
     rest, exponent = split_planes(a)
-    coded = _frames(exponent, [(0, exponent.size)])
+    coded = _pieces(exponent, [(0, exponent.size)] if exponent.size else [])
     if len(pieces := exponent_pieces(exponent.size, cuts)) > 1:
-        coded = min(coded, _frames(exponent, pieces), key=len)
+        coded = min(coded, _pieces(exponent, pieces), key=len)
     if rest.size + len(coded) >= a.size:
         return RAW, a.tobytes(), checksum
     return PLANES, rest.tobytes() + coded, checksum
@@ -151,49 +131,22 @@ def stored_length(blocks: list[Block]) -> int:
 
 
 # ---- decoding (placers, k3 pack --verify) ---------------------------------------------------------------------
-class Restorer:
-    """Decodes stored blocks into restored bytes; one per thread (it keeps a zstd context)."""
-
-    def __init__(self):
-        self._dctx = _zstd().ZstdDecompressor()
-
-    def restore(self, block: Block, stored, out, what: str) -> None:
-        """Block `block`'s stored bytes (`stored`, exactly block.stored of them) → `out` (block.restored
-        bytes); a block that does not decode to its checksum is UnsoundRunError naming `what`."""
-        src, dst = np.frombuffer(stored, np.uint8, block.stored), np.frombuffer(out, np.uint8, block.restored)
-        if block.kind == RAW:
-            dst[:] = src
-            got = _native.planes_checksum(dst)
-        else:
-            rest = (block.restored + 1) // 2
-            exponent = self._exponents(block, memoryview(src)[rest:], what)
-            got = _native.planes_join(src[:rest], np.frombuffer(exponent, np.uint8), dst)
-        if got != block.checksum:
-            raise UnsoundRunError(f"{what} fails its checksum (restored {got:016x}, stored {block.checksum:016x}); "
-                                  "the packed trunk is damaged: run `k3 pack --verify` and re-pack")
-
-    def _exponents(self, block: Block, coded: memoryview, what: str) -> bytes:
-        """The exponent plane of a planes block from its piece table and frames."""
-        words, n = block.restored // 2, len(coded)
-        k = struct.unpack_from("<I", coded)[0] if n >= 4 else 0
-        table = struct.unpack_from(f"<{2 * k}I", coded, 4) if 0 < k <= words and n >= 4 + 8 * k else ()
-        counts, sizes = table[0::2], table[1::2]
-        if not table or sum(counts) != words or sum(sizes) != n - 4 - 8 * k or not all(counts):
-            raise UnsoundRunError(f"{what} has a damaged piece table; the packed trunk is damaged: run "
-                                  "`k3 pack --verify` and re-pack")
-        pieces, at = [], 4 + 8 * k
-        for count, size in zip(counts, sizes):
-            try:
-                piece = self._dctx.decompress(coded[at:at + size], max_output_size=count)
-            except Exception as exc:  # zstandard.ZstdError, and anything a torn frame provokes
-                raise UnsoundRunError(f"{what} does not decode ({exc}); the packed trunk is damaged: "
-                                      "run `k3 pack --verify` and re-pack") from None
-            if len(piece) != count:
-                raise UnsoundRunError(f"{what} decodes to {len(piece)} exponents where its table says {count}; "
-                                      "the packed trunk is damaged: run `k3 pack --verify` and re-pack")
-            pieces.append(piece)
-            at += size
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+def restore(block: Block, stored, out, what: str) -> None:
+    """Block `block`'s stored bytes (`stored`, exactly block.stored of them) → `out` (block.restored bytes);
+    a block that does not decode to its checksum is UnsoundRunError naming `what`."""
+    src, dst = np.frombuffer(stored, np.uint8, block.stored), np.frombuffer(out, np.uint8, block.restored)
+    if block.kind == RAW:
+        dst[:] = src
+        got = _native.planes_checksum(dst)
+    else:
+        try:
+            got = _native.planes_restore(src, dst)
+        except ValueError as exc:
+            raise UnsoundRunError(f"{what} does not decode: it has {exc}; the packed trunk is damaged: run "
+                                  "`k3 pack --verify` and re-pack") from None
+    if got != block.checksum:
+        raise UnsoundRunError(f"{what} fails its checksum (restored {got:016x}, stored {block.checksum:016x}); "
+                              "the packed trunk is damaged: run `k3 pack --verify` and re-pack")
 
 
 def blocks_for(lo: int, hi: int, block: int) -> range:

@@ -23,8 +23,8 @@ from .codec import CODECS, RAW, Block, stored_length
 from .safetensors_index import DTYPES
 
 FORMAT, VERSION = "k3-trunk", 1
-CODEC_VERSION = 3             # a pack whose runs are coded (manifest "codec" other than raw): blocks per run;
-                              # 3: exponent + rest planes, a code per tensor (2, high + low bytes, is re-packed)
+CODEC_VERSION = 4             # a pack whose runs are coded (manifest "codec" other than raw): blocks per run;
+                              # 4: exponent + rest planes, k3's own code per tensor (2 and 3 are re-packed)
 SAMPLE_BLOCKS, SAMPLE_BLOCK, SAMPLE_ALL = 16, 4096, 1 << 20
 TRUNK, PARTIAL, MANIFEST = "trunk.bin", "trunk.bin.partial", "manifest.json"
 

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import TrunkError, UnsoundRunError
 from .aligned_io import ALIGN, align_down, align_up, aligned_buffer, open_for_reading, read_exact
-from .codec import RAW, Restorer, blocks_for
+from .codec import RAW, blocks_for, restore
 
 READ_BYTES = 64 << 20  # stored bytes per read of a coded range, at most (or one block's, if larger)
 DECODE_BLOCKS = 8      # blocks restored together, on every core, once their read has landed
@@ -58,7 +58,6 @@ class TrunkReader:
         self.bytes_read = 0                                  # from disk: stored bytes, padding included
         self.read_seconds = self.decode_seconds = 0.0
         self._count = threading.Lock()
-        self._local = threading.local()
         self.block = trunk.block_bytes
         if self.codec != RAW:
             self._scratch = aligned_buffer(self.block)
@@ -131,11 +130,6 @@ class TrunkReader:
         return hi - lo if hi - lo <= 2 * block else align_up(hi - lo + slack(hi - lo, block))
 
     # ---- coded runs ------------------------------------------------------------------------------------------
-    def _restorer(self) -> Restorer:
-        if (r := getattr(self._local, "restorer", None)) is None:
-            r = self._local.restorer = Restorer()
-        return r
-
     def _restore_small(self, run, lo, hi, buf):
         idx = list(blocks_for(lo, hi, self.block))
         if idx:
@@ -193,9 +187,9 @@ class TrunkReader:
             stored = view[b.offset - base:b.offset - base + b.stored]
             what = f"block {i} of trunk unit {run.key} ({self.trunk.path})"
             if lo <= b_lo and b_lo + b.restored <= hi:
-                self._restorer().restore(b, stored, out[b_lo - lo:b_lo - lo + b.restored], what)
+                restore(b, stored, out[b_lo - lo:b_lo - lo + b.restored], what)
             else:  # the range starts or ends inside this block
-                self._restorer().restore(b, stored, scratch, what)
+                restore(b, stored, scratch, what)
                 a, z = max(lo, b_lo), min(hi, b_lo + b.restored)
                 out[a - lo:z - lo] = memoryview(scratch)[a - b_lo:z - b_lo]
 

@@ -38,6 +38,8 @@ def latent_moe(w: Weights, x: np.ndarray, layer: int, c, kr: KernelBackend, stor
     ids, weights = route(w, x, c, kr)
     for o in observers:
         o.on_route(layer, ids)
+    # everything that needs no routed expert runs first, while the prefetched expert reads land
+    shared = dense_mlp(w, x, c, kr, P + "shared_experts.") if c.num_shared_experts else None  # original x
     z = kr.linear(w[P + "routed_expert_down_proj.weight"], x)  # H → latent
     outs = np.empty((x.shape[0], ids.shape[1], z.shape[1]), np.float32)  # [T, k, latent]
     wanted = sorted({int(e) for e in ids.flat})  # each expert read once for all the tokens that chose it
@@ -50,6 +52,4 @@ def latent_moe(w: Weights, x: np.ndarray, layer: int, c, kr: KernelBackend, stor
     if c.latent_moe_use_norm:
         agg = kr.rmsnorm(agg, w.vec(P + "routed_expert_norm.weight"), c.rms_norm_eps)  # the AGGREGATE, once
     out = kr.linear(w[P + "routed_expert_up_proj.weight"], agg)
-    if c.num_shared_experts:
-        out = out + dense_mlp(w, x, c, kr, P + "shared_experts.")  # original x, unweighted
-    return out
+    return out if shared is None else out + shared  # the shared experts: unweighted
