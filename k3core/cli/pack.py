@@ -57,7 +57,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "TRUNK_DIR/manifest.json records each run's offset, length, sha256 and tensors, and a fingerprint of\n"
         "the checkpoint (shard sizes, header and sampled data hashes, config.json) that ties the pack to it.\n\n"
         "--codec planes stores each run losslessly in 1 MiB blocks: the sign and mantissa bits of every BF16\n"
-        "weight as they are, its exponent byte zstd-coded (a code per tensor), ~0.67x the bytes; the engine\n"
+        "weight as they are, its exponent byte Huffman-coded (a code per tensor), ~0.67x the bytes; the engine\n"
         "restores the exact bytes as it reads (each block checksummed: a damaged one stops the run with\n"
         "exit 4, never wrong weights). It streams faster where the cores restore faster than the disk\n"
         "saves (k3 setup --codec auto decides so); `k3 bench codec TRUNK_DIR` measures the ratio and decode\n"

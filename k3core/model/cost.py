@@ -21,7 +21,7 @@ K3_HEAD_BYTES = 2.35e9
 K3_EXPERTS_PER_TOKEN = 16 * 92
 K3_EXPERT_BYTES = 17_547_264
 K3_LRU_1GB_HIT_RATE = 0.3533  # TRUE hits of a 56-slot LRU on the real routing trace (docs/EXPERT-CACHE.md)
-PLANES_RATIO = 0.6721         # `k3 pack --codec planes` on `k3 make-model --shape wide` (the real trunk's is
+PLANES_RATIO = 0.6726         # `k3 pack --codec planes` on `k3 make-model --shape wide` (the real trunk's is
                               # not measurable here; its BF16 weights are the same kind of bytes)
 
 
