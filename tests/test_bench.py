@@ -119,6 +119,7 @@ def test_bench_stream_compares_two_trunks_against_the_disk_floor(capsys, tiny_mo
     from k3core.cli.bench_stream import stream_table
     table = stream_table(doc)
     assert "| raw |" in table and "| planes |" in table and "| raw, prefetch=false |" in table and "× floor" in table
+    assert doc["raw_o_direct_probe_busy"]["rate"] > 0 and "vs busy probe" in table and "while every core computes" in table
 
 
 def test_the_real_model_projection_adds_up():

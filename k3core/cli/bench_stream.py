@@ -1,6 +1,7 @@
 """`k3 bench stream`: streaming as it runs — expert read throughput against a raw O_DIRECT probe of
-the same files, I/O share of wall time, s/token and peak RSS at several budgets (each run in its
-own process, under a memory cgroup where the machine allows it), and a projection to full K3.
+the same files (idle, and with every core computing), I/O share of wall time, s/token and peak RSS at
+several budgets (each run in its own process, under a memory cgroup where the machine allows it), and a
+projection to full K3.
 
 Not a test: it measures and prints; it asserts nothing about speed.
 """
@@ -11,8 +12,11 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+
+import numpy as np
 
 from ..interfaces import default_threads
 from ..io.aligned_io import align_down, align_up, read_rate
@@ -37,6 +41,30 @@ def raw_probe(model_dir, seconds: float = 3.0, depth: int = 16) -> dict:
             spans.append((str(first.file), start, align_up(last.offset + last.nbytes - start)))
     ckpt.close()
     return read_rate(spans, seconds, depth)
+
+
+def busy_probe(model_dir, seconds: float = 3.0, depth: int = 16) -> dict:
+    """raw_probe while every core runs bf16 GEMVs over 128 MB of weights, as a token's kernels keep them
+    busy: what the disk gives expert reads that overlap compute (on a VM a read's completion can wait
+    for a busy virtual CPU)."""
+    from .. import _native
+
+    kernels = _native.Kernels(_native.available_backends()[0], default_threads())
+    weights = [np.random.default_rng(i).integers(0, 1 << 16, (4096, 4096), dtype=np.uint16) & 0xBFFF for i in range(4)]
+    x, stop = np.ones((1, 4096), np.float32), threading.Event()
+
+    def compute():
+        while not stop.is_set():
+            for w in weights:
+                kernels.linear(w, "BF16", x)
+
+    worker = threading.Thread(target=compute, name="k3-busy-probe")
+    worker.start()
+    try:
+        return raw_probe(model_dir, seconds, depth)
+    finally:
+        stop.set()
+        worker.join()
 
 
 def _cgroup(limit_bytes: int):
@@ -179,6 +207,7 @@ def cmd_stream(args) -> int:
     budgets = [tuple(float(v) for v in b.split(":")) for b in args.budgets.split(",")] if args.budgets \
         else default_budgets(model, [trunk] + ([Path(args.compare_trunk)] if args.compare_trunk else []))
     probe = raw_probe(model, seconds=args.probe_seconds)
+    busy = busy_probe(model, seconds=args.probe_seconds)
     changed = tuple(a for o in args.compare_store_option or () for a in ("--store-option", o)) \
         + tuple(a for o in args.compare_placer_option or () for a in ("--placer-option", o))
     variants = [(trunk, ())] + ([(Path(args.compare_trunk), ())] if args.compare_trunk else []) \
@@ -198,8 +227,8 @@ def cmd_stream(args) -> int:
     ok = [r for r in rows if "error" not in r]
     full = max((r for r in ok if r["trunk"] == str(trunk) and not r["options"]),
                key=lambda r: r["trunk_gb"] + r["cache_gb"], default=None)
-    doc = {"model": str(model), "raw_o_direct_probe": probe, "runs": rows, "overhead_gb_allowed": args.overhead_gb,
-           "threads": default_threads()}
+    doc = {"model": str(model), "raw_o_direct_probe": probe, "raw_o_direct_probe_busy": busy, "runs": rows,
+           "overhead_gb_allowed": args.overhead_gb, "threads": default_threads()}
     if full and full["seconds_per_token"] and full["ring_slots"] == 0:  # every layer pinned: kernels, few reads
         doc["compute_bytes_per_second"] = _bytes_touched_per_token(model) / full["seconds_per_token"]
     trunks = [(d, trunk_ratio(d)) for d, opts in variants if not opts]
@@ -217,20 +246,22 @@ def stream_table(doc: dict) -> str:
     """The document of one `k3 bench stream` as Markdown (what docs/PERFORMANCE.md shows)."""
     from ..model.budget import human
 
-    probe, rows = doc["raw_o_direct_probe"], doc["runs"]
+    probe, busy, rows = doc["raw_o_direct_probe"], doc.get("raw_o_direct_probe_busy"), doc["runs"]
     ok = [r for r in rows if "error" not in r]
-    out = [f"raw O_DIRECT probe of the expert bytes: {human(probe['rate'])}/s at queue depth {probe['queue_depth']}",
+    out = [f"raw O_DIRECT probe of the expert bytes: {human(probe['rate'])}/s at queue depth {probe['queue_depth']}"
+           + (f"; {human(busy['rate'])}/s while every core computes" if busy else ""),
            "", f"| trunk | trunk GB | cache GB | limit ({ok[0]['limit_kind'] if ok else '-'}) | pinned | s/token prefill | "
            "s/token decode | ÷ first run | read / token | disk floor | × floor | peak RSS | RSS − budget | "
-           "expert read | vs probe | TRUE hits | I/O share |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "expert read | vs probe | vs busy probe | TRUE hits | I/O share |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if "error" in r:
             out.append(f"| | {r['trunk_gb']:.2f} | {r['cache_gb']:.2f} | {human(r['limit_bytes'])} | failed (exit "
-                       f"{r['exit']}) | | | | | | | | | | | |")
+                       f"{r['exit']}) | | | | | | | | | | | | |")
             continue
         rate = r["expert_read_rate"]
         share = f"{100 * rate / probe['rate']:.0f} %" if rate else "n/a"
+        busy_share = f"{100 * rate / busy['rate']:.0f} %" if rate and busy else "n/a"
         over = r["peak_rss_bytes"] - (r["trunk_gb"] + r["cache_gb"]) * 1e9
         floor = r.get("disk_floor_seconds_per_token")
         vs = r.get("vs_first_run_seconds_per_token")
@@ -240,7 +271,7 @@ def stream_table(doc: dict) -> str:
                    f"{human(r['limit_bytes'])} | {r['pinned_layers']} | {r['prefill_seconds']:.2f} | "
                    f"{r['seconds_per_token']:.2f} | {f'{vs:.2f}' if vs else '–'} | "
                    f"{human(r.get('bytes_read_per_token') or 0)} | {f'{floor:.2f} s' if floor else 'n/a'} | {times} | "
-                   f"{human(r['peak_rss_bytes'])} | {human(over)} | {human(rate) + '/s' if rate else 'n/a'} | {share} | "
+                   f"{human(r['peak_rss_bytes'])} | {human(over)} | {human(rate) + '/s' if rate else 'n/a'} | {share} | {busy_share} | "
                    f"{100 * (r['expert_true_hit_rate'] or 0):.0f} % | {100 * (r['io_share_of_wall'] or 0):.0f} % |")
     if doc.get("compute_bytes_per_second"):
         out += ["", f"compute rate (everything resident, every expert cached): {human(doc['compute_bytes_per_second'])}/s "
@@ -279,7 +310,8 @@ def add_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Runs `k3 run` at several trunk/cache budgets, each in its own process under a memory\n"
                     "cgroup limited to budget + --overhead-gb where the machine allows it (else peak RSS from\n"
-                    "getrusage only), next to a raw O_DIRECT read probe of the same expert bytes; then projects\n"
+                    "getrusage only), next to a raw O_DIRECT read probe of the same expert bytes (run twice: idle,\n"
+                    "and while every core computes, as expert reads that overlap the kernels do); then projects\n"
                     "s/token for the full 1.56 TB model from the measured read and compute rates.",
         epilog="examples:\n  k3 make-model /data/k3-wide --shape wide && k3 pack /data/k3-wide /data/k3-wide-trunk\n"
                "  k3 bench stream /data/k3-wide --trunk /data/k3-wide-trunk\n"
@@ -298,6 +330,6 @@ def add_parser(sub) -> None:
     p.add_argument("--gen", type=int, default=6, help="ids to generate per run (default 6)")
     p.add_argument("--overhead-gb", type=float, default=1.5,
                    help="memory allowed above the budgets (Python, numpy, activations; default 1.5)")
-    p.add_argument("--probe-seconds", type=float, default=3.0, help="length of the raw read probe (default 3)")
+    p.add_argument("--probe-seconds", type=float, default=3.0, help="length of each raw read probe (default 3)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_stream)
