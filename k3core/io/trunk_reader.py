@@ -2,7 +2,9 @@
 --verify` read through.
 
 A raw run's bytes are read straight into the caller's aligned buffer (O_DIRECT, the aligned cover of the
-range, the bytes at the returned offset). A coded range is restored in place, in the caller's buffer: its
+range, the bytes at the returned offset), in reads of up to READ_BYTES one after another: one read of a
+whole layer would fill the device's queue, and the expert reads the forward pass waits for would queue
+behind it. A coded range is restored in place, in the caller's buffer: its
 stored blocks are read into the buffer's tail, back to back in reads of up to READ_BYTES (the disk never
 waits for the decoder), and restored DECODE_BLOCKS at a time, on every core, into the buffer from offset 0.
 The restored bytes grow towards the stored ones but never reach a block not yet restored: a block stores
@@ -22,7 +24,8 @@ from ..errors import TrunkError, UnsoundRunError
 from .aligned_io import ALIGN, align_down, align_up, aligned_buffer, open_for_reading, read_exact
 from .codec import RAW, blocks_for, restore
 
-READ_BYTES = 64 << 20  # stored bytes per read of a coded range, at most (or one block's, if larger)
+READ_BYTES = 64 << 20  # bytes per read of a raw range, stored bytes per read of a coded one (or one block's,
+                       # if larger), at most
 DECODE_BLOCKS = 8      # blocks restored together, on every core, once their read has landed
 
 
@@ -84,7 +87,10 @@ class TrunkReader:
             raise TrunkError(f"run {run.key}: bytes [{lo}, {hi}) are outside its {run.length}")
         if run.codec == RAW:
             start, end = align_down(run.offset + lo), align_up(run.offset + hi)
-            self._timed_read(self.direct, memoryview(buf), start, end - start, f"trunk unit {run.key}")
+            view = memoryview(buf)
+            for at in range(start, end, READ_BYTES):
+                n = min(READ_BYTES, end - at)
+                self._timed_read(self.direct, view[at - start:at - start + n], at, n, f"trunk unit {run.key}")
             return run.offset + lo - start
         if hi - lo <= 2 * self.block:  # small: private buffers
             self._restore_small(run, lo, hi, buf)
