@@ -220,8 +220,9 @@ def machine_checks(path: str, read_mb: int = 64, *, name: str | None = None, che
 
 def choose_trunk_codec(disk_bytes_per_second: float, cores: int | None = None, seconds: float = 0.3) -> CodecChoice:
     """The trunk codec (`k3 pack --codec`) this machine streams the full model faster with, from the disk rate
-    given (`k3 doctor`'s disk read) and the restore and bf16 kernel rates measured here, one core each, for
-    about `seconds` apiece (model/cost.py: a projection, printed with its rates by `k3 setup`)."""
+    given (`k3 doctor`'s disk read) and the restore and bf16 kernel rates measured here on every core at once,
+    as a token uses them (memory bandwidth is shared), for about `seconds` apiece (model/cost.py: a projection,
+    printed with its rates by `k3 setup`)."""
     import os
 
     import numpy as np
@@ -231,13 +232,13 @@ def choose_trunk_codec(disk_bytes_per_second: float, cores: int | None = None, s
     from .cli.bench_codec import gaussian_restore_rate
 
     cores = cores or len(os.sched_getaffinity(0))
-    kernels = _native.Kernels(_native.available_backends()[0], 1)
+    kernels = _native.Kernels(_native.available_backends()[0], cores)
     weights = [np.random.default_rng(i).integers(0, 1 << 16, (4096, 4096), dtype=np.uint16) & 0xBFFF
                for i in range(4)]  # 128 MB cycled, so they come from RAM as a streamed layer's do
     x = np.ones((1, 4096), np.float32)
     gemv = timed(lambda: [kernels.linear(w, "BF16", x) for w in weights], seconds)
-    compute = sum(w.nbytes for w in weights) / gemv["median_s"]
-    return choose_codec(disk_bytes_per_second, cores, gaussian_restore_rate(seconds), compute)
+    compute = sum(w.nbytes for w in weights) / gemv["median_s"] / cores
+    return choose_codec(disk_bytes_per_second, cores, gaussian_restore_rate(seconds, threads=cores) / cores, compute)
 
 
 def add_engine_arguments(parser) -> None:

@@ -99,14 +99,15 @@ def restore_rate(pairs: list, block: int, threads: int, seconds: float) -> float
             return done / elapsed
 
 
-def gaussian_restore_rate(seconds: float, blocks: int = 8) -> float:
-    """restore_rate on one core of Gaussian BF16 weights coded as `k3 pack --codec planes` codes them (the kind
-    of bytes a trained trunk holds; `wide`'s own blocks restore at the same rate)."""
+def gaussian_restore_rate(seconds: float, threads: int = 1, blocks: int = 64) -> float:
+    """restore_rate on `threads` threads of Gaussian BF16 weights coded as `k3 pack --codec planes` codes them
+    (the kind of bytes a trained trunk holds; `wide`'s own blocks restore at the same rate), 64 MiB of them so
+    they come from RAM as a streamed layer's do."""
     from ..io import codec
 
     values = np.random.default_rng(0).standard_normal(blocks * codec.BLOCK // 2).astype(np.float32) * 0.02
     coded, stored = codec.encode_run((values.view(np.uint32) >> 16).astype("<u2").tobytes())
-    return restore_rate([(b, s[:b.stored]) for b, s in zip(coded, stored)], codec.BLOCK, 1, seconds)
+    return restore_rate([(b, s[:b.stored]) for b, s in zip(coded, stored)], codec.BLOCK, threads, seconds)
 
 
 def cmd_codec(args) -> int:
