@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <numeric>
 #include <vector>
 
 namespace k3::planes {
@@ -123,8 +122,8 @@ void build_table(const uint8_t* len, const uint16_t* code, uint64_t* table) {
     }
 }
 
-// Stream bytes as little-endian 64-bit loads at any bit position: `safe` zero-fills past the end and
-// counts it (only a damaged stream needs that).
+// Stream bytes as little-endian 64-bit loads at any bit position; `safe` zero-fills past the end (a
+// stream that needed it is damaged: its position ends past its bytes, which the caller checks).
 struct Stream {
     const uint8_t* start;
     size_t bytes;
@@ -208,7 +207,7 @@ const char* decode_piece(const uint8_t* in, size_t len_in, size_t m, uint8_t* e)
         std::memset(e, static_cast<int>(f), m);
         return nullptr;
     }
-    uint64_t table[1u << kMaxBits];  // 16 KiB on the stack (a thread_local costs a TLS lookup per call here)
+    uint64_t table[1u << kMaxBits];  // 16 KiB on the stack: as a thread_local it cost a TLS lookup in the loop
     build_table(len, code, table);
     const uint8_t* sizes = in + 2 + nibbles;
     Stream st[4];

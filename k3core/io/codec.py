@@ -40,7 +40,7 @@ MIN_PIECE = 4096              # exponents per separately coded piece, at least (
 @dataclass(frozen=True)
 class Block:
     offset: int               # of its stored bytes, from the start of the run's stored bytes (aligned)
-    stored: int               # stored bytes (the rest plane, the piece table and frames; or the raw bytes)
+    stored: int               # stored bytes (the rest plane, the piece table and pieces; or the raw bytes)
     restored: int
     kind: str                 # RAW or PLANES
     checksum: int             # planes_checksum of the restored bytes
@@ -74,7 +74,7 @@ def split_planes(raw) -> tuple[np.ndarray, np.ndarray]:
 
 
 def exponent_pieces(words: int, cuts) -> list[tuple[int, int]]:
-    """The pieces [a, b) of a block's `words` exponents coded as separate frames: cut at the word offsets
+    """The pieces [a, b) of a block's `words` exponents coded separately: cut at the word offsets
     `cuts` (where tensors start), keeping only cuts that leave MIN_PIECE words on both sides."""
     kept = [0]
     for c in sorted(cuts):
