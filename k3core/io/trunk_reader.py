@@ -49,8 +49,15 @@ def capacity(trunk, buffer_bytes: int) -> int:
 
 def scratch_bytes(trunk) -> int:
     """Memory a TrunkReader of `trunk` uses besides the caller's buffers (for the memory plan): the scratch
-    block of a range that cuts one, and a small read's private blocks."""
-    return 0 if trunk.codec == RAW else 4 * trunk.block_bytes
+    block of a range that cuts one, a small read's private blocks, and the exponent plane (half a block)
+    each restoring thread keeps (native/planes.cpp): the decoders, the reading thread and the caller's."""
+    if trunk.codec == RAW:
+        return 0
+    return 4 * trunk.block_bytes + (decoder_threads() + 2) * trunk.block_bytes // 2
+
+
+def decoder_threads() -> int:
+    return os.cpu_count() or 1
 
 
 class TrunkReader:
@@ -66,7 +73,7 @@ class TrunkReader:
             self._scratch = aligned_buffer(self.block)
             self._large = threading.Lock()                   # the scratch block serves one large read at a time
             self._io = ThreadPoolExecutor(1, thread_name_prefix="k3-trunk-io")  # one read at a time: experts share the disk
-            self._decoders = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="k3-trunk-decode")
+            self._decoders = ThreadPoolExecutor(decoder_threads(), thread_name_prefix="k3-trunk-decode")
 
     @property
     def mode(self) -> str:

@@ -112,7 +112,7 @@ class PinnedPlacer(TrunkPlacer):
                                                      "restored in place with)") if lay.ring_slots else "nothing streams")] + (
             [] if trunk.codec == RAW else
             [PlanRow("trunk codec scratch", trunk_scratch_bytes(trunk), f"{trunk.codec} blocks a range cuts, "
-                                                                            "small reads")])
+                                                                            "small reads, exponent planes")])
 
     def __init__(self, ctx):
         super().__init__(ctx)
