@@ -225,19 +225,12 @@ def choose_trunk_codec(disk_bytes_per_second: float, cores: int | None = None, s
     printed with its rates by `k3 setup`)."""
     import os
 
-    import numpy as np
-
-    from . import _native
-    from .cli.bench import timed
+    from .cli.bench import bf16_gemv_sweep, timed
     from .cli.bench_codec import gaussian_restore_rate
 
     cores = cores or len(os.sched_getaffinity(0))
-    kernels = _native.Kernels(_native.available_backends()[0], cores)
-    weights = [np.random.default_rng(i).integers(0, 1 << 16, (4096, 4096), dtype=np.uint16) & 0xBFFF
-               for i in range(4)]  # 128 MB cycled, so they come from RAM as a streamed layer's do
-    x = np.ones((1, 4096), np.float32)
-    gemv = timed(lambda: [kernels.linear(w, "BF16", x) for w in weights], seconds)
-    compute = sum(w.nbytes for w in weights) / gemv["median_s"] / cores
+    sweep, nbytes = bf16_gemv_sweep(cores)
+    compute = nbytes / timed(sweep, seconds)["median_s"] / cores
     return choose_codec(disk_bytes_per_second, cores, gaussian_restore_rate(seconds, threads=cores) / cores, compute)
 
 

@@ -71,6 +71,18 @@ def timed(call, seconds, min_reps=3):
 
 # ---- inputs (seeded) and numpy baselines ----
 
+def bf16_gemv_sweep(threads: int):
+    """(call, bytes): one bf16 GEMV over each of four 4096 × 4096 weights, 128 MB cycled so they come from
+    RAM as a streamed layer's do, on the best backend with `threads` threads; and the weight bytes a call reads."""
+    from .. import _native
+
+    kernels = _native.Kernels(_native.available_backends()[0], threads)
+    weights = [np.random.default_rng(i).integers(0, 1 << 16, (4096, 4096), dtype=np.uint16) & 0xBFFF
+               for i in range(4)]
+    x = np.ones((1, 4096), np.float32)
+    return (lambda: [kernels.linear(w, "BF16", x) for w in weights]), sum(w.nbytes for w in weights)
+
+
 def make_inputs(s: Shapes, seed=0):
     rng = np.random.default_rng(seed)
     bits = rng.integers(0, 1 << 16, (s.proj, s.hidden), dtype=np.uint16)

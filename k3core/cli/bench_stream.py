@@ -16,8 +16,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
-
 from ..interfaces import default_threads
 from ..io.aligned_io import align_down, align_up, read_rate
 from ..model.checkpoint import EXPERT_PARTS, expert_prefix, open_checkpoint
@@ -47,16 +45,14 @@ def busy_probe(model_dir, seconds: float = 3.0, depth: int = 16) -> dict:
     """raw_probe while every core runs bf16 GEMVs over 128 MB of weights, as a token's kernels keep them
     busy: what the disk gives expert reads that overlap compute (on a VM a read's completion can wait
     for a busy virtual CPU)."""
-    from .. import _native
+    from .bench import bf16_gemv_sweep
 
-    kernels = _native.Kernels(_native.available_backends()[0], default_threads())
-    weights = [np.random.default_rng(i).integers(0, 1 << 16, (4096, 4096), dtype=np.uint16) & 0xBFFF for i in range(4)]
-    x, stop = np.ones((1, 4096), np.float32), threading.Event()
+    sweep, _ = bf16_gemv_sweep(default_threads())
+    stop = threading.Event()
 
     def compute():
         while not stop.is_set():
-            for w in weights:
-                kernels.linear(w, "BF16", x)
+            sweep()
 
     worker = threading.Thread(target=compute, name="k3-busy-probe")
     worker.start()

@@ -53,10 +53,7 @@ def layout(trunk, config, budget, options: PinnedOptions) -> Layout:
     pack, pinned layers are held coded when `pin_coded` says so."""
     if budget.ring_slots < MIN_RING:
         raise UsageError(f"the ring needs at least {MIN_RING} slots, got {budget.ring_slots}")
-    restored = _layout(trunk, config, budget, options, held=False)
-    if trunk.codec == RAW or not options.pin_coded:
-        return restored
-    return _layout(trunk, config, budget, options, held=True)
+    return _layout(trunk, config, budget, options, held=trunk.codec != RAW and options.pin_coded)
 
 
 def _layout(trunk, config, budget, options: PinnedOptions, held: bool) -> Layout:
