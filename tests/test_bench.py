@@ -120,6 +120,9 @@ def test_bench_stream_compares_two_trunks_against_the_disk_floor(capsys, tiny_mo
     table = stream_table(doc)
     assert "| raw |" in table and "| planes |" in table and "| raw, prefetch=false |" in table and "× floor" in table
     assert doc["raw_o_direct_probe_busy"]["rate"] > 0 and "vs busy probe" in table and "while every core computes" in table
+    small = doc["raw_o_direct_probe_small_pages"]
+    assert small["rate"] > 0 and not small["huge_pages"] and doc["raw_o_direct_probe"]["huge_pages"]
+    assert "into 4 KB pages instead of huge ones" in table
 
 
 def test_the_real_model_projection_adds_up():
@@ -139,3 +142,23 @@ def test_the_real_model_projection_adds_up():
     assert [p["cores"] for p in projections(rows, [("t", 1.0)], None, 5e9)] == [2, 8, 16]
     assert projections(rows, [("t", 1.0)], None, 5e9)[0]["overhead"] == 1.0  # never below the disk floor
     assert projections(rows, [("t", 0.7)], None, 5e9) == []  # a coded trunk needs its decode rate
+
+
+def test_bench_pair_runs_two_packs_in_one_process_taking_turns(tiny_model, tmp_path, capsys):
+    from k3core.io.pack import pack
+
+    raw, coded = tmp_path / "raw", tmp_path / "coded"
+    pack(tiny_model, raw)
+    pack(tiny_model, coded, codec="planes", block_bytes=65536)
+    assert main(["bench", "pair", str(tiny_model), "--trunk", str(raw), "--compare-trunk", str(coded),
+                 "--trunk-gb", "0.002", "--cache-gb", "0", "--gen", "4", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    first, second = doc["runs"]
+    assert (first["trunk_codec"], second["trunk_codec"]) == ("raw", "planes") and doc["same_ids"]
+    assert len(doc["ids"]) == 4 and len(first["token_seconds"]) == len(second["token_seconds"]) == 4
+    assert doc["second_vs_first_median"] > 0 and first["ring_slots"] > 0
+    from k3core.cli.bench_pair import pair_table
+    assert "same ids: yes" in pair_table(doc) and "| planes |" in pair_table(doc)
+    assert main(["bench", "pair", str(tiny_model), "--trunk", str(raw), "--compare-trunk", str(coded),
+                 "--gen", "1"]) == 2
+    assert "--gen must be 2..4096" in capsys.readouterr().err

@@ -3,6 +3,7 @@ trunk placements (resident; pinned 0, some, all layers; rings of 2 and 3), exper
 lru) and cache sizes, on the 13-layer model, a 25-layer one and the trained demo model; and
 streaming faults are loud."""
 import json
+import os
 import shutil
 
 import numpy as np
@@ -187,3 +188,31 @@ def test_a_trunk_budget_below_the_ring_is_refused_naming_it(packed):
     model, trunk = packed
     with pytest.raises(PlanError, match="cannot hold even the ring: 2 slots"):
         open_engine(EngineConfig(model, trunk=trunk, trunk_gb=1e-6))
+
+
+def _vm_flags(buffer) -> list[str]:
+    """VmFlags of the mapping that holds `buffer`'s first byte (/proc/self/smaps)."""
+    address = np.frombuffer(buffer, np.uint8).ctypes.data
+    inside = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == "VmFlags:":
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_HUGEPAGE") or not os.path.exists(
+    "/sys/kernel/mm/transparent_hugepage/enabled"), reason="the kernel has no transparent huge pages")
+@pytest.mark.parametrize("store", ["lru", "direct"])
+def test_buffers_reads_land_in_again_and_again_ask_for_huge_pages(tiny_model, tmp_path, store):
+    """Expert slots, the trunk ring and the disk probe are madvise(MADV_HUGEPAGE) (`hg` in VmFlags): O_DIRECT
+    reads into scattered 4 KB pages go to the device in ~1 MB requests (docs/STREAMING.md, "Where reads land")."""
+    from k3core.io.aligned_io import aligned_buffer
+    pack(tiny_model, tmp_path / "trunk", progress=None)
+    with open_engine(EngineConfig(tiny_model, trunk=tmp_path / "trunk", pin_layers=0, expert_store=store)) as engine:
+        assert "hg" in _vm_flags(engine.store._arena)
+        assert all("hg" in _vm_flags(slot) for slot in engine.placer._slots)
+    assert "hg" not in _vm_flags(aligned_buffer(1 << 20))  # asked for, not the default

@@ -353,8 +353,10 @@ def add_parser(subparsers) -> None:
     k.set_defaults(func=cmd_kernels)
     from .bench_codec import add_parser as add_codec
     from .bench_decode import add_drafts_parser, add_parser as add_decode
+    from .bench_pair import add_parser as add_pair
     from .bench_stream import add_parser as add_stream
     add_stream(sub)
+    add_pair(sub)
     add_codec(sub)
     add_decode(sub)
     add_drafts_parser(sub)

@@ -26,8 +26,9 @@ CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 CGROUP_V2 = Path("/sys/fs/cgroup")
 
 
-def raw_probe(model_dir, seconds: float = 3.0, depth: int = 16) -> dict:
-    """O_DIRECT reads of whole expert runs of this checkpoint, `depth` at a time: what the disk gives."""
+def raw_probe(model_dir, seconds: float = 3.0, depth: int = 16, huge: bool = True) -> dict:
+    """O_DIRECT reads of whole expert runs of this checkpoint, `depth` at a time, into huge-page buffers like
+    the engine's expert slots (`huge=False`: 4 KB pages): what the disk gives."""
     ckpt = open_checkpoint(model_dir)
     c = ckpt.config
     spans = []
@@ -38,7 +39,7 @@ def raw_probe(model_dir, seconds: float = 3.0, depth: int = 16) -> dict:
             start = align_down(first.offset)
             spans.append((str(first.file), start, align_up(last.offset + last.nbytes - start)))
     ckpt.close()
-    return read_rate(spans, seconds, depth)
+    return read_rate(spans, seconds, depth, huge)
 
 
 def busy_probe(model_dir, seconds: float = 3.0, depth: int = 16) -> dict:
@@ -204,6 +205,7 @@ def cmd_stream(args) -> int:
         else default_budgets(model, [trunk] + ([Path(args.compare_trunk)] if args.compare_trunk else []))
     probe = raw_probe(model, seconds=args.probe_seconds)
     busy = busy_probe(model, seconds=args.probe_seconds)
+    small_pages = raw_probe(model, seconds=args.probe_seconds, huge=False)
     changed = tuple(a for o in args.compare_store_option or () for a in ("--store-option", o)) \
         + tuple(a for o in args.compare_placer_option or () for a in ("--placer-option", o))
     variants = [(trunk, ())] + ([(Path(args.compare_trunk), ())] if args.compare_trunk else []) \
@@ -223,7 +225,8 @@ def cmd_stream(args) -> int:
     ok = [r for r in rows if "error" not in r]
     full = max((r for r in ok if r["trunk"] == str(trunk) and not r["options"]),
                key=lambda r: r["trunk_gb"] + r["cache_gb"], default=None)
-    doc = {"model": str(model), "raw_o_direct_probe": probe, "raw_o_direct_probe_busy": busy, "runs": rows,
+    doc = {"model": str(model), "raw_o_direct_probe": probe, "raw_o_direct_probe_busy": busy,
+           "raw_o_direct_probe_small_pages": small_pages, "runs": rows,
            "overhead_gb_allowed": args.overhead_gb, "threads": default_threads()}
     if full and full["seconds_per_token"] and full["ring_slots"] == 0:  # every layer pinned: kernels, few reads
         doc["compute_bytes_per_second"] = _bytes_touched_per_token(model) / full["seconds_per_token"]
@@ -244,7 +247,9 @@ def stream_table(doc: dict) -> str:
 
     probe, busy, rows = doc["raw_o_direct_probe"], doc.get("raw_o_direct_probe_busy"), doc["runs"]
     ok = [r for r in rows if "error" not in r]
+    small = doc.get("raw_o_direct_probe_small_pages")
     out = [f"raw O_DIRECT probe of the expert bytes: {human(probe['rate'])}/s at queue depth {probe['queue_depth']}"
+           + (f" ({human(small['rate'])}/s into 4 KB pages instead of huge ones)" if small else "")
            + (f"; {human(busy['rate'])}/s while every core computes" if busy else ""),
            "", f"| trunk | trunk GB | cache GB | limit ({ok[0]['limit_kind'] if ok else '-'}) | pinned | s/token prefill | "
            "s/token decode | ÷ first run | read / token | disk floor | × floor | peak RSS | RSS − budget | "
@@ -306,8 +311,9 @@ def add_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Runs `k3 run` at several trunk/cache budgets, each in its own process under a memory\n"
                     "cgroup limited to budget + --overhead-gb where the machine allows it (else peak RSS from\n"
-                    "getrusage only), next to a raw O_DIRECT read probe of the same expert bytes (run twice: idle,\n"
-                    "and while every core computes, as expert reads that overlap the kernels do); then projects\n"
+                    "getrusage only), next to a raw O_DIRECT read probe of the same expert bytes (idle, while every\n"
+                    "core computes as expert reads that overlap the kernels do, and into 4 KB pages instead of the\n"
+                    "huge pages the engine's expert slots ask for); then projects\n"
                     "s/token for the full 1.56 TB model from the measured read and compute rates.",
         epilog="examples:\n  k3 make-model /data/k3-wide --shape wide && k3 pack /data/k3-wide /data/k3-wide-trunk\n"
                "  k3 bench stream /data/k3-wide --trunk /data/k3-wide-trunk\n"

@@ -72,7 +72,7 @@ class CachingStore(ExpertStore):
         self.slots = cache_slots(self.config, ctx.budget.cache_gb, self.slot_bytes)
         self.keeper = self.policy(self.slots, self.options)
         staged = staging_slots(self.config, self.slots, self.options)
-        self._arena = memoryview(aligned_buffer((self.slots + staged) * self.slot_bytes))
+        self._arena = memoryview(aligned_buffer((self.slots + staged) * self.slot_bytes, huge=True))
         self._slot_of: dict[tuple[int, int], int] = {}   # resident key -> its slot
         self._weights: dict[int, object] = {}             # slot -> ExpertWeights viewing it
         self._free = list(range(self.slots - 1, -1, -1))  # slots the cache may fill

@@ -26,7 +26,7 @@ class DirectStore(ExpertStore):
         self.reader = ExpertReader(self.checkpoint, direct_io=self.options.direct_io)
         self.slot_bytes = expert_slot_bytes(self.checkpoint)
         self.slots = self.config.num_experts_per_token
-        self._arena = aligned_buffer(self.slots * self.slot_bytes)
+        self._arena = aligned_buffer(self.slots * self.slot_bytes, huge=True)
         self.requests = 0
 
     @classmethod

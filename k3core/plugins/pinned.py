@@ -131,7 +131,7 @@ class PinnedPlacer(TrunkPlacer):
             rows = max(1, trunk_capacity(self.trunk, lay.slot_bytes) // (self._head.shape[1] * 2))
             self._units += [("head", r) for r in range(0, self._head.shape[0], rows)]
             self._head_rows = rows
-        self._slots = [aligned_buffer(lay.slot_bytes) for _ in range(lay.ring_slots)]
+        self._slots = [aligned_buffer(lay.slot_bytes, huge=True) for _ in range(lay.ring_slots)]
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="k3-trunk-read")
         self._inflight: dict[tuple, tuple[int, object]] = {}  # unit -> (slot, future of the data's offset)
         self._current: tuple | None = None                    # the unit handed out, its slot and offset
