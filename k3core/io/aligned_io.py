@@ -9,6 +9,9 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import threading
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..errors import UnsoundRunError
@@ -36,6 +39,31 @@ def aligned_buffer(nbytes: int, huge: bool = False) -> mmap.mmap:
     if huge and hasattr(mmap, "MADV_HUGEPAGE"):
         buf.madvise(mmap.MADV_HUGEPAGE)
     return buf
+
+
+class BusyClock:
+    """Wall time with at least one read in flight, however many threads read at once: a read rate is bytes
+    over this, not over the sum of each read's own time."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self._lock, self._busy, self._since = threading.Lock(), 0, 0.0
+
+    @contextmanager
+    def reading(self):
+        self._step(+1)
+        try:
+            yield
+        finally:
+            self._step(-1)
+
+    def _step(self, step: int) -> None:
+        with self._lock:
+            if self._busy == 0:
+                self._since = time.perf_counter()
+            self._busy += step
+            if self._busy == 0:
+                self.seconds += time.perf_counter() - self._since
 
 
 @dataclass(frozen=True)

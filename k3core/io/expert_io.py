@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -17,7 +16,7 @@ import numpy as np
 from ..errors import UnsoundRunError
 from ..interfaces import ExpertWeights
 from ..model.checkpoint import EXPERT_PARTS, expert_prefix
-from .aligned_io import ALIGN, align_down, align_up, open_for_reading, read_into
+from .aligned_io import ALIGN, BusyClock, align_down, align_up, open_for_reading, read_into
 
 QUEUE_DEPTH = 16
 
@@ -45,8 +44,7 @@ class ExpertReader:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(QUEUE_DEPTH, thread_name_prefix="k3-expert-read")
         self.bytes_read = 0
-        self.seconds = 0.0  # wall time with at least one read in flight (reads may come from two threads)
-        self._busy, self._busy_since = 0, 0.0
+        self.clock = BusyClock()  # reads may come from two threads (the fetch and the prefetch)
 
     def layout(self, layer: int, expert: int) -> tuple[Piece, ...]:
         """One piece when the six tensors form one gap-free run (SPEC §3), else one per tensor."""
@@ -88,11 +86,8 @@ class ExpertReader:
                 jobs.append((piece, memoryview(buf)[at:at + piece.length], i))
                 at += piece.length
         jobs.sort(key=lambda j: (j[0].file, j[0].start))
-        self._count_busy(+1)
-        try:
+        with self.clock.reading():
             results = list(self._pool.map(lambda j: self._read_piece(j[0], j[1]), jobs))
-        finally:
-            self._count_busy(-1)
         failures = [(job, r) for job, r in zip(jobs, results) if isinstance(r, str)]
         if failures:
             (piece, _, i), why = failures[0]
@@ -103,13 +98,10 @@ class ExpertReader:
             self.bytes_read += sum(j[0].length for j in jobs)
         return [self._weights(layer, expert, buf) for layer, expert, buf in requests]
 
-    def _count_busy(self, step: int) -> None:
-        with self._lock:
-            if self._busy == 0:
-                self._busy_since = time.perf_counter()
-            self._busy += step
-            if self._busy == 0:
-                self.seconds += time.perf_counter() - self._busy_since
+    @property
+    def seconds(self) -> float:
+        """Wall time with at least one expert read in flight."""
+        return self.clock.seconds
 
     def _weights(self, layer, expert, buf) -> ExpertWeights:
         arrays, at = {}, 0

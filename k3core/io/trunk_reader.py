@@ -21,7 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import TrunkError, UnsoundRunError
-from .aligned_io import ALIGN, align_down, align_up, aligned_buffer, open_for_reading, read_exact
+from .aligned_io import ALIGN, BusyClock, align_down, align_up, aligned_buffer, open_for_reading, read_exact
 from .codec import RAW, blocks_for, restore
 
 READ_BYTES = 64 << 20  # bytes per read of a raw range, stored bytes per read of a coded one (or one block's,
@@ -66,7 +66,8 @@ class TrunkReader:
         self.direct = open_for_reading(trunk.path)          # O_DIRECT where the filesystem serves it
         self.buffered = open_for_reading(trunk.path, False)  # small unaligned raw reads
         self.bytes_read = 0                                  # from disk: stored bytes, padding included
-        self.read_seconds = self.decode_seconds = 0.0
+        self.decode_seconds = 0.0
+        self._clock = BusyClock()                            # a load reads on several threads at once
         self._count = threading.Lock()
         self.block = trunk.block_bytes
         if self.codec != RAW:
@@ -87,33 +88,46 @@ class TrunkReader:
             os.close(opened.fd)
 
     # ---- the interface ---------------------------------------------------------------------------------------
-    def read(self, run, lo: int, hi: int, buf) -> int:
+    def read(self, run, lo: int, hi: int, buf, workers: int = 1) -> int:
         """Restored bytes [lo, hi) of `run` into `buf` (aligned, at least `room(run, lo, hi)` bytes); returns
-        the offset in `buf` where byte lo landed."""
+        the offset in `buf` where byte lo landed. `workers` > 1 spreads the range's reads over that many
+        threads (loading, when no expert read waits for the disk)."""
         if not 0 <= lo <= hi <= run.length:
             raise TrunkError(f"run {run.key}: bytes [{lo}, {hi}) are outside its {run.length}")
         if run.codec == RAW:
             start, end = align_down(run.offset + lo), align_up(run.offset + hi)
             view = memoryview(buf)
-            for at in range(start, end, READ_BYTES):
+
+            def one(at):
                 n = min(READ_BYTES, end - at)
                 self._timed_read(self.direct, view[at - start:at - start + n], at, n, f"trunk unit {run.key}")
+
+            if workers > 1:
+                with ThreadPoolExecutor(workers, thread_name_prefix="k3-trunk-load") as pool:
+                    list(pool.map(one, range(start, end, READ_BYTES)))
+            else:
+                for at in range(start, end, READ_BYTES):
+                    one(at)
             return run.offset + lo - start
         if hi - lo <= 2 * self.block:  # small: private buffers
             self._restore_small(run, lo, hi, buf)
         else:
             with self._large:
-                self._restore_in_place(run, lo, hi, buf)
+                if workers > 1:
+                    with ThreadPoolExecutor(workers, thread_name_prefix="k3-trunk-load") as io:
+                        self._restore_in_place(run, lo, hi, buf, io)
+                else:
+                    self._restore_in_place(run, lo, hi, buf, self._io)
         return 0
 
     def read_bytes(self, run, lo: int, n: int) -> bytes:
         """n restored bytes of `run` from lo, for small unaligned reads (rows, norms)."""
         if run.codec == RAW:
-            start = time.perf_counter()
-            data = os.pread(self.buffered.fd, n, run.offset + lo)
+            with self._clock.reading():
+                data = os.pread(self.buffered.fd, n, run.offset + lo)
             if len(data) != n:
                 raise UnsoundRunError(f"short read of run {run.key} bytes [{lo}, {lo + n}) from {self.trunk.path}")
-            self._count_read(n, time.perf_counter() - start)
+            self._count_read(n)
             return data
         out = bytearray(n)
         self._restore_small(run, lo, lo + n, out)
@@ -150,7 +164,7 @@ class TrunkReader:
             self._read_piece(run, idx, stored)
             self._decode_piece(run, idx, stored, lo, hi, memoryview(buf).cast("B"), scratch)
 
-    def _restore_in_place(self, run, lo, hi, buf):
+    def _restore_in_place(self, run, lo, hi, buf, io):
         """Restored bytes [lo, hi) into buf from 0, its stored blocks read into buf's tail (module docstring)."""
         idx = list(blocks_for(lo, hi, self.block))
         view, base = memoryview(buf).cast("B"), run.blocks[idx[0]].offset
@@ -167,7 +181,7 @@ class TrunkReader:
                 read.append(i)
         reads.append(read)
         at = {i: tail + run.blocks[i].offset - base for i in idx}  # where each block's stored bytes land
-        landed = [self._io.submit(self._read_piece, run, r, view[at[r[0]]:]) for r in reads]
+        landed = [io.submit(self._read_piece, run, r, view[at[r[0]]:]) for r in reads]
         last_read = {i: k for k, r in enumerate(reads) for i in r}
         try:
             for k in range(0, len(idx), DECODE_BLOCKS):
@@ -220,14 +234,18 @@ class TrunkReader:
 
     # ---- counting ----------------------------------------------------------------------------------------------
     def _timed_read(self, opened, view, offset, length, what):
-        start = time.perf_counter()
-        read_exact(opened, view, offset, length, length, what, self.trunk.path)
-        self._count_read(length, time.perf_counter() - start)
+        with self._clock.reading():
+            read_exact(opened, view, offset, length, length, what, self.trunk.path)
+        self._count_read(length)
 
-    def _count_read(self, n, seconds):
+    def _count_read(self, n):
         with self._count:
             self.bytes_read += n
-            self.read_seconds += seconds
+
+    @property
+    def read_seconds(self) -> float:
+        """Wall time with at least one read of this trunk in flight."""
+        return self._clock.seconds
 
 
 def restored_sha256(reader: TrunkReader, run, chunk: int = 64 << 20, tick=None) -> str:

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..plugin_api import (DTYPES, HEAD, RAW, Param, PlanError, PlanRow, PluginOptions, TrunkPlacer, TrunkReader,
-                          UsageError, Weights, aligned_buffer, hookimpl, human, load_trunk, open_trunk,
+                          UsageError, Weights, align_up, aligned_buffer, hookimpl, human, load_trunk, open_trunk,
                           trunk_capacity, trunk_room_for, trunk_scratch_bytes)
 
 MIN_RING = 2
 HEAD_BLOCK_BYTES = 64 << 20  # lm_head streams in row blocks of about this size when it is not pinned
+LOAD_READERS = 4             # threads reading a raw pinned layer at load time, when no expert read waits
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,12 @@ def _through_ring(sizes, pinned: int, held: bool) -> list[int]:
     return sizes if held and pinned else sizes[pinned:]
 
 
+def _give_back(buf, used: int) -> None:
+    """A coded range's in-place room is larger than its bytes: the pages past `used` go back to the system."""
+    if len(buf) > used:
+        buf.madvise(mmap.MADV_DONTNEED, used, len(buf) - used)
+
+
 class PinnedPlacer(TrunkPlacer):
     name = "pinned"
     description = "pin the layers that fit --trunk-gb; stream the rest from the packed trunk through a ring"
@@ -118,14 +125,14 @@ class PinnedPlacer(TrunkPlacer):
         self.layout = lay = layout(self.trunk, config, ctx.budget, self.options)
         self.reader = TrunkReader(self.trunk)
         self.wait_seconds = 0.0
-        self._pinned = {} if lay.held else {L: self._load_resident(self.trunk.layer(L)) for L in lay.pinned}
+        self._pinned = {} if lay.held else self._load_pinned(lay.pinned)
         self._held = {L: self.reader.read_stored(self.trunk.layer(L)) for L in lay.pinned} if lay.held else {}
         model = self.trunk.model
         self._head = _head_tensor(self.trunk)
         small = [t for t in model.tensors if t.name != HEAD and not t.name.endswith("embed_tokens.weight")]
         self._model = Weights("", {t.name: self._read_tensor(model, t) for t in small})
         self._embed = next(t for t in model.tensors if t.name.endswith("embed_tokens.weight"))
-        self._head_param = self._read_tensor(model, self._head) if lay.head_pinned else None
+        self._head_param = self._load_head() if lay.head_pinned else None
         self._units = [("layer", L) for L in range(config.num_hidden_layers) if L not in self._pinned]
         if not lay.head_pinned:
             rows = max(1, trunk_capacity(self.trunk, lay.slot_bytes) // (self._head.shape[1] * 2))
@@ -141,13 +148,29 @@ class PinnedPlacer(TrunkPlacer):
             run.check(self._slots[0])
 
     # ---- resident parts ---------------------------------------------------------------------------
-    def _load_resident(self, run) -> Weights:
-        buf = aligned_buffer(TrunkReader.room(run, 0, run.length))
-        self.reader.read(run, 0, run.length, buf)  # runs start aligned: their bytes land at 0
-        if len(buf) > run.padded:  # a coded run's in-place room: give the pages past its bytes back
-            buf.madvise(mmap.MADV_DONTNEED, run.padded, len(buf) - run.padded)
-        run.check(buf)  # pinned bytes are hashed once, against the manifest
-        return run.weights(buf)
+    def _load_pinned(self, layers) -> dict[int, Weights]:
+        """The pinned layers read into RAM one after another (a raw one by LOAD_READERS threads), each hashed
+        against the manifest, once, while the next one is read."""
+        pinned, checks = {}, []
+        with ThreadPoolExecutor(1, thread_name_prefix="k3-trunk-check") as checker:
+            for L in layers:
+                run = self.trunk.layer(L)
+                buf = aligned_buffer(TrunkReader.room(run, 0, run.length))
+                self.reader.read(run, 0, run.length, buf, workers=LOAD_READERS)  # runs start aligned: bytes at 0
+                _give_back(buf, run.padded)
+                checks.append(checker.submit(run.check, buf))
+                pinned[L] = run.weights(buf)
+            for check in checks:
+                check.result()
+        return pinned
+
+    def _load_head(self) -> Param:
+        run, t = self.trunk.model, self._head
+        buf = aligned_buffer(TrunkReader.room(run, t.offset, t.offset + t.nbytes))
+        at = self.reader.read(run, t.offset, t.offset + t.nbytes, buf, workers=LOAD_READERS)
+        _give_back(buf, align_up(at + t.nbytes))
+        return Param(np.frombuffer(buf, DTYPES[t.dtype][1], t.nbytes // DTYPES[t.dtype][0], at).reshape(t.shape),
+                     t.dtype, t.name)
 
     def _read_tensor(self, run, t) -> Param:
         data = self.reader.read_bytes(run, t.offset, t.nbytes)
