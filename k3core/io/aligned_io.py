@@ -45,8 +45,8 @@ class BusyClock:
     """Wall time with at least one read in flight, however many threads read at once: a read rate is bytes
     over this, not over the sum of each read's own time."""
 
-    def __init__(self):
-        self.seconds = 0.0
+    def __init__(self, now=time.perf_counter):
+        self.seconds, self._now = 0.0, now
         self._lock, self._busy, self._since = threading.Lock(), 0, 0.0
 
     @contextmanager
@@ -60,10 +60,10 @@ class BusyClock:
     def _step(self, step: int) -> None:
         with self._lock:
             if self._busy == 0:
-                self._since = time.perf_counter()
+                self._since = self._now()
             self._busy += step
             if self._busy == 0:
-                self.seconds += time.perf_counter() - self._since
+                self.seconds += self._now() - self._since
 
 
 @dataclass(frozen=True)
