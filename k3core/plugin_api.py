@@ -13,7 +13,7 @@ What is here, by use:
   returns from plan(): PlanRow;
 - a ready expert store to subclass: CachingStore (a slot arena kept by the CachePolicy you give it);
 - reading bytes: ExpertReader + expert_slot_bytes for experts; the aligned reader (ALIGN,
-  aligned_buffer, open_for_reading, read_into, read_exact; Span + read_spans for many spans in
+  aligned_buffer (huge=True for a buffer reads land in again and again), Prefault, open_for_reading, read_into, read_exact; Span + read_spans for many spans in
   parallel) for anything else; open_trunk / load_trunk for a packed trunk, TrunkReader for its
   restored bytes whatever its codec (RAW, or a coded pack: trunk_scratch_bytes for the plan; a buffer for n
   restored bytes: trunk_room_for, and what a buffer holds: trunk_capacity);
@@ -31,8 +31,8 @@ from .hookspecs import hookimpl
 from .interfaces import (AttentionBackend, Budget, CachePolicy, DraftSource, ExpertStore, ExpertWeights,
                          KernelBackend, LRUPolicy, Param, PlanRow, PluginContext, PluginOptions, TensorSpec,
                          TrunkPlacer, Weights, default_threads)
-from .io.aligned_io import (ALIGN, Opened, Span, align_down, align_up, aligned_buffer, open_for_reading, read_exact,
-                            read_into, read_spans)
+from .io.aligned_io import (ALIGN, Opened, Prefault, Span, align_down, align_up, aligned_buffer, open_for_reading,
+                            read_exact, read_into, read_spans)
 from .io.caching_store import CachingOptions, CachingStore, cache_slots
 from .io.expert_io import ExpertReader, expert_slot_bytes
 from .io.safetensors_index import DTYPES
@@ -90,7 +90,7 @@ __all__ = [
     "KernelBackend", "AttentionBackend", "ExpertStore", "TrunkPlacer", "CachePolicy", "LRUPolicy", "DraftSource",
     "Param", "Weights", "ExpertWeights", "TensorSpec", "DTYPES",
     "PluginContext", "Budget", "PluginOptions", "PlanRow",
-    "CachingStore", "CachingOptions", "cache_slots", "ExpertReader", "expert_slot_bytes", "ALIGN", "Opened", "align_down", "align_up", "aligned_buffer",
+    "CachingStore", "CachingOptions", "cache_slots", "ExpertReader", "expert_slot_bytes", "ALIGN", "Opened", "align_down", "align_up", "aligned_buffer", "Prefault",
     "open_for_reading", "read_into", "read_exact", "Span", "read_spans", "open_trunk", "load_trunk", "TrunkReader", "trunk_scratch_bytes", "trunk_room_for",
     "trunk_capacity", "RAW",
     "PREFIX", "HEAD", "VISION_PREFIXES", "layer_prefix", "expert_prefix", "EXPERT_PARTS", "MATRIX", "FLOAT",

@@ -4,7 +4,9 @@ lru) and cache sizes, on the 13-layer model, a 25-layer one and the trained demo
 streaming faults are loud."""
 import json
 import os
+import re
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -215,6 +217,10 @@ def test_buffers_reads_land_in_again_and_again_ask_for_huge_pages(tiny_model, tm
     with open_engine(EngineConfig(tiny_model, trunk=tmp_path / "trunk", pin_layers=0, expert_store=store)) as engine:
         assert "hg" in _vm_flags(engine.store._arena)
         assert all("hg" in _vm_flags(slot) for slot in engine.placer._slots)
+        for prefault in [engine.store._prefault, *engine.placer._prefaults]:  # each allocates its buffer's pages
+            prefault._thread.join(60)
+        if _kernel() >= (5, 14):
+            assert _resident_bytes(engine.store._arena) == len(engine.store._arena)
     assert "hg" not in _vm_flags(aligned_buffer(1 << 20))  # asked for, not the default
 
 
@@ -232,3 +238,36 @@ def test_read_time_counts_overlapping_reads_once():
     with clock.reading():
         pass
     assert clock.seconds == 6.5
+
+
+def _kernel() -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", os.uname().release)[:2])
+
+
+def _resident_bytes(buffer) -> int:
+    """Bytes of `buffer` whose pages are in RAM (mincore(2)), exactly its range whatever mapping holds it."""
+    import ctypes
+    n = len(buffer)
+    pages = -(-n // 4096)
+    vec = (ctypes.c_ubyte * pages)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    assert libc.mincore(np.frombuffer(buffer, np.uint8).ctypes.data, n, vec) == 0, ctypes.get_errno()
+    return sum(v & 1 for v in vec) * 4096
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE and mincore are Linux's")
+def test_a_prefault_allocates_a_buffer_s_pages_without_touching_its_bytes():
+    """Prefault allocates the pages on its own thread, so the reads that fill a slot first do not fault them; a
+    write that lands meanwhile (as a read would) keeps its bytes."""
+    from k3core.io.aligned_io import Prefault, aligned_buffer
+    buf = aligned_buffer(96 << 20, huge=True)
+    prefault = Prefault(buf)
+    buf[40 << 20:(40 << 20) + 5] = b"read!"  # while the thread may be at work
+    prefault._thread.join(60)
+    assert not prefault._thread.is_alive()
+    assert buf[40 << 20:(40 << 20) + 5] == b"read!"
+    if _kernel() >= (5, 14):  # MADV_POPULATE_WRITE
+        assert _resident_bytes(buf) == len(buf)  # every page is there before any read asked for it
+    plain = aligned_buffer(96 << 20)
+    assert _resident_bytes(plain) == 0  # without it, nothing is

@@ -41,6 +41,45 @@ def aligned_buffer(nbytes: int, huge: bool = False) -> mmap.mmap:
     return buf
 
 
+MADV_POPULATE_WRITE = 23  # Linux 5.14+: allocate a range's pages as a write would, writing nothing
+PREFAULT_STEP = 32 << 20  # bytes per madvise call of a Prefault: a stop request waits for at most one
+
+
+class Prefault:
+    """Allocates a buffer's pages on a thread of its own (madvise MADV_POPULATE_WRITE, which writes nothing,
+    so a read landing in the buffer meanwhile is safe), so that the reads which fill it first do not pay the
+    page faults (with huge pages, the kernel's compaction too) while the forward pass waits for them. On a
+    kernel without it (or not Linux) the thread ends at once and pages arrive on first use, as they would.
+    `stop()` before the buffer goes: it ends the thread early and waits for it."""
+
+    def __init__(self, buf):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(buf,), name="k3-prefault", daemon=True)
+        self._thread.start()
+
+    def _run(self, buf):
+        import ctypes
+        import sys
+
+        if not sys.platform.startswith("linux"):
+            return
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        view = (ctypes.c_char * len(buf)).from_buffer(buf)  # holds the mapping until the thread is done
+        try:
+            address = ctypes.addressof(view)
+            for at in range(0, len(buf), PREFAULT_STEP):  # ctypes lets go of the GIL inside each call
+                if self._stop.is_set() or libc.madvise(address + at, min(PREFAULT_STEP, len(buf) - at),
+                                                        MADV_POPULATE_WRITE) != 0:
+                    return
+        finally:
+            del view
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 class BusyClock:
     """Wall time with at least one read in flight, however many threads read at once: a read rate is bytes
     over this, not over the sum of each read's own time."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ..interfaces import CachePolicy, ExpertStore, PlanRow, PluginOptions
 from ..model.budget import human
-from .aligned_io import aligned_buffer
+from .aligned_io import Prefault, aligned_buffer
 from .expert_io import ExpertReader, expert_slot_bytes
 
 
@@ -72,7 +72,9 @@ class CachingStore(ExpertStore):
         self.slots = cache_slots(self.config, ctx.budget.cache_gb, self.slot_bytes)
         self.keeper = self.policy(self.slots, self.options)
         staged = staging_slots(self.config, self.slots, self.options)
-        self._arena = memoryview(aligned_buffer((self.slots + staged) * self.slot_bytes, huge=True))
+        arena = aligned_buffer((self.slots + staged) * self.slot_bytes, huge=True)
+        self._prefault = Prefault(arena)
+        self._arena = memoryview(arena)
         self._slot_of: dict[tuple[int, int], int] = {}   # resident key -> its slot
         self._weights: dict[int, object] = {}             # slot -> ExpertWeights viewing it
         self._free = list(range(self.slots - 1, -1, -1))  # slots the cache may fill
@@ -167,6 +169,7 @@ class CachingStore(ExpertStore):
                 "expert_prefetch_used": self.prefetch_used}
 
     def close(self):
+        self._prefault.stop()
         if self._prefetcher is not None:
             self._prefetcher.shutdown(wait=True)
         self.reader.close()

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..plugin_api import (ExpertReader, ExpertStore, PlanRow, PluginOptions, aligned_buffer, expert_slot_bytes,
-                          hookimpl, human)
+from ..plugin_api import (ExpertReader, ExpertStore, PlanRow, PluginOptions, Prefault, aligned_buffer,
+                          expert_slot_bytes, hookimpl, human)
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ class DirectStore(ExpertStore):
         self.slot_bytes = expert_slot_bytes(self.checkpoint)
         self.slots = self.config.num_experts_per_token
         self._arena = aligned_buffer(self.slots * self.slot_bytes, huge=True)
+        self._prefault = Prefault(self._arena)
         self.requests = 0
 
     @classmethod
@@ -52,6 +53,7 @@ class DirectStore(ExpertStore):
                 "expert_read_mode": self.reader.mode, "expert_slots": self.slots, "expert_slot_bytes": self.slot_bytes}
 
     def close(self):
+        self._prefault.stop()
         self.reader.close()
 
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..plugin_api import (DTYPES, HEAD, RAW, Param, PlanError, PlanRow, PluginOptions, TrunkPlacer, TrunkReader,
-                          UsageError, Weights, align_up, aligned_buffer, hookimpl, human, load_trunk, open_trunk,
-                          trunk_capacity, trunk_room_for, trunk_scratch_bytes)
+from ..plugin_api import (DTYPES, HEAD, RAW, Param, PlanError, PlanRow, PluginOptions, Prefault, TrunkPlacer,
+                          TrunkReader, UsageError, Weights, align_up, aligned_buffer, hookimpl, human, load_trunk,
+                          open_trunk, trunk_capacity, trunk_room_for, trunk_scratch_bytes)
 
 MIN_RING = 2
 HEAD_BLOCK_BYTES = 64 << 20  # lm_head streams in row blocks of about this size when it is not pinned
@@ -139,6 +139,7 @@ class PinnedPlacer(TrunkPlacer):
             self._units += [("head", r) for r in range(0, self._head.shape[0], rows)]
             self._head_rows = rows
         self._slots = [aligned_buffer(lay.slot_bytes, huge=True) for _ in range(lay.ring_slots)]
+        self._prefaults = [Prefault(slot) for slot in self._slots]
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="k3-trunk-read")
         self._inflight: dict[tuple, tuple[int, object]] = {}  # unit -> (slot, future of the data's offset)
         self._current: tuple | None = None                    # the unit handed out, its slot and offset
@@ -263,6 +264,8 @@ class PinnedPlacer(TrunkPlacer):
                 "trunk_read_mode": self.reader.mode}
 
     def close(self):
+        for prefault in self._prefaults:
+            prefault.stop()
         self._reader.shutdown(wait=True)
         self.reader.close()
 
