@@ -50,7 +50,8 @@ def measure(args) -> dict:
             started = time.perf_counter()
             engines[name] = _engine(args.model, trunk, args)
             loads[name] = time.perf_counter() - started
-            gens[name], times[name], ids[name] = generate_ids(engines[name], args.ids, engines[name].new_state()), [], []
+            gens[name] = generate_ids(engines[name], args.ids, engines[name].new_state())
+            times[name], ids[name] = [], []
         order = list(trunks)
         for step in range(args.gen):
             for name in order if step % 2 == 0 else order[::-1]:
@@ -82,9 +83,10 @@ def pair_table(doc: dict) -> str:
     def secs(x):
         return "n/a" if x is None else f"{x:.3f}"
 
+    same = "yes" if doc["same_ids"] else "NO"
     out = [f"two engines in one process (trunk GB {doc['trunk_gb']}, cache GB {doc['cache_gb']}), {doc['gen']} ids "
-           f"each, taking turns; same ids: {'yes' if doc['same_ids'] else 'NO'}; peak RSS {human(doc['peak_rss_bytes'])}",
-           "", "| trunk | codec | pinned | load s | prefill s | s/token median | s/token mean | ÷ first | expert read | "
+           f"each, taking turns; same ids: {same}; peak RSS {human(doc['peak_rss_bytes'])}", "",
+           "| trunk | codec | pinned | load s | prefill s | s/token median | s/token mean | ÷ first | expert read | "
            "trunk read |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for i, r in enumerate(doc["runs"]):
         vs = "–" if i == 0 or doc["second_vs_first_median"] is None else f"{doc['second_vs_first_median']:.3f}"
@@ -104,7 +106,8 @@ def cmd_pair(args) -> int:
     if not args.ids:
         raise UsageError("--ids: give at least one prompt id")
     if not 2 <= args.gen <= MAX_GEN:
-        raise UsageError(f"--gen must be 2..{MAX_GEN} (the first id is the prefill; the median needs more), got {args.gen}")
+        raise UsageError(f"--gen must be 2..{MAX_GEN} (the first id is the prefill; the median needs more), "
+                         f"got {args.gen}")
     doc = measure(args)
     print(json.dumps(doc, indent=1) if args.json else pair_table(doc))
     return 0 if doc["same_ids"] else EXIT_UNSOUND

@@ -210,7 +210,6 @@ def read_rate(spans: list[tuple[str, int, int]], seconds: float, depth: int = 16
     for `seconds`, with O_DIRECT where it is served (the same descriptors the engine would use), into
     buffers with huge pages as the engine's expert slots are (`huge=False`: plain 4 KB pages)."""
     from concurrent.futures import ThreadPoolExecutor
-    import time
 
     buffers = [aligned_buffer(max(n for _, _, n in spans), huge) for _ in range(depth)]
     opened = {p: open_for_reading(p) for p in dict.fromkeys(p for p, _, _ in spans)}
