@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import mmap
 import os
 import platform
 import shutil
@@ -18,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ..io.aligned_io import aligned_buffer
+from ..io.trunk_reader import READ_BYTES
 from ..model import budget
 from ..model.budget import GB, PRESETS, WORKING_BYTES, human
 from ..errors import K3Error, UsageError
@@ -26,7 +27,7 @@ CHECKPOINT_BYTES = 1_560_936_091_448  # the released checkpoint, every shard
 TRUNK_BYTES = 113.5e9                 # a packed trunk (k3 pack): dense trunk + embed + lm_head
 EXPERT_BYTES = 25.83e9                # routed-expert bytes one decode token reads at 0 % cache hit
 GOOD_READ = 2e9                       # bytes/s; below it streaming is disk-bound (NVMe gives 3-6 GB/s)
-CHUNK = 8 << 20                        # bytes per read request and per write
+CHUNK = 8 << 20                        # bytes per write of the speed test
 REBUILD = "rm -rf build .venv/.k3-installed && env -u CXXFLAGS -u CFLAGS make install  (rebuilds k3core._native)"
 FTZ_FIX = ("start k3 without what switches flush-to-zero on: unset LD_PRELOAD, drop any plugin or library built "
            "with -ffast-math (`k3 plugins` lists plugins)")
@@ -166,8 +167,9 @@ def check_space(path: str, target: Target = RELEASED) -> Check:
 
 
 def _read_back(name: str, size: int, direct: bool) -> float:
-    """Seconds to read `size` bytes of `name` sequentially into a page-aligned buffer (as O_DIRECT wants)."""
-    fd, buf = os.open(name, os.O_RDONLY | (os.O_DIRECT if direct else 0)), mmap.mmap(-1, CHUNK)
+    """Seconds to read `size` bytes of `name` sequentially, as the engine streams a trunk layer: reads of
+    READ_BYTES one after another, into a page-aligned buffer with huge pages (as its ring slots have)."""
+    fd, buf = os.open(name, os.O_RDONLY | (os.O_DIRECT if direct else 0)), aligned_buffer(READ_BYTES, huge=True)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         done, start = 0, time.perf_counter()
@@ -302,7 +304,8 @@ def add_parser(subparsers) -> None:
         description="Check whether this machine can stream Kimi K3 and say what to change if not. Each line:\n"
                     "ok|warn|fail, what was checked, what was found; every warn and fail is followed by its fix.\n"
                     "The disk checks write a temporary file of --read-mb MiB under PATH, fsync it, drop it from\n"
-                    "the page cache and time reading it back (O_DIRECT where allowed); the file is deleted.",
+                    "the page cache and time reading it back as the engine streams a layer (64 MiB reads one after\n"
+                    "another into a huge-page buffer, O_DIRECT where allowed); the file is deleted.",
         epilog="examples:\n"
                "  k3 doctor                       # checks the drive of the current directory\n"
                "  k3 doctor /nvme/k3              # the drive the checkpoint lives on\n"
