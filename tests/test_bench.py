@@ -162,3 +162,24 @@ def test_bench_pair_runs_two_packs_in_one_process_taking_turns(tiny_model, tmp_p
     assert main(["bench", "pair", str(tiny_model), "--trunk", str(raw), "--compare-trunk", str(coded),
                  "--gen", "1"]) == 2
     assert "--gen must be 2..4096" in capsys.readouterr().err
+
+
+def test_bench_pair_whose_packs_disagree_exits_4_naming_both(tiny_model, tmp_path, capsys, monkeypatch):
+    import k3core.api
+    from k3core.io.pack import pack
+
+    raw, coded = tmp_path / "raw", tmp_path / "coded"
+    pack(tiny_model, raw)
+    pack(tiny_model, coded, codec="planes", block_bytes=65536)
+    real, calls = k3core.api.generate_ids, []
+
+    def second_one_off(engine, prompt, state):  # the second engine's ids come out one higher, as a bad pack's would
+        shift = len(calls)
+        calls.append(engine)
+        return ((token + shift, logits) for token, logits in real(engine, prompt, state))
+
+    monkeypatch.setattr(k3core.api, "generate_ids", second_one_off)
+    assert main(["bench", "pair", str(tiny_model), "--trunk", str(raw), "--compare-trunk", str(coded),
+                 "--gen", "2"]) == 4
+    out, err = capsys.readouterr()
+    assert "same ids: NO" in out and f"the packs disagree: {raw} generated" in err and str(coded) in err

@@ -13,7 +13,6 @@ import json
 import statistics
 import time
 
-EXIT_UNSOUND = 4
 MAX_GEN = 4096  # ids per engine: two engines each hold a decode state this long
 
 
@@ -26,12 +25,13 @@ def _engine(model, trunk, args):
 
 
 def _summary(name, trunk, engine, times, load) -> dict:
+    from ..model.report import per_second
+
     s = engine.stats()
     steady = times[1:]  # the first is the prompt's prefill
 
     def rate(key):
-        seconds = s.get(f"{key}_read_seconds", 0.0)
-        return s.get(f"{key}_bytes_read", 0) / seconds if seconds > 0 else None
+        return per_second(s.get(f"{key}_bytes_read", 0), s.get(f"{key}_read_seconds", 0.0))
 
     return {"name": name, "trunk": str(trunk), "trunk_codec": s.get("trunk_codec"), "load_seconds": load,
             "prefill_seconds": times[0], "seconds_per_token": statistics.median(steady) if steady else None,
@@ -76,9 +76,7 @@ def measure(args) -> dict:
 
 def pair_table(doc: dict) -> str:
     from ..api import human
-
-    def gbps(x):
-        return "n/a" if x is None else f"{x / 1e9:.2f} GB/s"
+    from ..model.report import gbps
 
     def secs(x):
         return "n/a" if x is None else f"{x:.3f}"
@@ -93,13 +91,11 @@ def pair_table(doc: dict) -> str:
         out.append(f"| {r['trunk']} | {r['trunk_codec']} | {r['pinned_layers']} | {r['load_seconds']:.1f} | "
                    f"{r['prefill_seconds']:.2f} | {secs(r['seconds_per_token'])} | {secs(r['mean_seconds_per_token'])} "
                    f"| {vs} | {gbps(r['expert_read_rate'])} | {gbps(r['trunk_read_rate'])} |")
-    if not doc["same_ids"]:
-        out += ["", f"the packs disagree: {doc['ids']} vs {doc['other_ids']}"]
     return "\n".join(out)
 
 
 def cmd_pair(args) -> int:
-    from ..errors import UsageError
+    from ..errors import UnsoundRunError, UsageError
     from .run import parse_ids
 
     args.ids = parse_ids(args.ids, "--ids")
@@ -110,7 +106,10 @@ def cmd_pair(args) -> int:
                          f"got {args.gen}")
     doc = measure(args)
     print(json.dumps(doc, indent=1) if args.json else pair_table(doc))
-    return 0 if doc["same_ids"] else EXIT_UNSOUND
+    if not doc["same_ids"]:
+        raise UnsoundRunError(f"the packs disagree: {args.trunk} generated {doc['ids']}, {args.compare_trunk} "
+                              f"{doc['other_ids']}; one of them is not this checkpoint's trunk")
+    return 0
 
 
 def add_parser(sub) -> None:

@@ -44,7 +44,7 @@ class ExpertReader:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(QUEUE_DEPTH, thread_name_prefix="k3-expert-read")
         self.bytes_read = 0
-        self.clock = BusyClock()  # reads may come from two threads (the fetch and the prefetch)
+        self._clock = BusyClock()  # reads may come from two threads (the fetch and the prefetch)
 
     def layout(self, layer: int, expert: int) -> tuple[Piece, ...]:
         """One piece when the six tensors form one gap-free run (SPEC §3), else one per tensor."""
@@ -86,7 +86,7 @@ class ExpertReader:
                 jobs.append((piece, memoryview(buf)[at:at + piece.length], i))
                 at += piece.length
         jobs.sort(key=lambda j: (j[0].file, j[0].start))
-        with self.clock.reading():
+        with self._clock.reading():
             results = list(self._pool.map(lambda j: self._read_piece(j[0], j[1]), jobs))
         failures = [(job, r) for job, r in zip(jobs, results) if isinstance(r, str)]
         if failures:
@@ -101,7 +101,7 @@ class ExpertReader:
     @property
     def seconds(self) -> float:
         """Wall time with at least one expert read in flight."""
-        return self.clock.seconds
+        return self._clock.seconds
 
     def _weights(self, layer, expert, buf) -> ExpertWeights:
         arrays, at = {}, 0

@@ -12,7 +12,7 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _rate(nbytes, seconds):
+def per_second(nbytes, seconds):
     return nbytes / seconds if seconds > 0 else None
 
 
@@ -38,12 +38,12 @@ def run_report(engine, prompt, generated, stats, load_seconds, mode) -> dict:
         "expert_store": engine.store.name,
         "trunk_placer": engine.placer.name,
         "trunk_bytes_read": s.get("trunk_bytes_read", 0),
-        "trunk_read_rate": _rate(s.get("trunk_bytes_read", 0), s.get("trunk_read_seconds", 0.0)),
+        "trunk_read_rate": per_second(s.get("trunk_bytes_read", 0), s.get("trunk_read_seconds", 0.0)),
         "expert_requests": requests,
         "expert_true_hit_rate": s.get("expert_hits", 0) / requests if requests else None,
         "expert_retention": (requests - s.get("expert_evictions", 0)) / requests if requests else None,
         "expert_bytes_read": s.get("expert_bytes_read", 0),
-        "expert_read_rate": _rate(s.get("expert_bytes_read", 0), s.get("expert_read_seconds", 0.0)),
+        "expert_read_rate": per_second(s.get("expert_bytes_read", 0), s.get("expert_read_seconds", 0.0)),
         "io_share_of_wall": io_seconds / wall if wall > 0 else None,
         "forward_passes": stats["forward_passes"],
         "draft_proposed": stats["draft_proposed"],
@@ -58,7 +58,7 @@ def _pct(x):
     return "n/a" if x is None else f"{100 * x:.1f} %"
 
 
-def _gbps(x):
+def gbps(x):
     return "n/a" if x is None else f"{x / 1e9:.2f} GB/s"
 
 
@@ -67,9 +67,9 @@ def _floor_line(r: dict) -> list[str]:
         return []
     p = r["disk_probe"]
     if not r.get("disk_floor_seconds_per_token"):
-        return [f"disk: {_gbps(p['rate'])} (O_DIRECT probe after the run, {p['mode']}); no disk floor: fewer than "
+        return [f"disk: {gbps(p['rate'])} (O_DIRECT probe after the run, {p['mode']}); no disk floor: fewer than "
                 "two generated ids"]
-    return [f"disk floor: {_per_token(r['bytes_read_per_token'])} per generated id ÷ {_gbps(p['rate'])} (O_DIRECT probe "
+    return [f"disk floor: {_per_token(r['bytes_read_per_token'])} per generated id ÷ {gbps(p['rate'])} (O_DIRECT probe "
             f"after the run, {p['mode']}) = {r['disk_floor_seconds_per_token']:.3f} s/token; decode ran at "
             f"{r['vs_disk_floor']:.2f}× it"]
 
@@ -80,9 +80,9 @@ def report_text(r: dict) -> str:
         f"{r['load_seconds']:.2f} s, prefill {r['prefill_seconds']:.3f} s, decode {r['seconds_per_token']:.3f} "
         f"s/token; peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB",
         f"kernels {r['kernels']}, trunk placer {r['trunk_placer']}, expert store {r['expert_store']}",
-        f"trunk read {r['trunk_bytes_read'] / 1e9:.3f} GB at {_gbps(r['trunk_read_rate'])}; experts: "
+        f"trunk read {r['trunk_bytes_read'] / 1e9:.3f} GB at {gbps(r['trunk_read_rate'])}; experts: "
         f"{r['expert_requests']} requests, TRUE hits {_pct(r['expert_true_hit_rate'])}, retention "
-        f"{_pct(r['expert_retention'])}, read {r['expert_bytes_read'] / 1e9:.3f} GB at {_gbps(r['expert_read_rate'])}"
+        f"{_pct(r['expert_retention'])}, read {r['expert_bytes_read'] / 1e9:.3f} GB at {gbps(r['expert_read_rate'])}"
         + _prefetch_part(r["stats"]) + f"; I/O {_pct(r['io_share_of_wall'])} of wall time",
         f"{r['forward_passes']} forward passes; {_per_token(r['bytes_read_per_token'])} read per generated id after "
         "the first" + (f"; drafts: {r['draft_accepted']} of {r['draft_proposed']} accepted "
