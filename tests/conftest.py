@@ -3,16 +3,19 @@
 The suite tests k3's built-ins as documented, so it loads no third-party entry-point plugin (the
 examples `make test` installs included): K3_PLUGINS=none for this process and every `k3` it starts.
 tests/test_examples.py runs the installed examples explicitly. Nothing is written into the user's
-configuration: K3_CONFIG_DIR (profile, chat history) is a fresh directory per run.
+configuration: K3_CONFIG_DIR (profile, chat history) is a fresh directory per run, removed at its end.
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
 os.environ["K3_PLUGINS"] = "none"
 os.environ["K3_CONFIG_DIR"] = tempfile.mkdtemp(prefix="k3-test-config-")
+atexit.register(shutil.rmtree, os.environ["K3_CONFIG_DIR"], True)  # one per run, gone when the run ends
 
 import pytest
 
