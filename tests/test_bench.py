@@ -123,6 +123,7 @@ def test_bench_stream_compares_two_trunks_against_the_disk_floor(capsys, tiny_mo
     small = doc["raw_o_direct_probe_small_pages"]
     assert small["rate"] > 0 and not small["huge_pages"] and doc["raw_o_direct_probe"]["huge_pages"]
     assert "into 4 KB pages instead of huge ones" in table
+    assert "| disk busy | disk while busy, vs probe |" in table and all("disk_activity" in r for r in doc["runs"])
 
 
 def test_the_real_model_projection_adds_up():

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..interfaces import default_threads
 from ..io.aligned_io import align_down, align_up, read_rate
+from ..model.budget import human
 from ..model.checkpoint import EXPERT_PARTS, expert_prefix, open_checkpoint
 from ..model.cost import projection
 
@@ -136,7 +137,8 @@ def run_budget(model_dir, trunk_dir, trunk_gb: float, cache_gb: float, ids: str,
             "bytes_read_per_token": r["bytes_read_per_token"], "trunk_codec": s.get("trunk_codec", "raw"),
             "trunk_decode_seconds": s.get("trunk_decode_seconds", 0.0), "trunk": str(trunk_dir),
             "options": list(options[1::2]), "expert_wait_seconds": s.get("expert_wait_seconds"),
-            "expert_prefetched": s.get("expert_prefetched"), "expert_prefetch_used": s.get("expert_prefetch_used")}
+            "expert_prefetched": s.get("expert_prefetched"), "expert_prefetch_used": s.get("expert_prefetch_used"),
+            "disk_activity": r.get("disk_activity", [])}
 
 
 def projections(rows: list[dict], trunks: list[tuple[Path, float]], decode_per_core: float | None,
@@ -243,8 +245,6 @@ def cmd_stream(args) -> int:
 
 def stream_table(doc: dict) -> str:
     """The document of one `k3 bench stream` as Markdown (what docs/PERFORMANCE.md shows)."""
-    from ..model.budget import human
-
     probe, busy, rows = doc["raw_o_direct_probe"], doc.get("raw_o_direct_probe_busy"), doc["runs"]
     ok = [r for r in rows if "error" not in r]
     small = doc.get("raw_o_direct_probe_small_pages")
@@ -253,12 +253,12 @@ def stream_table(doc: dict) -> str:
            + (f"; {human(busy['rate'])}/s while every core computes" if busy else ""),
            "", f"| trunk | trunk GB | cache GB | limit ({ok[0]['limit_kind'] if ok else '-'}) | pinned | s/token prefill | "
            "s/token decode | ÷ first run | read / token | disk floor | × floor | peak RSS | RSS − budget | "
-           "expert read | vs probe | vs busy probe | TRUE hits | I/O share |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "expert read | vs probe | vs busy probe | disk busy | disk while busy, vs probe | TRUE hits | I/O share |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if "error" in r:
             out.append(f"| | {r['trunk_gb']:.2f} | {r['cache_gb']:.2f} | {human(r['limit_bytes'])} | failed (exit "
-                       f"{r['exit']}) | | | | | | | | | | | | |")
+                       f"{r['exit']}) | | | | | | | | | | | | | | |")
             continue
         rate = r["expert_read_rate"]
         share = f"{100 * rate / probe['rate']:.0f} %" if rate else "n/a"
@@ -268,11 +268,13 @@ def stream_table(doc: dict) -> str:
         vs = r.get("vs_first_run_seconds_per_token")
         times = f"{r['vs_disk_floor']:.2f}" if floor else "n/a"
         label = ", ".join([r.get("trunk_codec", "raw"), *r.get("options", r.get("store_options", []))])
+        disk_busy, disk_rate = _disk_cells(r, probe["rate"])
         out.append(f"| {label} | {r['trunk_gb']:.2f} | {r['cache_gb']:.2f} | "
                    f"{human(r['limit_bytes'])} | {r['pinned_layers']} | {r['prefill_seconds']:.2f} | "
                    f"{r['seconds_per_token']:.2f} | {f'{vs:.2f}' if vs else '–'} | "
                    f"{human(r.get('bytes_read_per_token') or 0)} | {f'{floor:.2f} s' if floor else 'n/a'} | {times} | "
                    f"{human(r['peak_rss_bytes'])} | {human(over)} | {human(rate) + '/s' if rate else 'n/a'} | {share} | {busy_share} | "
+                   f"{disk_busy} | {disk_rate} | "
                    f"{100 * (r['expert_true_hit_rate'] or 0):.0f} % | {100 * (r['io_share_of_wall'] or 0):.0f} % |")
     if doc.get("compute_bytes_per_second"):
         out += ["", f"compute rate (everything resident, every expert cached): {human(doc['compute_bytes_per_second'])}/s "
@@ -289,6 +291,18 @@ def stream_table(doc: dict) -> str:
                        f"{p['disk_seconds']:.1f} s | {p['cpu_seconds']:.1f} s | {p['overhead']:.2f} | "
                        f"{p['seconds_per_token']:.1f} |")
     return "\n".join(out)
+
+
+def _disk_cells(r: dict, probe_rate: float) -> tuple[str, str]:
+    """The busy share and rate while busy of the disk that read the most in a run (its decode), the rate against
+    the probe: every reader's bytes, trunk and experts, from the kernel's counters."""
+    disks = [d for d in r.get("disk_activity", []) if d["read_bytes"] > 0]
+    if not disks:
+        return "n/a", "n/a"
+    d = max(disks, key=lambda d: d["read_bytes"])
+    rate = d["rate_while_busy"]
+    return (f"{100 * d['busy_share']:.0f} %" if d["busy_share"] is not None else "n/a",
+            f"{human(rate)}/s, {100 * rate / probe_rate:.0f} %" if rate else "n/a")
 
 
 def _bytes_touched_per_token(model) -> float:

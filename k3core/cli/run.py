@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from ..api import Observer, UsageError, visible
+from ..io import device
 from ..io.atomic import write_bytes_atomic as write_atomic
 from ..model.checkpoint import EXPERT_PARTS, expert_prefix
 from .common import (EXIT_CODES, add_engine_args, add_sampling_args, add_speculation_args, engine_config, open_engine,
@@ -153,6 +154,21 @@ class LogitsRecorder(Observer):
         self.rows.append(logits)
 
 
+class DiskWatch(Observer):
+    """The disks under the checkpoint and the trunk from the first generated id to the end of the run, the
+    stretch the report's s/token covers: bytes they read and how busy they were (k3core/io/device.py)."""
+
+    def __init__(self, paths):
+        self.paths, self.first = [p for p in paths if p], None
+
+    def on_token(self, token, logits):
+        if self.first is None:
+            self.first = device.snapshots(self.paths)
+
+    def activity(self) -> list[dict]:
+        return device.activity(self.first, device.snapshots(self.paths)) if self.first else []
+
+
 def disk_floor(model, report: dict, seconds: float) -> dict:
     """The O_DIRECT read rate of this checkpoint's experts, probed after the run (`k3 bench stream`'s probe),
     and what it makes of the run: bytes read per generated id ÷ that rate, and decode s/token against it."""
@@ -189,10 +205,11 @@ def cmd_run(args) -> int:
         ids, stop_ids, channel = _text_prompt(args, tokenizer, prompt) if kind == "text" else (prompt, (), None)
         engine.check_ids(ids)
         trace, logits = TraceRecorder() if args.dump_trace else None, LogitsRecorder()
+        disks = DiskWatch([config.model, config.trunk])
         session = Session(engine, tokenizer)
         load_seconds = time.perf_counter() - start
         events = session.generate(ids, params, stop_ids=stop_ids, channel=channel, full_recompute=args.full_recompute,
-                                  observers=[logits] + ([trace] if trace else []), speculation=speculate)
+                                  observers=[logits, disks] + ([trace] if trace else []), speculation=speculate)
         thought = False
         for event in events:
             if event.kind == "text" and kind == "text":
@@ -210,7 +227,8 @@ def cmd_run(args) -> int:
             print(flush=True)
         report = run_report(engine, ids, generated, done.stats, load_seconds,
                             "full-recompute" if args.full_recompute else "incremental")
-        report.update(threads=args.threads, stop_reason=done.reason, seed=done.stats["seed"],
+        report.update(disk_activity=disks.activity(), threads=args.threads, stop_reason=done.reason,
+                      seed=done.stats["seed"],
                       speculate=args.speculate, draft=(args.draft or "ngram") if args.speculate else None)
         if trace is not None:
             trace.write(args.dump_trace, engine)

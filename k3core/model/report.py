@@ -88,7 +88,19 @@ def report_text(r: dict) -> str:
         "the first" + (f"; drafts: {r['draft_accepted']} of {r['draft_proposed']} accepted "
                        f"({_pct(r['draft_accepted'] / r['draft_proposed'] if r['draft_proposed'] else None)})"
                        if r.get("speculate") else ""),
-    ] + _floor_line(r))
+    ] + _disk_lines(r) + _floor_line(r))
+
+
+def _disk_lines(r: dict) -> list[str]:
+    """The kernel's counters for each disk under the checkpoint and trunk, first generated id to the end."""
+    probe = r.get("disk_probe", {}).get("rate")
+    lines = []
+    for d in r.get("disk_activity", []):
+        rate = d["rate_while_busy"]
+        vs = f" ({100 * rate / probe:.0f} % of the probe)" if rate and probe else ""
+        lines.append(f"disk {d['device']} from the first id on: {d['read_bytes'] / 1e9:.3f} GB read (every reader), "
+                     f"busy {_pct(d['busy_share'])} of {d['wall_seconds']:.2f} s, {gbps(rate)} while busy{vs}")
+    return lines
 
 
 def _prefetch_part(s: dict) -> str:
