@@ -12,6 +12,9 @@ no more than it restores, and the buffer holds `slack` bytes more than the range
 starts or ends inside a block has that block restored into a scratch block first. Small reads (up to two
 blocks: an embedding row, a norm) have private buffers, so they never wait for a layer being restored on
 another thread.
+
+A reader made with `experts_first` lets expert reads go first: before each of its reads it waits while any
+expert read is in flight (URGENT_READS), at most YIELD_SECONDS, and counts the wait in `yield_seconds`.
 """
 from __future__ import annotations
 
@@ -21,12 +24,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import TrunkError, UnsoundRunError
-from .aligned_io import ALIGN, BusyClock, align_down, align_up, aligned_buffer, open_for_reading, read_exact
+from .aligned_io import ALIGN, URGENT_READS, BusyClock, align_down, align_up, aligned_buffer, open_for_reading, read_exact
 from .codec import RAW, blocks_for, restore
 
 READ_BYTES = 64 << 20  # bytes per read of a raw range, stored bytes per read of a coded one (or one block's,
                        # if larger), at most
 DECODE_BLOCKS = 8      # blocks restored together, on every core, once their read has landed
+YIELD_SECONDS = 0.25   # the longest one read of an `experts_first` reader waits for expert reads (about a
+                       # layer's experts at 2 GB/s on the `wide` shape)
 
 
 def slack(n: int, block: int) -> int:
@@ -61,12 +66,13 @@ def decoder_threads() -> int:
 
 
 class TrunkReader:
-    def __init__(self, trunk):
-        self.trunk, self.codec = trunk, trunk.codec
+    def __init__(self, trunk, experts_first: bool = False):
+        self.trunk, self.codec, self.experts_first = trunk, trunk.codec, experts_first
         self.direct = open_for_reading(trunk.path)          # O_DIRECT where the filesystem serves it
         self.buffered = open_for_reading(trunk.path, False)  # small unaligned raw reads
         self.bytes_read = 0                                  # from disk: stored bytes, padding included
         self.decode_seconds = 0.0
+        self.yield_seconds = 0.0                             # waited for expert reads (experts_first)
         self._clock = BusyClock()                            # a load reads on several threads at once
         self._count = threading.Lock()
         self.block = trunk.block_bytes
@@ -234,6 +240,10 @@ class TrunkReader:
 
     # ---- counting ----------------------------------------------------------------------------------------------
     def _timed_read(self, opened, view, offset, length, what):
+        if self.experts_first:
+            waited = URGENT_READS.wait_idle(YIELD_SECONDS)
+            with self._count:
+                self.yield_seconds += waited
         with self._clock.reading():
             read_exact(opened, view, offset, length, length, what, self.trunk.path)
         self._count_read(length)
