@@ -86,7 +86,7 @@ class ExpertReader:
                 jobs.append((piece, memoryview(buf)[at:at + piece.length], i))
                 at += piece.length
         jobs.sort(key=lambda j: (j[0].file, j[0].start))
-        with self._clock.reading():  # a layer being computed waits for these
+        with self._clock.reading(), URGENT_READS.reading():  # a layer being computed waits for these
             results = list(self._pool.map(lambda j: self._read_piece(j[0], j[1]), jobs))
         failures = [(job, r) for job, r in zip(jobs, results) if isinstance(r, str)]
         if failures:
