@@ -305,7 +305,7 @@ def add_parser(subparsers) -> None:
         description="Check whether this machine can stream Kimi K3 and say what to change if not. Each line:\n"
                     "ok|warn|fail, what was checked, what was found; every warn and fail is followed by its fix.\n"
                     "The disk checks write a temporary file of --read-mb MiB under PATH, fsync it, drop it from\n"
-                    "the page cache and time reading it back as the engine streams a layer (64 MiB reads one after\n"
+                    "the page cache and time reading it back as the engine streams a layer (16 MiB reads one after\n"
                     "another into a huge-page buffer, O_DIRECT where allowed); the file is deleted.",
         epilog="examples:\n"
                "  k3 doctor                       # checks the drive of the current directory\n"
