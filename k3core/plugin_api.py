@@ -12,9 +12,10 @@ What is here, by use:
 - what a placer or store receives: PluginContext (checkpoint, Budget, its own PluginOptions) and
   returns from plan(): PlanRow;
 - a ready expert store to subclass: CachingStore (a slot arena kept by the CachePolicy you give it);
-- reading bytes: ExpertReader + expert_slot_bytes for experts; the aligned reader (ALIGN,
-  aligned_buffer (huge=True for a buffer reads land in again and again), Prefault, open_for_reading, read_into, read_exact; Span + read_spans for many spans in
-  parallel) for anything else; URGENT_READS, where reads the forward pass waits for go first (UrgentReads); open_trunk / load_trunk for a packed trunk, TrunkReader for its
+- reading bytes: ExpertReader + expert_slot_bytes for experts; the aligned reader (ALIGN, aligned_buffer
+  (huge=True for a buffer reads land in again and again), Prefault, open_for_reading, read_into, read_exact;
+  Span + read_spans for many spans in parallel) for anything else; URGENT_READS (an UrgentReads) to let the
+  reads the forward pass waits for go first; open_trunk / load_trunk for a packed trunk, TrunkReader for its
   restored bytes whatever its codec (RAW, or a coded pack: trunk_scratch_bytes for the plan; a buffer for n
   restored bytes: trunk_room_for, and what a buffer holds: trunk_capacity);
 - naming tensors: PREFIX, HEAD, VISION_PREFIXES, layer_prefix, expert_prefix, EXPERT_PARTS, MATRIX, FLOAT;

@@ -24,7 +24,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import TrunkError, UnsoundRunError
-from .aligned_io import ALIGN, URGENT_READS, BusyClock, align_down, align_up, aligned_buffer, open_for_reading, read_exact
+from .aligned_io import (ALIGN, URGENT_READS, BusyClock, align_down, align_up, aligned_buffer, open_for_reading,
+                         read_exact)
 from .codec import RAW, blocks_for, restore
 
 READ_BYTES = 16 << 20  # bytes per read of a raw range, stored bytes per read of a coded one (or one block's, if
