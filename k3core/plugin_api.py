@@ -14,10 +14,9 @@ What is here, by use:
 - a ready expert store to subclass: CachingStore (a slot arena kept by the CachePolicy you give it);
 - reading bytes: ExpertReader + expert_slot_bytes for experts; the aligned reader (ALIGN, aligned_buffer
   (huge=True for a buffer reads land in again and again), Prefault, open_for_reading, read_into, read_exact;
-  Span + read_spans for many spans in parallel) for anything else; URGENT_READS (an UrgentReads) to let the
-  reads the forward pass waits for go first; open_trunk / load_trunk for a packed trunk, TrunkReader for its
-  restored bytes whatever its codec (RAW, or a coded pack: trunk_scratch_bytes for the plan; a buffer for n
-  restored bytes: trunk_room_for, and what a buffer holds: trunk_capacity);
+  Span + read_spans for many spans in parallel) for anything else; open_trunk / load_trunk for a packed
+  trunk, TrunkReader for its restored bytes whatever its codec (RAW, or a coded pack: trunk_scratch_bytes for
+  the plan; a buffer for n restored bytes: trunk_room_for, and what a buffer holds: trunk_capacity);
 - naming tensors: PREFIX, HEAD, VISION_PREFIXES, layer_prefix, expert_prefix, EXPERT_PARTS, MATRIX, FLOAT;
 - the counters the run report reads: STORE_STATS, PLACER_STATS;
 - errors: UnsoundRunError (a read failed: exit 4), PlanError, UsageError, PluginError, CheckpointError;
@@ -32,8 +31,8 @@ from .hookspecs import hookimpl
 from .interfaces import (AttentionBackend, Budget, CachePolicy, DraftSource, ExpertStore, ExpertWeights,
                          KernelBackend, LRUPolicy, Param, PlanRow, PluginContext, PluginOptions, TensorSpec,
                          TrunkPlacer, Weights, default_threads)
-from .io.aligned_io import (ALIGN, URGENT_READS, Opened, Prefault, Span, UrgentReads, align_down, align_up,
-                            aligned_buffer, open_for_reading, read_exact, read_into, read_spans)
+from .io.aligned_io import (ALIGN, Opened, Prefault, Span, align_down, align_up, aligned_buffer, open_for_reading,
+                            read_exact, read_into, read_spans)
 from .io.caching_store import CachingOptions, CachingStore, cache_slots
 from .io.expert_io import ExpertReader, expert_slot_bytes
 from .io.safetensors_index import DTYPES
@@ -70,7 +69,6 @@ PLACER_STATS = {
     "trunk_read_seconds": "time the reads took (float)",
     "trunk_wait_seconds": "time the forward pass waited for a layer to arrive (float)",
     "trunk_decode_seconds": "time spent restoring a coded pack's blocks (float; 0 for a raw pack)",
-    "trunk_yield_seconds": "time trunk reads waited for expert reads to go first (float; URGENT_READS)",
 }
 
 def builtin_kernels(name: str | None = None) -> KernelBackend:
@@ -93,7 +91,6 @@ __all__ = [
     "Param", "Weights", "ExpertWeights", "TensorSpec", "DTYPES",
     "PluginContext", "Budget", "PluginOptions", "PlanRow",
     "CachingStore", "CachingOptions", "cache_slots", "ExpertReader", "expert_slot_bytes", "ALIGN", "Opened", "align_down", "align_up", "aligned_buffer", "Prefault",
-    "URGENT_READS", "UrgentReads",
     "open_for_reading", "read_into", "read_exact", "Span", "read_spans", "open_trunk", "load_trunk", "TrunkReader", "trunk_scratch_bytes", "trunk_room_for",
     "trunk_capacity", "RAW",
     "PREFIX", "HEAD", "VISION_PREFIXES", "layer_prefix", "expert_prefix", "EXPERT_PARTS", "MATRIX", "FLOAT",

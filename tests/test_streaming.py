@@ -30,8 +30,6 @@ CONFIGS = {
     "pinned 1 layer, ring 2, lru floor, no prefetch": dict(pin_layers=1, ring=2, cache_gb=0.0,
                                                           store_options={"prefetch": False}),
     "budget-chosen pins, ring 3, lru large": dict(trunk_gb="60%", ring=3, cache_gb=2.0),
-    "pinned 0 layers, ring 2, lru floor, trunk reads not yielding": dict(pin_layers=0, ring=2, cache_gb=0.0,
-                                                                        placer_options={"experts_first": False}),
 }
 
 
@@ -70,7 +68,6 @@ def test_every_budget_and_store_gives_the_resident_run_s_bits(packed):
     hinted, plain = stats["pinned 5 layers, ring 3, lru floor"], stats["pinned 1 layer, ring 2, lru floor, no prefetch"]
     assert hinted["expert_prefetch_used"] > 0 and plain["expert_prefetched"] == 0
     assert hinted["expert_hits"] == plain["expert_hits"]  # a guess never changes what the cache keeps
-    assert stats["pinned 0 layers, ring 2, lru floor, trunk reads not yielding"]["trunk_yield_seconds"] == 0.0
 
 
 def test_streamed_layers_are_read_every_token_and_pinned_ones_once(packed):
@@ -110,20 +107,6 @@ def test_an_expert_read_that_comes_up_short_ends_the_run_with_exit_4(tiny_model,
     code = main(["run", str(tiny_model), "--ids", "1,2,3", "--gen", "3", "--json", str(report)])
     err = capsys.readouterr().err
     assert code == 4 and "unsound" in err and not report.exists()
-
-
-def test_expert_reads_are_the_urgent_ones(tiny_model, monkeypatch):
-    from k3core.io.aligned_io import URGENT_READS
-    real, busy = expert_io.ExpertReader._read_piece, []
-
-    def seen(self, piece, view):
-        busy.append(URGENT_READS._busy)
-        return real(self, piece, view)
-
-    monkeypatch.setattr(expert_io.ExpertReader, "_read_piece", seen)
-    with open_engine(EngineConfig(tiny_model, cache_gb=0.0)) as engine:
-        greedy_ids(engine, PROMPT, 2)
-    assert busy and min(busy) >= 1 and URGENT_READS._busy == 0
 
 
 def test_a_shard_truncated_after_indexing_is_unsound(tiny_model, tmp_path):
@@ -263,64 +246,6 @@ def test_read_time_counts_overlapping_reads_once():
     with clock.reading():
         pass
     assert clock.seconds == 6.5
-
-
-def test_a_trunk_read_waits_for_expert_reads_in_flight(packed):
-    """The ring's reads let the expert reads a layer waits for go first (UrgentReads): a read waits while one is
-    in flight and the wait is counted; a reader without experts_first does not wait."""
-    import threading
-    from k3core.io import aligned_io, trunk_reader
-    from k3core.io.trunk import load_trunk
-
-    _, trunk_dir = packed
-    trunk = load_trunk(trunk_dir)
-    run = trunk.layer(0)
-    buf = aligned_io.aligned_buffer(trunk_reader.TrunkReader.room(run, 0, run.length))
-    inside, done = threading.Event(), threading.Event()
-
-    def expert_read():
-        with aligned_io.URGENT_READS.reading():
-            inside.set()
-            done.wait(10)
-
-    for first in (True, False):
-        reader = trunk_reader.TrunkReader(trunk, experts_first=first)
-        try:
-            inside.clear()
-            done.clear()
-            expert = threading.Thread(target=expert_read)
-            expert.start()
-            inside.wait(10)
-            threading.Timer(0.1, done.set).start()  # the expert read ends after 0.1 s
-            reader.read(run, 0, run.length, buf)
-            expert.join()
-            if first:
-                assert reader.yield_seconds >= 0.09  # it began once the expert read had ended
-            else:
-                assert reader.yield_seconds == 0.0
-        finally:
-            reader.close()
-
-
-def test_a_later_read_waits_for_urgent_ones_at_most_as_long_as_it_says():
-    import threading
-    from k3core.io.aligned_io import UrgentReads
-
-    urgent, inside, done = UrgentReads(), threading.Event(), threading.Event()
-    assert urgent.wait_idle(5.0) < 1.0  # none in flight: no wait
-
-    def hold():
-        with urgent.reading(), urgent.reading():  # two at once: idle only when both end
-            inside.set()
-            done.wait(10)
-
-    t = threading.Thread(target=hold)
-    t.start()
-    inside.wait(10)
-    assert urgent.wait_idle(0.2) >= 0.2  # still in flight: waits its most, then goes
-    threading.Timer(0.2, done.set).start()
-    assert 0.1 < urgent.wait_idle(5.0) < 4.0  # woken when the last one ends
-    t.join()
 
 
 def _kernel() -> tuple[int, ...]:

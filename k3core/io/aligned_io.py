@@ -105,38 +105,6 @@ class BusyClock:
                 self.seconds += self._now() - self._since
 
 
-class UrgentReads:
-    """Reads the forward pass waits for now (a layer's experts) against reads for later (the trunk ring's next
-    layers). A later read asks `wait_idle` first: while any urgent read is in flight it waits, at most `most`
-    seconds, so the disk serves the waited-for reads without the later ones' queue in front of them, and a
-    later read is never held up for long. One per process (`URGENT_READS`): its readers share the disk."""
-
-    def __init__(self):
-        self._idle, self._busy = threading.Condition(), 0
-
-    @contextmanager
-    def reading(self):
-        with self._idle:
-            self._busy += 1
-        try:
-            yield
-        finally:
-            with self._idle:
-                self._busy -= 1
-                if self._busy == 0:
-                    self._idle.notify_all()
-
-    def wait_idle(self, most: float) -> float:
-        """Until no urgent read is in flight, or `most` seconds; the seconds it waited."""
-        start = time.perf_counter()
-        with self._idle:
-            self._idle.wait_for(lambda: self._busy == 0, timeout=most)
-        return time.perf_counter() - start
-
-
-URGENT_READS = UrgentReads()
-
-
 @dataclass(frozen=True)
 class Opened:
     fd: int

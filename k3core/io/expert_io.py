@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import UnsoundRunError
 from ..interfaces import ExpertWeights
 from ..model.checkpoint import EXPERT_PARTS, expert_prefix
-from .aligned_io import ALIGN, URGENT_READS, BusyClock, align_down, align_up, open_for_reading, read_into
+from .aligned_io import ALIGN, BusyClock, align_down, align_up, open_for_reading, read_into
 
 QUEUE_DEPTH = 16
 
@@ -86,7 +86,7 @@ class ExpertReader:
                 jobs.append((piece, memoryview(buf)[at:at + piece.length], i))
                 at += piece.length
         jobs.sort(key=lambda j: (j[0].file, j[0].start))
-        with self._clock.reading(), URGENT_READS.reading():  # a layer being computed waits for these
+        with self._clock.reading():
             results = list(self._pool.map(lambda j: self._read_piece(j[0], j[1]), jobs))
         failures = [(job, r) for job, r in zip(jobs, results) if isinstance(r, str)]
         if failures:

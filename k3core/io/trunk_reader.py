@@ -12,9 +12,6 @@ no more than it restores, and the buffer holds `slack` bytes more than the range
 starts or ends inside a block has that block restored into a scratch block first. Small reads (up to two
 blocks: an embedding row, a norm) have private buffers, so they never wait for a layer being restored on
 another thread.
-
-A reader made with `experts_first` lets expert reads go first: before each of its reads it waits while any
-expert read is in flight (URGENT_READS), at most YIELD_SECONDS, and counts the wait in `yield_seconds`.
 """
 from __future__ import annotations
 
@@ -24,16 +21,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import TrunkError, UnsoundRunError
-from .aligned_io import (ALIGN, URGENT_READS, BusyClock, align_down, align_up, aligned_buffer, open_for_reading,
-                         read_exact)
+from .aligned_io import ALIGN, BusyClock, align_down, align_up, aligned_buffer, open_for_reading, read_exact
 from .codec import RAW, blocks_for, restore
 
 READ_BYTES = 16 << 20  # bytes per read of a raw range, stored bytes per read of a coded one (or one block's, if
-                       # larger), at most: an expert read that comes waits behind one such read at most (16 MiB,
-                       # not 64: floor expert reads 1.56-1.63 -> 1.90-1.96 GB/s, s/token and loads the same)
+                       # larger), at most: an expert read that comes waits behind one such read at most (16 MiB
+                       # rather than 64: floor expert reads +20 %, s/token and loads the same; docs/PERFORMANCE.md)
 DECODE_BLOCKS = 8      # blocks restored together, on every core, once their read has landed
-YIELD_SECONDS = 0.25   # the longest one read of an `experts_first` reader waits for expert reads (about a
-                       # layer's experts at 2 GB/s on the `wide` shape)
 
 
 def slack(n: int, block: int) -> int:
@@ -68,13 +62,12 @@ def decoder_threads() -> int:
 
 
 class TrunkReader:
-    def __init__(self, trunk, experts_first: bool = False):
-        self.trunk, self.codec, self.experts_first = trunk, trunk.codec, experts_first
+    def __init__(self, trunk):
+        self.trunk, self.codec = trunk, trunk.codec
         self.direct = open_for_reading(trunk.path)          # O_DIRECT where the filesystem serves it
         self.buffered = open_for_reading(trunk.path, False)  # small unaligned raw reads
         self.bytes_read = 0                                  # from disk: stored bytes, padding included
         self.decode_seconds = 0.0
-        self.yield_seconds = 0.0                             # waited for expert reads (experts_first)
         self._clock = BusyClock()                            # a load reads on several threads at once
         self._count = threading.Lock()
         self.block = trunk.block_bytes
@@ -242,10 +235,6 @@ class TrunkReader:
 
     # ---- counting ----------------------------------------------------------------------------------------------
     def _timed_read(self, opened, view, offset, length, what):
-        if self.experts_first:
-            waited = URGENT_READS.wait_idle(YIELD_SECONDS)
-            with self._count:
-                self.yield_seconds += waited
         with self._clock.reading():
             read_exact(opened, view, offset, length, length, what, self.trunk.path)
         self._count_read(length)

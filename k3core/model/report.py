@@ -80,8 +80,7 @@ def report_text(r: dict) -> str:
         f"{r['load_seconds']:.2f} s, prefill {r['prefill_seconds']:.3f} s, decode {r['seconds_per_token']:.3f} "
         f"s/token; peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB",
         f"kernels {r['kernels']}, trunk placer {r['trunk_placer']}, expert store {r['expert_store']}",
-        f"trunk read {r['trunk_bytes_read'] / 1e9:.3f} GB at {gbps(r['trunk_read_rate'])}" + _yield_part(r["stats"])
-        + "; experts: "
+        f"trunk read {r['trunk_bytes_read'] / 1e9:.3f} GB at {gbps(r['trunk_read_rate'])}; experts: "
         f"{r['expert_requests']} requests, TRUE hits {_pct(r['expert_true_hit_rate'])}, retention "
         f"{_pct(r['expert_retention'])}, read {r['expert_bytes_read'] / 1e9:.3f} GB at {gbps(r['expert_read_rate'])}"
         + _prefetch_part(r["stats"]) + f"; I/O {_pct(r['io_share_of_wall'])} of wall time",
@@ -102,11 +101,6 @@ def _disk_lines(r: dict) -> list[str]:
         lines.append(f"disk {d['device']} from the first id on: {d['read_bytes'] / 1e9:.3f} GB read (every reader), "
                      f"busy {_pct(d['busy_share'])} of {d['wall_seconds']:.2f} s, {gbps(rate)} while busy{vs}")
     return lines
-
-
-def _yield_part(s: dict) -> str:
-    waited = s.get("trunk_yield_seconds")
-    return f" (its reads waited {waited:.2f} s for expert reads to go first)" if waited else ""
 
 
 def _prefetch_part(s: dict) -> str:

@@ -47,8 +47,6 @@ class PinnedOptions(PluginOptions):
     pin_coded: bool = False  # with a coded pack, hold pinned layers as stored blocks and restore them on each
                              # use: more of them fit, but each costs a restore per token (measured slower than
                              # streaming them on 2 cores: docs/PERFORMANCE.md, "Holding pinned layers coded")
-    experts_first: bool = True  # the ring's reads wait (each at most 0.25 s) while an expert read is in flight:
-                                # the layer being computed waits for those (docs/STREAMING.md, "Reads")
 
 
 def layout(trunk, config, budget, options: PinnedOptions) -> Layout:
@@ -125,7 +123,7 @@ class PinnedPlacer(TrunkPlacer):
         config = self.config
         self.trunk = open_trunk(ctx.budget.trunk_dir, self.checkpoint)
         self.layout = lay = layout(self.trunk, config, ctx.budget, self.options)
-        self.reader = TrunkReader(self.trunk, experts_first=self.options.experts_first)
+        self.reader = TrunkReader(self.trunk)
         self.wait_seconds = 0.0
         self._pinned = {} if lay.held else self._load_pinned(lay.pinned)
         self._held = {L: self.reader.read_stored(self.trunk.layer(L)) for L in lay.pinned} if lay.held else {}
@@ -259,8 +257,7 @@ class PinnedPlacer(TrunkPlacer):
     def stats(self):
         return {"trunk_bytes_read": self.reader.bytes_read, "trunk_read_seconds": self.reader.read_seconds,
                 "trunk_decode_seconds": self.reader.decode_seconds, "trunk_codec": self.trunk.codec,
-                "trunk_wait_seconds": self.wait_seconds, "trunk_yield_seconds": self.reader.yield_seconds,
-                "pinned_layers": len(self.layout.pinned),
+                "trunk_wait_seconds": self.wait_seconds, "pinned_layers": len(self.layout.pinned),
                 "pinned_coded": self.layout.held,
                 "head_pinned": self.layout.head_pinned, "ring_slots": self.layout.ring_slots,
                 "ring_slot_bytes": self.layout.slot_bytes,
