@@ -48,3 +48,19 @@ def test_a_direct_read_shows_on_the_disk_under_the_file(tmp_path):
     (a,) = device.activity(before, device.snapshots([path]))
     os.close(opened.fd)
     assert a["read_bytes"] >= 8 << 20 and a["wall_seconds"] > 0
+
+
+def test_counters_that_cannot_be_read_are_a_report_line_not_a_failed_run(tiny_model, tmp_path, capsys, monkeypatch):
+    import json
+
+    from k3core.cli.main import main
+
+    def unreadable(paths):
+        raise OSError("/sys/dev/block/254:0/stat: Permission denied")
+
+    monkeypatch.setattr(device, "snapshots", unreadable)
+    report = tmp_path / "r.json"
+    assert main(["run", str(tiny_model), "--ids", "1,2,3", "--gen", "3", "--json", str(report)]) == 0
+    data = json.loads(report.read_text())
+    assert data["disk_activity"] == [] and "Permission denied" in data["disk_activity_error"]
+    assert "disk counters not read: /sys/dev/block/254:0/stat: Permission denied" in capsys.readouterr().err

@@ -159,14 +159,25 @@ class DiskWatch(Observer):
     stretch the report's s/token covers: bytes they read and how busy they were (k3core/io/device.py)."""
 
     def __init__(self, paths):
-        self.paths, self.first = [p for p in paths if p], None
+        self.paths, self.first, self.error = [p for p in paths if p], None, None
 
     def on_token(self, token, logits):
-        if self.first is None:
-            self.first = device.snapshots(self.paths)
+        if self.first is None and self.error is None:
+            self.first = self._snapshots()
 
-    def activity(self) -> list[dict]:
-        return device.activity(self.first, device.snapshots(self.paths)) if self.first else []
+    def report(self) -> dict:
+        """`disk_activity` (a list, one entry per disk), and `disk_activity_error` if the counters could not be
+        read: a report line, never a failed run."""
+        after = self._snapshots() if self.first is not None else None
+        found = device.activity(self.first, after) if after is not None else []
+        return {"disk_activity": found, **({"disk_activity_error": self.error} if self.error else {})}
+
+    def _snapshots(self):
+        try:
+            return device.snapshots(self.paths)
+        except (OSError, ValueError) as exc:
+            self.error = str(exc)
+            return None
 
 
 def disk_floor(model, report: dict, seconds: float) -> dict:
@@ -227,8 +238,7 @@ def cmd_run(args) -> int:
             print(flush=True)
         report = run_report(engine, ids, generated, done.stats, load_seconds,
                             "full-recompute" if args.full_recompute else "incremental")
-        report.update(disk_activity=disks.activity(), threads=args.threads, stop_reason=done.reason,
-                      seed=done.stats["seed"],
+        report.update(disks.report(), threads=args.threads, stop_reason=done.reason, seed=done.stats["seed"],
                       speculate=args.speculate, draft=(args.draft or "ngram") if args.speculate else None)
         if trace is not None:
             trace.write(args.dump_trace, engine)

@@ -100,6 +100,8 @@ def _disk_lines(r: dict) -> list[str]:
         vs = f" ({100 * rate / probe:.0f} % of the probe)" if rate and probe else ""
         lines.append(f"disk {d['device']} from the first id on: {d['read_bytes'] / 1e9:.3f} GB read (every reader), "
                      f"busy {_pct(d['busy_share'])} of {d['wall_seconds']:.2f} s, {gbps(rate)} while busy{vs}")
+    if r.get("disk_activity_error"):
+        lines.append(f"disk counters not read: {r['disk_activity_error']}")
     return lines
 
 
