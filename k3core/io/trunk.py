@@ -107,6 +107,11 @@ class TrunkTensor:
     shape: tuple[int, ...]
     nbytes: int
 
+    def param(self, buf, at: int) -> Param:
+        """A view of this tensor's bytes, which start at byte `at` of `buf` (BF16 as uint16)."""
+        itemsize, dtype = DTYPES[self.dtype]
+        return Param(np.frombuffer(buf, dtype, self.nbytes // itemsize, at).reshape(self.shape), self.dtype, self.name)
+
 
 @dataclass(frozen=True)
 class Run:
@@ -134,8 +139,7 @@ class Run:
         """Views into `buf`, which holds this run's bytes from its first byte (BF16 as uint16)."""
         if (n := memoryview(buf).nbytes) < self.length:
             raise TrunkError(f"run {self.key} has {self.length} bytes, the buffer only {n}")
-        return {t.name: Param(np.frombuffer(buf, DTYPES[t.dtype][1], t.nbytes // DTYPES[t.dtype][0], t.offset)
-                              .reshape(t.shape), t.dtype, t.name) for t in self.tensors}
+        return {t.name: t.param(buf, t.offset) for t in self.tensors}
 
     def weights(self, buf) -> Weights:
         return Weights(self.prefix, self.params(buf))

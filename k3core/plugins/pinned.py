@@ -170,8 +170,7 @@ class PinnedPlacer(TrunkPlacer):
         buf = aligned_buffer(TrunkReader.room(run, t.offset, t.offset + t.nbytes))
         at = self.reader.read(run, t.offset, t.offset + t.nbytes, buf, workers=LOAD_READERS)
         _give_back(buf, align_up(at + t.nbytes))
-        return Param(np.frombuffer(buf, DTYPES[t.dtype][1], t.nbytes // DTYPES[t.dtype][0], at).reshape(t.shape),
-                     t.dtype, t.name)
+        return t.param(buf, at)
 
     def _read_tensor(self, run, t) -> Param:
         data = self.reader.read_bytes(run, t.offset, t.nbytes)
