@@ -46,6 +46,11 @@ demo: $(STAMP)
 fuzz: $(STAMP)
 	K3_PLUGINS=none K3_FUZZ_PROFILE=fuzz K3_FUZZ_EXAMPLES=$${K3_FUZZ_EXAMPLES:-25000} $(PY) -m pytest -q -p no:cacheprovider tests/fuzz/test_properties.py
 
+# The whole red-team table (tests/faults): every corruption × command; `make test` runs its fast subset.
+.PHONY: faults
+faults: $(STAMP)
+	K3_PLUGINS=none K3_FAULTS_FULL=1 $(PY) -m pytest -q tests/faults
+
 bench-index: $(STAMP)
 	$(PY) benchmarks/index_bench.py
 
