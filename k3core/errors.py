@@ -63,6 +63,11 @@ class TrunkError(CheckpointError):
     """A packed trunk (`k3 pack`) is missing, damaged, from another checkpoint, or cannot be written."""
 
 
+class OutputError(K3Error):
+    """A file the user asked for (--json, --dump-logits, /save ...) could not be written: a full disk or device, an
+    I/O error, a closed pipe. The message names the flag and the path."""
+
+
 class InputError(K3Error):
     """A request the model cannot serve: token ids outside the vocabulary, an empty prompt."""
 

@@ -88,7 +88,7 @@ def _command(line: str, chat, engine) -> bool:
         chat.set_mode(arg)
         print(f"(mode {arg})")
     elif name == "/save" and arg:
-        save_state(arg, engine, chat.session.state, extra={"conversation": chat.snapshot()})
+        save_state(arg, engine, chat.session.state, extra={"conversation": chat.snapshot()}, what="/save")
         print(f"(saved {len(chat.history)} tokens of conversation to {arg})")
     elif name == "/load" and arg:
         state, extra = load_state(arg, engine)  # the whole file is checked before the conversation is touched

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..api import Observer, UsageError, visible
 from ..io import device
-from ..io.atomic import write_bytes_atomic as write_atomic
+from ..io.atomic import output_target, write_output
 from ..model.checkpoint import EXPERT_PARTS, expert_prefix
 from .common import (EXIT_CODES, add_engine_args, add_sampling_args, add_speculation_args, engine_config, open_engine,
                      sampling_params, speculation)
@@ -127,10 +127,10 @@ class TraceRecorder(Observer):
             expert_bytes = sum(engine.checkpoint.index[expert_prefix(first_moe, 0) + p].nbytes for p in EXPERT_PARTS)
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        write_atomic(out / "expert_trace.bin", np.asarray(self.pairs, "<i4").reshape(-1, 2).tobytes())
+        write_output(out / "expert_trace.bin", np.asarray(self.pairs, "<i4").reshape(-1, 2).tobytes(), "--dump-trace")
         meta = {"tokens": engine.tokens_forwarded, "expert_bytes": expert_bytes, "requests": len(self.pairs),
                 "model": str(engine.checkpoint.root), "top_k": c.num_experts_per_token}
-        write_atomic(out / "trace.json", (json.dumps(meta, indent=1) + "\n").encode())
+        write_output(out / "trace.json", (json.dumps(meta, indent=1) + "\n").encode(), "--dump-trace")
 
 
 def _text_prompt(args, tokenizer, text):
@@ -192,6 +192,16 @@ def disk_floor(model, report: dict, seconds: float) -> dict:
             "vs_disk_floor": report["seconds_per_token"] / floor if floor else None}
 
 
+def check_outputs(args) -> None:
+    """Refuse, before anything loads, an output path the run could not write (k3core/io/atomic.py output_target):
+    a directory or a missing directory for --json / --dump-logits, an existing non-directory for --dump-trace."""
+    for flag, path in (("--json", args.json), ("--dump-logits", args.dump_logits)):
+        if path:
+            output_target(path, flag)
+    if args.dump_trace and Path(args.dump_trace).exists() and not Path(args.dump_trace).is_dir():
+        raise UsageError(f"--dump-trace {args.dump_trace}: not a directory (the trace is two files written into DIR)")
+
+
 def cmd_run(args) -> int:
     from ..api import Session, load_tokenizer
     from ..model.report import report_text, run_report
@@ -203,9 +213,7 @@ def cmd_run(args) -> int:
         raise UsageError("--chat, --thinking and --system need a text prompt (--prompt or --prompt-file)")
     if args.thinking and not args.chat:
         raise UsageError("--thinking is a chat mode: add --chat")
-    for flag, path in (("--json", args.json), ("--dump-logits", args.dump_logits)):
-        if path and not Path(path).resolve().parent.is_dir():
-            raise UsageError(f"{flag} {path}: its directory does not exist")
+    check_outputs(args)
     params = sampling_params(args)
     if args.full_recompute and args.speculate:
         raise UsageError("--speculate and --full-recompute do not combine: full recompute forwards every id alone")
@@ -248,9 +256,9 @@ def cmd_run(args) -> int:
         print(report_text(report), file=sys.stderr)
     if args.dump_logits:
         import numpy as np
-        write_atomic(args.dump_logits, np.stack(logits.rows).astype("<f4").tobytes())
+        write_output(args.dump_logits, np.stack(logits.rows).astype("<f4").tobytes(), "--dump-logits")
     if args.json:
-        write_atomic(args.json, (json.dumps(report, indent=1) + "\n").encode())
+        write_output(args.json, (json.dumps(report, indent=1) + "\n").encode(), "--json")
     return 0
 
 
@@ -291,10 +299,12 @@ def add_parser(sub) -> None:
     g = run.add_argument_group("output")
     g.add_argument("--full-recompute", action="store_true",
                    help="recompute the full sequence for every id instead of carrying decode state")
-    g.add_argument("--json", metavar="OUT", help="also write the report as JSON to OUT (written only on success)")
+    g.add_argument("--json", metavar="OUT",
+                   help="also write the report as JSON to OUT, only on success: a file is replaced atomically, a "
+                        "device or FIFO is written through (--json /dev/stdout)")
     g.add_argument("--dump-logits", metavar="PATH",
                    help="write the float32 logits of every generated step to PATH (raw little-endian, one step "
-                        "after another), to compare configurations byte for byte")
+                        "after another), to compare configurations byte for byte; written as --json is")
     g.add_argument("--dump-trace", metavar="DIR",
                    help="record (layer, expert) of every routing decision into DIR/expert_trace.bin + trace.json "
                         "(replay with `k3 sim-cache DIR`)")

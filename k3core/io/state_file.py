@@ -2,18 +2,18 @@
 saved so a chat can continue later exactly where it stopped (bit for bit).
 
 A state belongs to one model: the file carries the config's and the shards' fingerprint and is
-refused, naming the difference, when loaded into another. npz without pickles; atomic writes.
+refused, naming the difference, when loaded into another. npz without pickles; written as any output a user
+names (k3core/io/atomic.py output_file: atomic over a file, through a device or FIFO, no temporary file left).
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 
 from ..errors import K3Error
+from .atomic import output_file
 from .trunk import fingerprint
 
 FORMAT, VERSION = "k3-state", 1
@@ -32,19 +32,17 @@ def model_fingerprint(engine) -> dict:
             "weights_sha256": fingerprint(engine.checkpoint)["shards_sha256"]}
 
 
-def save_state(path, engine, state, extra: dict | None = None) -> None:
-    """Write `state` (and `extra`, JSON-able, e.g. the conversation) to `path` atomically."""
+def save_state(path, engine, state, extra: dict | None = None, what: str = "state file") -> None:
+    """Write `state` (and `extra`, JSON-able, e.g. the conversation) to `path`; `what` (chat's "/save") names it in
+    errors: UsageError for a directory, OutputError for a failed write."""
     arrays = {"ids": np.asarray(state.ids, np.int64)}
     for L, layer_state in enumerate(state.layers):
         for name, value in engine.attention_for(L).state_arrays(layer_state).items():
             arrays[f"layer{L}.{name}"] = value
     meta = {"format": FORMAT, "version": VERSION, "model": model_fingerprint(engine), "extra": extra or {}}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
+    with output_file(path, what) as f:
         np.savez(f, **arrays)
-    os.replace(tmp, target)
 
 
 MAX_STATE_BYTES = 64 << 30  # a state file larger than this is refused before it is read
