@@ -12,7 +12,7 @@ from k3core import EngineConfig, _native, greedy_ids, open_engine
 from k3core.errors import TrunkError, UnsoundRunError, UsageError
 from k3core.io import codec, pack, trunk_reader
 from k3core.io.aligned_io import aligned_buffer
-from k3core.io.trunk import CODEC_VERSION, load_trunk, open_trunk
+from k3core.io.trunk import CODEC_VERSION, VERSION, load_trunk, open_trunk
 from k3core.io.trunk_reader import TrunkReader
 from k3core.model.checkpoint import open_checkpoint
 
@@ -283,7 +283,7 @@ def test_packing_again_does_nothing_and_another_codec_repacks(tiny_model, coded_
     assert pack.pack(tiny_model, out, codec="planes", block_bytes=SMALL_BLOCK).status == "up-to-date"
     notes = []
     assert pack.pack(tiny_model, out, say=notes.append).status == "packed"
-    assert manifest(out)["version"] == 1 and "codec" not in manifest(out)
+    assert manifest(out)["version"] == VERSION and "codec" not in manifest(out)
 
 
 def test_an_interrupted_coded_pack_resumes_to_the_same_bytes(tiny_model, coded_pack, tmp_path):

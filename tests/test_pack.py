@@ -20,7 +20,8 @@ from k3core.cli import pack as pack_cli
 from k3core.io import pack
 from k3core.io import trunk as trunkfmt
 from k3core.model.checkpoint import PREFIX, VISION_PREFIXES, layer_prefix, open_checkpoint
-from k3core.errors import K3Error, TrunkError, UsageError
+from k3core.errors import K3Error, TrunkError, UnsoundRunError, UsageError
+from k3core.io.trunk_reader import check_blocks
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -96,17 +97,17 @@ def test_every_tensor_read_through_the_pack_equals_the_checkpoint(tiny_model, re
         [(f.path.name, f.size, f.header_sha256) for f in ckpt.index.files]
 
 
-def test_params_are_bf16_as_uint16_views_and_check_catches_a_wrong_buffer(tiny_model, reference):
+def test_params_are_bf16_as_uint16_views_and_block_checks_catch_a_wrong_buffer(tiny_model, reference):
     trunk = trunkfmt.open_trunk(reference, open_checkpoint(tiny_model))
     run = trunk.layer(0)
     buf = bytearray(trunk.path.read_bytes()[run.offset:run.offset + run.padded])
-    run.check(buf)
+    check_blocks(run, memoryview(buf), 0, run.length, trunk.path)
     w = run.weights(buf)
     assert w.prefix == layer_prefix(0) and w["self_attn.q_proj.weight"].data.dtype == np.uint16
     assert w["input_layernorm.weight"].data.dtype == np.float32
     buf[10] ^= 1
-    with pytest.raises(TrunkError, match="layer.0"):
-        run.check(buf)
+    with pytest.raises(UnsoundRunError, match="block 0 of trunk unit layer.0"):
+        check_blocks(run, memoryview(buf), 0, run.length, trunk.path)
     with pytest.raises(TrunkError, match="buffer"):
         run.params(bytes(run.length - 1))
 
@@ -393,9 +394,16 @@ def test_open_trunk_names_a_changed_shard_size_and_config(tiny_model, reference,
 def test_open_trunk_refuses_an_unknown_manifest_version(tiny_model, reference, tmp_path):
     out = shutil.copytree(reference, tmp_path / "copy")
     m = manifest(out)
-    (out / pack.MANIFEST).write_text(json.dumps({**m, "version": 2}))
-    with pytest.raises(TrunkError, match="manifest version 2"):
+    (out / pack.MANIFEST).write_text(json.dumps({**m, "version": 7}))
+    with pytest.raises(TrunkError, match="manifest version 7"):
         trunkfmt.open_trunk(out, open_checkpoint(tiny_model))
+    old = {**m, "version": 1, "runs": [{k: v for k, v in r.items() if k != "block_sums"} for r in m["runs"]]}
+    (out / pack.MANIFEST).write_text(json.dumps(old))  # a raw pack from before block checksums
+    with pytest.raises(TrunkError, match="without block checksums.*re-pack"):
+        trunkfmt.open_trunk(out, open_checkpoint(tiny_model))
+    (out / pack.MANIFEST).write_text(json.dumps({**m, "runs": [{**m["runs"][0], "block_sums": []}]}))
+    with pytest.raises(TrunkError, match="0 block checksums"):
+        trunkfmt.load_trunk(out)
     (out / pack.MANIFEST).write_text(json.dumps({**m, "runs": [{**m["runs"][0], "offset": 100}]}))
     with pytest.raises(TrunkError, match="malformed"):
         trunkfmt.load_trunk(out)

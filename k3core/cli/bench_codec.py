@@ -25,14 +25,14 @@ def sample_blocks(trunk, sample_bytes: int, block: int) -> list[tuple[bytes, lis
     """Blocks of `block` bytes spread evenly over every run of a raw packed trunk, about sample_bytes in all,
     each with the offsets in it where its run's tensors start."""
     from ..io.aligned_io import aligned_buffer
-    from ..io.trunk_reader import TrunkReader
+    from ..io.trunk_reader import TrunkReader, room_for
 
     runs = list(trunk.runs.values())
     total = sum(r.length for r in runs)
     every = max(1, total // sample_bytes) if sample_bytes else 1
     reader, out = TrunkReader(trunk), []
     try:
-        buf = aligned_buffer(block + 2 * 4096)
+        buf = aligned_buffer(room_for(trunk, block))
         for run in runs:
             for i, lo in enumerate(range(0, run.length - block + 1, block)):
                 if i % every == 0:

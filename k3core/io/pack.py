@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import __version__
+from .. import __version__, _native
 from .aligned_io import ALIGN
 from .atomic import fsync_dir, write_json_atomic
 from ..model.checkpoint import PREFIX, VISION_PREFIXES, Checkpoint, open_checkpoint
@@ -119,7 +119,7 @@ def packed_size_of_headers(headers: dict) -> int:
     return total + ALIGN * len(runs)
 
 
-# ---- moving bytes: read ahead one chunk, hash and write the current one in parallel -----------------
+# ---- moving bytes: read ahead one window, hash, checksum and write the current one in parallel --------
 def _pread_full(fd, view, at, path):
     done = 0
     while done < len(view):
@@ -140,40 +140,37 @@ def _drop_cache(fd, at, n):
 
 
 class _Mover:
-    """Streams pieces (fd + offset, or zeros) through two chunk buffers: sha256, optionally written out."""
+    """Streams a run's bytes, given as pieces (fd + offset, or zeros), through two window buffers of whole blocks:
+    their sha256 and each block's checksum (planes_checksum), optionally written out."""
 
-    def __init__(self, chunk):
-        self.chunk, self.bufs, self.pool = chunk, [bytearray(chunk), bytearray(chunk)], ThreadPoolExecutor(2)
+    def __init__(self, chunk, block=BLOCK):
+        self.block, self.chunk = block, max(block, chunk // block * block)
+        self.bufs, self.pool = [bytearray(self.chunk), bytearray(self.chunk)], ThreadPoolExecutor(2)
 
     def close(self):
         self.pool.shutdown(wait=True)
 
-    def stream(self, pieces, out_fd=None, out_at=0, tick=None) -> str:
-        jobs = [(fd, path, at + k, min(self.chunk, n - k)) for fd, path, at, n in pieces for k in range(0, n, self.chunk)]
+    def stream(self, pieces, out_fd=None, out_at=0, tick=None) -> tuple[str, list[str]]:
+        """(sha256, block checksums in hex) of the bytes `pieces` make up, written from out_at of out_fd if given."""
+        length = sum(n for *_, n in pieces)
+        windows = [(lo, min(length, lo + self.chunk)) for lo in range(0, length, self.chunk)]
 
         def load(i):
-            fd, path, at, n = jobs[i]
-            view = memoryview(self.bufs[i % 2])[:n]
-            if fd is None:
-                np.frombuffer(view, np.uint8)[:] = 0
-            else:
-                _pread_full(fd, view, at, path)
-                if out_fd is not None:
-                    _drop_cache(fd, at, n)
-            return view
+            return _restored_window(pieces, *windows[i], self.bufs[i % 2], drop=out_fd is not None)
 
-        h, ahead = hashlib.sha256(), self.pool.submit(load, 0) if jobs else None
-        for i in range(len(jobs)):
+        h, sums, ahead = hashlib.sha256(), [], self.pool.submit(load, 0) if windows else None
+        for i in range(len(windows)):
             view = ahead.result()
-            ahead = self.pool.submit(load, i + 1) if i + 1 < len(jobs) else None
+            ahead = self.pool.submit(load, i + 1) if i + 1 < len(windows) else None
             hashed = self.pool.submit(h.update, view)
+            sums += [f"{_native.planes_checksum(view[k:k + self.block]):016x}" for k in range(0, len(view), self.block)]
             if out_fd is not None:
                 _pwrite_full(out_fd, view, out_at)
             hashed.result()
             out_at += len(view)
             if tick:
                 tick(len(view))
-        return h.hexdigest()
+        return h.hexdigest(), sums
 
 
 class _Sources:
@@ -264,7 +261,7 @@ def _resume_point(out: Path, fp, plan, plan_sha, mover) -> tuple[list, list[str]
         while done:
             d = done[-1]
             n, sha = d.get("stored", d["length"]), d.get("stored_sha256", d["sha256"])
-            if d["offset"] + n <= size and mover.stream([(fd, partial, d["offset"], n)]) == sha:
+            if d["offset"] + n <= size and mover.stream([(fd, partial, d["offset"], n)])[0] == sha:
                 break
             notes.append(f"{d['key']} in trunk.bin.partial does not match its recorded sha256 (torn write); "
                          "copying it again")
@@ -303,7 +300,8 @@ def _manifest(fp, plan, total, done, codec, block) -> dict:
          "alignment": ALIGN, "tensor_alignment": TENSOR_ALIGN, "trunk_file": TRUNK, "trunk_bytes": total,
          "run_bytes": sum(r.length for r in plan), "checkpoint": fp}
     if codec == RAW:
-        return {**m, "runs": [r.entry(d["sha256"]) for r, d in zip(plan, done)]}
+        return {**m, "block_bytes": block,
+                "runs": [{**r.entry(d["sha256"]), "block_sums": d["block_sums"]} for r, d in zip(plan, done)]}
     return {**m, "codec": codec, "block_bytes": block, "stored_bytes": sum(d["stored"] for d in done),
             "runs": [{**r.entry(d["sha256"]), "offset": d["offset"], "stored": d["stored"], "blocks": d["blocks"]}
                      for r, d in zip(plan, done)]}
@@ -311,7 +309,7 @@ def _manifest(fp, plan, total, done, codec, block) -> dict:
 
 def _layout(entry: dict, coded: bool) -> dict:
     """What of a run's manifest entry the plan decides: not its hashes or blocks, nor a coded run's offset."""
-    drop = ("sha256", "stored", "blocks") + (("offset",) if coded else ())
+    drop = ("sha256", "block_sums", "stored", "blocks") + (("offset",) if coded else ())
     return {k: v for k, v in entry.items() if k not in drop}
 
 
@@ -319,17 +317,18 @@ def _same_pack(old, fp, plan, total: int, codec: str, block: int, trunk: Path) -
     """Whether the finished pack described by `old` is what packing `plan` with `codec` would write."""
     if not isinstance(old, dict) or old.get("checkpoint") != fp or old.get("codec", RAW) != codec \
             or old.get("version") != (VERSION if codec == RAW else CODEC_VERSION) or not trunk.is_file() \
-            or (codec != RAW and old.get("block_bytes") != block):
+            or old.get("block_bytes") != block:
         return False
     if codec == RAW:
-        return [dict(r, sha256=None) for r in old.get("runs", [])] == [r.entry() for r in plan] \
+        return [_layout(r, False) for r in old.get("runs", [])] == [_layout(r.entry(), False) for r in plan] \
             and trunk.stat().st_size == total
     return [_layout(r, True) for r in old.get("runs", [])] == [_layout(r.entry(), True) for r in plan] \
         and trunk.stat().st_size == old.get("trunk_bytes")
 
 
-def _restored_window(pieces, lo: int, hi: int, buf) -> memoryview:
-    """Restored bytes [lo, hi) of a run given as pieces (fd + offset, or zeros) into buf."""
+def _restored_window(pieces, lo: int, hi: int, buf, drop: bool = False) -> memoryview:
+    """Restored bytes [lo, hi) of a run given as pieces (fd + offset, or zeros) into buf; `drop`: the bytes read
+    leave the page cache."""
     view, at = memoryview(buf)[:hi - lo], 0
     for fd, path, src, n in pieces:
         a, z = max(lo, at), min(hi, at + n)
@@ -338,6 +337,8 @@ def _restored_window(pieces, lo: int, hi: int, buf) -> memoryview:
                 np.frombuffer(view, np.uint8)[a - lo:z - lo] = 0
             else:
                 _pread_full(fd, view[a - lo:z - lo], src + a - at, path)
+                if drop:
+                    _drop_cache(fd, src + a - at, z - a)
         at += n
     return view
 
@@ -373,8 +374,8 @@ def pack(model, trunk_dir, *, progress=None, say=None, chunk_bytes: int = CHUNK,
     out = Path(trunk_dir)
     fp, (plan, total) = fingerprint(ckpt), plan_runs(ckpt.index)
     entries = [r.entry() for r in plan]
-    plan_sha = _sha(_canon(entries if codec == RAW else {"codec": codec, "version": CODEC_VERSION, "block_bytes": block_bytes,
-                                                          "runs": entries}))
+    plan_sha = _sha(_canon({"codec": codec, "version": VERSION if codec == RAW else CODEC_VERSION,
+                            "block_bytes": block_bytes, "runs": entries}))
     trunk = out / TRUNK
     if _same_pack(_read_json(out / MANIFEST), fp, plan, total, codec, block_bytes, trunk):
         (out / STATE).unlink(missing_ok=True)
@@ -382,7 +383,7 @@ def pack(model, trunk_dir, *, progress=None, say=None, chunk_bytes: int = CHUNK,
             "(`k3 pack --verify` re-hashes it)")
         return PackResult("up-to-date", len(plan), 0, 0, trunk.stat().st_size, time.perf_counter() - t0)
     lock = _lock(out) if out.is_dir() else None
-    mover = _Mover(min(chunk_bytes, max([r.length for r in plan] + [1])))
+    mover = _Mover(min(chunk_bytes, max([r.length for r in plan] + [1])), block_bytes)
     window = max(block_bytes, chunk_bytes // block_bytes * block_bytes)
     encoders = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="k3-pack-encode") if codec != RAW else None
     sources = _Sources(plan)
@@ -418,7 +419,8 @@ def pack(model, trunk_dir, *, progress=None, say=None, chunk_bytes: int = CHUNK,
             for run in copied:
                 if codec == RAW:
                     at = run.offset
-                    record = {"sha256": mover.stream(sources.pieces(run), fd, at, tick)}
+                    sha, sums = mover.stream(sources.pieces(run), fd, at, tick)
+                    record = {"sha256": sha, "block_sums": sums}
                     end = at + run.length
                 else:
                     record = _write_coded(sources.pieces(run), run.length, [t["offset"] for t in run.tensors], fd, at, encoders, window, block_bytes, tick)
@@ -460,7 +462,8 @@ def verify(trunk_dir, model=None, *, deep=False, progress=None) -> list[str]:
             problems.append(f"packed from another checkpoint than {model}: {_diff_text(diffs)}")
     plan = {r.key: r for r in plan_runs(ckpt.index)[0]} if deep and ckpt is not None else {}
     total, done, start = sum(r.length for r in trunk.runs.values()), 0, time.perf_counter()
-    mover, sources = _Mover(min(CHUNK, max([r.length for r in trunk.runs.values()] + [1]))), _Sources(plan.values())
+    mover = _Mover(min(CHUNK, max([r.length for r in trunk.runs.values()] + [1])), trunk.block_bytes)
+    sources = _Sources(plan.values())
     reader = TrunkReader(trunk) if trunk.codec != RAW else None
     fd = os.open(trunk.path, os.O_RDONLY)
     try:
@@ -472,8 +475,14 @@ def verify(trunk_dir, model=None, *, deep=False, progress=None) -> list[str]:
                     progress(Progress(run.key, i + finished, len(trunk.runs), done, total, done,
                                       time.perf_counter() - start, finished))
             try:
-                sha = mover.stream([(fd, trunk.path, run.offset, run.length)], tick=tick) if reader is None \
-                    else restored_sha256(reader, run, tick=tick)
+                if reader is None:
+                    sha, sums = mover.stream([(fd, trunk.path, run.offset, run.length)], tick=tick)
+                    if (bad := next((i for i, x in enumerate(sums) if int(x, 16) != run.sums[i]), None)) is not None:
+                        problems.append(f"run {run.key}: block {bad} fails its checksum (bytes from "
+                                        f"{run.offset + bad * trunk.block_bytes} of {trunk.path})")
+                        sha = None
+                else:
+                    sha = restored_sha256(reader, run, tick=tick)
             except UnsoundRunError as exc:  # a coded block that does not decode, or fails its checksum
                 problems.append(f"run {run.key}: {exc}")
                 sha = None
@@ -485,7 +494,7 @@ def verify(trunk_dir, model=None, *, deep=False, progress=None) -> list[str]:
                 if p is None or _layout(p.entry(), reader is not None) != _layout(trunk.manifest["runs"][i],
                                                                                  reader is not None):
                     problems.append(f"run {run.key}: the checkpoint would be packed differently today")
-                elif mover.stream(sources.pieces(p)) != run.sha256:
+                elif mover.stream(sources.pieces(p))[0] != run.sha256:
                     problems.append(f"run {run.key}: the checkpoint's bytes differ from the pack")
             tick(0, True)
     finally:

@@ -22,7 +22,8 @@ from .aligned_io import align_up
 from .codec import CODECS, RAW, Block, stored_length
 from .safetensors_index import DTYPES
 
-FORMAT, VERSION = "k3-trunk", 1
+FORMAT, VERSION = "k3-trunk", 2
+                              # 2: a raw run carries a checksum per block, checked on every read (1 is re-packed)
 CODEC_VERSION = 4             # a pack whose runs are coded (manifest "codec" other than raw): blocks per run;
                               # 4: exponent + rest planes, k3's own code per tensor (2 and 3 are re-packed)
 SAMPLE_BLOCKS, SAMPLE_BLOCK, SAMPLE_ALL = 16, 4096, 1 << 20
@@ -125,6 +126,12 @@ class Run:
     tensors: tuple[TrunkTensor, ...]
     codec: str = RAW
     blocks: tuple[Block, ...] = ()  # a coded run's blocks (io/codec.py); () for a raw one
+    block_bytes: int = 0            # restored bytes per block (the last one shorter)
+    sums: tuple[int, ...] = ()      # a raw run's block checksums (planes_checksum of each block's bytes)
+
+    def block_sum(self, i: int) -> int:
+        """The checksum of block i's restored bytes, as the manifest records it."""
+        return self.sums[i] if self.codec == RAW else self.blocks[i].checksum
 
     @property
     def span(self) -> int:
@@ -144,11 +151,6 @@ class Run:
     def weights(self, buf) -> Weights:
         return Weights(self.prefix, self.params(buf))
 
-    def check(self, buf) -> None:
-        """Raise TrunkError unless `buf` holds exactly the bytes the manifest hashed."""
-        if _sha(memoryview(buf).cast("B")[:self.length]) != self.sha256:
-            raise TrunkError(f"run {self.key}: bytes do not match the manifest's sha256")
-
 
 @dataclass
 class Trunk:
@@ -165,8 +167,8 @@ class Trunk:
 
     @property
     def block_bytes(self) -> int:
-        """Restored bytes per block of a coded pack (0 for a raw one)."""
-        return int(self.manifest.get("block_bytes", 0))
+        """Restored bytes per block: what a block checksum covers (and a coded pack stores as one block)."""
+        return int(self.manifest["block_bytes"])
 
     def layer(self, layer: int) -> Run:
         if (run := self.runs.get(f"layer.{layer}")) is None:
@@ -184,8 +186,8 @@ def _parse_runs(m: dict, where: Path) -> dict[str, Run]:
     runs, end = {}, 0
     try:
         align, fp, codec = int(m["alignment"]), m["checkpoint"], str(m.get("codec", RAW))
-        block = int(m["block_bytes"]) if codec != RAW else 0
-        if codec != RAW and (block <= 0 or block % align):
+        block = int(m["block_bytes"])
+        if block <= 0 or block % align:
             raise ValueError(f"block_bytes {block} is not a positive multiple of the alignment {align}")
         if not (isinstance(fp["config_sha256"], str) and all(
                 isinstance(s["name"], str) and isinstance(s["size"], int) for s in fp["shards"])):
@@ -194,9 +196,13 @@ def _parse_runs(m: dict, where: Path) -> dict[str, Run]:
             tensors = tuple(TrunkTensor(str(t["name"]), int(t["offset"]), str(t["dtype"]),
                                         tuple(int(s) for s in t["shape"]), int(t["nbytes"])) for t in r["tensors"])
             blocks = tuple(Block.of(b, block) for b in r["blocks"]) if codec != RAW else ()
+            sums = tuple(int(x, 16) for x in r["block_sums"]) if codec == RAW else ()
             run = Run(str(r["key"]), None if r["layer"] is None else int(r["layer"]), int(r["offset"]),
                       int(r["length"]), _align(int(r["length"]), align), str(r["sha256"]), bool(r["verbatim"]), tensors,
-                      codec, blocks)
+                      codec, blocks, block, sums)
+            if codec == RAW and len(sums) != -(-run.length // block):
+                raise ValueError(f"run {run.key}: {len(sums)} block checksums for {run.length} bytes in blocks of "
+                                 f"{block}")
             bad = [t.name for t in tensors if t.dtype not in DTYPES or t.offset < 0 or t.offset + t.nbytes > run.length
                    or t.nbytes != math.prod(t.shape) * DTYPES[t.dtype][0]]
             if codec != RAW and not _blocks_cover(blocks, run.length, block):
@@ -227,6 +233,9 @@ def load_trunk(trunk_dir) -> Trunk:
     m = _read_json(where)
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise TrunkError(f'not a packed-trunk manifest (want "format": "{FORMAT}")', file=where)
+    if m.get("version") == 1 and "codec" not in m:
+        raise TrunkError("this raw pack was made by an older k3 without block checksums, so its reads cannot be "
+                         "checked; re-pack it with `k3 pack MODEL_DIR TRUNK_DIR` (it replaces it)", file=where)
     if m.get("version") not in (VERSION, CODEC_VERSION) or (m.get("version") == CODEC_VERSION) != ("codec" in m):
         raise TrunkError(f"manifest version {m.get('version')!r} is not one this k3 reads ({VERSION}, or "
                          f"{CODEC_VERSION} with a codec); re-pack with `k3 pack`", file=where)

@@ -1,10 +1,11 @@
 """Restored bytes of a packed trunk's runs, whatever its codec: what the pinned placer and `k3 pack
 --verify` read through.
 
-A raw run's bytes are read straight into the caller's aligned buffer (O_DIRECT, the aligned cover of the
-range, the bytes at the returned offset), in reads of up to READ_BYTES one after another: one read of a
-whole layer would fill the device's queue, and the expert reads the forward pass waits for would queue
-behind it. A coded range is restored in place, in the caller's buffer: its
+A raw run's bytes are read straight into the caller's aligned buffer (O_DIRECT, the cover of the range by
+whole blocks, the bytes at the returned offset), in reads of up to READ_BYTES one after another: one read of
+a whole layer would fill the device's queue, and the expert reads the forward pass waits for would queue
+behind it. Each block that lands is checked against the manifest's checksum on a checking thread while the
+next read is in flight; a mismatch is UnsoundRunError naming the pack, run and block, never a weight. A coded range is restored in place, in the caller's buffer: its
 stored blocks are read into the buffer's tail, back to back in reads of up to READ_BYTES (the disk never
 waits for the decoder), and restored DECODE_BLOCKS at a time, on every core, into the buffer from offset 0.
 The restored bytes grow towards the stored ones but never reach a block not yet restored: a block stores
@@ -22,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import TrunkError, UnsoundRunError
 from .aligned_io import ALIGN, BusyClock, align_down, align_up, aligned_buffer, open_for_reading, read_exact
+from .. import _native
 from .codec import RAW, blocks_for, restore
 
 READ_BYTES = 16 << 20  # bytes per read of a raw range, stored bytes per read of a coded one (or one block's, if
@@ -39,13 +41,33 @@ def slack(n: int, block: int) -> int:
 
 def room_for(trunk, n: int) -> int:
     """Buffer bytes enough for reading any n restored bytes of `trunk` (room() of the worst range)."""
-    return align_up(n) + 2 * ALIGN if trunk.codec == RAW else align_up(n + slack(n, trunk.block_bytes))
+    if trunk.codec == RAW:  # the range widened to whole blocks, a part of one at each end at worst
+        return align_up(n) + 2 * trunk.block_bytes
+    return align_up(n + slack(n, trunk.block_bytes))
 
 
 def capacity(trunk, buffer_bytes: int) -> int:
     """Restored bytes of `trunk` a buffer of buffer_bytes can always take in one read (room_for's inverse)."""
-    extra = 2 * ALIGN if trunk.codec == RAW else slack(buffer_bytes, trunk.block_bytes) + ALIGN
+    extra = 2 * trunk.block_bytes if trunk.codec == RAW else slack(buffer_bytes, trunk.block_bytes) + ALIGN
     return max(0, buffer_bytes - extra)
+
+
+def block_cover(run, lo: int, hi: int) -> tuple[int, int]:
+    """Restored bytes [lo, hi) of `run` widened to whole blocks: what is read so that every byte is checked."""
+    b = run.block_bytes
+    return lo // b * b, min(run.length, -(-hi // b) * b)
+
+
+def check_blocks(run, view, lo: int, hi: int, path) -> None:
+    """`view` holds run bytes [lo, hi), whole blocks (the last one may be the run's short last block): each must
+    have the manifest's checksum, or the run stops with UnsoundRunError naming the block."""
+    b = run.block_bytes
+    for i in range(lo // b, -(-hi // b)):
+        piece = view[i * b - lo:min(hi, (i + 1) * b) - lo]
+        if (got := _native.planes_checksum(piece)) != (want := run.block_sum(i)):
+            raise UnsoundRunError(f"block {i} of trunk unit {run.key} ({path}) fails its checksum (read {got:016x}, "
+                                  f"the manifest's {want:016x}): the packed trunk is damaged; run `k3 pack --verify` "
+                                  "and re-pack")
 
 
 def scratch_bytes(trunk) -> int:
@@ -71,7 +93,9 @@ class TrunkReader:
         self._clock = BusyClock()                            # a load reads on several threads at once
         self._count = threading.Lock()
         self.block = trunk.block_bytes
-        if self.codec != RAW:
+        if self.codec == RAW:
+            self._checker = ThreadPoolExecutor(1, thread_name_prefix="k3-trunk-check")  # checks while the next read flies
+        else:
             self._scratch = aligned_buffer(self.block)
             self._large = threading.Lock()                   # the scratch block serves one large read at a time
             self._io = ThreadPoolExecutor(1, thread_name_prefix="k3-trunk-io")  # one read at a time: experts share the disk
@@ -82,7 +106,9 @@ class TrunkReader:
         return self.direct.mode
 
     def close(self):
-        if self.codec != RAW:
+        if self.codec == RAW:
+            self._checker.shutdown(wait=True)
+        else:
             self._io.shutdown(wait=True)
             self._decoders.shutdown(wait=True)
         for opened in (self.direct, self.buffered):
@@ -96,20 +122,7 @@ class TrunkReader:
         if not 0 <= lo <= hi <= run.length:
             raise TrunkError(f"run {run.key}: bytes [{lo}, {hi}) are outside its {run.length}")
         if run.codec == RAW:
-            start, end = align_down(run.offset + lo), align_up(run.offset + hi)
-            view = memoryview(buf)
-
-            def one(at):
-                n = min(READ_BYTES, end - at)
-                self._timed_read(self.direct, view[at - start:at - start + n], at, n, f"trunk unit {run.key}")
-
-            if workers > 1:
-                with ThreadPoolExecutor(workers, thread_name_prefix="k3-trunk-load") as pool:
-                    list(pool.map(one, range(start, end, READ_BYTES)))
-            else:
-                for at in range(start, end, READ_BYTES):
-                    one(at)
-            return run.offset + lo - start
+            return self._read_raw(run, lo, hi, memoryview(buf).cast("B"), workers)
         if hi - lo <= 2 * self.block:  # small: private buffers
             self._restore_small(run, lo, hi, buf)
         else:
@@ -124,12 +137,14 @@ class TrunkReader:
     def read_bytes(self, run, lo: int, n: int) -> bytes:
         """n restored bytes of `run` from lo, for small unaligned reads (rows, norms)."""
         if run.codec == RAW:
+            a, z = block_cover(run, lo, lo + n)
             with self._clock.reading():
-                data = os.pread(self.buffered.fd, n, run.offset + lo)
-            if len(data) != n:
-                raise UnsoundRunError(f"short read of run {run.key} bytes [{lo}, {lo + n}) from {self.trunk.path}")
-            self._count_read(n)
-            return data
+                data = os.pread(self.buffered.fd, z - a, run.offset + a)
+            if len(data) != z - a:
+                raise UnsoundRunError(f"short read of run {run.key} bytes [{a}, {z}) from {self.trunk.path}")
+            self._count_read(z - a)
+            check_blocks(run, memoryview(data), a, z, self.trunk.path)
+            return data[lo - a:lo - a + n]
         out = bytearray(n)
         self._restore_small(run, lo, lo + n, out)
         return bytes(out)
@@ -153,9 +168,41 @@ class TrunkReader:
     def room(run, lo: int, hi: int) -> int:
         """Buffer bytes read(run, lo, hi, buf) needs."""
         if run.codec == RAW:
-            return align_up(run.offset + hi) - align_down(run.offset + lo)
+            a, z = block_cover(run, lo, hi)
+            return align_up(run.offset + z) - align_down(run.offset + a)
         block = run.blocks[0].restored if run.blocks else ALIGN
         return hi - lo if hi - lo <= 2 * block else align_up(hi - lo + slack(hi - lo, block))
+
+    # ---- raw runs ------------------------------------------------------------------------------------------
+    def _read_raw(self, run, lo, hi, view, workers) -> int:
+        """Blocks covering [lo, hi) into `view` from 0, each checked (check_blocks) on the checking thread while
+        the next read is in flight, or by the thread that read it when `workers` > 1; returns where lo landed."""
+        a, z = block_cover(run, lo, hi)
+        step = max(run.block_bytes, READ_BYTES // run.block_bytes * run.block_bytes)
+        start = run.offset + a  # aligned: runs start aligned and blocks are multiples of ALIGN
+
+        def one(k):
+            n = min(step, z - k)
+            self._timed_read(self.direct, view[k - a:k - a + align_up(n)], start + k - a, align_up(n),
+                             f"trunk unit {run.key}")
+            return view[k - a:k - a + n], k, k + n
+
+        if workers > 1:
+            def read_and_check(k):
+                check_blocks(run, *one(k), self.trunk.path)
+            with ThreadPoolExecutor(workers, thread_name_prefix="k3-trunk-load") as pool:
+                list(pool.map(read_and_check, range(a, z, step)))
+        else:
+            checks = []
+            try:
+                for k in range(a, z, step):
+                    checks.append(self._checker.submit(check_blocks, run, *one(k), self.trunk.path))
+            finally:
+                for check in checks:
+                    check.exception()  # none still reads the buffer
+            for check in checks:
+                check.result()
+        return lo - a
 
     # ---- coded runs ------------------------------------------------------------------------------------------
     def _restore_small(self, run, lo, hi, buf):

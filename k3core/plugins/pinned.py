@@ -62,7 +62,7 @@ def _layout(trunk, config, budget, options: PinnedOptions, held: bool) -> Layout
     sizes = [TrunkReader.room(trunk.layer(L), 0, trunk.layer(L).length) for L in range(n)]  # a ring slot's need
     pinned_sizes = [trunk.layer(L).span if held else trunk.layer(L).padded for L in range(n)]  # kept in RAM
     head = _head_tensor(trunk)
-    head_block = trunk_room_for(trunk, min(head.nbytes, max(HEAD_BLOCK_BYTES, head.shape[1] * 2)))
+    head_block = _head_room(trunk, head)
     if budget.pinned_layers is not None:
         k = max(0, min(n, budget.pinned_layers))
         head_pinned = k == n if options.pin_head is None else options.pin_head
@@ -79,6 +79,20 @@ def _layout(trunk, config, budget, options: PinnedOptions, held: bool) -> Layout
     slot = max(through) if through else 0
     pinned_bytes = sum(pinned_sizes[:k]) + (head.nbytes if head_pinned else 0)
     return Layout(tuple(range(k)), head_pinned, ring if through else 0, slot, pinned_bytes, held and k > 0)
+
+
+def _head_room(trunk, head) -> int:
+    """A ring slot's need for lm_head's row blocks: the whole head if it is one unit, else the worst block."""
+    whole = TrunkReader.room(trunk.model, head.offset, head.offset + head.nbytes)
+    return whole if head.nbytes <= HEAD_BLOCK_BYTES else \
+        min(whole, trunk_room_for(trunk, max(HEAD_BLOCK_BYTES, head.shape[1] * 2)))
+
+
+def _head_rows(trunk, head, slot_bytes: int) -> int:
+    """Rows of lm_head per unit of the ring: all of them when the whole head fits a slot."""
+    if TrunkReader.room(trunk.model, head.offset, head.offset + head.nbytes) <= slot_bytes:
+        return head.shape[0]
+    return max(1, trunk_capacity(trunk, slot_bytes) // (head.shape[1] * 2))
 
 
 def _through_ring(sizes, pinned: int, held: bool) -> list[int]:
@@ -135,7 +149,7 @@ class PinnedPlacer(TrunkPlacer):
         self._head_param = self._load_head() if lay.head_pinned else None
         self._units = [("layer", L) for L in range(config.num_hidden_layers) if L not in self._pinned]
         if not lay.head_pinned:
-            rows = max(1, trunk_capacity(self.trunk, lay.slot_bytes) // (self._head.shape[1] * 2))
+            rows = _head_rows(self.trunk, self._head, lay.slot_bytes)
             self._units += [("head", r) for r in range(0, self._head.shape[0], rows)]
             self._head_rows = rows
         self._slots = [aligned_buffer(lay.slot_bytes, huge=True) for _ in range(lay.ring_slots)]
@@ -143,26 +157,18 @@ class PinnedPlacer(TrunkPlacer):
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="k3-trunk-read")
         self._inflight: dict[tuple, tuple[int, object]] = {}  # unit -> (slot, future of the data's offset)
         self._current: tuple | None = None                    # the unit handed out, its slot and offset
-        for L in self._held:  # held bytes are hashed once, restored, against the manifest
-            run = self.trunk.layer(L)
-            self.reader.restore_stored(run, self._held[L], self._slots[0])
-            run.check(self._slots[0])
 
     # ---- resident parts ---------------------------------------------------------------------------
     def _load_pinned(self, layers) -> dict[int, Weights]:
-        """The pinned layers read into RAM one after another (a raw one by LOAD_READERS threads), each hashed
-        against the manifest, once, while the next one is read."""
-        pinned, checks = {}, []
-        with ThreadPoolExecutor(1, thread_name_prefix="k3-trunk-check") as checker:
-            for L in layers:
-                run = self.trunk.layer(L)
-                buf = aligned_buffer(TrunkReader.room(run, 0, run.length))
-                self.reader.read(run, 0, run.length, buf, workers=LOAD_READERS)  # runs start aligned: bytes at 0
-                _give_back(buf, run.padded)
-                checks.append(checker.submit(run.check, buf))
-                pinned[L] = run.weights(buf)
-            for check in checks:
-                check.result()
+        """The pinned layers read into RAM one after another (a raw one by LOAD_READERS threads), every block
+        checked against the manifest as it lands (TrunkReader)."""
+        pinned = {}
+        for L in layers:
+            run = self.trunk.layer(L)
+            buf = aligned_buffer(TrunkReader.room(run, 0, run.length))
+            self.reader.read(run, 0, run.length, buf, workers=LOAD_READERS)  # runs start aligned: bytes at 0
+            _give_back(buf, run.padded)
+            pinned[L] = run.weights(buf)
         return pinned
 
     def _load_head(self) -> Param:
