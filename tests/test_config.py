@@ -129,8 +129,7 @@ def test_numbers_must_be_finite_and_in_range(tmp_path, field, value, says):
     assert says in str(e.value) and e.value.exit_code == 2
 
 
-@pytest.mark.parametrize("data, says", [(b"\xff\xfe{}", "not UTF-8 text"), (b"1" * 5000, "not valid JSON"),
-                                        (b"[" * 100000, "not valid JSON")])
+@pytest.mark.parametrize("data, says", [(b"\xff\xfe{}", "not UTF-8 text"), (b"1" * 5000, "not valid JSON")])
 def test_a_config_that_is_not_json_text_is_named(tmp_path, data, says):
     (tmp_path / "config.json").write_bytes(data)
     with pytest.raises(ConfigError, match=says) as e:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import Config, load_config
-from ..errors import BindingError, CheckpointError
+from ..errors import BindingError, CheckpointError, ConfigError
 from ..interfaces import TensorSpec
 from ..io.safetensors_index import ShardIndex
 
@@ -104,13 +104,46 @@ class Checkpoint:
 
 
 def open_checkpoint(model_dir) -> Checkpoint:
-    """Read config and headers; raise ConfigError / CheckpointError naming what is wrong."""
+    """Read config and headers, and check the config's counts against the headers (count_problems); raise
+    ConfigError / CheckpointError naming what is wrong."""
     root = Path(model_dir)
     if not root.is_dir():
         raise CheckpointError(f"{root}: {'not a directory' if root.exists() else 'no such directory'} (a model "
                               "directory holds config.json and the safetensors shards)")
     config = load_config(root)
-    return Checkpoint(root, config, ShardIndex.open(root))
+    index = ShardIndex.open(root)
+    if problems := count_problems(config, index):
+        index.close()
+        raise ConfigError(root / "config.json", problems)
+    return Checkpoint(root, config, index)
+
+
+def _run(count: int, present) -> int:
+    """How many of 0, 1, … count - 1 are present(i), counted up to the first that is not."""
+    i = 0
+    while i < count and present(i):
+        i += 1
+    return i
+
+
+def _held(kind: str, n: int) -> str:
+    return f"tensors for {kind}s 0..{n - 1} and none for {kind} {n}" if n else f"no tensors for {kind} 0"
+
+
+def count_problems(c: Config, index: ShardIndex) -> list[str]:
+    """num_hidden_layers and num_experts against the tensors the index holds, before anything walks those
+    counts (the binding check, the attention kinds, the memory plan): every layer has its residual tensors,
+    every MoE layer its experts' MXFP4 tensors. Each probe up finds a tensor, so the work is bounded by the
+    index, never by a count in config.json; a count past what the index holds is named with what it holds."""
+    residual = [s.name for s in residual_specs(c)]
+    layers = _run(c.num_hidden_layers, lambda L: any(layer_prefix(L) + n in index for n in residual))
+    if layers < c.num_hidden_layers:
+        return [f"num_hidden_layers {c.num_hidden_layers}: the checkpoint has {_held('layer', layers)}"]
+    for L in range(c.first_k_dense_replace, c.num_hidden_layers):
+        experts = _run(c.num_experts, lambda e: any(expert_prefix(L, e) + p in index for p in EXPERT_PARTS))
+        if experts < c.num_experts:
+            return [f"num_experts {c.num_experts}: layer {L} has {_held('expert', experts)}"]
+    return []
 
 
 def binding_problems(ckpt: Checkpoint, attention_for_layer) -> list[str]:

@@ -5,12 +5,14 @@ except the three optional booleans SPEC §2 names. Validation rules are SPEC §2
 """
 from __future__ import annotations
 
-import json
+import itertools
 import math
+from collections import Counter
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..io.limits import SMALL_FILE_BYTES, loads_limited, read_limited
 
 # (our name, nested key path, flat key, type). Nested paths are relative to text_config.
 _REQUIRED = [
@@ -165,14 +167,51 @@ def parse_config(raw: dict, source="config.json") -> Config:
             problems.append(f"field {name} must be true or false, got {value!r}")
         else:
             values[name] = value
+    kda_shown = "text_config.linear_attn_config.kda_layers" if nested else "kda_layers"
+    kda_layers = _lookup(root, ("linear_attn_config", "kda_layers") if nested else ("kda_layers",))
+    if kda_layers is not _MISSING and not _check_type(kda_layers, list):
+        problems.append(f"field {kda_shown} must be a list of integers")
     if problems:
         raise ConfigError(source, problems)
     values["full_attn_layers"] = tuple(values["full_attn_layers"])
     config = Config(**values, layout="nested" if nested else "flat")
     problems = validate(config)
+    if kda_layers is not _MISSING and 0 < config.num_hidden_layers <= INT_LIMIT:
+        problems += partition_problems(config, kda_layers, kda_shown)
     if problems:
         raise ConfigError(source, problems)
     return config
+
+
+def _few(values, total: int | None = None) -> str:
+    """The first few of `values`, and how many there are in all when that is more."""
+    values, total = list(values), len(values) if total is None else total
+    shown = ", ".join(s if len(s := str(v)) <= 20 else s[:20] + "…" for v in values[:4])
+    return shown if total <= 4 else f"{shown}, … ({total:,} in all)"
+
+
+def _duplicates(values) -> list[int]:
+    return sorted(x for x, k in Counter(values).items() if k > 1)
+
+
+def partition_problems(c: Config, kda_layers: list[int], shown: str) -> list[str]:
+    """The optional kda_layers list (SPEC §2: the complement of full_attn_layers) against full_attn_layers:
+    together they must name every ONE-based layer 1..num_hidden_layers exactly once. Work and message are
+    bounded by the lists' lengths, never by num_hidden_layers."""
+    n, kda, mla = c.num_hidden_layers, set(kda_layers), set(c.full_attn_layers)
+    problems = []
+    if outside := [x for x in kda_layers if not 1 <= x <= n]:
+        problems.append(f"{shown} entries {_few(outside)} are outside 1..{n} (the list is ONE-based)")
+    if len(kda) != len(kda_layers):
+        problems.append(f"{shown} has duplicates: {_few(_duplicates(kda_layers))}")
+    if both := sorted(kda & mla):
+        problems.append(f"layers {_few(both)} are in both {shown} and full_attn_layers")
+    named = {x for x in kda | mla if 1 <= x <= n}
+    if missing := n - len(named):
+        first = itertools.islice((L for L in range(1, n + 1) if L not in named), 4)
+        problems.append(f"num_hidden_layers is {n}, but layers {_few(first, missing)} are in neither {shown} nor "
+                        "full_attn_layers")
+    return problems
 
 
 def _kind_name(kind) -> str:
@@ -217,10 +256,10 @@ def validate(c: Config) -> list[str]:
     if not fal:
         problems.append("full_attn_layers is empty: at least one MLA layer is required")
     if len(set(fal)) != len(fal):
-        problems.append(f"full_attn_layers has duplicates: {list(fal)}")
+        problems.append(f"full_attn_layers has duplicates: {_few(_duplicates(fal))}")
     outside = [x for x in fal if not 1 <= x <= c.num_hidden_layers]
     if outside:
-        problems.append(f"full_attn_layers entries {outside} are outside 1..{c.num_hidden_layers} "
+        problems.append(f"full_attn_layers entries {_few(outside)} are outside 1..{c.num_hidden_layers} "
                         "(the list is ONE-based)")
     if len(set(fal)) >= c.num_hidden_layers:
         problems.append("full_attn_layers leaves no KDA layer")
@@ -237,7 +276,7 @@ def validate(c: Config) -> list[str]:
 def load_config(model_dir) -> Config:
     path = Path(model_dir) / "config.json"
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_limited(path, SMALL_FILE_BYTES, "a model config").decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(path, ["config.json not found"]) from None
     except OSError as exc:
@@ -245,7 +284,7 @@ def load_config(model_dir) -> Config:
     except UnicodeDecodeError as exc:
         raise ConfigError(path, [f"not UTF-8 text (byte {exc.start})"]) from None
     try:
-        raw = json.loads(text)
-    except (ValueError, RecursionError) as exc:  # bad JSON, an integer of thousands of digits, absurd nesting
+        raw = loads_limited(text, path)
+    except ValueError as exc:  # bad JSON, or an integer of thousands of digits
         raise ConfigError(path, [f"not valid JSON: {str(exc)[:200]}"]) from None
     return parse_config(raw, path)
