@@ -26,6 +26,7 @@ from .cli.logs import configure_logging
 from .interfaces import Budget, PlanRow
 from .io.atomic import write_json_atomic
 from .io.codec import CODECS as TRUNK_CODECS
+from .io.limits import INDEX_FILE_BYTES, SMALL_FILE_BYTES, LimitError, loads_limited, read_json_limited
 from .io.pack import pack, packed_size, packed_size_of_headers
 from .io.profile import Profile, ProfileError, load_profile, profile_path, save_profile
 from .io.state_file import StateFileError, load_state, save_state
@@ -65,6 +66,8 @@ __all__ = [
     "Profile", "load_profile", "save_profile", "profile_path", "config_from_profile", "save_state", "load_state",
     "pack_trunk", "PackMeter", "ProgressMeter", "packed_trunk_bytes", "make_test_model", "generated_model_bytes", "TEST_MODEL_MARKER", "write_json_atomic",
     "human", "VISION_PREFIXES",
+    # bounded input: files read whole and JSON parsed within the limits of docs/LIMITS.md
+    "LimitError", "loads_limited", "read_json_limited", "SMALL_FILE_BYTES", "INDEX_FILE_BYTES",
     # the machine
     "machine_checks", "measure_read", "RELEASED_TRUNK_BYTES", "choose_trunk_codec", "CodecChoice", "TRUNK_CODECS",
     # a subcommand that runs the engine takes the same flags as `k3 run`

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from k3core import (SamplingParams, UsageError, build_chat_ids, forced_tool_prefix, parse_tool_calls, render_chat,
                     split_reply)
+from k3core import LimitError, loads_limited
 
 from .http import model_id
 from .schema import ApiError, ChatRequest, CompletionRequest, chat_request, completion_request
@@ -49,7 +50,8 @@ def check_key(request, opts: ApiOptions) -> None:
 
 
 async def read_json(request, limit: int):
-    """The body parsed as JSON, read no further than `limit` bytes (413 past it)."""
+    """The body parsed as JSON, read no further than `limit` bytes (413 past it) and nested no deeper than
+    k3 parses (400)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the request body is {int(declared)} bytes, over the limit of {limit} (--max-body-bytes)",
@@ -62,7 +64,9 @@ async def read_json(request, limit: int):
                            code="request_too_large")
         chunks.append(chunk)
     try:
-        return json.loads(b"".join(chunks) or b"null")
+        return loads_limited(b"".join(chunks) or b"null", "the request body")
+    except LimitError as exc:  # nested deeper than k3 parses (docs/LIMITS.md)
+        raise ApiError(400, str(exc), code="invalid_json") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"the request body is not JSON: {exc}", code="invalid_json") from None
 

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from k3core import tool_call_markup
+from k3core import LimitError, loads_limited, tool_call_markup
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -185,13 +185,15 @@ def _tool_calls(calls, where: str) -> list[tuple[str, dict]]:
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not TOOL_NAME.match(fn["name"]):
             raise _bad(f"{where}.tool_calls[{j}].function.name", "must be a tool name (letters, digits, _ and -)")
-        args = fn.get("arguments") or "{}"
+        args, param = fn.get("arguments") or "{}", f"{where}.tool_calls[{j}].function.arguments"
         try:
-            parsed = json.loads(args) if isinstance(args, str) else None
+            parsed = loads_limited(args, param) if isinstance(args, str) else None
         except json.JSONDecodeError:
             parsed = None
+        except LimitError as exc:
+            raise ApiError(400, str(exc), param=param, code="invalid_value") from None
         if not isinstance(parsed, dict):
-            raise _bad(f"{where}.tool_calls[{j}].function.arguments", "must be a JSON object, as a string")
+            raise _bad(param, "must be a JSON object, as a string")
         out.append((fn["name"], parsed))
     return out
 

@@ -5,7 +5,6 @@ Never prints, logs or stores the token. Checked by tests/wizard against a mock H
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from huggingface_hub import HfApi, get_session, get_token, hf_hub_url
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled, RevisionNotFoundError
 from huggingface_hub.utils import build_hf_headers
 
-from k3core import K3Error, __version__
+from k3core import K3Error, __version__, loads_limited
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 RESERVED_PREFIX = ".k3-"            # the wizard's own files in the destination: a listing may not name them
@@ -176,7 +175,7 @@ class Hub:
         if not 0 < n <= HEADER_LIMIT:
             raise HubError(f"{self.repo}/{path}: not a safetensors file (header length {n})")
         try:
-            header = json.loads(self.read_range(path, sha, 8, n))
+            header = loads_limited(self.read_range(path, sha, 8, n), f"{self.repo}/{path}: the safetensors header")
         except ValueError as exc:
             raise HubError(f"{self.repo}/{path}: the safetensors header is not JSON ({exc})") from None
         if not isinstance(header, dict):

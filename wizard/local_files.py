@@ -11,7 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
-from k3core import TEST_MODEL_MARKER, K3Error, ProgressMeter, UsageError
+from k3core import INDEX_FILE_BYTES, TEST_MODEL_MARKER, K3Error, ProgressMeter, UsageError, read_json_limited
 
 from .plan import HUB_INDEX, INDEX, record
 from .progress import human
@@ -25,7 +25,7 @@ def derive_index(dest: Path, st: SetupState) -> None:
     rec = st.files.get(INDEX)
     if rec is None or rec["kind"] != "derived" or rec["status"] in (DONE, VERIFIED):
         return
-    index = json.loads((dest / HUB_INDEX).read_text())
+    index = read_json_limited(dest / HUB_INDEX, INDEX_FILE_BYTES, "a shard index")
     left_out = set(st.facts["vision_shards"])
     index["weight_map"] = {k: v for k, v in index.get("weight_map", {}).items() if v not in left_out}
     data = (json.dumps(index, indent=2) + "\n").encode()

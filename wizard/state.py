@@ -6,13 +6,12 @@ One wizard per destination (an flock). Never holds the token. Checked by tests/w
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import threading
 import time
 from pathlib import Path
 
-from k3core import K3Error, write_json_atomic
+from k3core import SMALL_FILE_BYTES, K3Error, read_json_limited, write_json_atomic
 
 FORMAT, VERSION = "k3-setup-state", 1
 STATE, LOG, LOCK, PARTIAL_DIR = ".k3-setup.json", ".k3-setup.log", ".k3-setup.lock", ".k3-partial"
@@ -30,7 +29,7 @@ def read_state(dest: Path) -> dict | None:
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text())
+        data = read_json_limited(path, SMALL_FILE_BYTES, "a setup state file")
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError("not a k3 setup state")
     except (OSError, ValueError) as exc:

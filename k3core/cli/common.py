@@ -127,7 +127,7 @@ def _attention(pairs) -> dict:
 
 def _options(pairs, flag: str) -> dict | None:
     """NAME=VALUE pairs; a VALUE that reads as JSON (true, 3, 0.5, null) is that value, else a string."""
-    import json
+    from ..io.limits import loads_limited
 
     out = {}
     for pair in pairs:
@@ -135,7 +135,7 @@ def _options(pairs, flag: str) -> dict | None:
         if not sep or not name:
             raise UsageError(f"{flag} takes NAME=VALUE, got {pair!r}")
         try:
-            out[name] = json.loads(value)
+            out[name] = loads_limited(value, f"{flag} {name}")
         except ValueError:
             out[name] = value
     return out or None

@@ -14,6 +14,7 @@ from pathlib import Path
 from ..api import Observer, UsageError, visible
 from ..io import device
 from ..io.atomic import output_target, write_output
+from ..io.limits import read_limited
 from ..model.checkpoint import EXPERT_PARTS, expert_prefix
 from .common import (EXIT_CODES, add_engine_args, add_sampling_args, add_speculation_args, engine_config, open_engine,
                      sampling_params, speculation)
@@ -30,9 +31,7 @@ def parse_ids(text: str, source: str) -> list[int]:
 
 def _read(path: str, flag: str) -> str:
     try:
-        if Path(path).stat().st_size > MAX_PROMPT_BYTES:
-            raise UsageError(f"{flag} {path}: over the {MAX_PROMPT_BYTES >> 20} MiB limit of a prompt")
-        return Path(path).read_text(encoding="utf-8")
+        return read_limited(path, MAX_PROMPT_BYTES, f"a prompt ({flag})").decode("utf-8")
     except OSError as exc:
         raise UsageError(f"{flag} {path}: {exc.strerror}") from None
     except UnicodeDecodeError:

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import InputError, UsageError
 from ..interfaces import CachePolicy, LRUPolicy
+from ..io.limits import SMALL_FILE_BYTES, read_json_limited
 
 DEFAULT_EXPERT_BYTES = 17_547_264  # one real K3 routed expert (w1, w2, w3 packed + scales)
 K3_IN_C_PAIRS, K3_IN_C_TOKENS = 100_096, 68  # 8 full-recompute steps on 5 ids: 5+6+…+12 forwards
@@ -40,7 +41,7 @@ def read_trace(path) -> tuple[np.ndarray, dict, Path]:
     meta = {}
     if path.is_dir() and meta_path.is_file():
         try:
-            meta = json.loads(meta_path.read_text())
+            meta = read_json_limited(meta_path, SMALL_FILE_BYTES, "a trace's metadata")
         except (OSError, ValueError) as exc:
             raise InputError(f"{meta_path}: not readable JSON ({exc})") from None
         if not isinstance(meta, dict):

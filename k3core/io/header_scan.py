@@ -9,6 +9,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .limits import MAX_JSON_DEPTH, nesting_depth
+
 # ---- bytes as numpy: words[i] is the little-endian u64 of the 8 bytes at offset i ----------------
 _U = np.uint64
 _M, _MASK = _U(0x9E3779B97F4A7C15), np.array([(1 << 8 * r) - 1 for r in range(9)], np.uint64)
@@ -134,6 +136,8 @@ def parse_compact(buf, size):
         end -= 1
     if buf.startswith(b'{"__metadata__":'):
         head = bytes(buf[:min(size, 4096)])
+        if nesting_depth(head) > MAX_JSON_DEPTH:
+            return None                          # json.loads would recurse: the json path refuses it
         try:
             pos = _JSON.raw_decode(head.decode("ascii") if head.isascii() else "", 16)[1] + 1
         except ValueError:
@@ -218,8 +222,11 @@ def weight_map_compact(raw):
         ctrl -= len(x) * sum(c < 32 for c in gap)
     if ctrl or not _BLANK.fullmatch(raw[start:q0[0]].decode() + raw[q3[-1] + 1:stop].decode()):
         return None                              # a control character inside a string, or junk at the edges
+    rest_text = raw[:start - 1].decode() + "0" + raw[stop + 1:-8].decode()
+    if nesting_depth(rest_text) > MAX_JSON_DEPTH:
+        return None                              # json.loads would recurse: the json path refuses it
     try:
-        rest = json.loads(raw[:start - 1].decode() + "0" + raw[stop + 1:-8].decode())
+        rest = json.loads(rest_text)
     except ValueError:
         return None
     if not (isinstance(rest, dict) and type(rest.get("weight_map")) is int):

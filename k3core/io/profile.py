@@ -6,12 +6,12 @@ Location: $K3_CONFIG_DIR/profile.json, else $XDG_CONFIG_HOME/k3/profile.json, el
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .atomic import write_json_atomic
+from .limits import SMALL_FILE_BYTES, read_json_limited
 from ..errors import K3Error
 
 FORMAT, VERSION = "k3-profile", 1
@@ -51,7 +51,7 @@ def load_profile(path: Path | None = None) -> Profile | None:
     if not source.exists():
         return None
     try:
-        data = json.loads(source.read_text())
+        data = read_json_limited(source, SMALL_FILE_BYTES, "a k3 profile")
         if data.get("format") != FORMAT or data.get("version") != VERSION:
             raise ValueError(f"format {data.get('format')!r} version {data.get('version')!r}")
         fields = {k: data.get(k) for k in Profile.__dataclass_fields__}

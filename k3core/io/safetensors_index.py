@@ -6,7 +6,6 @@ caches tensors. Headers and index json as the safetensors/HF writers lay them ou
 with numpy, anything else by json.loads (the reference); tests/test_safetensors_index.py checks both.
 """
 import hashlib
-import json
 import math
 import mmap
 import os
@@ -19,6 +18,7 @@ import numpy as np
 from ..errors import CheckpointError, UnsoundRunError
 from .header_scan import (Table, fingerprints, fp_of, pair, parse_compact, string_blob,
                                 word_view, weight_map_compact, WeightMap)
+from .limits import INDEX_FILE_BYTES, loads_limited, read_json_limited, read_limited
 
 DTYPES = {"U8": (1, np.dtype("u1")), "I8": (1, np.dtype("i1")), "BF16": (2, np.dtype("<u2")),
           "F16": (2, np.dtype("<f2")), "F32": (4, np.dtype("<f4")), "F64": (8, np.dtype("<f8")),
@@ -64,7 +64,7 @@ def _ints(v):
 def _parse_json(h, path):
     """Columns of any header json.loads accepts (the reference for parse_compact), or CheckpointError."""
     try:
-        obj = json.loads(bytes(h).decode("utf-8"), object_pairs_hook=_Twice.hook)
+        obj = loads_limited(bytes(h).decode("utf-8"), path, object_pairs_hook=_Twice.hook)
     except UnicodeDecodeError:
         raise CheckpointError("header is not valid UTF-8", file=path) from None
     except _Twice as e:
@@ -147,14 +147,12 @@ def _load_shard(path):
 
 
 def _weight_map(path):
-    with open(path, "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
-        raw = bytearray(size + 8)
-        f.readinto(memoryview(raw)[:size])
+    raw = bytearray(read_limited(path, INDEX_FILE_BYTES, "a shard index"))
+    raw += bytes(8)                              # spare bytes for whole-word reads near the end
     if fast := weight_map_compact(raw):
         return fast
     try:
-        wm = json.loads(raw[:-8].decode("utf-8")).get("weight_map")
+        wm = loads_limited(raw[:-8].decode("utf-8"), path).get("weight_map")
     except (ValueError, AttributeError) as e:
         raise CheckpointError(f"not a JSON object: {e}", file=path) from None
     if not (isinstance(wm, dict) and wm and all(isinstance(v, str) for v in wm.values())):
@@ -233,7 +231,7 @@ class ShardIndex:
         """The weight_map and the headers disagree as multisets of (name, file): name the first entry
         where they do. (A disagreement json.loads would hide -- a repeated key -- is none.)"""
         here = {n: f for f, t in zip(listed, self._tables) for n in t.names()}
-        for name, f in json.loads(index_path.read_bytes())["weight_map"].items():
+        for name, f in read_json_limited(index_path, INDEX_FILE_BYTES, "a shard index")["weight_map"].items():
             if (h := here.pop(name, None)) != f:
                 found = f"its header is in {h}" if h else "no shard header lists it"
                 raise CheckpointError(f"{INDEX_JSON} assigns it to {f}, but {found}", file=index_path, tensor=name)

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import K3Error
 from .atomic import output_file
+from .limits import SMALL_FILE_BYTES, loads_limited, too_large
 from .trunk import fingerprint
 
 FORMAT, VERSION = "k3-state", 1
@@ -57,6 +58,8 @@ def _read_arrays(path) -> dict:
             size = sum(i.file_size for i in z.infolist())
             if size > MAX_STATE_BYTES:
                 raise StateFileError(f"{path}: {size:,} bytes unpacked, over the limit of {MAX_STATE_BYTES:,}")
+            if any(i.filename == "meta.npy" and i.file_size > SMALL_FILE_BYTES for i in z.infolist()):
+                raise too_large(f"{path}: its 'meta' member", SMALL_FILE_BYTES, "a state file's metadata")
             if bad := z.testzip():
                 raise StateFileError(f"{path}: the member {bad!r} is damaged (its CRC does not match)")
         with np.load(path, allow_pickle=False) as data:
@@ -71,10 +74,12 @@ def _meta(path, arrays) -> dict:
     raw = arrays.pop("meta", None)
     if raw is None:
         raise StateFileError(f"{path}: not a k3 state file (no 'meta' member)")
-    try:
-        meta = json.loads(raw.tobytes()) if raw.dtype == np.uint8 and raw.ndim == 1 else None
-    except (ValueError, RecursionError):
-        meta = None
+    meta = None
+    if raw.dtype == np.uint8 and raw.ndim == 1:
+        try:
+            meta = loads_limited(raw.tobytes(), f"{path}: its 'meta' member")
+        except ValueError:
+            pass
     if not isinstance(meta, dict):
         raise StateFileError(f"{path}: its 'meta' member is not a JSON object")
     if meta.get("format") != FORMAT or meta.get("version") != VERSION:

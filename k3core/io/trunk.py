@@ -20,6 +20,7 @@ from ..errors import CheckpointError, TrunkError
 from ..interfaces import Param, Weights
 from .aligned_io import align_up
 from .codec import CODECS, RAW, Block, stored_length
+from .limits import INDEX_FILE_BYTES, read_json_limited
 from .safetensors_index import DTYPES
 
 FORMAT, VERSION = "k3-trunk", 2
@@ -44,7 +45,7 @@ def _sha(data) -> str:
 
 def _read_json(path: Path):
     try:
-        return json.loads(path.read_bytes())
+        return read_json_limited(path, INDEX_FILE_BYTES, "a packed-trunk manifest")
     except (OSError, ValueError):
         return None
 

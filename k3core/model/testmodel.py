@@ -14,6 +14,7 @@ import numpy as np
 
 from . import mxfp4
 from ..errors import UsageError
+from ..io.limits import SMALL_FILE_BYTES, LimitError, read_json_limited
 from ..io.writer import Planned, config_json, float_bytes, planned_bytes, tokenizer_files, write_checkpoint
 from ..text.chat import CHAT_TEMPLATE
 from ..text.bpe import train_bpe
@@ -206,6 +207,6 @@ def make_model(directory, shape: str = "tiny", seed: int = 0, layout: str = "nes
 
 def _read_marker(directory: Path):
     try:
-        return json.loads((directory / MARKER).read_text())
-    except (OSError, ValueError):
+        return read_json_limited(directory / MARKER, SMALL_FILE_BYTES, "a test-model marker")
+    except (OSError, ValueError, LimitError):
         return None

@@ -9,13 +9,13 @@ import ast
 import base64
 import binascii
 import codecs
-import json
 import operator
 from pathlib import Path
 
 import tiktoken
 
 from ..errors import InputError, TokenizerError
+from ..io.limits import SMALL_FILE_BYTES, loads_limited, read_limited
 
 # The o200k pattern with a leading Han rule and Han taken out of the letter classes. `&&` is a
 # class intersection: tiktoken's engine (and `regex` in V1 mode) honour it; Python's `re` does not.
@@ -40,7 +40,7 @@ def read_ranks(path: Path) -> dict[bytes, int]:
     """{token bytes: rank} from lines `base64(bytes) rank`; ranks must be exactly 0..N-1 and
     include every single byte (tiktoken cannot encode a byte it has no token for)."""
     try:
-        lines = path.read_bytes().splitlines()
+        lines = read_limited(path, SMALL_FILE_BYTES, "a BPE ranks file").splitlines()
     except OSError as e:
         raise TokenizerError(f"{path}: cannot read the BPE ranks: {e.strerror or e}") from None
     ranks: dict[bytes, int] = {}
@@ -77,7 +77,7 @@ def read_tokenizer_config(path: Path, n_ranks: int) -> tuple[dict, dict[str, int
     """(the whole config, {content: id}, ids marked special) from tokenizer_config.json; the
     added tokens' ids come from its `added_tokens_decoder`."""
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
+        cfg = loads_limited(read_limited(path, SMALL_FILE_BYTES, "a tokenizer config").decode("utf-8"), path)
     except OSError as e:
         raise TokenizerError(f"{path}: cannot read the tokenizer config: {e.strerror or e}") from None
     except ValueError as e:
@@ -123,7 +123,7 @@ def _static_str(node: ast.AST):
 def pat_str_from_source(path: Path) -> str:
     """The `pat_str` a tokenization_kimi.py assigns, found by parsing it: the file is never run."""
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        tree = ast.parse(read_limited(path, SMALL_FILE_BYTES, "a tokenizer source").decode("utf-8"), filename=str(path))
     except (OSError, SyntaxError, ValueError) as e:
         raise TokenizerError(f"{path}: cannot parse to find pat_str: {e}") from None
     values = []
