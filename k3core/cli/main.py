@@ -1,9 +1,14 @@
 """The `k3` command line: argument parsing, human and JSON output, exit codes.
 
 Exit codes: 0 success; 1 runtime failure; 2 bad usage, config, checkpoint or input;
-4 finished but the ids are unsound (an expert read failed). Errors go to stderr.
+4 finished but the ids are unsound (an expert read failed); 130 interrupted. Errors go to stderr.
+Ctrl-C at any moment, even while this module or a command's modules import, is one line and 130 (interrupt.py).
 """
 from __future__ import annotations
+
+from . import interrupt
+
+_importing = interrupt.exit_at_once()  # Ctrl-C while the modules below import: one line, exit 130, at once
 
 import argparse
 import json
@@ -13,6 +18,9 @@ import sys
 from .. import __version__
 from .common import EXIT_CODES
 from ..errors import K3Error
+
+interrupt.restore(_importing)  # from here on Ctrl-C is KeyboardInterrupt, which main() turns into 130
+
 
 def cmd_presets(args) -> int:
     from ..model.budget import PRESETS, WORKING_BYTES, auto_preset, mem_available
@@ -129,6 +137,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """Run one `k3` command and return its exit code; Ctrl-C is 130 with one line. main() with no argv is the `k3`
+    process itself (the console script, python -m k3core) and owns its Ctrl-C (interrupt.py): a Ctrl-C Python would
+    drop is raised again, and once the exit code is known a late one exits at once instead of breaking into the
+    interpreter's exit. main(argv) — tests, programs that embed k3 — leaves the process's handlers as it found them."""
+    if argv is None:
+        sys.unraisablehook = interrupt.redeliver_dropped
+    try:
+        return _command(argv)
+    except KeyboardInterrupt:  # also while build_parser imports the commands' modules (numpy, the extension)
+        print(interrupt.LINE, file=sys.stderr)
+        return interrupt.EXIT_CODE
+    finally:
+        if argv is None:
+            interrupt.exit_at_once_until_the_end()
+
+
+def _command(argv) -> int:
+    """Parse argv and run its command; every error becomes its exit code (a Ctrl-C is main's to report)."""
     try:
         parser = build_parser()
     except K3Error as exc:  # a broken plugin: say which, no traceback
@@ -147,9 +173,6 @@ def main(argv=None) -> int:
     except K3Error as exc:
         print(f"k3: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("k3: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:  # the reader went away (`k3 run … | head -1`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
