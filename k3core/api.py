@@ -56,7 +56,7 @@ __all__ = [
     # engines
     "EngineConfig", "open_engine", "memory_plan", "Engine", "DecodeState", "Observer", "Plan", "PlanRow",
     "Budget", "PRESETS", "PRESET_NAMES", "WORKING_BYTES", "auto_preset", "mem_available", "peak_rss_bytes",
-    "describe_plugins", "check_checkpoint", "scan_weights", "model_note",
+    "describe_plugins", "check_checkpoint", "scan_weights", "record_tensor_sums", "model_note",
     # generation and text
     "generate_ids", "greedy_ids", "Speculation", "speculation", "draft_source", "AUTO_K", "BatchGenerator", "Emitted",
     "Sampler", "SamplingParams", "Session", "ChatSession", "Conversation", "Event", "visible", "Tokenizer",
@@ -99,6 +99,16 @@ def check_checkpoint(model_dir) -> None:
     """Open a checkpoint's config and every shard header and check each tensor the config implies
     (name, shape, dtype); a problem is a ConfigError / CheckpointError / BindingError naming it."""
     resolve(EngineConfig(model_dir)).checkpoint.close()
+
+
+def record_tensor_sums(model_dir, progress=None, jobs: int = 4) -> Path:
+    """Read every tensor of the checkpoint in `model_dir` and record its checksum in k3-tensor-sums.bin there:
+    what every later read from the checkpoint (experts, a resident trunk) is checked against. `progress(done_bytes,
+    total_bytes)` as it reads; `jobs` shards at a time. Returns the file's path."""
+    from .io import tensor_sums
+    from .io.safetensors_index import ShardIndex
+
+    return tensor_sums.record(ShardIndex.open(model_dir), progress, jobs)
 
 
 def scan_weights(model_dir, progress=None) -> dict:

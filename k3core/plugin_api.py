@@ -37,6 +37,7 @@ from .io.caching_store import CachingOptions, CachingStore, cache_slots
 from .io.expert_io import ExpertReader, expert_slot_bytes
 from .io.safetensors_index import DTYPES
 from .io.codec import RAW
+from .io.tensor_sums import TensorSums
 from .io.trunk import load_trunk, open_trunk
 from .io.trunk_reader import TrunkReader, capacity as trunk_capacity, room_for as trunk_room_for, \
     scratch_bytes as trunk_scratch_bytes
@@ -92,7 +93,7 @@ __all__ = [
     "PluginContext", "Budget", "PluginOptions", "PlanRow",
     "CachingStore", "CachingOptions", "cache_slots", "ExpertReader", "expert_slot_bytes", "ALIGN", "Opened", "align_down", "align_up", "aligned_buffer", "Prefault",
     "open_for_reading", "read_into", "read_exact", "Span", "read_spans", "open_trunk", "load_trunk", "TrunkReader", "trunk_scratch_bytes", "trunk_room_for",
-    "trunk_capacity", "RAW",
+    "trunk_capacity", "RAW", "TensorSums",
     "PREFIX", "HEAD", "VISION_PREFIXES", "layer_prefix", "expert_prefix", "EXPERT_PARTS", "MATRIX", "FLOAT",
     "STORE_STATS", "STORE_PREFETCH_STATS", "PLACER_STATS",
     "UnsoundRunError", "PlanError", "UsageError", "PluginError", "CheckpointError",

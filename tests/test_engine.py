@@ -78,7 +78,7 @@ def test_every_native_backend_and_thread_count_gives_the_same_bits(model_factory
 def test_a_nan_in_the_weights_is_named_by_layer_and_tensor_not_sampled(tiny_model, tmp_path):
     import shutil
 
-    from k3core import CheckpointError
+    from k3core import CheckpointError, record_tensor_sums
     from k3core.model.checkpoint import layer_prefix, open_checkpoint
 
     model = shutil.copytree(tiny_model, tmp_path / "m")
@@ -89,6 +89,7 @@ def test_a_nan_in_the_weights_is_named_by_layer_and_tensor_not_sampled(tiny_mode
     with open(info.file, "r+b") as f:  # one value of the norm becomes NaN (F32 bits 0x7FC00000)
         f.seek(info.offset + 4 * 3)
         f.write(np.array(0x7FC00000, "<u4").tobytes())
+    record_tensor_sums(model)  # a checkpoint that came with the NaN (a change after recording fails its checksum)
     with open_engine(EngineConfig(model)) as engine, pytest.raises(CheckpointError) as e:
         greedy_ids(engine, [1, 2, 3], 2)
     assert "layer 5's output is not finite" in str(e.value) and e.value.tensor == name and e.value.exit_code == 2

@@ -22,7 +22,7 @@ from .local_files import demo_bytes, derive_index, install_demo, measure_local
 from .plan import parse_source, plan_demo, plan_hub, plan_local, preflight, remaining_bytes
 from .progress import estimate, hash_rate, human
 from .state import PARTIAL_DIR, PENDING, VERIFIED, SetupState
-from .verify import check_files, table_problems
+from .verify import check_files, record_sums, table_problems
 
 log = logging.getLogger("k3.setup")
 STEPS = [("check", "machine check"), ("space", "destination and free space"), ("download", "download"),
@@ -253,7 +253,7 @@ class Setup:
     def step_verify(self) -> str:
         files = self.st.files
         if self.src.kind == "dir" and not any(r.get("sha256") or r.get("oid") for r in files.values()):
-            return measure_local(self.dest, self.st)
+            return f"{measure_local(self.dest, self.st)}; {record_sums(self.dest, self.opts.jobs, self.err)}"
         refetched = []
         for attempt in (1, 2):
             todo = {k: r for k, r in files.items() if r["status"] != VERIFIED}
@@ -283,7 +283,8 @@ class Setup:
             derive_index(self.dest, self.st)
             refetched += sorted(bad)
         what = f"{len(files)} files match their size and hash{self.table_note()}"
-        return what + (f"; fetched again: {', '.join(refetched)}" if refetched else "")
+        what += f"; fetched again: {', '.join(refetched)}" if refetched else ""
+        return f"{what}; {record_sums(self.dest, self.opts.jobs, self.err)}"
 
     # ---- (5) pack, (6) profile, (7) next -----------------------------------------------------------
     def step_pack(self) -> str:

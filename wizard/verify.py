@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
 
-from k3core import K3Error, ProgressMeter, UsageError, check_checkpoint, scan_weights
+from k3core import K3Error, ProgressMeter, UsageError, check_checkpoint, record_tensor_sums, scan_weights
 
 from . import OFFICIAL_REPO
 from .progress import human
@@ -112,6 +113,27 @@ def is_official(repo: str | None) -> bool:
     return (repo or "").lower() == OFFICIAL_REPO.lower()
 
 
+def record_sums(dest: Path, jobs: int = 4, stream=None) -> str:
+    """Every tensor's checksum recorded (k3-tensor-sums.bin), with progress: what each later read of the
+    checkpoint is checked against. Returns a phrase for the step's summary."""
+    meter, start = None, time.perf_counter()
+
+    def progress(done, total):
+        nonlocal meter
+        if meter is None:
+            meter = ProgressMeter("checksummed", total, 1, stream=stream)
+            meter.start("tensors", total)
+        meter.set_done("tensors", done)
+
+    try:
+        record_tensor_sums(dest, progress, jobs)
+    finally:
+        if meter is not None:
+            meter.finish("tensors")
+            meter.close()
+    return f"every tensor's checksum recorded in {time.perf_counter() - start:.1f} s"
+
+
 # ---- `k3 verify` ------------------------------------------------------------------------------
 def _structure(dest: Path) -> str | None:
     try:
@@ -176,7 +198,7 @@ def cmd_verify(args) -> int:
         print(f"BAD  {name}: {bad[name]}", file=out)
     checked = len(records) or len(list(dest.glob("*.safetensors")))
     if not bad:
-        print(f"{dest}: {checked} files match {basis}", file=out)
+        print(f"{dest}: {checked} files match {basis}; {record_sums(dest, args.jobs)}", file=out)
         return 0
     print(f"{dest}: {len(bad)} bad of {checked} files, checked against {basis}", file=out)
     if records:

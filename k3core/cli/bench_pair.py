@@ -1,5 +1,6 @@
 """`k3 bench pair`: two packed trunks of one checkpoint in ONE process, at the same budgets, generating the
-same prompt one token each in turn (who goes first swaps every round). Two processes run at different
+same prompt one token each in turn (who goes first swaps every round); or, with --unchecked, one pack twice,
+the second engine reading without checking its weight bytes (what the checks cost). Two processes run at different
 speeds on this kind of machine for reasons neither controls (which physical pages their buffers got, what
 the disk's cache holds at the time); taking turns in one process gives both the same conditions, so their
 ratio is about the packs. The ids must be the same (exit 4 if not: the packs disagree).
@@ -16,11 +17,16 @@ import time
 MAX_GEN = 4096  # ids per engine: two engines each hold a decode state this long
 
 
-def _engine(model, trunk, args):
+UNCHECKED = {"check_reads": False}  # the placer's and the store's option: no checksum on any weight read
+
+
+def _engine(model, trunk, args, checked: bool = True):
     from ..api import EngineConfig, open_engine
 
     context = max(16, len(args.ids) + args.gen)  # 16: the engine's least context
     fields = dict(trunk=trunk, trunk_gb=args.trunk_gb, cache_gb=args.cache_gb, max_context=context)
+    if not checked:
+        fields.update(store_options=UNCHECKED, placer_options=UNCHECKED)
     return open_engine(EngineConfig(model, **{k: v for k, v in fields.items() if v is not None}))
 
 
@@ -33,7 +39,9 @@ def _summary(name, trunk, engine, times, load) -> dict:
     def rate(key):
         return per_second(s.get(f"{key}_bytes_read", 0), s.get(f"{key}_read_seconds", 0.0))
 
-    return {"name": name, "trunk": str(trunk), "trunk_codec": s.get("trunk_codec"), "load_seconds": load,
+    checked = s.get("trunk_reads_checked", True) and s.get("expert_reads_checked", True)
+    return {"name": name, "trunk": str(trunk) + ("" if checked else " (unchecked)"), "trunk_codec": s.get("trunk_codec"),
+            "reads_checked": checked, "load_seconds": load,
             "prefill_seconds": times[0], "seconds_per_token": statistics.median(steady) if steady else None,
             "mean_seconds_per_token": statistics.fmean(steady) if steady else None, "token_seconds": times,
             "expert_read_rate": rate("expert"), "trunk_read_rate": rate("trunk"),
@@ -43,12 +51,12 @@ def _summary(name, trunk, engine, times, load) -> dict:
 def measure(args) -> dict:
     from ..api import generate_ids, peak_rss_bytes
 
-    trunks = {"first": args.trunk, "second": args.compare_trunk}
+    trunks = {"first": args.trunk, "second": args.compare_trunk or args.trunk}
     engines, loads, gens, times, ids = {}, {}, {}, {}, {}
     try:
         for name, trunk in trunks.items():
             started = time.perf_counter()
-            engines[name] = _engine(args.model, trunk, args)
+            engines[name] = _engine(args.model, trunk, args, checked=name == "first" or not args.unchecked)
             loads[name] = time.perf_counter() - started
             gens[name] = generate_ids(engines[name], args.ids, engines[name].new_state())
             times[name], ids[name] = [], []
@@ -98,6 +106,8 @@ def cmd_pair(args) -> int:
     from ..errors import UnsoundRunError, UsageError
     from .run import parse_ids
 
+    if (args.compare_trunk is None) != args.unchecked:
+        raise UsageError("give --compare-trunk DIR (two packs) or --unchecked (one pack, read with and without checks)")
     args.ids = parse_ids(args.ids, "--ids")
     if not args.ids:
         raise UsageError("--ids: give at least one prompt id")
@@ -107,7 +117,8 @@ def cmd_pair(args) -> int:
     doc = measure(args)
     print(json.dumps(doc, indent=1) if args.json else pair_table(doc))
     if not doc["same_ids"]:
-        raise UnsoundRunError(f"the packs disagree: {args.trunk} generated {doc['ids']}, {args.compare_trunk} "
+        second = args.compare_trunk or f"{args.trunk} read unchecked"
+        raise UnsoundRunError(f"the packs disagree: {args.trunk} generated {doc['ids']}, {second} "
                               f"{doc['other_ids']}; one of them is not this checkpoint's trunk")
     return 0
 
@@ -118,10 +129,14 @@ def add_parser(sub) -> None:
                        epilog="examples:\n  k3 pack /data/k3-wide /data/k3-wide-trunk-z --codec planes\n"
                               "  k3 bench pair /data/k3-wide --trunk /data/k3-wide-trunk --compare-trunk "
                               "/data/k3-wide-trunk-z --trunk-gb 5.08 --cache-gb 0.5 --gen 20\n"
+                              "  k3 bench pair /data/k3-wide --trunk /data/k3-wide-trunk --unchecked --trunk-gb 2.6 "
+                              "--cache-gb 0   # what checking every weight byte costs\n"
                               "memory: both engines are open at once, so the machine needs both budgets.")
     p.add_argument("model", metavar="MODEL_DIR")
     p.add_argument("--trunk", required=True, metavar="DIR", help="the first packed trunk (the baseline)")
-    p.add_argument("--compare-trunk", required=True, metavar="DIR", help="the second packed trunk")
+    p.add_argument("--compare-trunk", metavar="DIR", help="the second packed trunk")
+    p.add_argument("--unchecked", action="store_true", help="instead of a second pack: the first one again, read "
+                   "without checking any weight byte (check_reads=false), to measure what the checks cost")
     p.add_argument("--trunk-gb", type=float, metavar="GB", help="trunk budget of each (default: as `k3 run`)")
     p.add_argument("--cache-gb", type=float, metavar="GB", help="expert cache of each (default: as `k3 run`)")
     p.add_argument("--ids", default="1,2,3,4,5,6,7,8", metavar="IDS", help="prompt ids (default 1,…,8)")

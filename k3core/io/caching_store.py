@@ -37,6 +37,7 @@ def cache_slots(config, cache_gb: float, slot_bytes: int) -> int:
 class CachingOptions(PluginOptions):
     direct_io: bool = True  # O_DIRECT reads where the filesystem allows them
     prefetch: bool = True   # read the engine's guess of a layer's experts while its attention runs
+    check_reads: bool = True  # each expert read against its recorded checksums; false only to measure their cost
 
 
 class CachingStore(ExpertStore):
@@ -67,7 +68,7 @@ class CachingStore(ExpertStore):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        self.reader = ExpertReader(self.checkpoint, direct_io=self.options.direct_io)
+        self.reader = ExpertReader(self.checkpoint, self.options.direct_io, self.options.check_reads)
         self.slot_bytes = expert_slot_bytes(self.checkpoint)
         self.slots = cache_slots(self.config, ctx.budget.cache_gb, self.slot_bytes)
         self.keeper = self.policy(self.slots, self.options)
@@ -166,7 +167,7 @@ class CachingStore(ExpertStore):
                 "expert_wait_seconds": self.wait_seconds,
                 "expert_read_mode": self.reader.mode, "expert_slots": self.slots, "expert_slot_bytes": self.slot_bytes,
                 "expert_cache_bytes": self.slots * self.slot_bytes, "expert_prefetched": self.prefetched,
-                "expert_prefetch_used": self.prefetch_used}
+                "expert_prefetch_used": self.prefetch_used, "expert_reads_checked": self.options.check_reads}
 
     def close(self):
         self._prefault.stop()

@@ -1,8 +1,9 @@
 """Reading routed experts from the shards: where each expert's bytes lie, and concurrent positioned
 reads into page-aligned buffers (aligned_io: O_DIRECT where the filesystem allows it, else buffered, said).
 
-Stores own the buffers and decide what to keep; this module only reads, and a failed or short read
-raises UnsoundRunError (exit 4) instead of handing back anything.
+Stores own the buffers and decide what to keep; this module only reads, and a failed or short read, or an
+expert whose bytes do not have the checksums recorded for the checkpoint (io/tensor_sums.py, checked on the
+reading threads as each read lands), raises UnsoundRunError (exit 4) instead of handing back anything.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ..errors import UnsoundRunError
 from ..interfaces import ExpertWeights
 from ..model.checkpoint import EXPERT_PARTS, expert_prefix
 from .aligned_io import ALIGN, BusyClock, align_down, align_up, open_for_reading, read_into
+from .tensor_sums import TensorSums
 
 QUEUE_DEPTH = 16
 
@@ -28,15 +30,16 @@ class Piece:
     file: str
     start: int
     length: int
-    parts: tuple  # ((part name, shape, offset in this piece's buffer, nbytes), ...)
+    parts: tuple  # ((part name, shape, offset in this piece's buffer, nbytes, TensorInfo), ...)
 
 
 class ExpertReader:
     """Reads the experts of one checkpoint into buffers the caller owns (see `slot_bytes`)."""
 
-    def __init__(self, checkpoint, direct_io: bool = True):
+    def __init__(self, checkpoint, direct_io: bool = True, check: bool = True):
         self.index = checkpoint.index
         self.config = checkpoint.config
+        self.sums = TensorSums.load(self.index) if check else None  # None: unchecked, to measure what checks cost
         self.direct_io = direct_io
         self.mode = "O_DIRECT" if direct_io else "buffered (O_DIRECT not asked for)"
         self._files: dict = {}
@@ -63,7 +66,7 @@ class ExpertReader:
             for g in groups:
                 start = align_down(g[0].offset)
                 end = align_up(g[-1].offset + g[-1].nbytes)
-                parts = tuple((next(names), i.shape, i.offset - start, i.nbytes) for i in g)
+                parts = tuple((next(names), i.shape, i.offset - start, i.nbytes, i) for i in g)
                 pieces.append(Piece(str(g[0].file), start, end - start, parts))
             self._layouts[key] = tuple(pieces)
         return self._layouts[key]
@@ -106,13 +109,14 @@ class ExpertReader:
     def _weights(self, layer, expert, buf) -> ExpertWeights:
         arrays, at = {}, 0
         for piece in self.layout(layer, expert):
-            for name, shape, offset, nbytes in piece.parts:
+            for name, shape, offset, nbytes, _ in piece.parts:
                 arrays[name] = np.frombuffer(buf, np.uint8, nbytes, at + offset).reshape(shape)
             at += piece.length
         return ExpertWeights(layer, expert, *(arrays[p] for p in EXPERT_PARTS))
 
     def _read_piece(self, piece: Piece, view: memoryview):
-        """Bytes into `view`; returns None, or a string saying what went wrong."""
+        """Bytes into `view`, each tensor checked against its recorded checksum; returns None, or a string
+        saying what went wrong."""
         payload_end = piece.parts[-1][2] + piece.parts[-1][3]
         try:
             done = read_into(self._file(piece.file), view, piece.start, piece.length)
@@ -120,7 +124,10 @@ class ExpertReader:
             return f"{exc.strerror} (errno {exc.errno})"
         if done < payload_end:
             return f"short read: {done} of {payload_end} bytes at offset {piece.start}"
-        return None
+        if self.sums is None:
+            return None
+        return next((why for *_, offset, nbytes, info in piece.parts
+                     if (why := self.sums.problem(info, view[offset:offset + nbytes]))), None)
 
     def _file(self, path: str):
         with self._lock:
@@ -143,4 +150,4 @@ def expert_slot_bytes(checkpoint) -> int:
     first_moe = c.first_k_dense_replace
     if first_moe >= c.num_hidden_layers:
         return 1
-    return ExpertReader(checkpoint, direct_io=False).slot_bytes(first_moe, 0)
+    return ExpertReader(checkpoint, direct_io=False, check=False).slot_bytes(first_moe, 0)

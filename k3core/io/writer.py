@@ -1,7 +1,8 @@
 """Writing checkpoints in the real Kimi K3 format (SPEC §3, §6): every tensor the config implies, named
 and typed as the released model stores them (BF16 matrices, F32 vectors, MXFP4 experts), in shards of
 one layer each plus one of model-level tensors (and a vision stub), with the index json, a nested or
-flat config.json and the tokenizer files — written into a sibling directory and renamed into place.
+flat config.json, the tokenizer files and every tensor's checksum (io/tensor_sums.py) — written into a
+sibling directory and renamed into place.
 
 Used by the test-model generator (random weights) and the demo trainer (trained weights); what the
 bytes are is the caller's (`tensor_bytes`). Read back by the same index and binding check as any
@@ -24,6 +25,8 @@ from ..model import mxfp4
 from ..model.checkpoint import (A_LOG_STORED, expert_prefix, expert_specs, layer_prefix, layer_trunk_specs,
                                 model_specs)
 from ..model.config import Config
+from . import tensor_sums
+from .safetensors_index import ShardIndex
 
 ITEMSIZE = {"BF16": 2, "F32": 4, "U8": 1}
 
@@ -159,6 +162,7 @@ def write_checkpoint(directory, c: Config, tensor_bytes: Callable[[Planned], byt
                                                         indent=1) + "\n", **files}
     for fname, text in texts.items():
         (partial / fname).write_text(text, encoding="utf-8")
+    tensor_sums.record(ShardIndex.open(partial))
     if target.exists():
         shutil.rmtree(target)
     os.replace(partial, target)

@@ -88,7 +88,14 @@ def report_text(r: dict) -> str:
         "the first" + (f"; drafts: {r['draft_accepted']} of {r['draft_proposed']} accepted "
                        f"({_pct(r['draft_accepted'] / r['draft_proposed'] if r['draft_proposed'] else None)})"
                        if r.get("speculate") else ""),
-    ] + _disk_lines(r) + _floor_line(r))
+    ] + _unchecked_line(r["stats"]) + _disk_lines(r) + _floor_line(r))
+
+
+def _unchecked_line(s: dict) -> list[str]:
+    off = [what for key, what in (("expert_reads_checked", "expert"), ("trunk_reads_checked", "trunk"))
+           if s.get(key) is False]
+    return [f"UNCHECKED: {' and '.join(off)} reads were not checked against their checksums (check_reads=false: "
+            "for measuring what the checks cost only)"] if off else []
 
 
 def _disk_lines(r: dict) -> list[str]:

@@ -14,6 +14,7 @@ from ..plugin_api import (ExpertReader, ExpertStore, PlanRow, PluginOptions, Pre
 @dataclass(frozen=True)
 class DirectOptions(PluginOptions):
     direct_io: bool = True  # O_DIRECT reads where the filesystem allows them
+    check_reads: bool = True  # each expert read against its recorded checksums; false only to measure their cost
 
 
 class DirectStore(ExpertStore):
@@ -23,7 +24,7 @@ class DirectStore(ExpertStore):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        self.reader = ExpertReader(self.checkpoint, direct_io=self.options.direct_io)
+        self.reader = ExpertReader(self.checkpoint, self.options.direct_io, self.options.check_reads)
         self.slot_bytes = expert_slot_bytes(self.checkpoint)
         self.slots = self.config.num_experts_per_token
         self._arena = aligned_buffer(self.slots * self.slot_bytes, huge=True)
@@ -50,7 +51,8 @@ class DirectStore(ExpertStore):
     def stats(self):
         return {"expert_requests": self.requests, "expert_hits": 0, "expert_evictions": 0,
                 "expert_bytes_read": self.reader.bytes_read, "expert_read_seconds": self.reader.seconds,
-                "expert_read_mode": self.reader.mode, "expert_slots": self.slots, "expert_slot_bytes": self.slot_bytes}
+                "expert_read_mode": self.reader.mode, "expert_slots": self.slots, "expert_slot_bytes": self.slot_bytes,
+                "expert_reads_checked": self.options.check_reads}
 
     def close(self):
         self._prefault.stop()

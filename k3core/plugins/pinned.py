@@ -47,6 +47,8 @@ class PinnedOptions(PluginOptions):
     pin_coded: bool = False  # with a coded pack, hold pinned layers as stored blocks and restore them on each
                              # use: more of them fit, but each costs a restore per token (measured slower than
                              # streaming them on 2 cores: docs/PERFORMANCE.md, "Holding pinned layers coded")
+    check_reads: bool = True  # every raw block read against the manifest's checksum; false only to measure the cost
+                              # (a coded pack's blocks are always checked: restoring computes the checksum anyway)
 
 
 def layout(trunk, config, budget, options: PinnedOptions) -> Layout:
@@ -137,7 +139,7 @@ class PinnedPlacer(TrunkPlacer):
         config = self.config
         self.trunk = open_trunk(ctx.budget.trunk_dir, self.checkpoint)
         self.layout = lay = layout(self.trunk, config, ctx.budget, self.options)
-        self.reader = TrunkReader(self.trunk)
+        self.reader = TrunkReader(self.trunk, self.options.check_reads)
         self.wait_seconds = 0.0
         self._pinned = {} if lay.held else self._load_pinned(lay.pinned)
         self._held = {L: self.reader.read_stored(self.trunk.layer(L)) for L in lay.pinned} if lay.held else {}
@@ -266,7 +268,8 @@ class PinnedPlacer(TrunkPlacer):
                 "pinned_coded": self.layout.held,
                 "head_pinned": self.layout.head_pinned, "ring_slots": self.layout.ring_slots,
                 "ring_slot_bytes": self.layout.slot_bytes,
-                "trunk_read_mode": self.reader.mode}
+                "trunk_read_mode": self.reader.mode,
+                "trunk_reads_checked": self.options.check_reads or self.trunk.codec != RAW}
 
     def close(self):
         for prefault in self._prefaults:

@@ -2,16 +2,19 @@
 
 No packed trunk is needed; RAM must hold the whole trunk (the memory plan says how much). Tensors are
 read with large parallel O_DIRECT reads (aligned_io.read_spans) straight into the buffers they then live
-in: no page-cache copy, no second copy.
+in: no page-cache copy, no second copy. Each is checked against the checksum recorded for the checkpoint
+(TensorSums), on every core, before the first token.
 """
 from __future__ import annotations
 
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..plugin_api import (DTYPES, HEAD, PREFIX, VISION_PREFIXES, Param, PlanRow, Span, TrunkPlacer, Weights, hookimpl,
-                          layer_prefix, read_spans)
+from ..plugin_api import (DTYPES, HEAD, PREFIX, VISION_PREFIXES, Param, PlanRow, Span, TensorSums, TrunkPlacer,
+                          Weights, hookimpl, layer_prefix, read_spans)
 
 EXPERTS = "block_sparse_moe.experts."
 
@@ -50,7 +53,11 @@ class ResidentPlacer(TrunkPlacer):
                 if not rel.startswith(EXPERTS) and layer < config.num_hidden_layers:
                     wanted.append((layer, rel, name))
         infos = [index[name] for *_, name in wanted]
+        sums = TensorSums.load(index)
         read = read_spans([Span(t.file, t.offset, t.nbytes, f"trunk tensor {t.name}") for t in infos])
+        with ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="k3-trunk-check") as pool:
+            list(pool.map(lambda t, r: sums.check(t, memoryview(r[0])[r[1]:r[1] + t.nbytes], "the resident trunk"),
+                          infos, read))
         model: dict[str, Param] = {}
         for (layer, key, _), t, (buf, skip) in zip(wanted, infos, read):
             (model if layer is None else self._layers[layer])[key] = _param(buf, skip, t, key)

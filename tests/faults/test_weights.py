@@ -76,3 +76,100 @@ def test_pack_verify_names_the_flipped_block(packs, tmp_path, capsys):
     block = flip(copy, "layer.1", "self_attn.q_proj.weight")
     assert main(["pack", "--verify", str(copy)]) != 0
     assert f"run layer.1: block {block} fails its checksum" in capsys.readouterr().err
+
+
+# ---- the checkpoint itself: every tensor against the checksums recorded for it (k3-tensor-sums.bin) ----------
+def flip_tensor(model, name: str) -> None:
+    from k3core.model.checkpoint import open_checkpoint
+
+    ckpt = open_checkpoint(model)
+    info = ckpt.index[name]
+    ckpt.close()
+    with open(info.file, "r+b") as f:
+        f.seek(info.offset + info.nbytes // 2)
+        byte = f.read(1)[0]
+        f.seek(info.offset + info.nbytes // 2)
+        f.write(bytes([byte ^ 0x01]))
+
+
+def every_expert(model, layer: int, part: str) -> list[str]:
+    from k3core.model.checkpoint import expert_prefix, open_checkpoint
+
+    ckpt = open_checkpoint(model)
+    ckpt.close()
+    return [expert_prefix(layer, e) + part for e in range(ckpt.config.num_experts)]
+
+
+# (what to flip, flags): an expert read by each store, and a trunk tensor the resident placer loads
+CHECKPOINT_ROWS = [
+    ("experts of layer 2: w1.weight_packed", ["--expert-store", "lru"]),
+    ("experts of layer 2: w2.weight_scale", ["--expert-store", "direct"]),
+    ("experts of layer 1: w3.weight_packed", ["--expert-store", "lru", "--cache-gb", "0"]),
+    ("trunk: language_model.model.layers.3.self_attn.o_proj.weight", []),
+    ("trunk: language_model.lm_head.weight", []),
+]
+
+
+@pytest.mark.parametrize("what, flags", CHECKPOINT_ROWS, ids=[w for w, _ in CHECKPOINT_ROWS])
+def test_a_flipped_bit_in_the_checkpoint_stops_the_run_naming_the_tensor(tiny_model, tmp_path, capsys, what, flags):
+    model = shutil.copytree(tiny_model, tmp_path / "m")
+    if what.startswith("experts"):
+        layer, part = int(what.split()[3].rstrip(":")), what.split(": ")[1]
+        names = every_expert(model, layer, part)
+    else:
+        names = [what.split(": ")[1]]
+    for name in names:
+        flip_tensor(model, name)
+    code = main(["run", str(model), "--ids", "0,1,2", "--gen", "3", *flags])
+    err = capsys.readouterr().err
+    assert code == 4, err
+    assert "fails its checksum" in err and any(f"tensor {n} read from" in err for n in names)
+    assert "Traceback" not in err
+
+
+def test_a_checkpoint_without_recorded_checksums_is_refused_naming_the_command(tiny_model, tmp_path, capsys):
+    model = shutil.copytree(tiny_model, tmp_path / "m")
+    (model / "k3-tensor-sums.bin").unlink()
+    assert main(["run", str(model), "--ids", "0,1", "--gen", "1"]) == 2
+    assert "k3-tensor-sums.bin" in (err := capsys.readouterr().err) and "k3 verify" in err
+
+
+@pytest.mark.parametrize("damage", ["truncated", "a byte changed", "another shard's header"])
+def test_a_damaged_or_stale_checksum_file_is_refused(tiny_model, tmp_path, capsys, damage):
+    from k3core import record_tensor_sums
+
+    model = shutil.copytree(tiny_model, tmp_path / "m")
+    sums = model / "k3-tensor-sums.bin"
+    if damage == "truncated":
+        sums.write_bytes(sums.read_bytes()[:-5])
+    elif damage == "a byte changed":
+        raw = bytearray(sums.read_bytes())
+        raw[len(raw) // 2] ^= 1
+        sums.write_bytes(bytes(raw))
+    else:  # recorded for another checkpoint whose first shard has another header
+        other = shutil.copytree(tiny_model, tmp_path / "o")
+        shard = sorted(other.glob("*.safetensors"))[0]
+        raw = bytearray(shard.read_bytes())
+        raw[raw.index(b'"pt"') + 1] = ord("P")  # the metadata's "pt" -> "Pt": same size, another header
+        shard.write_bytes(bytes(raw))
+        record_tensor_sums(other)
+        shutil.copy(other / "k3-tensor-sums.bin", sums)
+    assert main(["run", str(model), "--ids", "0,1", "--gen", "1"]) == 2
+    err = capsys.readouterr().err
+    assert ("damaged" in err if damage != "another shard's header" else "has changed since" in err), err
+    assert "k3 verify" in err
+
+
+def test_running_sums_in_pieces_equal_one_checksum():
+    import numpy as np
+
+    from k3core import _native
+    from k3core.io.tensor_sums import RunningSum
+
+    data = np.random.default_rng(0).integers(0, 256, 10_007, dtype=np.uint8).tobytes()
+    for cuts in ([], [8, 16], [3, 5, 4099], [1, 2, 3, 9999], list(range(1, 10_007, 777))):
+        running, at = RunningSum(), 0
+        for c in cuts + [len(data)]:
+            running.update(data[at:c])
+            at = c
+        assert running.value() == _native.planes_checksum(np.frombuffer(data, np.uint8))

@@ -1,0 +1,192 @@
+"""Every tensor's checksum, recorded once (k3 setup, k3 verify, the checkpoint writer) in `k3-tensor-sums.bin`
+beside the shards, and checked whenever k3 reads a tensor from the checkpoint itself: each routed expert as it
+lands (expert_io), each trunk tensor the resident placer loads. A packed trunk carries its own block checksums
+(io/trunk.py). The checksum is the codec's (native/planes.h: 64-bit words × odd weights), so any changed byte
+changes it; it guards against bytes changing on disk or in flight, not against an adversary.
+
+The file: MAGIC, a u64 length and a JSON header (format, version, and per shard its name, size, header sha256
+and tensor count), then per shard in that order its tensors' absolute offsets (u64, ascending) and their
+checksums (u64), then the sha256 of everything before it. A shard whose size or header differs from the record
+makes the table stale: the run refuses to start, naming the shard and the command that records it again.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .. import _native
+from ..errors import CheckpointError, UnsoundRunError
+from .atomic import write_bytes_atomic
+
+FILE, MAGIC, FORMAT, VERSION = "k3-tensor-sums.bin", b"K3SUMS\0\0", "k3-tensor-sums", 1
+CHUNK = 64 << 20          # bytes read at a time while recording (a multiple of 8: the checksum's word)
+MASK = (1 << 64) - 1
+RECORD = "`k3 verify MODEL_DIR` records them again (it reads every shard once)"
+
+
+class RunningSum:
+    """planes_checksum of a byte string given in pieces, in order: for bytes B after 8k bytes A,
+    sum(A + B) = sum(A) + sum(B) + 2k * (B's words added up), all mod 2^64."""
+
+    def __init__(self):
+        self.sum, self.words, self.tail = 0, 0, b""
+
+    def update(self, data) -> None:
+        data = memoryview(data).cast("B")
+        if self.tail:
+            take = 8 - len(self.tail)
+            self.tail, data = self.tail + bytes(data[:take]), data[take:]
+            if len(self.tail) < 8:
+                return
+            self._add(memoryview(self.tail))
+            self.tail = b""
+        whole = len(data) // 8 * 8
+        if whole:
+            self._add(data[:whole])
+        self.tail = bytes(data[whole:])
+
+    def _add(self, words) -> None:
+        added = int(np.frombuffer(words, "<u8").sum(dtype=np.uint64))
+        self.sum = (self.sum + _native.planes_checksum(words) + 2 * self.words * added) & MASK
+        self.words += len(words) // 8
+
+    def value(self) -> int:
+        if not self.tail:
+            return self.sum
+        last = RunningSum()
+        last.sum, last.words = self.sum, self.words
+        last._add(memoryview(self.tail + bytes(8 - len(self.tail))))
+        return last.sum
+
+
+def _shard_sums(shard, spans, advance=None) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, checksums) of the tensors of one shard, `spans` being (offset, nbytes) in ascending order."""
+    sums, buf = [], bytearray(CHUNK)
+    fd = os.open(shard.path, os.O_RDONLY)
+    try:
+        for offset, nbytes in spans:
+            running, done = RunningSum(), 0
+            while done < nbytes:
+                n = os.preadv(fd, [memoryview(buf)[:min(CHUNK, nbytes - done)]], offset + done)
+                if n <= 0:
+                    raise CheckpointError(f"file ends inside a tensor at byte {offset + done}", file=shard.path)
+                running.update(memoryview(buf)[:n])
+                done += n
+                if advance:
+                    advance(n)
+            sums.append(running.value())
+    finally:
+        os.close(fd)
+    return np.array([o for o, _ in spans], np.uint64), np.array(sums, np.uint64)
+
+
+def record(index, progress=None, jobs: int = 4) -> Path:
+    """Read every tensor of the checkpoint behind `index` (a ShardIndex), shards `jobs` at a time, and write
+    their checksums to FILE in its directory (atomically). `progress(bytes_done, bytes_total)` as it goes."""
+    by_file: dict[str, list] = {}
+    for name in index.names():
+        t = index[name]
+        by_file.setdefault(str(t.file), []).append((t.offset, t.nbytes))
+    total, done = sum(n for spans in by_file.values() for _, n in spans), [0]
+
+    def advance(n):
+        done[0] += n
+        if progress:
+            progress(done[0], total)
+
+    def one(shard):
+        return _shard_sums(shard, sorted(by_file.get(str(shard.path), [])), advance)
+
+    with ThreadPoolExecutor(max(1, jobs), thread_name_prefix="k3-sums") as pool:
+        tables = list(pool.map(one, index.files))
+    shards = [{"name": f.path.name, "size": f.size, "header_sha256": f.header_sha256, "tensors": len(o)}
+              for f, (o, _) in zip(index.files, tables)]
+    head = json.dumps({"format": FORMAT, "version": VERSION, "shards": shards}).encode()
+    body = MAGIC + struct.pack("<Q", len(head)) + head + b"".join(o.astype("<u8").tobytes() + s.astype("<u8").tobytes()
+                                                                 for o, s in tables)
+    path = Path(index.directory) / FILE
+    write_bytes_atomic(path, body + hashlib.sha256(body).digest())
+    return path
+
+
+@dataclass
+class _Shard:
+    offsets: np.ndarray
+    sums: np.ndarray
+
+
+class TensorSums:
+    """The recorded checksums of one checkpoint, checked against its shards when loaded."""
+
+    def __init__(self, path: Path, shards: dict[str, _Shard]):
+        self.path, self._shards = path, shards
+
+    @classmethod
+    def load(cls, index) -> "TensorSums":
+        path = Path(index.directory) / FILE
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            raise CheckpointError(f"this checkpoint has no tensor checksums ({FILE}), so k3 cannot check the bytes it "
+                                  f"reads; {RECORD}", file=index.directory) from None
+        head, tables = _parse(raw, path)
+        mine = {f.path.name: f for f in index.files}
+        recorded = {s["name"]: s for s in head["shards"]}
+        for name, f in mine.items():
+            s = recorded.get(name)
+            if s is None or s["size"] != f.size or s["header_sha256"] != f.header_sha256:
+                why = "is not in it" if s is None else "has changed since"
+                raise CheckpointError(f"the tensor checksums were recorded for other shards: {name} {why}; {RECORD}",
+                                      file=path)
+        return cls(path, {str(mine[s["name"]].path): t for s, t in zip(head["shards"], tables) if s["name"] in mine})
+
+    def of(self, info) -> int:
+        """The recorded checksum of the tensor `info` (a TensorInfo of this checkpoint)."""
+        shard = self._shards.get(str(info.file))
+        i = -1 if shard is None else int(np.searchsorted(shard.offsets, info.offset))
+        if shard is None or i >= len(shard.offsets) or int(shard.offsets[i]) != info.offset:
+            raise CheckpointError(f"no checksum was recorded for this tensor; {RECORD}", file=self.path,
+                                  tensor=info.name)
+        return int(shard.sums[i])
+
+    def problem(self, info, data) -> str | None:
+        """None if `data` (the tensor's bytes as read) has the recorded checksum, else what differs."""
+        if (got := _native.planes_checksum(memoryview(data).cast("B"))) == (want := self.of(info)):
+            return None
+        return (f"tensor {info.name} read from {info.file} fails its checksum ({got:016x}, recorded {want:016x}): "
+                f"the checkpoint changed on disk since it was verified; run `k3 verify {Path(self.path).parent}`")
+
+    def check(self, info, data, what: str) -> None:
+        """`data` (the tensor's bytes as read) must have the recorded checksum; else UnsoundRunError naming `what`."""
+        if why := self.problem(info, data):
+            raise UnsoundRunError(f"{what}: {why}")
+
+
+def _parse(raw: bytes, path: Path) -> tuple[dict, list[_Shard]]:
+    """The header and per-shard tables of FILE's bytes, or CheckpointError saying what is wrong."""
+    def bad(why):
+        return CheckpointError(f"the tensor checksum file is damaged ({why}); {RECORD}", file=path)
+
+    if len(raw) < 48 or raw[:8] != MAGIC or hashlib.sha256(raw[:-32]).digest() != raw[-32:]:
+        raise bad("its own sha256 does not match" if raw[:8] == MAGIC else "not a k3 tensor checksum file")
+    n = struct.unpack_from("<Q", raw, 8)[0]
+    try:
+        head = json.loads(raw[16:16 + n])
+        counts = [int(s["tensors"]) for s in head["shards"]]
+        ok = head["format"] == FORMAT and head["version"] == VERSION
+    except (ValueError, KeyError, TypeError) as exc:
+        raise bad(f"header: {exc!r}") from None
+    if not ok or 16 + n + 16 * sum(counts) + 32 != len(raw):
+        raise bad("its header does not describe its length, or it is another version")
+    tables, at = [], 16 + n
+    for k in counts:
+        tables.append(_Shard(np.frombuffer(raw, "<u8", k, at), np.frombuffer(raw, "<u8", k, at + 8 * k)))
+        at += 16 * k
+    return head, tables
