@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.requests import ClientDisconnect
 from k3core import (SamplingParams, UsageError, build_chat_ids, forced_tool_prefix, parse_tool_calls, render_chat,
                     split_reply)
 from k3core import LimitError, loads_limited
@@ -204,6 +205,8 @@ def api_router(worker: Worker, opts: ApiOptions) -> APIRouter:
                 return await handler(request)
             except ApiError as err:
                 return error_response(err)
+            except ClientDisconnect:  # it left before its body was whole: one log line (serve/deadlines.py)
+                return JSONResponse({}, status_code=499)
         route.__name__ = handler.__name__
         return route
 

@@ -1,7 +1,10 @@
 """Where `k3 serve` listens and who may call it: 127.0.0.1 by default; any other address only with an API
-key (--api-key or K3_API_KEY), else it refuses to start. The key is never printed or logged."""
+key (--api-key or K3_API_KEY), else it refuses to start. The key is never printed or logged. How long a
+client may take to send a request (`Timeouts`, enforced by serve/deadlines.py); `k3 ui` listens the same way."""
 from __future__ import annotations
 
+import argparse
+import functools
 import ipaddress
 import logging
 import os
@@ -48,6 +51,54 @@ def check_host(host: str | None, key: str | None) -> str:
                      "default, 127.0.0.1, is this machine only")
 
 
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds a client has to send a request's headers (from the connection opening, or the previous reply
+    ending) and then its body; a slower one gets 408 and is disconnected."""
+
+    header: float = 10.0
+    body: float = 60.0
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 1..65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number, got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number in 1..65535, got {value}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a time limit in seconds, more than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value
+
+
+def add_listening_arguments(group, default_port: int) -> None:
+    """--port and the two request timeouts, as `k3 serve` and `k3 ui` take them."""
+    group.add_argument("--port", type=port_number, default=default_port, metavar="N",
+                       help=f"port, 1..65535 (default {default_port})")
+    group.add_argument("--header-timeout", type=seconds, default=Timeouts.header, metavar="S",
+                       help=f"a request's headers must arrive whole within S seconds of the connection opening (or of "
+                            f"the previous reply ending); slower clients get 408 and are disconnected (default "
+                            f"{Timeouts.header:g})")
+    group.add_argument("--body-timeout", type=seconds, default=Timeouts.body, metavar="S",
+                       help=f"a request's body must arrive whole within S seconds of its headers; slower clients get "
+                            f"408 and are disconnected (default {Timeouts.body:g})")
+
+
+def timeouts_from_args(args) -> Timeouts:
+    return Timeouts(header=args.header_timeout, body=args.body_timeout)
+
+
 @dataclass
 class Listening:
     url: str
@@ -59,11 +110,16 @@ class Listening:
         self.thread.join(timeout=30)
 
 
-def listen(app, host: str, port: int, access_log: bool = False) -> Listening:
-    """Serve `app` on host:port (0: any free port) in a thread; returns once it listens."""
+def listen(app, host: str, port: int, access_log: bool = False, timeouts: Timeouts = Timeouts()) -> Listening:
+    """Serve `app` on host:port (0: any free port) in a thread, with uvicorn's h11 protocol held to `timeouts`;
+    returns once it listens."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=access_log))
+    from .deadlines import DeadlineProtocol
+
+    protocol = functools.partial(DeadlineProtocol, header_timeout=timeouts.header, body_timeout=timeouts.body)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=access_log,
+                                           http=protocol))
     if access_log:
         logging.getLogger("uvicorn.access").setLevel(logging.INFO)
     thread = threading.Thread(target=server.run, name="k3-serve-http", daemon=True)

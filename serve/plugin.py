@@ -11,7 +11,7 @@ from k3core import (EXIT_CODES, add_engine_arguments, add_logging_arguments, add
                     configure_logging, engine_config_from_args, speculation_from_args)
 from k3core.plugin_api import hookimpl
 
-from .http import KEY_ENV
+from .http import KEY_ENV, Timeouts, add_listening_arguments, timeouts_from_args
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class ServeOptions:
     max_body_bytes: int = 4 << 20
     max_tokens: int = 1024           # a request that names no max_tokens gets this many at most
     access_log: bool = False
+    timeouts: Timeouts = Timeouts()  # for a request's headers, then its body
 
 
 def build_app(worker, api_options):
@@ -67,7 +68,7 @@ def serve(config, opts: ServeOptions, speculation=lambda: None) -> int:
         app = build_app(worker, ApiOptions(key, opts.max_body_bytes, opts.max_tokens, int(time.time())))
         if not is_loopback(host):
             warn_exposed(host)
-        running = listen(app, host, opts.port, opts.access_log)
+        running = listen(app, host, opts.port, opts.access_log, opts.timeouts)
         print(f"k3 serve: model {name!r} at {running.url}/v1 ({engine.sequences} at once, {opts.queue_size} may wait"
               f"{', API key required' if key else ''}) — Ctrl-C to stop", flush=True)
         try:
@@ -97,7 +98,8 @@ def cmd_serve(args) -> int:
     return serve(config, ServeOptions(host=args.host, port=args.port, api_key=args.api_key,
                                       queue_size=args.queue_size, keep_states=args.keep_states,
                                       max_body_bytes=args.max_body_bytes, max_tokens=args.max_tokens,
-                                      access_log=args.access_log), speculation=lambda: speculation_from_args(args))
+                                      access_log=args.access_log, timeouts=timeouts_from_args(args)),
+                 speculation=lambda: speculation_from_args(args))
 
 
 def _positive(text: str) -> int:
@@ -129,7 +131,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_engine_arguments(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", metavar="ADDR", help="address to listen on (default 127.0.0.1); any other needs an API key")
-    g.add_argument("--port", type=int, default=8000, metavar="N", help="port (default 8000)")
+    add_listening_arguments(g, default_port=8000)
     g.add_argument("--api-key", metavar="KEY", help=f"require `Authorization: Bearer KEY` (prefer {KEY_ENV}: a flag "
                    "shows in the process list); at least 16 characters")
     g.add_argument("--sequences", type=int, default=4, metavar="N",

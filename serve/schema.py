@@ -21,7 +21,8 @@ class ApiError(Exception):
     """An error the client gets as {"error": {"message", "type", "param", "code"}} with `status`."""
 
     TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-             413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+             408: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
+             503: "server_error"}
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  headers: dict | None = None):

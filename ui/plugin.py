@@ -10,6 +10,8 @@ from k3core import (EXIT_CODES, add_engine_arguments, add_logging_arguments, add
                     configure_logging, engine_config_from_args, speculation_from_args)
 from k3core.plugin_api import hookimpl
 
+from serve.http import add_listening_arguments, timeouts_from_args
+
 from .guard import ADMIN_FLAG
 from .server import EXPOSE_FLAG, ServerOptions
 
@@ -26,7 +28,8 @@ def cmd_ui(args) -> int:
 def server_options(args) -> ServerOptions:
     return ServerOptions(host=args.host, port=args.port, expose=args.expose, auth=args.auth,
                          queue_size=args.queue_size, keep_states=args.keep_states, access_log=args.access_log,
-                         allow_admin=args.allow_admin, models_root=args.models_root, api_key=args.api_key)
+                         allow_admin=args.allow_admin, models_root=args.models_root, api_key=args.api_key,
+                         timeouts=timeouts_from_args(args))
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -42,7 +45,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                f"  k3 ui /models/K3 --host 0.0.0.0 {EXPOSE_FLAG} --auth me:secret\n\n" + EXIT_CODES)
     add_engine_arguments(p)
     g = p.add_argument_group("server")
-    g.add_argument("--port", type=int, default=7860, metavar="N", help="port (default 7860)")
+    add_listening_arguments(g, default_port=7860)
     g.add_argument("--host", metavar="ADDR", help="address to listen on (default 127.0.0.1); anything but loopback "
                    f"also needs {EXPOSE_FLAG}")
     g.add_argument(EXPOSE_FLAG, dest="expose", action="store_true",

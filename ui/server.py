@@ -19,7 +19,7 @@ from pathlib import Path
 from k3core import EngineConfig, UsageError
 
 from serve.http import api_key as read_api_key
-from serve.http import Listening, is_loopback, listen
+from serve.http import Listening, Timeouts, is_loopback, listen
 
 from .guard import Guard
 from .host import EngineHost
@@ -42,6 +42,7 @@ class ServerOptions:
     allow_admin: bool = False    # clients may run Setup, open another model, change budgets (also with auth)
     models_root: str | None = None  # where Setup may write; None: the current directory
     api_key: str | None = None   # the OpenAI API under /v1 asks for it (else K3_API_KEY); off-loopback it is required
+    timeouts: Timeouts = Timeouts()  # for a request's headers, then its body (every route: the page's and /v1)
 
 
 def check_host(host: str | None, expose: bool) -> str:
@@ -94,9 +95,9 @@ def session_key(request) -> str:
 
 
 def launch(demo, host: str, port: int, auth: tuple[str, str] | None = None, block: bool = True,
-           quiet: bool = False, access_log: bool = False, api=None) -> Listening:
+           quiet: bool = False, access_log: bool = False, api=None, timeouts: Timeouts = Timeouts()) -> Listening:
     """Serve the app on host:port (already checked), with `api` (an APIRouter: the OpenAI routes) beside the
-    page when given. Returns when it listens (block=False) or when it stops."""
+    page when given, clients held to `timeouts`. Returns when it listens (block=False) or when it stops."""
     import fastapi
     import gradio as gr
 
@@ -107,7 +108,7 @@ def launch(demo, host: str, port: int, auth: tuple[str, str] | None = None, bloc
     gr.mount_gradio_app(app, demo, path="/", auth=auth, server_name=host, server_port=port, show_error=True,
                         ssr_mode=False, mcp_server=False, enable_monitoring=False, footer_links=["api", "settings"],
                         **_look())
-    listening = listen(app, host, port, access_log)
+    listening = listen(app, host, port, access_log, timeouts)
     url = listening.url = listening.url + "/"
     log.info("listening on %s%s", url, " with a login" if auth else "")
     if not quiet:
@@ -175,7 +176,7 @@ def serve(config: EngineConfig, opts: ServerOptions, speculation=lambda: None) -
         else:
             print("k3 ui: the OpenAI API (/v1) is off: on a non-loopback address it needs an API key (K3_API_KEY)",
                   file=sys.stderr)
-        launch(demo, host, opts.port, auth, block=True, access_log=opts.access_log, api=api)
+        launch(demo, host, opts.port, auth, block=True, access_log=opts.access_log, api=api, timeouts=opts.timeouts)
     finally:
         if worker is not None:
             worker.close()

@@ -80,8 +80,8 @@ def fake_app(monkeypatch):
     monkeypatch.setattr(server, "EngineHost", FakeHost)
     monkeypatch.setattr("ui.app.build", lambda host, keep_states, guard: (
         setattr(demo, "guard", guard), types.SimpleNamespace(demo=demo, host=host))[1])
-    monkeypatch.setattr(server, "launch", lambda d, host, port, auth, block, access_log, api: setattr(
-        demo, "launched", dict(server_name=host, server_port=port, auth=auth, block=block, api=api)))
+    monkeypatch.setattr(server, "launch", lambda d, host, port, auth, block, access_log, api, timeouts: setattr(
+        demo, "launched", dict(server_name=host, server_port=port, auth=auth, block=block, api=api, timeouts=timeouts)))
     return demo
 
 

@@ -1,0 +1,235 @@
+"""Slow and strange clients of `k3 serve` and `k3 ui` (the OpenAI routes and the page), live on 127.0.0.1: headers
+or a body sent a byte at a time are cut off with 408 while others are served; a client that leaves mid-request is
+one log line, never a traceback; a port outside 1..65535 is refused. Every socket is bounded in time: the servers
+here give 1 s for headers and 1.5 s for a body."""
+from __future__ import annotations
+
+import json
+import logging
+import select
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from k3core import EngineConfig, load_tokenizer, open_engine
+from k3core.cli.main import main
+from serve.app import ApiOptions, api_router
+from serve.http import Timeouts, listen
+from serve.plugin import build_app
+from serve.worker import EngineSlot, Worker
+
+from ..conftest import DEMO_MODEL
+
+HEADER, BODY, GAP = 1.0, 1.5, 0.1  # seconds: the servers' timeouts here; a slow client sends a byte every GAP
+SLACK = 2.0                          # how late a cut-off may come on a busy 2-core machine
+CHAT = b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+PAGE = b"POST /gradio_api/queue/join HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+HEALTH = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+
+def row(case, *values, full=False):
+    return pytest.param(*values, id=case, marks=[pytest.mark.faults_full] if full else [])
+
+
+class Servers:
+    """`k3 serve` (the demo model) and `k3 ui` (a page and the OpenAI routes), each started on first use, on ports
+    the system picks, with the short timeouts."""
+
+    def __init__(self):
+        self.running, self.closing = {}, []
+
+    def url(self, kind: str) -> str:
+        if kind not in self.running:
+            self.running[kind] = getattr(self, kind)()
+            self.closing.append(self.running[kind])
+        return self.running[kind].url.rstrip("/")
+
+    def _worker(self, model):
+        engine = open_engine(EngineConfig(model))
+        worker = Worker(EngineSlot(engine, load_tokenizer(model)), keep_states=0)
+        self.closing += [engine, worker]
+        return worker
+
+    def serve(self, model=DEMO_MODEL):
+        return listen(build_app(self._worker(model), ApiOptions()), "127.0.0.1", 0, timeouts=Timeouts(HEADER, BODY))
+
+    def ui(self):
+        import gradio as gr
+
+        from ui.server import launch
+
+        with gr.Blocks() as page:
+            gr.Markdown("k3")
+        return launch(page, "127.0.0.1", 0, block=False, quiet=True, api=api_router(self._worker(DEMO_MODEL),
+                                                                                     ApiOptions()),
+                      timeouts=Timeouts(HEADER, BODY))
+
+    def close(self):
+        for thing in reversed(self.closing):
+            thing.close()
+
+
+@pytest.fixture(scope="module")
+def servers():
+    s = Servers()
+    yield s
+    s.close()
+
+
+class Logged:
+    """Records of the server's loggers (k3's, uvicorn's, asyncio's) while the block runs."""
+
+    NAMES = ("k3.serve", "uvicorn", "asyncio")
+
+    def __enter__(self):
+        self.records, self.handler = [], logging.Handler(logging.DEBUG)
+        self.handler.emit = self.records.append
+        for name in self.NAMES:
+            logging.getLogger(name).addHandler(self.handler)
+        return self
+
+    def __exit__(self, *exc):
+        for name in self.NAMES:
+            logging.getLogger(name).removeHandler(self.handler)
+
+    def about(self, client: str) -> list[str]:
+        return [r.getMessage() for r in self.records if r.levelno >= logging.WARNING and client in r.getMessage()]
+
+    def tracebacks(self) -> list[str]:
+        return [r.getMessage() for r in self.records if r.exc_info or r.levelno >= logging.ERROR]
+
+    def wait_for(self, client: str, seconds: float = 3.0) -> list[str]:
+        end = time.monotonic() + seconds
+        while not self.about(client) and time.monotonic() < end:
+            time.sleep(0.05)
+        time.sleep(0.3)  # whatever else that connection logs (a traceback) comes in this time too
+        return self.about(client)
+
+
+def connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=HEADER + BODY + SLACK)
+
+
+def trickle(sock: socket.socket, head: bytes, slow: bytes, limit: float) -> tuple[bytes, float]:
+    """Send `head` at once, then `slow` a byte every GAP seconds, reading whatever comes back, until the server
+    hangs up: (what came back, seconds from the first trickled byte to the hang-up). At most `limit` seconds."""
+    sock.sendall(head)
+    start, got, pending = time.monotonic(), b"", iter(slow)
+    while time.monotonic() - start < limit:
+        byte = next(pending, None)
+        if byte is not None:
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:  # it hung up: read what it said
+                pass
+        if select.select([sock], [], [], GAP)[0]:
+            try:
+                chunk = sock.recv(65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            got += chunk
+    return got, time.monotonic() - start
+
+
+def status_of_last(got: bytes) -> int | None:
+    head = got.rsplit(b"HTTP/1.1 ", 1)
+    return int(head[1][:3]) if len(head) == 2 else None
+
+
+# (server, sent at once, then sent a byte every GAP s, the timeout that applies, what comes back: 408 or "closed")
+SLOW = [
+    row("serve-headers-trickled", "serve", b"", HEALTH[:-2] + b"X-Pad: " + b"a" * 400, HEADER, 408),
+    row("serve-body-trickled", "serve", CHAT + b"Content-Length: 400\r\n\r\n", b"{" + b" " * 399, BODY, 408),
+    row("serve-headers-trickled-after-a-reply", "serve", HEALTH, HEALTH[:-2] + b"X-Pad: " + b"a" * 400, HEADER, 408),
+    row("serve-connected-and-silent", "serve", b"", b"", HEADER, "closed"),
+    row("ui-headers-trickled-to-the-page", "ui", b"", b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + b"a" * 400,
+        HEADER, 408),
+    row("ui-body-trickled-to-the-page", "ui", PAGE + b"Content-Length: 400\r\n\r\n", b"{" + b" " * 399, BODY, 408),
+    row("ui-body-trickled-to-v1", "ui", CHAT + b"Content-Length: 400\r\n\r\n", b"{" + b" " * 399, BODY, 408, full=True),
+    row("ui-connected-and-silent", "ui", b"", b"", HEADER, "closed", full=True),
+]
+
+
+@pytest.mark.parametrize("kind, head, slow, timeout, answer", SLOW)
+def test_a_slow_client_is_cut_off_while_others_are_served(servers, kind, head, slow, timeout, answer):
+    url = servers.url(kind)
+    with Logged() as logged, connect(url) as sock, ThreadPoolExecutor(1) as pool:
+        client = "127.0.0.1:%d" % sock.getsockname()[1]
+        slowpoke = pool.submit(trickle, sock, head, slow, timeout + SLACK)
+        time.sleep(GAP)
+        assert httpx.get(url + "/health", timeout=5).status_code == 200 and not slowpoke.done()  # others are served
+        got, seconds = slowpoke.result()
+        lines = logged.wait_for(client) if answer == 408 else logged.about(client)
+    assert seconds < timeout + SLACK, got
+    if answer == "closed":  # an idle connection: hung up without a word
+        assert got == b"" and lines == []
+        return
+    assert status_of_last(got) == 408, got
+    error = json.loads(got.rsplit(b"\r\n\r\n", 1)[1])["error"]
+    flag = "--header-timeout" if timeout == HEADER else "--body-timeout"
+    assert error["code"] == "request_timeout" and flag in error["message"]
+    assert len(lines) == 1 and flag in lines[0] and not logged.tracebacks(), logged.records
+
+
+@pytest.mark.parametrize("kind", [row("serve", "serve"), row("ui", "ui", full=True)])
+def test_twenty_bodies_at_a_byte_a_tick_are_all_cut_off_and_a_chat_is_answered_meanwhile(servers, kind):
+    url = servers.url(kind)
+    socks = [connect(url) for _ in range(20)]
+    try:
+        with ThreadPoolExecutor(len(socks)) as pool:
+            slow = [pool.submit(trickle, s, CHAT + b"Content-Length: 400\r\n\r\n", b"{" + b" " * 399, BODY + SLACK)
+                    for s in socks]
+            time.sleep(GAP)
+            r = httpx.post(url + "/v1/chat/completions", timeout=10, json={
+                "model": "k3", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]})
+            assert r.status_code == 200 and not any(f.done() for f in slow)
+            results = [f.result() for f in slow]
+    finally:
+        for s in socks:
+            s.close()
+    assert [status_of_last(got) for got, _ in results] == [408] * 20
+    assert max(seconds for _, seconds in results) < BODY + SLACK
+
+
+# (server, what is sent before the client hangs up, the one line logged)
+DROPPED = [
+    row("serve-body-dropped", "serve", CHAT + b'Content-Length: 100\r\n\r\n{"mod', "request's body arrived whole"),
+    row("serve-headers-dropped", "serve", CHAT[:30], "request's headers arrived whole"),
+    row("ui-body-dropped-at-v1", "ui", CHAT + b'Content-Length: 100\r\n\r\n{"mod', "request's body arrived whole"),
+    row("ui-body-dropped-at-the-page", "ui", PAGE + b'Content-Length: 100\r\n\r\n{"da', "request's body arrived whole",
+        full=True),
+]
+
+
+@pytest.mark.parametrize("kind, sent, line", DROPPED)
+def test_a_client_that_leaves_mid_request_is_one_log_line(servers, kind, sent, line):
+    url = servers.url(kind)
+    with Logged() as logged:
+        with connect(url) as sock:
+            client = "127.0.0.1:%d" % sock.getsockname()[1]
+            sock.sendall(sent)
+            time.sleep(0.2)
+        lines = logged.wait_for(client)
+    assert len(lines) == 1 and f"left before its {line}" in lines[0], logged.records
+    assert not logged.tracebacks(), logged.records
+    assert httpx.get(url + "/health", timeout=5).status_code == 200
+
+
+@pytest.mark.parametrize("command, flag, value", [
+    row("serve-port-0", "serve", "--port", "0"),
+    row("serve-port-65536", "serve", "--port", "65536"),
+    row("ui-port-0", "ui", "--port", "0"),
+    row("ui-port-70000", "ui", "--port", "70000"),
+    row("serve-header-timeout-0", "serve", "--header-timeout", "0"),
+    row("ui-body-timeout-negative", "ui", "--body-timeout", "-1"),
+])
+def test_a_port_or_timeout_out_of_range_is_refused_by_name(capsys, command, flag, value):
+    with pytest.raises(SystemExit) as exited:
+        main([command, str(DEMO_MODEL), flag, value])
+    assert exited.value.code == 2 and f"argument {flag}" in capsys.readouterr().err
