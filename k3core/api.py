@@ -42,8 +42,8 @@ from .plugin_manager import describe_plugins as _describe
 from .plugin_manager import choose_draft, get_plugin_manager, new_plugin_manager
 from .text.channels import Event, TextStream, visible
 from .text.chat import build_ids as build_chat_ids
-from .text.chat import (Conversation, Reply, ToolCall, forced_tool_prefix, parse_tool_calls, render as render_chat,
-                        split_reply, tool_call_markup)
+from .text.chat import (ChatInputError, Conversation, Reply, ToolCall, forced_tool_prefix, parse_tool_calls,
+                        render as render_chat, split_reply, tool_call_markup)
 from .text.chat_session import ChatSession
 from .text.batch import BatchGenerator, Emitted
 from .text.generate import AUTO_K, Speculation, generate_ids, greedy_ids
@@ -75,6 +75,7 @@ __all__ = [
     # errors
     "K3Error", "UsageError", "ConfigError", "CheckpointError", "BindingError", "TrunkError", "InputError",
     "TokenizerError", "PluginError", "PlanError", "UnsoundRunError", "ProfileError", "StateFileError",
+    "ChatInputError",
 ]
 
 

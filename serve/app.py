@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import ClientDisconnect
-from k3core import (SamplingParams, UsageError, build_chat_ids, forced_tool_prefix, parse_tool_calls, render_chat,
-                    split_reply)
+from k3core import (ChatInputError, SamplingParams, UsageError, build_chat_ids, forced_tool_prefix,
+                    parse_tool_calls, render_chat, split_reply)
 from k3core import LimitError, loads_limited
 
 from .http import model_id
-from .schema import ApiError, ChatRequest, CompletionRequest, chat_request, completion_request
+from .schema import ApiError, ChatRequest, CompletionRequest, chat_request, completion_request, request_param
 from .worker import Job, Worker
 
 EOM = "<|end_of_msg|>"
@@ -118,6 +118,9 @@ class Api:
         tools = req.tools if req.tool_choice != "none" else ()
         try:
             prompt = render_chat(list(req.messages), self.tokenizer, mode, tools=list(tools) or None)
+        except ChatInputError as exc:  # a message's text that would become markup; tools that cannot be declared
+            param = request_param(exc.param)
+            raise ApiError(400, f"{param}: {exc.problem}", param=param, code="invalid_value") from None
         except UsageError as exc:
             raise ApiError(400, str(exc), param="messages", code="invalid_value") from None
         forced = []

@@ -199,6 +199,15 @@ def _tool_calls(calls, where: str) -> list[tuple[str, dict]]:
     return out
 
 
+K3_NAMES = {"thinking": "reasoning_content", "tools": "tool_calls"}  # an assistant's fields: k3's name -> OpenAI's
+
+
+def request_param(param: str) -> str:
+    """A field as k3's chat layer names it ("messages[1].thinking") named as the request does."""
+    head, dot, field = param.rpartition(".")
+    return f"{head}.{K3_NAMES.get(field, field)}" if dot else param
+
+
 def _messages(body: dict) -> tuple[dict, ...]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:

@@ -27,11 +27,16 @@ Two paths, same ids. With `chat_template` in tokenizer_config.json, it is render
 ImmutableSandboxedEnvironment(trim_blocks, lstrip_blocks) with: `messages` (normalised: `role`,
 `content` str, plus `thinking` / `tools` / `name` only when given), `add_generation_prompt`,
 `mode`, `thinking` and `enable_thinking` (bools), `bos_token`, `eos_token` (`<|end_of_msg|>`),
-`raise_exception(msg)`, filter `tojson`; the text is encoded with special tokens allowed. Since
-markup typed into a message would then become real markup, that path refuses such text unless
-`allow_markup_in_text=True`. Without a template, the builder assembles ids itself: markers by id,
-each text run between markers by `tokenizer.encode(run)` with specials NOT allowed.
-`CHAT_TEMPLATE` renders exactly what the builder builds (tests/test_chat.py checks both).
+`tools` (the declarations, or None), `raise_exception(msg)`, filter `tojson`; the text is encoded
+with special tokens allowed. Since markup typed into a message would then become real markup, that
+path refuses such text unless `allow_markup_in_text=True`. Without a template, the builder
+assembles ids itself: markers by id, each text run between markers by `tokenizer.encode(run)` with
+specials NOT allowed. `CHAT_TEMPLATE` renders exactly what the builder builds (tests/test_chat.py
+checks both); a template that ignores `tools` gets them declared the builder's way.
+
+Assistant turns are text like any other message (a client may send any history), except for an
+exact `tool_call_markup` in `tools`; `own_replies=True` marks them as the model's own replies (a
+session's history from split_reply), whose markup stays markup.
 """
 from __future__ import annotations
 
@@ -111,21 +116,34 @@ def _model_text(text: str) -> list[tuple[bool, str]]:
     return [(i % 2 == 1, piece) for i, piece in enumerate(_MARKERS.split(text)) if piece]
 
 
+def _body(m: dict, key: str, own_replies: bool) -> list[tuple[bool, str]]:
+    """A field of a normalised message as (is_marker, text) pieces: text, like everything people send —
+    except in the model's own replies (`own_replies`: a session's history, as split_reply gave it), whose
+    markup stays markup, and in an assistant's `tools` that is exactly k3's markup for its calls."""
+    text = m[key]
+    if m["role"] == "assistant" and (own_replies or key == "tools" and _is_call_markup(text)):
+        return _model_text(text)
+    return [(False, text)]
+
+
+def _declarations(tools: Sequence[Mapping]) -> list[tuple[bool, str]]:
+    """Tool declarations (OpenAI's function objects) as one `tool_declarations` element holding their JSON."""
+    return _element("tool_declarations", json.dumps(list(tools), ensure_ascii=False)) + [(True, EOM)]
+
+
 def segments(messages, mode: str = "instruct", add_generation_prompt: bool = True,
-             tools: Sequence[Mapping] | None = None) -> list[tuple[bool, str]]:
+             tools: Sequence[Mapping] | None = None, own_replies: bool = False) -> list[tuple[bool, str]]:
     """The conversation as (is_marker, text) pieces; joined, they are the markup string. `tools`: tool
-    declarations (OpenAI's function objects), rendered first as one `tool_declarations` element."""
+    declarations, rendered first (`_declarations`). `own_replies`: see `render`."""
     channel = _check_mode(mode)
-    segs: list[tuple[bool, str]] = []
-    if tools:
-        segs += _element("tool_declarations", json.dumps(list(tools), ensure_ascii=False)) + [(True, EOM)]
+    segs: list[tuple[bool, str]] = _declarations(tools) if tools else []
     for m in normalize(messages):
         if m["role"] == "assistant":
             if "thinking" in m:
-                segs += _element("think", _model_text(m["thinking"]))
-            segs += _element("response", _model_text(m["content"]))
+                segs += _element("think", _body(m, "thinking", own_replies))
+            segs += _element("response", _body(m, "content", own_replies))
             if "tools" in m:
-                segs += _element("tools", _model_text(m["tools"]))
+                segs += _element("tools", _body(m, "tools", own_replies))
         elif m["role"] == "tool":
             segs += _element("tool_result", m["content"], f' name="{m["name"]}"' if "name" in m else "")
         else:
@@ -193,33 +211,64 @@ def render_template(template: str, messages, mode: str = "instruct", add_generat
         raise CheckpointError(f"tokenizer_config.json: chat_template failed to render: {exc}") from None
 
 
+class ChatInputError(UsageError):
+    """Chat input that will not be rendered as given; `param` names it: "tools" (the declarations) or
+    "messages[I].FIELD" (a message's field, by the names `normalize` gives them)."""
+
+    def __init__(self, param: str, problem: str):
+        super().__init__(f"{param}: {problem}")
+        self.param, self.problem = param, problem
+
+
+def _special_text(tokenizer, text: str) -> bool:
+    """Whether `text` spells a special token, which encoding with specials allowed would turn into its id."""
+    return tokenizer.encode(text, allow_special=True) != tokenizer.encode(text)
+
+
 def render(messages, tokenizer, mode: str = "instruct", *, add_generation_prompt: bool = True,
            use_template: bool = True, allow_markup_in_text: bool = False,
-           tools: Sequence[Mapping] | None = None) -> list[int]:
+           tools: Sequence[Mapping] | None = None, own_replies: bool = False) -> list[int]:
     """Prompt ids for `messages` (and `tools`, declarations the model may call): the checkpoint's
-    chat_template if it has one (and use_template), else the builder."""
+    chat_template if it has one (and use_template), else the builder. Assistant turns are text like any
+    other message's (a client's account of the conversation), but for a `tools` field that is exactly k3's
+    markup for its calls (tool_call_markup); `own_replies=True` says they are the model's own replies as
+    split_reply gave them (a session's history), whose markup stays markup. Text that spells a special token
+    is refused (ChatInputError) where the template would make it markup, unless `allow_markup_in_text`."""
     template = chat_template(tokenizer) if use_template else None
     if template is None:
-        return build_ids(tokenizer, segments(messages, mode, add_generation_prompt, tools))
-    if not allow_markup_in_text:  # what people typed; the model's own replies are its tokens, not input
+        return build_ids(tokenizer, segments(messages, mode, add_generation_prompt, tools, own_replies))
+    if not allow_markup_in_text:  # text the template would turn into markup (the builder keeps it text): refused
         for i, m in enumerate(normalize(messages)):
-            if m["role"] == "assistant":
-                continue
-            for k, v in m.items():
-                if k != "role" and tokenizer.encode(v, allow_special=True) != tokenizer.encode(v):
-                    raise UsageError(f"message {i} ({m['role']}): {k!r} contains special-token text, which the "
-                                     "chat template would turn into markup (pass allow_markup_in_text=True to allow)")
+            if m["role"] == "assistant" and own_replies:
+                continue  # the model's own tokens, not input
+            for k in [k for k in m if k != "role"]:
+                if any(not marker and _special_text(tokenizer, text) for marker, text in _body(m, k, own_replies)):
+                    raise ChatInputError(f"messages[{i}].{k}", "contains special-token text, which the chat "
+                                         "template would turn into markup")
+        if tools and _special_text(tokenizer, json.dumps(list(tools), ensure_ascii=False)):
+            raise ChatInputError("tools", "the declarations contain special-token text, which the chat template "
+                                 "would turn into markup")
     try:
         bos = "[BOS]" if tokenizer.id_of("[BOS]") is not None else ""
     except (LookupError, ValueError, K3Error):
         bos = ""
-    if tools and not allow_markup_in_text:
-        text = json.dumps(list(tools), ensure_ascii=False)
-        if tokenizer.encode(text, allow_special=True) != tokenizer.encode(text):
-            raise UsageError("the tool declarations contain special-token text, which the chat template would turn "
-                             "into markup")
     text = render_template(template, messages, mode, add_generation_prompt, bos, tools)
+    if tools and text == render_template(template, messages, mode, add_generation_prompt, bos):
+        text = _declared(tokenizer, tools, text, bos)  # the template ignores `tools`: never dropped silently
     return tokenizer.encode(text, allow_special=True)
+
+
+def _declared(tokenizer, tools: Sequence[Mapping], text: str, bos: str) -> str:
+    """A template's `text` with the tools it ignored declared as the builder declares them: first (after a
+    BOS the template put first), in XTML — which the tokenizer must have, else the request is refused."""
+    try:
+        for marker in (OPEN, SEP, CLOSE, EOM):
+            tokenizer.id_of(marker)
+    except (LookupError, ValueError, K3Error):
+        raise ChatInputError("tools", "the chat template does not render tool declarations, and the tokenizer has "
+                             "no XTML markup (<|open|> …) to declare them in; send the request without tools") from None
+    head = bos if bos and text.startswith(bos) else ""
+    return head + "".join(piece for _, piece in _declarations(tools)) + text[len(head):]
 
 
 @dataclass
@@ -286,24 +335,31 @@ _ATTR = re.compile(r'(\w+)="([^"]*)"')
 _SAFE_KEY = re.compile(r'^[^"<>\r\n]+$')
 
 
-def _block(tag: str, attrs: str, body: str) -> str:
-    return f"{OPEN}{tag}{attrs}{SEP}{body}{CLOSE}{tag}{SEP}"
+def _call_segments(calls: Sequence[tuple[str, Mapping]]) -> list[tuple[bool, str]]:
+    out: list[tuple[bool, str]] = []
+    for index, (name, arguments) in enumerate(calls, start=1):
+        if all(isinstance(k, str) and _SAFE_KEY.match(k) for k in arguments):
+            body = [piece for k, v in arguments.items() for piece in _element(
+                "argument", v if isinstance(v, str) else json.dumps(v, ensure_ascii=False),
+                f' key="{k}" type="{"string" if isinstance(v, str) else "json"}"')]
+        else:
+            body = _element("json", json.dumps(dict(arguments), ensure_ascii=False))
+        out += _element("call", body, f' tool="{name}" index="{index}"')
+    return out
 
 
 def tool_call_markup(calls: Sequence[tuple[str, Mapping]]) -> str:
     """The `tools` channel text for (name, arguments) calls: per call an element `call tool="NAME"
     index="N"` holding one `argument key="K" type="string|json"` element per argument (a string verbatim,
     anything else as JSON), or one `json` element when a key cannot be an attribute."""
-    out = []
-    for index, (name, arguments) in enumerate(calls, start=1):
-        if all(isinstance(k, str) and _SAFE_KEY.match(k) for k in arguments):
-            body = "".join(_block("argument", f' key="{k}" type="{"string" if isinstance(v, str) else "json"}"',
-                                  v if isinstance(v, str) else json.dumps(v, ensure_ascii=False))
-                           for k, v in arguments.items())
-        else:
-            body = _block("json", "", json.dumps(dict(arguments), ensure_ascii=False))
-        out.append(_block("call", f' tool="{name}" index="{index}"', body))
-    return "".join(out)
+    return "".join(piece for _, piece in _call_segments(calls))
+
+
+def _is_call_markup(text: str) -> bool:
+    """Whether `text` is exactly tool_call_markup's rendering of the calls in it, so that each of its markers
+    is k3's own structure and none of them is spelled inside a name, key or value."""
+    calls = [(c.name, c.arguments) for c in parse_tool_calls(text)]
+    return _model_text(text) == [(marker, piece) for marker, piece in _call_segments(calls) if piece]
 
 
 def parse_tool_calls(text: str) -> list[ToolCall]:
@@ -369,7 +425,7 @@ class Conversation:
         self.messages.append(normalize([{"role": "tool", "content": text, "name": name}])[0])
 
     def prompt(self) -> list[int]:
-        return render(self.messages, self.tokenizer, self.mode)
+        return render(self.messages, self.tokenizer, self.mode, own_replies=True)
 
     def add_reply(self, ids: Sequence[int]) -> Reply:
         reply = split_reply(ids, self.tokenizer, self.mode)

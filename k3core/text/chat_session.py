@@ -43,7 +43,8 @@ class ChatSession:
         full = self.conv.prompt()
         if not self.history:
             return full
-        before = render(self.conv.messages[:-1], self.tokenizer, self.mode, add_generation_prompt=False)
+        before = render(self.conv.messages[:-1], self.tokenizer, self.mode, add_generation_prompt=False,
+                        own_replies=True)
         if full[:len(before)] != before:  # a template whose past turns depend on the present one
             return full
         return self.history + full[len(before):]
