@@ -160,13 +160,13 @@ class TensorSums:
         """None if `data` (the tensor's bytes as read) has the recorded checksum, else what differs."""
         if (got := _native.planes_checksum(memoryview(data).cast("B"))) == (want := self.of(info)):
             return None
-        return (f"tensor {info.name} read from {info.file} fails its checksum ({got:016x}, recorded {want:016x}): "
-                f"the checkpoint changed on disk since it was verified; run `k3 verify {Path(self.path).parent}`")
+        return (f"tensor {info.name} fails its checksum ({got:016x}, recorded {want:016x}): the checkpoint changed "
+                f"on disk since it was verified; run `k3 verify {Path(self.path).parent}`")
 
     def check(self, info, data, what: str) -> None:
         """`data` (the tensor's bytes as read) must have the recorded checksum; else UnsoundRunError naming `what`."""
         if why := self.problem(info, data):
-            raise UnsoundRunError(f"{what}: {why}")
+            raise UnsoundRunError(f"{what}, read from {info.file}: {why}")
 
 
 def _parse(raw: bytes, path: Path) -> tuple[dict, list[_Shard]]:
