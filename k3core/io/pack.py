@@ -24,77 +24,17 @@ from .atomic import fsync_dir, write_json_atomic
 from ..model.checkpoint import PREFIX, VISION_PREFIXES, Checkpoint, open_checkpoint
 from ..errors import CheckpointError, TrunkError, UnsoundRunError
 from .codec import BLOCK, RAW, check_block_bytes, check_codec, encode_run
-from .trunk import (CODEC_VERSION, FORMAT, MANIFEST, PARTIAL, TRUNK, VERSION, _align, _canon, _diff_text, _read_json,
-                    _sha, fingerprint, fingerprint_diff, load_trunk)
-from .safetensors_index import DTYPES
+from .trunk import (CODEC_VERSION, EXPERTS, FORMAT, MANIFEST, PARTIAL, TENSOR_ALIGN, TRUNK, VERSION, _align, _canon,
+                    _diff_text, _read_json, _sha, fingerprint, fingerprint_diff, layout_of, load_trunk, plan_runs,
+                    prove_layout)
 from .trunk_reader import TrunkReader, restored_sha256
 
 STATE_FORMAT, STATE = "k3-pack-state", "pack-state.json"
-TENSOR_ALIGN = 64                         # tensors of a re-laid-out run; runs start at aligned_io.ALIGN
 CHUNK = 64 << 20
-EXPERTS = "block_sparse_moe.experts."
 
 
 def size_text(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
-
-
-# ---- the plan: which bytes go where -------------------------------------------------------------
-@dataclass
-class _Planned:
-    key: str
-    layer: int | None
-    length: int
-    verbatim: bool
-    source: dict | None                 # verbatim: {"file", "offset"} of the run in its shard
-    tensors: list[dict]                 # name (relative), offset in the run, dtype, shape, nbytes
-    pieces: list[tuple]                 # (path or None for zeros, source offset, nbytes), in run order
-    offset: int = 0
-
-    def entry(self, sha256=None) -> dict:
-        return {"key": self.key, "layer": self.layer, "offset": self.offset, "length": self.length,
-                "sha256": sha256, "verbatim": self.verbatim, "source": self.source, "tensors": self.tensors}
-
-
-def plan_runs(index) -> tuple[list[_Planned], int]:
-    """Runs in trunk.bin order (layers ascending, then "model") with their offsets, and the file size."""
-    groups: dict[str, list] = {}
-    for name in index.names():
-        if name.startswith(VISION_PREFIXES):
-            continue
-        if name.startswith(PREFIX + "layers."):
-            num, _, rel = name[len(PREFIX + "layers."):].partition(".")
-            if not num.isdigit() or str(int(num)) != num or not rel:
-                raise CheckpointError("layer tensor without a plain layer number", file=index.directory, tensor=name)
-            if not rel.startswith(EXPERTS):
-                groups.setdefault(int(num), []).append((rel, index[name]))
-        else:
-            groups.setdefault("model", []).append((name, index[name]))
-    order = {f.path: i for i, f in enumerate(index.files)}
-    plan, at = [], 0
-    for key in sorted(groups, key=lambda k: (k == "model", k if k != "model" else 0)):
-        ts = sorted(groups[key], key=lambda r: (order[r[1].file], r[1].offset, r[1].nbytes, r[0]))
-        first, last = ts[0][1], ts[-1][1]
-        verbatim = all(b.file == a.file and b.offset == a.offset + a.nbytes for (_, a), (_, b) in zip(ts, ts[1:])) \
-            and all((t.offset - first.offset) % DTYPES[t.dtype][0] == 0 for _, t in ts)
-        if verbatim:                    # one gap-free span: copied as is
-            offsets, length = [t.offset - first.offset for _, t in ts], last.offset + last.nbytes - first.offset
-            pieces = [(first.file, first.offset, length)]
-            source = {"file": first.file.relative_to(index.directory).as_posix(), "offset": first.offset}
-        else:                           # gaps or several shards: tensor after tensor, 64-byte aligned
-            offsets, pieces, length, source = [], [], 0, None
-            for _, t in ts:
-                start = _align(length, TENSOR_ALIGN)
-                pieces += [(None, 0, start - length), (t.file, t.offset, t.nbytes)]
-                offsets.append(start)
-                length = start + t.nbytes
-        tensors = [{"name": rel, "offset": o, "dtype": t.dtype, "shape": list(t.shape), "nbytes": t.nbytes}
-                   for (rel, t), o in zip(ts, offsets)]
-        run = _Planned("model" if key == "model" else f"layer.{key}", None if key == "model" else key,
-                       length, verbatim, source, tensors, [p for p in pieces if p[2]], _align(at, ALIGN))
-        at = run.offset + run.length
-        plan.append(run)
-    return plan, _align(at, ALIGN)
 
 
 def packed_size(index) -> int:
@@ -238,7 +178,8 @@ def _expected_offsets(done: list, plan) -> list[int]:
 
 
 def _resume_point(out: Path, fp, plan, plan_sha, mover) -> tuple[list, list[str]]:
-    """The recorded runs still trusted (the last one re-hashed from the partial file), and notes."""
+    """The recorded runs still trusted (every one re-hashed from the partial file: those up to the first that does
+    not match it are kept), and notes."""
     state, partial = _read_json(out / STATE), out / PARTIAL
     if state is None:
         return [], ["found trunk.bin.partial without a readable pack-state.json; starting over"] if partial.exists() else []
@@ -258,14 +199,14 @@ def _resume_point(out: Path, fp, plan, plan_sha, mover) -> tuple[list, list[str]
     notes, fd = [], os.open(partial, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
-        while done:
-            d = done[-1]
+        for i, d in enumerate(done):
             n, sha = d.get("stored", d["length"]), d.get("stored_sha256", d["sha256"])
-            if d["offset"] + n <= size and mover.stream([(fd, partial, d["offset"], n)])[0] == sha:
+            if d["offset"] + n > size or mover.stream([(fd, partial, d["offset"], n)])[0] != sha:
+                why = "torn write" if i == len(done) - 1 else "changed since it was written"
+                notes.append(f"{d['key']} in trunk.bin.partial does not match its recorded sha256 ({why}); "
+                             f"copying it{' and the runs after it' if i < len(done) - 1 else ''} again")
+                done = done[:i]
                 break
-            notes.append(f"{d['key']} in trunk.bin.partial does not match its recorded sha256 (torn write); "
-                         "copying it again")
-            done = done[:-1]
     finally:
         os.close(fd)
     if done:
@@ -307,12 +248,6 @@ def _manifest(fp, plan, total, done, codec, block) -> dict:
                      for r, d in zip(plan, done)]}
 
 
-def _layout(entry: dict, coded: bool) -> dict:
-    """What of a run's manifest entry the plan decides: not its hashes or blocks, nor a coded run's offset."""
-    drop = ("sha256", "block_sums", "stored", "blocks") + (("offset",) if coded else ())
-    return {k: v for k, v in entry.items() if k not in drop}
-
-
 def _same_pack(old, fp, plan, total: int, codec: str, block: int, trunk: Path) -> bool:
     """Whether the finished pack described by `old` is what packing `plan` with `codec` would write."""
     if not isinstance(old, dict) or old.get("checkpoint") != fp or old.get("codec", RAW) != codec \
@@ -320,9 +255,9 @@ def _same_pack(old, fp, plan, total: int, codec: str, block: int, trunk: Path) -
             or old.get("block_bytes") != block:
         return False
     if codec == RAW:
-        return [_layout(r, False) for r in old.get("runs", [])] == [_layout(r.entry(), False) for r in plan] \
+        return [layout_of(r, False) for r in old.get("runs", [])] == [layout_of(r.entry(), False) for r in plan] \
             and trunk.stat().st_size == total
-    return [_layout(r, True) for r in old.get("runs", [])] == [_layout(r.entry(), True) for r in plan] \
+    return [layout_of(r, True) for r in old.get("runs", [])] == [layout_of(r.entry(), True) for r in plan] \
         and trunk.stat().st_size == old.get("trunk_bytes")
 
 
@@ -460,6 +395,7 @@ def verify(trunk_dir, model=None, *, deep=False, progress=None) -> list[str]:
     if ckpt is not None:
         if diffs := fingerprint_diff(trunk.manifest["checkpoint"], fingerprint(ckpt)):
             problems.append(f"packed from another checkpoint than {model}: {_diff_text(diffs)}")
+        problems += [f"the manifest's tensor table: {p}" for p in prove_layout(trunk, ckpt.index)]
     plan = {r.key: r for r in plan_runs(ckpt.index)[0]} if deep and ckpt is not None else {}
     total, done, start = sum(r.length for r in trunk.runs.values()), 0, time.perf_counter()
     mover = _Mover(min(CHUNK, max([r.length for r in trunk.runs.values()] + [1])), trunk.block_bytes)
@@ -491,7 +427,7 @@ def verify(trunk_dir, model=None, *, deep=False, progress=None) -> list[str]:
                                 f"does not match the manifest's {run.sha256[:16]}…")
             if deep and ckpt is not None:
                 p = plan.get(run.key)
-                if p is None or _layout(p.entry(), reader is not None) != _layout(trunk.manifest["runs"][i],
+                if p is None or layout_of(p.entry(), reader is not None) != layout_of(trunk.manifest["runs"][i],
                                                                                  reader is not None):
                     problems.append(f"run {run.key}: the checkpoint would be packed differently today")
                 elif mover.stream(sources.pieces(p))[0] != run.sha256:

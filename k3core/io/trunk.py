@@ -1,5 +1,7 @@
-"""The packed trunk's format: the checkpoint fingerprint that ties a pack to its checkpoint, and the
-manifest reader the trunk placers build on (`open_trunk`). It never reads a run: placers own the I/O.
+"""The packed trunk's format: where a checkpoint's trunk bytes go in a pack (`plan_runs`), the checkpoint
+fingerprint that ties a pack to its checkpoint, and the manifest reader the trunk placers build on
+(`open_trunk`), which proves the manifest's tensor table against the checkpoint's headers rather than trust
+it. It never reads a run: placers own the I/O.
 
 Written by k3core/pack.py; checked by tests/test_pack.py.
 """
@@ -15,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..model.checkpoint import Checkpoint, layer_prefix
+from ..model.checkpoint import PREFIX, VISION_PREFIXES, Checkpoint, layer_prefix
 from ..errors import CheckpointError, TrunkError
 from ..interfaces import Param, Weights
-from .aligned_io import align_up
+from .aligned_io import ALIGN, align_up
 from .codec import CODECS, RAW, Block, stored_length
 from .limits import INDEX_FILE_BYTES, read_json_limited
 from .safetensors_index import DTYPES
@@ -28,6 +30,8 @@ FORMAT, VERSION = "k3-trunk", 2
 CODEC_VERSION = 4             # a pack whose runs are coded (manifest "codec" other than raw): blocks per run;
                               # 4: exponent + rest planes, k3's own code per tensor (2 and 3 are re-packed)
 SAMPLE_BLOCKS, SAMPLE_BLOCK, SAMPLE_ALL = 16, 4096, 1 << 20
+TENSOR_ALIGN = 64             # tensors of a re-laid-out run; runs start at aligned_io.ALIGN
+EXPERTS = "block_sparse_moe.experts."
 TRUNK, PARTIAL, MANIFEST = "trunk.bin", "trunk.bin.partial", "manifest.json"
 
 
@@ -48,6 +52,70 @@ def _read_json(path: Path):
         return read_json_limited(path, INDEX_FILE_BYTES, "a packed-trunk manifest")
     except (OSError, ValueError):
         return None
+
+
+# ---- the plan: which bytes of a checkpoint go where in a pack ------------------------------------
+@dataclass
+class _Planned:
+    key: str
+    layer: int | None
+    length: int
+    verbatim: bool
+    source: dict | None                 # verbatim: {"file", "offset"} of the run in its shard
+    tensors: list[dict]                 # name (relative), offset in the run, dtype, shape, nbytes
+    pieces: list[tuple]                 # (path or None for zeros, source offset, nbytes), in run order
+    offset: int = 0
+
+    def entry(self, sha256=None) -> dict:
+        return {"key": self.key, "layer": self.layer, "offset": self.offset, "length": self.length,
+                "sha256": sha256, "verbatim": self.verbatim, "source": self.source, "tensors": self.tensors}
+
+
+def plan_runs(index) -> tuple[list[_Planned], int]:
+    """Runs in trunk.bin order (layers ascending, then "model") with their offsets, and the file size."""
+    groups: dict[str, list] = {}
+    for name in index.names():
+        if name.startswith(VISION_PREFIXES):
+            continue
+        if name.startswith(PREFIX + "layers."):
+            num, _, rel = name[len(PREFIX + "layers."):].partition(".")
+            if not num.isdigit() or str(int(num)) != num or not rel:
+                raise CheckpointError("layer tensor without a plain layer number", file=index.directory, tensor=name)
+            if not rel.startswith(EXPERTS):
+                groups.setdefault(int(num), []).append((rel, index[name]))
+        else:
+            groups.setdefault("model", []).append((name, index[name]))
+    order = {f.path: i for i, f in enumerate(index.files)}
+    plan, at = [], 0
+    for key in sorted(groups, key=lambda k: (k == "model", k if k != "model" else 0)):
+        ts = sorted(groups[key], key=lambda r: (order[r[1].file], r[1].offset, r[1].nbytes, r[0]))
+        first, last = ts[0][1], ts[-1][1]
+        verbatim = all(b.file == a.file and b.offset == a.offset + a.nbytes for (_, a), (_, b) in zip(ts, ts[1:])) \
+            and all((t.offset - first.offset) % DTYPES[t.dtype][0] == 0 for _, t in ts)
+        if verbatim:                    # one gap-free span: copied as is
+            offsets, length = [t.offset - first.offset for _, t in ts], last.offset + last.nbytes - first.offset
+            pieces = [(first.file, first.offset, length)]
+            source = {"file": first.file.relative_to(index.directory).as_posix(), "offset": first.offset}
+        else:                           # gaps or several shards: tensor after tensor, 64-byte aligned
+            offsets, pieces, length, source = [], [], 0, None
+            for _, t in ts:
+                start = _align(length, TENSOR_ALIGN)
+                pieces += [(None, 0, start - length), (t.file, t.offset, t.nbytes)]
+                offsets.append(start)
+                length = start + t.nbytes
+        tensors = [{"name": rel, "offset": o, "dtype": t.dtype, "shape": list(t.shape), "nbytes": t.nbytes}
+                   for (rel, t), o in zip(ts, offsets)]
+        run = _Planned("model" if key == "model" else f"layer.{key}", None if key == "model" else key,
+                       length, verbatim, source, tensors, [p for p in pieces if p[2]], _align(at, ALIGN))
+        at = run.offset + run.length
+        plan.append(run)
+    return plan, _align(at, ALIGN)
+
+
+def layout_of(entry: dict, coded: bool) -> dict:
+    """What of a run's manifest entry the plan decides: not its hashes or blocks, nor a coded run's offset."""
+    drop = ("sha256", "block_sums", "stored", "blocks") + (("offset",) if coded else ())
+    return {k: v for k, v in entry.items() if k not in drop}
 
 
 # ---- the checkpoint fingerprint -----------------------------------------------------------------
@@ -183,38 +251,135 @@ class Trunk:
         return run
 
 
-def _parse_runs(m: dict, where: Path) -> dict[str, Run]:
-    runs, end = {}, 0
+class _Malformed(ValueError):
+    """A manifest entry that cannot be what k3 pack wrote: the message names the run and field."""
+
+
+def _field(entry, name: str, kind, where: str):
+    """entry[name] as `kind` (int, str, list, ...), or _Malformed naming `where` and the field."""
+    if not isinstance(entry, dict) or name not in entry:
+        raise _Malformed(f"{where}: field {name!r} is missing")
+    value = entry[name]
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)) or \
+            kind is not int and not isinstance(value, kind):
+        raise _Malformed(f"{where}: field {name!r} is {value!r}, not {getattr(kind, '__name__', kind)}")
+    return value
+
+
+def _tensor(t, where: str) -> TrunkTensor:
+    name = _field(t, "name", str, where)
+    here = f"{where}, tensor {name}"
+    shape = _field(t, "shape", list, here)
+    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in shape):
+        raise _Malformed(f"{here}: field 'shape' is {shape!r}, not a list of sizes")
+    return TrunkTensor(name, _field(t, "offset", int, here), _field(t, "dtype", str, here), tuple(shape),
+                       _field(t, "nbytes", int, here))
+
+
+def _run(r, i: int, codec: str, align: int, block: int) -> Run:
+    where = f"runs[{i}]"
+    key = _field(r, "key", str, where)
+    where = f"run {key}"
+    layer = None if _field(r, "layer", (int, type(None)), where) is None else r["layer"]
+    offset, length = _field(r, "offset", int, where), _field(r, "length", int, where)
+    tensors = tuple(_tensor(t, where) for t in _field(r, "tensors", list, where))
     try:
-        align, fp, codec = int(m["alignment"]), m["checkpoint"], str(m.get("codec", RAW))
-        block = int(m["block_bytes"])
-        if block <= 0 or block % align:
-            raise ValueError(f"block_bytes {block} is not a positive multiple of the alignment {align}")
-        if not (isinstance(fp["config_sha256"], str) and all(
-                isinstance(s["name"], str) and isinstance(s["size"], int) for s in fp["shards"])):
-            raise ValueError("the checkpoint fingerprint is incomplete")
-        for r in m["runs"]:
-            tensors = tuple(TrunkTensor(str(t["name"]), int(t["offset"]), str(t["dtype"]),
-                                        tuple(int(s) for s in t["shape"]), int(t["nbytes"])) for t in r["tensors"])
-            blocks = tuple(Block.of(b, block) for b in r["blocks"]) if codec != RAW else ()
-            sums = tuple(int(x, 16) for x in r["block_sums"]) if codec == RAW else ()
-            run = Run(str(r["key"]), None if r["layer"] is None else int(r["layer"]), int(r["offset"]),
-                      int(r["length"]), _align(int(r["length"]), align), str(r["sha256"]), bool(r["verbatim"]), tensors,
-                      codec, blocks, block, sums)
-            if codec == RAW and len(sums) != -(-run.length // block):
-                raise ValueError(f"run {run.key}: {len(sums)} block checksums for {run.length} bytes in blocks of "
-                                 f"{block}")
-            bad = [t.name for t in tensors if t.dtype not in DTYPES or t.offset < 0 or t.offset + t.nbytes > run.length
-                   or t.nbytes != math.prod(t.shape) * DTYPES[t.dtype][0]]
-            if codec != RAW and not _blocks_cover(blocks, run.length, block):
-                raise ValueError(f"run {run.key}: its blocks do not restore exactly its {run.length} bytes in order")
-            if run.key in runs or run.offset % align or run.offset < end or bad:
-                raise ValueError(f"run {run.key} is repeated, misaligned, overlaps the one before, or has an "
-                                 f"impossible tensor entry {bad[:1]}")
-            runs[run.key], end = run, run.offset + (run.length if codec == RAW else run.span)
-    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
-        raise TrunkError(f"manifest is malformed: {e!r}", file=where) from None
+        blocks = tuple(Block.of(b, block) for b in _field(r, "blocks", list, where)) if codec != RAW else ()
+        sums = tuple(int(x, 16) for x in _field(r, "block_sums", list, where)) if codec == RAW else ()
+    except (TypeError, ValueError) as e:
+        raise _Malformed(f"{where}: {'blocks' if codec != RAW else 'block_sums'}: {e}") from None
+    run = Run(key, layer, offset, length, _align(length, align), _field(r, "sha256", str, where),
+              _field(r, "verbatim", bool, where), tensors, codec, blocks, block, sums)
+    if length < 0 or offset % align:
+        raise _Malformed(f"{where}: offset {offset} is not a multiple of the alignment {align}, or length {length} < 0")
+    if codec == RAW and len(sums) != -(-length // block):
+        raise _Malformed(f"{where}: {len(sums)} block checksums for {length} bytes in blocks of {block}")
+    if codec != RAW and not _blocks_cover(blocks, length, block):
+        raise _Malformed(f"{where}: its blocks do not restore exactly its {length} bytes in order")
+    _check_tensors(run, where)
+    return run
+
+
+def _check_tensors(run: Run, where: str) -> None:
+    """Each tensor entry possible in itself, inside the run, after the one before it and not overlapping it."""
+    end, before = 0, None
+    for t in run.tensors:
+        if t.dtype not in DTYPES or t.nbytes != math.prod(t.shape) * DTYPES[t.dtype][0]:
+            raise _Malformed(f"{where}, tensor {t.name}: {t.nbytes} bytes cannot hold {t.dtype} {list(t.shape)}")
+        if t.offset < end or t.offset + t.nbytes > run.length:
+            what = f"overlaps {before}" if t.offset < end else f"ends past the run's {run.length} bytes"
+            raise _Malformed(f"{where}, tensor {t.name}: at offset {t.offset} it {what}")
+        end, before = t.offset + t.nbytes, t.name
+
+
+def _parse_runs(m: dict, where: Path) -> dict[str, Run]:
+    runs, end, before = {}, 0, None
+    try:
+        align, codec = _field(m, "alignment", int, "manifest"), str(m.get("codec", RAW))
+        block = _field(m, "block_bytes", int, "manifest")
+        if align <= 0 or block <= 0 or block % align:
+            raise _Malformed(f"block_bytes {block} is not a positive multiple of the alignment {align}")
+        fp = _field(m, "checkpoint", dict, "manifest")
+        if not (isinstance(fp.get("config_sha256"), str) and isinstance(fp.get("shards"), list) and all(
+                isinstance(s, dict) and isinstance(s.get("name"), str) and isinstance(s.get("size"), int)
+                for s in fp["shards"])):
+            raise _Malformed("the checkpoint fingerprint is incomplete")
+        for i, r in enumerate(_field(m, "runs", list, "manifest")):
+            run = _run(r, i, codec, align, block)
+            if run.key in runs:
+                raise _Malformed(f"run {run.key} is listed twice")
+            if run.offset < end:
+                raise _Malformed(f"run {run.key} overlaps run {before} before it (offset {run.offset} < {end})")
+            runs[run.key], end, before = run, run.offset + (run.length if codec == RAW else run.span), run.key
+    except _Malformed as e:
+        raise TrunkError(f"manifest is malformed: {e}; re-pack with `k3 pack`", file=where) from None
     return runs
+
+
+def prove_layout(trunk: "Trunk", index) -> list[str]:
+    """What in the manifest's tensor table differs from what packing the checkpoint behind `index` lays out — its
+    runs in order, each tensor's name, dtype, shape, bytes and offset in the run (and a raw run's offset in
+    trunk.bin) as the checkpoint's headers give them: one phrase per run that differs ([] when none does)."""
+    coded, plan = trunk.codec != RAW, plan_runs(index)[0]
+    have, want = [r["key"] for r in trunk.manifest["runs"]], [p.key for p in plan]
+    if have != want:
+        missing, extra = [k for k in want if k not in have], [k for k in have if k not in want]
+        if missing or extra:
+            return [f"it has no run for {_few(missing)}" if missing else f"its runs {_few(extra)} are not the "
+                    "checkpoint's"]
+        return [f"its runs are in the order {_few(have)}, the checkpoint's {_few(want)}"]
+    return [f"run {p.key}: {why}" for p, entry in zip(plan, trunk.manifest["runs"])
+            if (why := _difference(layout_of(entry, coded), layout_of(p.entry(), coded)))]
+
+
+def _few(keys: list) -> str:
+    return ", ".join(map(str, keys[:4])) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
+
+
+def _difference(got: dict, want: dict) -> str | None:
+    """The first field in which a run's manifest entry differs from the checkpoint's layout, in words."""
+    if got == want:
+        return None
+    for k in want:
+        if k == "tensors" and got.get(k) != want[k]:
+            return _tensor_difference(got.get(k) or [], want[k])
+        if got.get(k) != want[k]:
+            return f"field {k!r} is {got.get(k)!r} in the manifest, {want[k]!r} from the checkpoint's headers"
+    return f"fields {sorted(set(got) - set(want))} are not k3 pack's"
+
+
+def _tensor_difference(got: list, want: list) -> str:
+    names_got, names_want = [t.get("name") for t in got], [t["name"] for t in want]
+    if missing := [n for n in names_want if n not in names_got]:
+        return f"tensor {missing[0]} is missing from the manifest"
+    if extra := [n for n in names_got if n not in names_want]:
+        return f"the manifest lists tensor {extra[0]}, which the checkpoint does not have in this run"
+    if names_got != names_want:
+        i = next(i for i, (a, b) in enumerate(zip(names_got, names_want)) if a != b)
+        return f"tensor {names_got[i]} is listed where the checkpoint has {names_want[i]} (entries out of order)"
+    t, w = next((t, w) for t, w in zip(got, want) if t != w)
+    k = next(k for k in w if t.get(k) != w[k])
+    return f"tensor {w['name']}: {k} is {t.get(k)!r} in the manifest, {w[k]!r} in the checkpoint"
 
 
 def _blocks_cover(blocks, length: int, block: int) -> bool:
@@ -243,6 +408,9 @@ def load_trunk(trunk_dir) -> Trunk:
     if m.get("codec", RAW) not in CODECS:
         raise TrunkError(f"manifest names codec {m.get('codec')!r}, which this k3 does not know (it knows "
                          f"{', '.join(CODECS)}); re-pack with `k3 pack`", file=where)
+    if m.get("trunk_file") != TRUNK:
+        raise TrunkError(f'manifest field "trunk_file" is {m.get("trunk_file")!r}: a pack\'s bytes are its own '
+                         f'"{TRUNK}" in its directory; re-pack with `k3 pack`', file=where)
     runs, path = _parse_runs(m, where), directory / TRUNK
     if not path.is_file():
         hint = " (packing was interrupted: run `k3 pack` again to finish)" if (directory / PARTIAL).exists() else ""
@@ -263,4 +431,8 @@ def open_trunk(trunk_dir, checkpoint: Checkpoint) -> Trunk:
     if missing := [k for k in [f"layer.{L}" for L in range(checkpoint.config.num_hidden_layers)] + ["model"]
                    if k not in trunk.runs]:
         raise TrunkError(f"the packed trunk has no run for {', '.join(missing)}", file=trunk.directory / MANIFEST)
+    if differences := prove_layout(trunk, checkpoint.index):
+        raise TrunkError(f"the manifest's tensor table is not this checkpoint's: {differences[0]}"
+                         + (f" (and {len(differences) - 1} more runs)" if len(differences) > 1 else "")
+                         + "; re-pack with `k3 pack`", file=trunk.directory / MANIFEST)
     return trunk
