@@ -21,7 +21,8 @@ def cmd_pack(args) -> int:
             raise TrunkError(f"{args.verify}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
         if not args.quiet:
             trunk = load_trunk(args.verify)
-            tied = f"; it belongs to {args.model}" if args.model else ""
+            tied = f"; it belongs to {args.model}, its tensor table matches the checkpoint's headers" if args.model \
+                else "; give --model MODEL_DIR to also prove its tensor table against the checkpoint's headers"
             coded = "" if trunk.codec == RAW else f" ({trunk.codec} codec: every block decodes and checks)"
             print(f"{args.verify}: {len(trunk.runs)} runs, {size_text(trunk.size)}, every sha256 matches{coded}{tied}")
         return 0
@@ -68,14 +69,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                "  k3 pack /models/Kimi-K3 /nvme/k3-trunk            # pack, or resume, or confirm it is done\n"
                "  k3 pack /models/Kimi-K3 /nvme/k3-trunk-z --codec planes   # lossless, ~0.68x the bytes\n"
                "  k3 pack --verify /nvme/k3-trunk                   # re-hash every run against the manifest\n"
-               "  k3 pack --verify /nvme/k3-trunk --model /models/Kimi-K3          # ...and the fingerprint\n"
+               "  k3 pack --verify /nvme/k3-trunk --model /models/Kimi-K3          # ...the fingerprint and the tensor table\n"
                "  k3 pack --verify /nvme/k3-trunk --model /models/Kimi-K3 --deep   # ...and the source bytes\n\n"
                "exit codes:\n  0    packed (or already packed); verify found nothing wrong\n"
                "  2    bad checkpoint, not enough free space, or a verify problem (each is named)\n"
                "  130  interrupted: finished runs are kept for the next `k3 pack`")
     p.add_argument("paths", nargs="*", metavar="DIR", help="MODEL_DIR (the checkpoint) and TRUNK_DIR (the pack)")
     p.add_argument("--verify", metavar="TRUNK_DIR", help="check a finished pack instead of packing")
-    p.add_argument("--model", metavar="MODEL_DIR", help="with --verify: also check the pack belongs to this checkpoint")
+    p.add_argument("--model", metavar="MODEL_DIR", help="with --verify: also check the pack belongs to this checkpoint "
+                   "and its manifest's tensor table is the one its headers give")
     p.add_argument("--deep", action="store_true",
                    help="with --verify --model: also re-read each run from the checkpoint and compare hashes")
     p.add_argument("--codec", default=RAW, choices=sorted(CODECS),
