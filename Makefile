@@ -54,6 +54,12 @@ faults: $(STAMP)
 bench-index: $(STAMP)
 	$(PY) benchmarks/index_bench.py
 
+# What recording the tensor checksums adds to setup's verify pass (drops the page cache: run as root).
+.PHONY: bench-sums
+bench-sums: $(STAMP)
+	@test -n "$(MODEL)" || { echo "usage: make bench-sums MODEL=DIR (e.g. a \`k3 make-model DIR --shape wide\`)"; exit 2; }
+	$(PY) benchmarks/sums_bench.py $(MODEL)
+
 clean:
 	rm -rf $(VENV) build $(DEMO_DIR)
 

@@ -28,6 +28,7 @@ from .io.atomic import write_json_atomic
 from .io.codec import CODECS as TRUNK_CODECS
 from .io.limits import INDEX_FILE_BYTES, SMALL_FILE_BYTES, LimitError, loads_limited, read_json_limited
 from .io.pack import pack, packed_size, packed_size_of_headers
+from .io.tensor_sums import ShardSums
 from .io.profile import Profile, ProfileError, load_profile, profile_path, save_profile
 from .io.state_file import StateFileError, load_state, save_state
 from .model.budget import PRESETS, WORKING_BYTES, Plan, auto_preset, human, mem_available
@@ -56,7 +57,7 @@ __all__ = [
     # engines
     "EngineConfig", "open_engine", "memory_plan", "Engine", "DecodeState", "Observer", "Plan", "PlanRow",
     "Budget", "PRESETS", "PRESET_NAMES", "WORKING_BYTES", "auto_preset", "mem_available", "peak_rss_bytes",
-    "describe_plugins", "check_checkpoint", "scan_weights", "record_tensor_sums", "model_note",
+    "describe_plugins", "check_checkpoint", "scan_weights", "record_tensor_sums", "ShardSums", "model_note",
     # generation and text
     "generate_ids", "greedy_ids", "Speculation", "speculation", "draft_source", "AUTO_K", "BatchGenerator", "Emitted",
     "Sampler", "SamplingParams", "Session", "ChatSession", "Conversation", "Event", "visible", "Tokenizer",
@@ -102,14 +103,15 @@ def check_checkpoint(model_dir) -> None:
     resolve(EngineConfig(model_dir)).checkpoint.close()
 
 
-def record_tensor_sums(model_dir, progress=None, jobs: int = 4) -> Path:
+def record_tensor_sums(model_dir, progress=None, jobs: int = 4, known: dict | None = None) -> Path:
     """Read every tensor of the checkpoint in `model_dir` and record its checksum in k3-tensor-sums.bin there:
     what every later read from the checkpoint (experts, a resident trunk) is checked against. `progress(done_bytes,
-    total_bytes)` as it reads; `jobs` shards at a time. Returns the file's path."""
+    total_bytes)` as it reads; `jobs` shards at a time; `known`: {shard path: ShardSums} a hash pass already fed
+    (those shards are not read again). Returns the file's path."""
     from .io import tensor_sums
     from .io.safetensors_index import ShardIndex
 
-    return tensor_sums.record(ShardIndex.open(model_dir), progress, jobs)
+    return tensor_sums.record(ShardIndex.open(model_dir), progress, jobs, known)
 
 
 def scan_weights(model_dir, progress=None) -> dict:

@@ -254,10 +254,10 @@ class Setup:
         files = self.st.files
         if self.src.kind == "dir" and not any(r.get("sha256") or r.get("oid") for r in files.values()):
             return f"{measure_local(self.dest, self.st)}; {record_sums(self.dest, self.opts.jobs, self.err)}"
-        refetched = []
+        refetched, sums = [], {}
         for attempt in (1, 2):
             todo = {k: r for k, r in files.items() if r["status"] != VERIFIED}
-            bad = check_files(self.dest, todo, self.opts.jobs, self.err)
+            bad = check_files(self.dest, todo, self.opts.jobs, self.err, sums=sums)
             if self.st.facts.get("official"):
                 bad |= {k: v for k, v in table_problems({k: r["size"] for k, r in files.items()},
                                                         self.opts.vision).items() if k in files}
@@ -284,7 +284,7 @@ class Setup:
             refetched += sorted(bad)
         what = f"{len(files)} files match their size and hash{self.table_note()}"
         what += f"; fetched again: {', '.join(refetched)}" if refetched else ""
-        return f"{what}; {record_sums(self.dest, self.opts.jobs, self.err)}"
+        return f"{what}; {record_sums(self.dest, self.opts.jobs, self.err, known=sums)}"
 
     # ---- (5) pack, (6) profile, (7) next -----------------------------------------------------------
     def step_pack(self) -> str:

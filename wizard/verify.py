@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
 
-from k3core import K3Error, ProgressMeter, UsageError, check_checkpoint, record_tensor_sums, scan_weights
+from k3core import K3Error, ProgressMeter, ShardSums, UsageError, check_checkpoint, record_tensor_sums, scan_weights
 
 from . import OFFICIAL_REPO
 from .progress import human
@@ -45,8 +45,9 @@ def expected(rec: dict) -> tuple[str, str] | None:
     return None
 
 
-def hash_file(path: Path, kind: str, size: int, advance=None, upto: int | None = None) -> tuple[Digest, int]:
-    """Hash the first `upto` bytes (default: all) of `path`; returns the digest and the bytes read."""
+def hash_file(path: Path, kind: str, size: int, advance=None, upto: int | None = None, also=None) -> tuple[Digest, int]:
+    """Hash the first `upto` bytes (default: all) of `path`; returns the digest and the bytes read. `also(bytes)`
+    is given every piece too (the tensor checksums, in the same pass)."""
     d, done, limit = Digest(kind, size), 0, size if upto is None else upto
     buf = bytearray(CHUNK)
     with open(path, "rb", buffering=0) as f:
@@ -55,14 +56,17 @@ def hash_file(path: Path, kind: str, size: int, advance=None, upto: int | None =
             if not n:
                 break
             d.update(memoryview(buf)[:n])
+            if also:
+                also(memoryview(buf)[:n])
             done += n
             if advance:
                 advance(n)
     return d, done
 
 
-def check_file(dest: Path, local: str, rec: dict, advance=None) -> str | None:
-    """What is wrong with one file against its record (None when it matches)."""
+def check_file(dest: Path, local: str, rec: dict, advance=None, sums: dict | None = None) -> str | None:
+    """What is wrong with one file against its record (None when it matches). A safetensors shard that matches is
+    put in `sums` ({path: ShardSums}) when given: its tensor checksums, from the same pass."""
     path = dest / local
     if not path.is_file():
         return "missing"
@@ -70,17 +74,34 @@ def check_file(dest: Path, local: str, rec: dict, advance=None) -> str | None:
         return f"{size} bytes on disk, expected {rec['size']}"
     if (want := expected(rec)) is None:
         return None
-    got = hash_file(path, want[0], rec["size"], advance)[0].hexdigest()
-    return None if got == want[1] else f"{want[0]} {got[:16]}… does not match the expected {want[1][:16]}…"
+    tensors = _shard_sums(path) if sums is not None else None
+    got = hash_file(path, want[0], rec["size"], advance, also=tensors.update if tensors else None)[0].hexdigest()
+    if got != want[1]:
+        return f"{want[0]} {got[:16]}… does not match the expected {want[1][:16]}…"
+    if tensors:
+        sums[path] = tensors
+    return None
 
 
-def check_files(dest: Path, records: dict[str, dict], jobs: int = 4, stream=None, verb="verified") -> dict[str, str]:
-    """Check records in parallel with progress; {local name: problem} for every bad file."""
+def _shard_sums(path: Path) -> ShardSums | None:
+    """A shard's tensor checksums to feed while it is hashed; None for another file, or a header that does not
+    parse (the checkpoint check names that, and recording reads the shard itself)."""
+    if path.suffix != ".safetensors":
+        return None
+    try:
+        return ShardSums(path)
+    except K3Error:
+        return None
+
+
+def check_files(dest: Path, records: dict[str, dict], jobs: int = 4, stream=None, verb="verified",
+                sums: dict | None = None) -> dict[str, str]:
+    """Check records in parallel with progress; {local name: problem} for every bad file. `sums`: see check_file."""
     meter = ProgressMeter(verb, sum(r["size"] for r in records.values()), len(records), stream=stream)
 
     def one(local):
         meter.start(local, records[local]["size"])
-        problem = check_file(dest, local, records[local], lambda n: meter.advance(local, n))
+        problem = check_file(dest, local, records[local], lambda n: meter.advance(local, n), sums)
         meter.finish(local, f": BAD, {problem}" if problem else "")
         return local, problem
 
@@ -113,9 +134,10 @@ def is_official(repo: str | None) -> bool:
     return (repo or "").lower() == OFFICIAL_REPO.lower()
 
 
-def record_sums(dest: Path, jobs: int = 4, stream=None) -> str:
+def record_sums(dest: Path, jobs: int = 4, stream=None, known: dict | None = None) -> str:
     """Every tensor's checksum recorded (k3-tensor-sums.bin), with progress: what each later read of the
-    checkpoint is checked against. Returns a phrase for the step's summary."""
+    checkpoint is checked against; shards in `known` ({path: ShardSums}, fed by the hash pass) are not read
+    again. Returns a phrase for the step's summary."""
     meter, start = None, time.perf_counter()
 
     def progress(done, total):
@@ -126,12 +148,13 @@ def record_sums(dest: Path, jobs: int = 4, stream=None) -> str:
         meter.set_done("tensors", done)
 
     try:
-        record_tensor_sums(dest, progress, jobs)
+        record_tensor_sums(dest, progress, jobs, known)
     finally:
         if meter is not None:
             meter.finish("tensors")
             meter.close()
-    return f"every tensor's checksum recorded in {time.perf_counter() - start:.1f} s"
+    again = f", {meter.total / 1e9:.2f} GB read for it" if meter is not None else " from the hash pass"
+    return f"every tensor's checksum recorded in {time.perf_counter() - start:.1f} s{again}"
 
 
 # ---- `k3 verify` ------------------------------------------------------------------------------
@@ -167,11 +190,12 @@ def cmd_verify(args) -> int:
     state = read_state(dest)
     records = (state or {}).get("files") or {}
     bad: dict[str, str] = {}
+    sums: dict = {}
     if records:
         basis = "the sizes and hashes k3 setup recorded (.k3-setup.json)"
         waiting = {k: "not downloaded yet" for k, r in records.items() if r["status"] not in (DONE, VERIFIED)}
         bad.update(waiting)
-        bad.update(check_files(dest, {k: r for k, r in records.items() if k not in waiting}, args.jobs))
+        bad.update(check_files(dest, {k: r for k, r in records.items() if k not in waiting}, args.jobs, sums=sums))
         if is_official(state.get("repo")):
             bad.update(table_problems({k: r["size"] for k, r in records.items()}, state.get("vision", False)))
     else:
@@ -198,7 +222,7 @@ def cmd_verify(args) -> int:
         print(f"BAD  {name}: {bad[name]}", file=out)
     checked = len(records) or len(list(dest.glob("*.safetensors")))
     if not bad:
-        print(f"{dest}: {checked} files match {basis}; {record_sums(dest, args.jobs)}", file=out)
+        print(f"{dest}: {checked} files match {basis}; {record_sums(dest, args.jobs, known=sums)}", file=out)
         return 0
     print(f"{dest}: {len(bad)} bad of {checked} files, checked against {basis}", file=out)
     if records:

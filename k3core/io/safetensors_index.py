@@ -146,6 +146,14 @@ def _load_shard(path):
     return shard, t, fingerprints(word_view(t.blob), t.start, t.stop)
 
 
+def shard_spans(path) -> tuple[ShardFile, np.ndarray, np.ndarray]:
+    """One shard's header, and its tensors' absolute byte spans [start, end) sorted by start."""
+    shard, t, _ = _load_shard(path)
+    order = np.argsort(t.begin, kind="stable")
+    base = 8 + shard.header_len
+    return shard, t.begin[order].astype(np.int64) + base, t.end[order].astype(np.int64) + base
+
+
 def _weight_map(path):
     raw = bytearray(read_limited(path, INDEX_FILE_BYTES, "a shard index"))
     raw += bytes(8)                              # spare bytes for whole-word reads near the end

@@ -24,6 +24,7 @@ import numpy as np
 from .. import _native
 from ..errors import CheckpointError, UnsoundRunError
 from .atomic import write_bytes_atomic
+from .safetensors_index import shard_spans
 
 FILE, MAGIC, FORMAT, VERSION = "k3-tensor-sums.bin", b"K3SUMS\0\0", "k3-tensor-sums", 1
 CHUNK = 64 << 20          # bytes read at a time while recording (a multiple of 8: the checksum's word)
@@ -66,6 +67,37 @@ class RunningSum:
         return last.sum
 
 
+class ShardSums:
+    """The checksums of one shard's tensors, from its bytes as a hash pass reads them: every byte from offset 0,
+    in order, in pieces of any size (`update`); `result()` once the whole file went through."""
+
+    def __init__(self, path):
+        self.shard, self.starts, self.ends = shard_spans(path)
+        self.running = [RunningSum() for _ in range(len(self.starts))]
+        self.at, self.next = 0, 0  # bytes seen; the first tensor not yet finished
+
+    def update(self, data) -> None:
+        data = memoryview(data).cast("B")
+        lo, hi = self.at, self.at + len(data)
+        i = self.next
+        while i < len(self.starts):
+            start, end = int(self.starts[i]), int(self.ends[i])
+            if start >= hi and end > start:  # begins after this piece
+                break
+            if max(start, lo) < min(end, hi):
+                self.running[i].update(data[max(start, lo) - lo:min(end, hi) - lo])
+            if end > hi:  # goes on in the next piece
+                break
+            i += 1
+        self.at, self.next = hi, i
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.at != self.shard.size:
+            raise CheckpointError(f"{self.at} of its {self.shard.size} bytes went through the checksums",
+                                  file=self.shard.path)
+        return self.starts.astype(np.uint64), np.array([r.value() for r in self.running], np.uint64)
+
+
 def _shard_sums(shard, spans, advance=None) -> tuple[np.ndarray, np.ndarray]:
     """(offsets, checksums) of the tensors of one shard, `spans` being (offset, nbytes) in ascending order."""
     sums, buf = [], bytearray(CHUNK)
@@ -87,13 +119,16 @@ def _shard_sums(shard, spans, advance=None) -> tuple[np.ndarray, np.ndarray]:
     return np.array([o for o, _ in spans], np.uint64), np.array(sums, np.uint64)
 
 
-def record(index, progress=None, jobs: int = 4) -> Path:
+def record(index, progress=None, jobs: int = 4, known: dict | None = None) -> Path:
     """Read every tensor of the checkpoint behind `index` (a ShardIndex), shards `jobs` at a time, and write
-    their checksums to FILE in its directory (atomically). `progress(bytes_done, bytes_total)` as it goes."""
+    their checksums to FILE in its directory (atomically). `progress(bytes_done, bytes_total)` as it goes.
+    `known`: {shard path: ShardSums} of shards a hash pass already put through (not read again)."""
+    known = {str(k): v for k, v in (known or {}).items()}
     by_file: dict[str, list] = {}
     for name in index.names():
         t = index[name]
-        by_file.setdefault(str(t.file), []).append((t.offset, t.nbytes))
+        if str(t.file) not in known:
+            by_file.setdefault(str(t.file), []).append((t.offset, t.nbytes))
     total, done = sum(n for spans in by_file.values() for _, n in spans), [0]
 
     def advance(n):
@@ -102,6 +137,11 @@ def record(index, progress=None, jobs: int = 4) -> Path:
             progress(done[0], total)
 
     def one(shard):
+        if (given := known.get(str(shard.path))) is not None:
+            offsets, sums = given.result()
+            if given.shard.header_sha256 != shard.header_sha256:
+                raise CheckpointError("the shard changed while it was checksummed", file=shard.path)
+            return offsets, sums
         return _shard_sums(shard, sorted(by_file.get(str(shard.path), [])), advance)
 
     with ThreadPoolExecutor(max(1, jobs), thread_name_prefix="k3-sums") as pool:

@@ -173,3 +173,20 @@ def test_running_sums_in_pieces_equal_one_checksum():
             running.update(data[at:c])
             at = c
         assert running.value() == _native.planes_checksum(np.frombuffer(data, np.uint8))
+
+
+def test_sums_from_a_hash_pass_equal_sums_from_reading_each_tensor(tiny_model, tmp_path):
+    """ShardSums fed a shard's bytes front to back in odd pieces (as `k3 setup` hashes it) records the same file."""
+    from k3core import ShardSums, record_tensor_sums
+
+    model = shutil.copytree(tiny_model, tmp_path / "m")
+    want = (model / "k3-tensor-sums.bin").read_bytes()
+    (model / "k3-tensor-sums.bin").unlink()
+    known = {}
+    for i, shard in enumerate(sorted(model.glob("*.safetensors"))):
+        sums, data = ShardSums(shard), shard.read_bytes()
+        for at in range(0, len(data), 777 + i):
+            sums.update(data[at:at + 777 + i])
+        known[shard] = sums
+    record_tensor_sums(model, known=known)
+    assert (model / "k3-tensor-sums.bin").read_bytes() == want
