@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from k3core import safetensors_index as si  # noqa: E402
+from k3core.io import safetensors_index as si  # noqa: E402
 from k3core.io.safetensors_index import ShardIndex  # noqa: E402
 
 H, P, D, HEADS, EXPERTS, NUM_LAYERS = 7168, 12288, 128, 96, 896, 93
