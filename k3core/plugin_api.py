@@ -33,7 +33,7 @@ from .interfaces import (AttentionBackend, Budget, CachePolicy, DraftSource, Exp
                          TrunkPlacer, Weights, default_threads)
 from .io.aligned_io import (ALIGN, Opened, Prefault, Span, align_down, align_up, aligned_buffer, open_for_reading,
                             read_exact, read_into, read_spans)
-from .io.caching_store import CachingOptions, CachingStore, cache_slots
+from .io.caching_store import CachingOptions, CachingStore, cache_slots, nan_scales
 from .io.expert_io import ExpertReader, expert_slot_bytes
 from .io.safetensors_index import DTYPES
 from .io.codec import RAW
@@ -93,7 +93,7 @@ __all__ = [
     "PluginContext", "Budget", "PluginOptions", "PlanRow",
     "CachingStore", "CachingOptions", "cache_slots", "ExpertReader", "expert_slot_bytes", "ALIGN", "Opened", "align_down", "align_up", "aligned_buffer", "Prefault",
     "open_for_reading", "read_into", "read_exact", "Span", "read_spans", "open_trunk", "load_trunk", "TrunkReader", "trunk_scratch_bytes", "trunk_room_for",
-    "trunk_capacity", "RAW", "TensorSums",
+    "trunk_capacity", "RAW", "TensorSums", "nan_scales",
     "PREFIX", "HEAD", "VISION_PREFIXES", "layer_prefix", "expert_prefix", "EXPERT_PARTS", "MATRIX", "FLOAT",
     "STORE_STATS", "STORE_PREFETCH_STATS", "PLACER_STATS",
     "UnsoundRunError", "PlanError", "UsageError", "PluginError", "CheckpointError",

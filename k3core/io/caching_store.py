@@ -167,13 +167,19 @@ class CachingStore(ExpertStore):
                 "expert_wait_seconds": self.wait_seconds,
                 "expert_read_mode": self.reader.mode, "expert_slots": self.slots, "expert_slot_bytes": self.slot_bytes,
                 "expert_cache_bytes": self.slots * self.slot_bytes, "expert_prefetched": self.prefetched,
-                "expert_prefetch_used": self.prefetch_used, "expert_reads_checked": self.options.check_reads}
+                "expert_prefetch_used": self.prefetch_used, "expert_reads_checked": self.options.check_reads,
+                "expert_nan_scales": nan_scales(self.reader)}
 
     def close(self):
         self._prefault.stop()
         if self._prefetcher is not None:
             self._prefetcher.shutdown(wait=True)
         self.reader.close()
+
+
+def nan_scales(reader) -> list[list[int]]:
+    """[layer, expert, scale bytes of 255] of each expert read that has any (SPEC §5: zero groups, counted)."""
+    return [[layer, expert, n] for (layer, expert), n in sorted(reader.nan_scales.items())]
 
 
 def staging_slots(config, slots: int, options) -> int:

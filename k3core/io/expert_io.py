@@ -47,6 +47,7 @@ class ExpertReader:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(QUEUE_DEPTH, thread_name_prefix="k3-expert-read")
         self.bytes_read = 0
+        self.nan_scales: dict[tuple[int, int], int] = {}  # experts read that have MXFP4 scale bytes of 255: how many
         self._clock = BusyClock()  # reads may come from two threads (the fetch and the prefetch)
 
     def layout(self, layer: int, expert: int) -> tuple[Piece, ...]:
@@ -101,7 +102,17 @@ class ExpertReader:
                                   f"the ids generated so far are unsound and the run stops")
         with self._lock:
             self.bytes_read += sum(j[0].length for j in jobs)
+            if self.sums is not None:
+                self._count_nan_scales(requests)
         return [self._weights(layer, expert, buf) for layer, expert, buf in requests]
+
+    def _count_nan_scales(self, requests) -> None:
+        """Experts read whose scale bytes of 255 (recorded with their checksums) SPEC §5 reads as zero groups."""
+        for layer, expert, _ in requests:
+            if (layer, expert) not in self.nan_scales:
+                n = sum(self.sums.scale_255(info) for piece in self.layout(layer, expert) for *_, info in piece.parts)
+                if n:
+                    self.nan_scales[(layer, expert)] = n
 
     @property
     def seconds(self) -> float:

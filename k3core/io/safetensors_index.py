@@ -146,12 +146,13 @@ def _load_shard(path):
     return shard, t, fingerprints(word_view(t.blob), t.start, t.stop)
 
 
-def shard_spans(path) -> tuple[ShardFile, np.ndarray, np.ndarray]:
-    """One shard's header, and its tensors' absolute byte spans [start, end) sorted by start."""
+def shard_spans(path) -> tuple[ShardFile, np.ndarray, np.ndarray, list[str]]:
+    """One shard's header, its tensors' absolute byte spans [start, end) sorted by start, and their names."""
     shard, t, _ = _load_shard(path)
     order = np.argsort(t.begin, kind="stable")
-    base = 8 + shard.header_len
-    return shard, t.begin[order].astype(np.int64) + base, t.end[order].astype(np.int64) + base
+    base, names = 8 + shard.header_len, t.names()
+    return shard, t.begin[order].astype(np.int64) + base, t.end[order].astype(np.int64) + base, \
+        [names[i] for i in order.tolist()]
 
 
 def _weight_map(path):

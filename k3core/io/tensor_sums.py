@@ -4,8 +4,8 @@ lands (expert_io), each trunk tensor the resident placer loads. A packed trunk c
 (io/trunk.py). The checksum is the codec's (native/planes.h: 64-bit words × odd weights), so any changed byte
 changes it; it guards against bytes changing on disk or in flight, not against an adversary.
 
-The file: MAGIC, a u64 length and a JSON header (format, version, and per shard its name, size, header sha256
-and tensor count), then per shard in that order its tensors' absolute offsets (u64, ascending) and their
+The file: MAGIC, a u64 length and a JSON header (format, version, and per shard its name, size, header sha256,
+tensor count and [offset, bytes of 255] of each MXFP4 scale tensor that has any), then per shard in that order its tensors' absolute offsets (u64, ascending) and their
 checksums (u64), then the sha256 of everything before it. A shard whose size or header differs from the record
 makes the table stale: the run refuses to start, naming the shard and the command that records it again.
 """
@@ -27,6 +27,7 @@ from .atomic import write_bytes_atomic
 from .safetensors_index import shard_spans
 
 FILE, MAGIC, FORMAT, VERSION = "k3-tensor-sums.bin", b"K3SUMS\0\0", "k3-tensor-sums", 1
+SCALE, NAN_SCALE = ".weight_scale", 255  # MXFP4 scale tensors, and the byte SPEC §5 reads as a zero group
 CHUNK = 64 << 20          # bytes read at a time while recording (a multiple of 8: the checksum's word)
 MASK = (1 << 64) - 1
 RECORD = "`k3 verify MODEL_DIR` records them again (it reads every shard once)"
@@ -69,11 +70,13 @@ class RunningSum:
 
 class ShardSums:
     """The checksums of one shard's tensors, from its bytes as a hash pass reads them: every byte from offset 0,
-    in order, in pieces of any size (`update`); `result()` once the whole file went through."""
+    in order, in pieces of any size (`update`); `result()` once the whole file went through. Also counts each
+    MXFP4 scale tensor's bytes of 255 (SPEC §5: such a group reads as zero, and is counted)."""
 
     def __init__(self, path):
-        self.shard, self.starts, self.ends = shard_spans(path)
+        self.shard, self.starts, self.ends, names = shard_spans(path)
         self.running = [RunningSum() for _ in range(len(self.starts))]
+        self.scales = {i: 0 for i, name in enumerate(names) if name.endswith(SCALE)}  # tensor -> bytes of 255
         self.at, self.next = 0, 0  # bytes seen; the first tensor not yet finished
 
     def update(self, data) -> None:
@@ -85,51 +88,47 @@ class ShardSums:
             if start >= hi and end > start:  # begins after this piece
                 break
             if max(start, lo) < min(end, hi):
-                self.running[i].update(data[max(start, lo) - lo:min(end, hi) - lo])
+                piece = data[max(start, lo) - lo:min(end, hi) - lo]
+                self.running[i].update(piece)
+                if i in self.scales:
+                    self.scales[i] += int(np.count_nonzero(np.frombuffer(piece, np.uint8) == NAN_SCALE))
             if end > hi:  # goes on in the next piece
                 break
             i += 1
         self.at, self.next = hi, i
 
-    def result(self) -> tuple[np.ndarray, np.ndarray]:
+    def result(self) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
+        """(offsets, checksums, [[offset, bytes of 255]] of each scale tensor that has any)."""
         if self.at != self.shard.size:
             raise CheckpointError(f"{self.at} of its {self.shard.size} bytes went through the checksums",
                                   file=self.shard.path)
-        return self.starts.astype(np.uint64), np.array([r.value() for r in self.running], np.uint64)
+        return (self.starts.astype(np.uint64), np.array([r.value() for r in self.running], np.uint64),
+                [[int(self.starts[i]), n] for i, n in self.scales.items() if n])
 
 
-def _shard_sums(shard, spans, advance=None) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets, checksums) of the tensors of one shard, `spans` being (offset, nbytes) in ascending order."""
-    sums, buf = [], bytearray(CHUNK)
-    fd = os.open(shard.path, os.O_RDONLY)
+def _read_through(path, advance=None) -> ShardSums:
+    """A shard read front to back into its ShardSums (recording without a hash pass)."""
+    sums, buf = ShardSums(path), bytearray(CHUNK)
+    fd = os.open(path, os.O_RDONLY)
     try:
-        for offset, nbytes in spans:
-            running, done = RunningSum(), 0
-            while done < nbytes:
-                n = os.preadv(fd, [memoryview(buf)[:min(CHUNK, nbytes - done)]], offset + done)
-                if n <= 0:
-                    raise CheckpointError(f"file ends inside a tensor at byte {offset + done}", file=shard.path)
-                running.update(memoryview(buf)[:n])
-                done += n
-                if advance:
-                    advance(n)
-            sums.append(running.value())
+        while sums.at < sums.shard.size:
+            n = os.preadv(fd, [memoryview(buf)[:min(CHUNK, sums.shard.size - sums.at)]], sums.at)
+            if n <= 0:
+                raise CheckpointError(f"file ends at byte {sums.at}, {sums.shard.size} expected", file=path)
+            sums.update(memoryview(buf)[:n])
+            if advance:
+                advance(n)
     finally:
         os.close(fd)
-    return np.array([o for o, _ in spans], np.uint64), np.array(sums, np.uint64)
+    return sums
 
 
 def record(index, progress=None, jobs: int = 4, known: dict | None = None) -> Path:
-    """Read every tensor of the checkpoint behind `index` (a ShardIndex), shards `jobs` at a time, and write
-    their checksums to FILE in its directory (atomically). `progress(bytes_done, bytes_total)` as it goes.
-    `known`: {shard path: ShardSums} of shards a hash pass already put through (not read again)."""
+    """Read every shard of the checkpoint behind `index` (a ShardIndex), `jobs` at a time, and write its tensors'
+    checksums to FILE in its directory (atomically). `progress(bytes_done, bytes_total)` as it goes. `known`:
+    {shard path: ShardSums} of shards a hash pass already put through (not read again)."""
     known = {str(k): v for k, v in (known or {}).items()}
-    by_file: dict[str, list] = {}
-    for name in index.names():
-        t = index[name]
-        if str(t.file) not in known:
-            by_file.setdefault(str(t.file), []).append((t.offset, t.nbytes))
-    total, done = sum(n for spans in by_file.values() for _, n in spans), [0]
+    total, done = sum(f.size for f in index.files if str(f.path) not in known), [0]
 
     def advance(n):
         done[0] += n
@@ -137,20 +136,18 @@ def record(index, progress=None, jobs: int = 4, known: dict | None = None) -> Pa
             progress(done[0], total)
 
     def one(shard):
-        if (given := known.get(str(shard.path))) is not None:
-            offsets, sums = given.result()
-            if given.shard.header_sha256 != shard.header_sha256:
-                raise CheckpointError("the shard changed while it was checksummed", file=shard.path)
-            return offsets, sums
-        return _shard_sums(shard, sorted(by_file.get(str(shard.path), [])), advance)
+        sums = known.get(str(shard.path)) or _read_through(shard.path, advance)
+        if sums.shard.header_sha256 != shard.header_sha256:
+            raise CheckpointError("the shard changed while it was checksummed", file=shard.path)
+        return sums.result()
 
     with ThreadPoolExecutor(max(1, jobs), thread_name_prefix="k3-sums") as pool:
         tables = list(pool.map(one, index.files))
-    shards = [{"name": f.path.name, "size": f.size, "header_sha256": f.header_sha256, "tensors": len(o)}
-              for f, (o, _) in zip(index.files, tables)]
+    shards = [{"name": f.path.name, "size": f.size, "header_sha256": f.header_sha256, "tensors": len(o),
+               "scale_255": s255} for f, (o, _, s255) in zip(index.files, tables)]
     head = json.dumps({"format": FORMAT, "version": VERSION, "shards": shards}).encode()
     body = MAGIC + struct.pack("<Q", len(head)) + head + b"".join(o.astype("<u8").tobytes() + s.astype("<u8").tobytes()
-                                                                 for o, s in tables)
+                                                                 for o, s, _ in tables)
     path = Path(index.directory) / FILE
     write_bytes_atomic(path, body + hashlib.sha256(body).digest())
     return path
@@ -160,6 +157,7 @@ def record(index, progress=None, jobs: int = 4, known: dict | None = None) -> Pa
 class _Shard:
     offsets: np.ndarray
     sums: np.ndarray
+    scale_255: dict  # offset of an MXFP4 scale tensor -> its bytes of 255
 
 
 class TensorSums:
@@ -196,6 +194,11 @@ class TensorSums:
                                   tensor=info.name)
         return int(shard.sums[i])
 
+    def scale_255(self, info) -> int:
+        """Bytes of 255 recorded in the MXFP4 scale tensor `info` (groups SPEC §5 reads as zero)."""
+        shard = self._shards.get(str(info.file))
+        return 0 if shard is None else shard.scale_255.get(info.offset, 0)
+
     def problem(self, info, data) -> str | None:
         """None if `data` (the tensor's bytes as read) has the recorded checksum, else what differs."""
         if (got := _native.planes_checksum(memoryview(data).cast("B"))) == (want := self.of(info)):
@@ -220,13 +223,14 @@ def _parse(raw: bytes, path: Path) -> tuple[dict, list[_Shard]]:
     try:
         head = json.loads(raw[16:16 + n])
         counts = [int(s["tensors"]) for s in head["shards"]]
+        nan_scales = [{int(at): int(k) for at, k in s["scale_255"]} for s in head["shards"]]
         ok = head["format"] == FORMAT and head["version"] == VERSION
     except (ValueError, KeyError, TypeError) as exc:
         raise bad(f"header: {exc!r}") from None
     if not ok or 16 + n + 16 * sum(counts) + 32 != len(raw):
         raise bad("its header does not describe its length, or it is another version")
     tables, at = [], 16 + n
-    for k in counts:
-        tables.append(_Shard(np.frombuffer(raw, "<u8", k, at), np.frombuffer(raw, "<u8", k, at + 8 * k)))
+    for k, scales in zip(counts, nan_scales):
+        tables.append(_Shard(np.frombuffer(raw, "<u8", k, at), np.frombuffer(raw, "<u8", k, at + 8 * k), scales))
         at += 16 * k
     return head, tables

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..plugin_api import (ExpertReader, ExpertStore, PlanRow, PluginOptions, Prefault, aligned_buffer,
-                          expert_slot_bytes, hookimpl, human)
+                          expert_slot_bytes, hookimpl, human, nan_scales)
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class DirectStore(ExpertStore):
         return {"expert_requests": self.requests, "expert_hits": 0, "expert_evictions": 0,
                 "expert_bytes_read": self.reader.bytes_read, "expert_read_seconds": self.reader.seconds,
                 "expert_read_mode": self.reader.mode, "expert_slots": self.slots, "expert_slot_bytes": self.slot_bytes,
-                "expert_reads_checked": self.options.check_reads}
+                "expert_reads_checked": self.options.check_reads, "expert_nan_scales": nan_scales(self.reader)}
 
     def close(self):
         self._prefault.stop()

@@ -190,3 +190,27 @@ def test_sums_from_a_hash_pass_equal_sums_from_reading_each_tensor(tiny_model, t
         known[shard] = sums
     record_tensor_sums(model, known=known)
     assert (model / "k3-tensor-sums.bin").read_bytes() == want
+
+
+def test_experts_with_scale_bytes_of_255_are_counted_and_named(tiny_model):
+    """SPEC §5: a scale byte of 255 reads its group as zero, and is counted: recorded with the checksums, named in
+    the run report for each expert read that has one (the test model plants one in expert 1's w2)."""
+    from k3core.io.aligned_io import aligned_buffer
+    from k3core.io.expert_io import ExpertReader, expert_slot_bytes
+    from k3core.model.checkpoint import open_checkpoint
+    from k3core.model.report import _nan_scale_line
+
+    ckpt = open_checkpoint(tiny_model)
+    layer = max(1, ckpt.config.first_k_dense_replace)
+    reader, buf = ExpertReader(ckpt), aligned_buffer(expert_slot_bytes(ckpt))
+    try:
+        reader.read([(layer, 0, buf)])
+        assert reader.nan_scales == {}
+        reader.read([(layer, 1, buf)])
+        assert reader.nan_scales == {(layer, 1): 1}
+    finally:
+        reader.close()
+        ckpt.close()
+    assert _nan_scale_line({"expert_nan_scales": [[layer, 1, 1]]}) == [
+        f"MXFP4 scale byte 255 (NaN in the OCP spec) in 1 group(s) of 1 expert(s) read, each group read as zero "
+        f"(SPEC §5): layer {layer} expert 1 (1)"]
