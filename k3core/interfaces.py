@@ -430,7 +430,10 @@ class TrunkPlacer(ABC):
 
     Call order: `plan(ctx)`, `__init__(ctx)`, then per forward pass `embed_rows`, `layer(L)` for
     L = 0, 1, … in order, `model()`, `head_blocks()`; `stats()` any time; `close()` once. What
-    `layer` and `head_blocks` hand out stays valid until the next such call."""
+    `layer` and `head_blocks` hand out stays valid until the next such call. The engine scans the F32/F16
+    tensors of each Weights object `layer` and `model` return for NaN and infinity when it first sees that
+    object: return the same object again only while its values are unchanged (a pinned layer), and values
+    read anew (a streamed layer) in a new object."""
 
     name: ClassVar[str]
     description: ClassVar[str] = ""

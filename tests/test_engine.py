@@ -75,24 +75,39 @@ def test_every_native_backend_and_thread_count_gives_the_same_bits(model_factory
     assert all(r == first for r in runs.values()), [k for k, r in runs.items() if r != first]
 
 
-def test_a_nan_in_the_weights_is_named_by_layer_and_tensor_not_sampled(tiny_model, tmp_path):
+def test_a_nan_in_a_matrix_is_named_by_layer_and_tensor_not_sampled(tiny_model, tmp_path):
+    """BF16 matrices are not scanned per read (small tensors are: tests/faults/test_nonfinite.py); the layer whose
+    output is not finite is named, with the matrix that holds the NaN."""
     import shutil
 
     from k3core import CheckpointError, record_tensor_sums
     from k3core.model.checkpoint import layer_prefix, open_checkpoint
 
     model = shutil.copytree(tiny_model, tmp_path / "m")
-    name = layer_prefix(5) + "post_attention_layernorm.weight"
+    name = layer_prefix(5) + "block_sparse_moe.shared_experts.down_proj.weight"
     ckpt = open_checkpoint(model)
     info = ckpt.index[name]
     ckpt.close()
-    with open(info.file, "r+b") as f:  # one value of the norm becomes NaN (F32 bits 0x7FC00000)
-        f.seek(info.offset + 4 * 3)
-        f.write(np.array(0x7FC00000, "<u4").tobytes())
+    with open(info.file, "r+b") as f:  # one value of the matrix becomes NaN (BF16 bits 0x7FC0)
+        f.seek(info.offset + 2 * 3)
+        f.write(np.array(0x7FC0, "<u2").tobytes())
     record_tensor_sums(model)  # a checkpoint that came with the NaN (a change after recording fails its checksum)
     with open_engine(EngineConfig(model)) as engine, pytest.raises(CheckpointError) as e:
         greedy_ids(engine, [1, 2, 3], 2)
-    assert "layer 5's output is not finite" in str(e.value) and e.value.tensor == name and e.value.exit_code == 2
+    assert "layer 5's output is not finite: block_sparse_moe.shared_experts.down_proj.weight holds 1 non-finite " \
+        "value(s) (1 NaN)" in str(e.value) and e.value.tensor == name and e.value.exit_code == 2
+
+
+def test_an_output_that_overflows_with_finite_weights_is_not_blamed_on_a_tensor():
+    from k3core import CheckpointError
+    from k3core.interfaces import Param, Weights
+    from k3core.model.finite import output_error
+
+    w = Weights("language_model.model.layers.2.", {"input_layernorm.weight": Param(np.ones(4, np.float32), "F32"),
+                                                   "mlp.up_proj.weight": Param(np.zeros((2, 4), np.uint16), "BF16")})
+    e = output_error(2, w)
+    assert not isinstance(e, CheckpointError) and e.exit_code == 1
+    assert "layer 2's output is not finite, though its input and its trunk weights are" in str(e)
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 7, 512])

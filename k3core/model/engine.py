@@ -12,10 +12,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..errors import CheckpointError, InputError, K3Error
+from ..errors import InputError, K3Error
 from .attnres import Residual, fold
 from .checkpoint import PREFIX
 from .engine_config import EngineConfig, resolve
+from .finite import BindCheck, check_embed_rows, output_error
 from .mlp import dense_mlp
 from .moe import latent_moe, prefetch_guess
 
@@ -84,6 +85,7 @@ class Engine:
         self.max_context, self.prefill_chunk = config.max_context, config.prefill_chunk
         self.sequences, self.speculate = config.sequences, config.speculate
         self.tokens_forwarded = self.forward_passes = 0
+        self._bound = BindCheck()  # what the placer hands out, checked for NaN and infinity (model/finite.py)
 
     def attention_for(self, layer: int):
         return self._attention[self.config.attention_kind(layer)]
@@ -118,16 +120,18 @@ class Engine:
         ids = [int(t) for seq, _ in batch for t in seq]
         ends = np.cumsum([len(seq) for seq, _ in batch]).tolist()
         starts = [0, *ends[:-1]]
-        stream = Residual(self.placer.embed_rows(ids))
+        rows = self.placer.embed_rows(ids)
+        check_embed_rows(rows, ids)
+        stream = Residual(rows)
         for L in range(c.num_hidden_layers):
             for o in observers:
                 o.on_layer(L, c.num_hidden_layers)
-            w = self.placer.layer(L)
+            w = self._bound.layer(L, self.placer.layer(L))
             segments = [(a, b, state.layers[L]) for a, b, (_, state) in zip(starts, ends, batch)]
             decoder_layer(L, w, stream, segments, c, kr, self.attention_for(L), self.store, observers)
             if not np.isfinite(stream.prefix).all():  # say where, instead of sampling from NaN logits
-                raise non_finite_error(L, w)
-        model = self.placer.model()
+                raise output_error(L, w)
+        model = self._bound.model(self.placer.model())
         h = stream.mix(kr, fold(model, PREFIX + "output_attn_res"), c.rms_norm_eps)
         wanted = [range(a, b) if all_ else range(b - 1, b) for a, b, all_ in zip(starts, ends, every)]
         if not all(every):
@@ -196,19 +200,6 @@ class Engine:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def non_finite_error(layer: int, w) -> K3Error:
-    """The first layer whose output is not finite, and the first of its trunk tensors that holds a NaN or an
-    infinity (a damaged checkpoint, exit 2) — or, if none does, that the activations overflowed (exit 1)."""
-    for name, param in w.items():
-        values = param.f32() if param.dtype in ("BF16", "F16", "F32") else None
-        if values is not None and not np.isfinite(values).all():
-            bad = int(np.count_nonzero(~np.isfinite(values)))
-            return CheckpointError(f"layer {layer}'s output is not finite: {name} holds {bad} NaN or infinite "
-                                   "value(s) (`k3 verify --deep` lists every such tensor)", tensor=w.prefix + name)
-    return K3Error(f"layer {layer}'s output is not finite, though its trunk weights are: the activations overflowed "
-                   "(or a routed expert's values are out of range); the ids would be noise, so the run stops")
 
 
 def decoder_layer(L: int, w, stream: Residual, segments, c, kr, attention, store, observers=()) -> None:

@@ -42,7 +42,7 @@ class ResidentPlacer(TrunkPlacer):
         super().__init__(ctx)
         index, config = self.checkpoint.index, self.config
         start = time.perf_counter()
-        self._layers: list[dict[str, Param]] = [{} for _ in range(config.num_hidden_layers)]
+        layers: list[dict[str, Param]] = [{} for _ in range(config.num_hidden_layers)]
         wanted = []  # (layers dict or None for the model level, key, name)
         for name in index.names():
             if _is_model_level(name):
@@ -60,13 +60,15 @@ class ResidentPlacer(TrunkPlacer):
                           infos, read))
         model: dict[str, Param] = {}
         for (layer, key, _), t, (buf, skip) in zip(wanted, infos, read):
-            (model if layer is None else self._layers[layer])[key] = _param(buf, skip, t, key)
+            (model if layer is None else layers[layer])[key] = _param(buf, skip, t, key)
         self.bytes_read = sum(t.nbytes for t in infos)
+        # one Weights per layer, handed out pass after pass: the engine scans its small tensors once (model/finite.py)
+        self._layers = [Weights(layer_prefix(L), params) for L, params in enumerate(layers)]
         self._model = Weights("", model)
         self.load_seconds = time.perf_counter() - start
 
     def layer(self, layer):
-        return Weights(layer_prefix(layer), self._layers[layer])
+        return self._layers[layer]
 
     @classmethod
     def plan(cls, ctx):
