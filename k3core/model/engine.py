@@ -16,7 +16,7 @@ from ..errors import InputError, K3Error
 from .attnres import Residual, fold
 from .checkpoint import PREFIX
 from .engine_config import EngineConfig, resolve
-from .finite import BindCheck, check_embed_rows, output_error
+from .finite import BindCheck, check_embed_rows, head_error, output_error
 from .mlp import dense_mlp
 from .moe import latent_moe, prefetch_guess
 
@@ -139,7 +139,9 @@ class Engine:
         x = kr.rmsnorm(h, model.vec(PREFIX + "norm.weight"), c.rms_norm_eps)
         logits = np.empty((x.shape[0], c.vocab_size), np.float32)
         for row, block in self.placer.head_blocks():
-            logits[:, row:row + block.shape[0]] = kr.linear(block, x)
+            logits[:, row:row + block.shape[0]] = part = kr.linear(block, x)
+            if not np.isfinite(part).all():  # x is finite: the block's rows, or an overflow
+                raise head_error(row, block, part)
         for seq, state in batch:
             state.ids.extend(int(t) for t in seq)
         self.tokens_forwarded += len(ids)

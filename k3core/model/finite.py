@@ -4,7 +4,7 @@ CheckpointError (exit 2) naming the tensor, raised before any token it would cha
 Small float tensors (F32/F16: norms, A_log, dt_bias, conv weights, biases) are checked whenever the engine
 takes Weights it has not checked — a pinned layer once, a streamed one on every read — and embedding rows as
 they are gathered. BF16 matrices are too large to scan per read: `output_error` names the first that holds a
-NaN or an infinity once a layer's output is not finite. E8M0 scale bytes of 255 are not non-finite (SPEC §5).
+NaN or an infinity once a layer's output is not finite, and `head_error` the lm_head rows whose logits are not. E8M0 scale bytes of 255 are not non-finite (SPEC §5).
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import CheckpointError, K3Error
-from ..interfaces import Weights
-from .checkpoint import FLOAT, MATRIX, PREFIX
+from ..interfaces import Param, Weights
+from .checkpoint import FLOAT, HEAD, MATRIX, PREFIX
 
 SMALL = tuple(d for d in FLOAT if d not in MATRIX)  # F16, F32: dtypes only small tensors may have
 EMBED = PREFIX + "embed_tokens.weight"
@@ -80,6 +80,19 @@ def check_embed_rows(rows: np.ndarray, ids: Sequence[int]) -> None:
                                                        if len(tokens) > SHOWN_IDS else "")
     raise CheckpointError(f"the embedding rows of token id(s) {shown} hold "
                           f"{describe(np.concatenate([bad[t] for t in tokens]))}: {DAMAGED}", tensor=EMBED)
+
+
+def head_error(first_row: int, block, logits: np.ndarray) -> K3Error:
+    """Logits of lm_head's rows from `first_row` (`block`, a Param, gave `logits` [T, rows]) are not finite though
+    the final hidden state is: the rows that hold a NaN or an infinity (a damaged checkpoint, exit 2), or an
+    overflow (exit 1)."""
+    bad = np.flatnonzero(~np.isfinite(logits).all(axis=0))  # rows of the block whose logits are not finite
+    values = Param(block.data[bad], block.dtype).f32()
+    if (rows := bad[~np.isfinite(values).all(axis=1)]).size:
+        ids = ", ".join(str(first_row + int(r)) for r in rows[:SHOWN_IDS]) + (" …" if rows.size > SHOWN_IDS else "")
+        return CheckpointError(f"lm_head's rows for token id(s) {ids} hold {describe(values)}: {DAMAGED}", tensor=HEAD)
+    return K3Error("the logits are not finite, though the final hidden state and lm_head are: the activations "
+                   "overflowed; the ids would be noise, so the run stops")
 
 
 def output_error(layer: int, w: Weights) -> K3Error:

@@ -15,7 +15,7 @@ from k3core import CheckpointError, EngineConfig, open_engine, record_tensor_sum
 from k3core.cli.main import main
 from k3core.interfaces import Param, Weights
 from k3core.io.pack import pack
-from k3core.model.checkpoint import PREFIX, layer_prefix, open_checkpoint
+from k3core.model.checkpoint import HEAD, PREFIX, layer_prefix, open_checkpoint
 from k3core.model.engine import Engine
 from k3core.model.testmodel import SHAPES
 from k3core.plugin_manager import new_plugin_manager
@@ -185,3 +185,14 @@ def test_pinned_layers_are_scanned_once_and_streamed_ones_on_every_read(tiny_mod
             engine.forward(list(ids), state)
         layers = engine.config.num_hidden_layers
     assert len(scanned) == (layers * len(passes) if streamed else layers) + 1, scanned  # + the model level, once
+
+
+@pytest.mark.parametrize("placer", PLACERS)
+def test_a_non_finite_lm_head_row_is_named_with_its_token_id(tiny_model, tmp_path, capsys, placer):
+    """lm_head is a BF16 matrix, not scanned when bound: a bad row shows in its logits, and is named there."""
+    model = shutil.copytree(tiny_model, tmp_path / "m")
+    plant(model, HEAD, 77 * HIDDEN + 5, math.nan)
+    code = main(argv(model, tmp_path, placer))
+    out, err = capsys.readouterr()
+    assert code == 2, err
+    assert "lm_head's rows for token id(s) 77 hold 1 non-finite value(s) (1 NaN)" in err and out == "", err
