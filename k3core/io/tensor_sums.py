@@ -24,6 +24,7 @@ import numpy as np
 from .. import _native
 from ..errors import CheckpointError, UnsoundRunError
 from .atomic import write_bytes_atomic
+from .limits import INDEX_FILE_BYTES, loads_limited, read_limited
 from .safetensors_index import shard_spans
 
 FILE, MAGIC, FORMAT, VERSION = "k3-tensor-sums.bin", b"K3SUMS\0\0", "k3-tensor-sums", 1
@@ -170,7 +171,7 @@ class TensorSums:
     def load(cls, index) -> "TensorSums":
         path = Path(index.directory) / FILE
         try:
-            raw = path.read_bytes()
+            raw = read_limited(path, INDEX_FILE_BYTES, "a tensor checksum file")
         except FileNotFoundError:
             raise CheckpointError(f"this checkpoint has no tensor checksums ({FILE}), so k3 cannot check the bytes it "
                                   f"reads; {RECORD}", file=index.directory) from None
@@ -221,7 +222,7 @@ def _parse(raw: bytes, path: Path) -> tuple[dict, list[_Shard]]:
         raise bad("its own sha256 does not match" if raw[:8] == MAGIC else "not a k3 tensor checksum file")
     n = struct.unpack_from("<Q", raw, 8)[0]
     try:
-        head = json.loads(raw[16:16 + n])
+        head = loads_limited(raw[16:16 + n], path)
         counts = [int(s["tensors"]) for s in head["shards"]]
         nan_scales = [{int(at): int(k) for at, k in s["scale_255"]} for s in head["shards"]]
         ok = head["format"] == FORMAT and head["version"] == VERSION
