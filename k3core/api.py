@@ -48,6 +48,7 @@ from .text.chat import (ChatInputError, Conversation, Reply, ToolCall, forced_to
 from .text.chat_session import ChatSession
 from .text.batch import BatchGenerator, Emitted
 from .text.generate import AUTO_K, Speculation, generate_ids, greedy_ids
+from .text.logprobs import TokenLogprob, token_logprobs
 from .text.sampling import Sampler, SamplingParams
 from .text.session import Session
 from .text.state_cache import StateCache
@@ -62,7 +63,7 @@ __all__ = [
     "generate_ids", "greedy_ids", "Speculation", "speculation", "draft_source", "AUTO_K", "BatchGenerator", "Emitted",
     "Sampler", "SamplingParams", "Session", "ChatSession", "Conversation", "Event", "visible", "Tokenizer",
     "load_tokenizer", "StateCache", "render_chat", "split_reply", "Reply", "ToolCall", "tool_call_markup",
-    "parse_tool_calls", "forced_tool_prefix", "build_chat_ids", "TextStream",
+    "parse_tool_calls", "forced_tool_prefix", "build_chat_ids", "TextStream", "token_logprobs", "TokenLogprob",
     # files: profile, decode states, packed trunks, test models
     "Profile", "load_profile", "save_profile", "profile_path", "config_from_profile", "save_state", "load_state",
     "pack_trunk", "PackMeter", "ProgressMeter", "packed_trunk_bytes", "make_test_model", "generated_model_bytes", "TEST_MODEL_MARKER", "write_json_atomic",

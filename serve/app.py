@@ -1,9 +1,10 @@
 """The OpenAI-compatible routes: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET /health.
 
-`api_router(worker, options)` returns a FastAPI APIRouter that `k3 serve` serves alone and `k3 ui` includes
-in its own app beside the page, so one engine serves both. Every error is OpenAI-shaped with its HTTP
-status; a request body over `max_body_bytes` is refused (413) before it is parsed; with an API key set,
-every /v1 route needs `Authorization: Bearer KEY` (compared in constant time, never logged).
+`api_router(worker, options)` returns a FastAPI APIRouter (with serve/anthropic.py's Messages routes) that
+`k3 serve` serves alone and `k3 ui` includes in its own app beside the page, so one engine serves both. Every
+error here is OpenAI-shaped with its HTTP status; a request body over `max_body_bytes` is refused (413) before
+it is parsed; with an API key set, every /v1 route needs `Authorization: Bearer KEY` (compared in constant
+time, never logged).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from k3core import (ChatInputError, SamplingParams, UsageError, build_chat_ids, 
 from k3core import LimitError, loads_limited
 
 from .http import model_id
+from .logprobs import LegacyLogprobs, chat_logprobs
 from .schema import ApiError, ChatRequest, CompletionRequest, chat_request, completion_request, request_param
 from .worker import Job, Worker
 
@@ -131,13 +133,14 @@ class Api:
         params = self.params(req.sampling, mode, len(prompt))
         channel = "think" if req.thinking else "response"
         return Job(prompt, params, emit=None, channel=channel, forced=forced,
-                   stop_ids=frozenset({self.tokenizer.id_of(EOM)})), mode
+                   stop_ids=frozenset({self.tokenizer.id_of(EOM)}), logprobs=req.logprobs), mode
 
     def completion_job(self, req: CompletionRequest) -> Job:
         prompt = self.tokenizer.encode(req.prompt)
         if not prompt:
             raise ApiError(400, "prompt: encodes to no tokens", param="prompt", code="invalid_value")
-        return Job(prompt, self.params(req.sampling, "instruct", len(prompt)), emit=None)
+        return Job(prompt, self.params(req.sampling, "instruct", len(prompt)), emit=None, logprobs=req.logprobs,
+                   score_prompt=req.echo and req.logprobs is not None)
 
     def start(self, job: Job) -> asyncio.Queue:
         """Submit `job`; its events arrive on the returned queue (thread-safe hand-over to this loop)."""
@@ -234,15 +237,17 @@ def api_router(worker: Worker, opts: ApiOptions) -> APIRouter:
         rid, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
         head = {"id": rid, "created": created, "model": api.model_id}
         if req.stream:
-            return StreamingResponse(_chat_stream(api, request, events, job, mode, head, req.include_usage),
+            return StreamingResponse(_chat_stream(api, request, events, job, mode, head, req),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         got = await _collect(request, events, job)
         if got is None:
             return JSONResponse({}, status_code=499)
         texts, reason, stats = got
         message, finish = _reply(api, job, mode, stats, reason, texts)
+        logprobs = chat_logprobs(api.tokenizer, stats["logprobs"]) if req.logprobs is not None else None
         return JSONResponse({**head, "object": "chat.completion", "usage": _usage(stats),
-                             "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}]})
+                             "choices": [{"index": 0, "message": message, "finish_reason": finish,
+                                          "logprobs": logprobs}]})
 
     async def completions(request: Request):
         check_key(request, opts)
@@ -252,7 +257,7 @@ def api_router(worker: Worker, opts: ApiOptions) -> APIRouter:
         events = api.start(job)
         head = {"id": f"cmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": api.model_id}
         if req.stream:
-            return StreamingResponse(_completion_stream(request, events, job, head, req),
+            return StreamingResponse(_completion_stream(api, request, events, job, head, req),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         got = await _collect(request, events, job)
         if got is None:
@@ -261,14 +266,27 @@ def api_router(worker: Worker, opts: ApiOptions) -> APIRouter:
         text = (req.prompt if req.echo else "") + "".join(texts.get(None, []))
         return JSONResponse({**head, "object": "text_completion", "usage": _usage(stats),
                              "choices": [{"index": 0, "text": text, "finish_reason": FINISH[reason],
-                                          "logprobs": None}]})
+                                          "logprobs": _legacy_logprobs(api, job, stats)}]})
 
     router.add_api_route("/health", guarded(health), methods=["GET"])
     router.add_api_route("/v1/models", guarded(models), methods=["GET"])
     router.add_api_route("/v1/models/{model}", guarded(model), methods=["GET"])
     router.add_api_route("/v1/chat/completions", guarded(chat), methods=["POST"])
     router.add_api_route("/v1/completions", guarded(completions), methods=["POST"])
+    from .anthropic import add_routes  # the Anthropic Messages API: the same Api, another dialect
+
+    add_routes(router, api)
     return router
+
+
+def _legacy_logprobs(api: Api, job: Job, stats: dict) -> dict | None:
+    """A whole completion's legacy `logprobs`: the prompt's ids first when they were scored (echo)."""
+    if job.logprobs is None:
+        return None
+    scores, ids = stats["logprobs"], stats["ids"]
+    if stats["prompt_logprobs"] is not None:
+        scores, ids = stats["prompt_logprobs"] + scores, job.prompt + ids
+    return LegacyLogprobs(api.tokenizer).of(ids, scores)
 
 
 async def _events_or_cancel(request, events: asyncio.Queue, job: Job):
@@ -288,10 +306,14 @@ async def _events_or_cancel(request, events: asyncio.Queue, job: Job):
         job.cancelled.set()  # a no-op for a job that ended; frees the batch slot of one that did not
 
 
-async def _chat_stream(api: Api, request, events, job: Job, mode: str, head: dict, include_usage: bool):
+async def _chat_stream(api: Api, request, events, job: Job, mode: str, head: dict, req: ChatRequest):
+    include_usage, scores = req.include_usage, []  # the logprobs of the ids since the last chunk
+
     def chunk(delta: dict, finish=None, usage=None) -> bytes:
+        logprobs = chat_logprobs(api.tokenizer, scores) if scores else None
+        scores.clear()
         body = {**head, "object": "chat.completion.chunk",
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]}
         if include_usage:
             body["usage"] = usage
         return _sse(body)
@@ -301,7 +323,9 @@ async def _chat_stream(api: Api, request, events, job: Job, mode: str, head: dic
     ids, sent, sep = [], 0, api.tokenizer.id_of("<|sep|>")  # each tool call goes out once its element closes
     async for event in _events_or_cancel(request, events, job):
         kind = event[0]
-        if kind == "token":
+        if kind == "logprob":
+            scores.append(event[1])
+        elif kind == "token":
             ids.append(event[1])
             if event[1] == sep and (calls := _complete_calls(api, job, mode, ids)) and len(calls) > sent:
                 yield chunk({"tool_calls": [{"index": i, **_call_json(c)} for i, c in enumerate(calls) if i >= sent]})
@@ -314,7 +338,7 @@ async def _chat_stream(api: Api, request, events, job: Job, mode: str, head: dic
             rest = message.get("tool_calls", [])[sent:]  # a call cut off by max_tokens comes last, as it is
             if rest:
                 yield chunk({"tool_calls": [{"index": sent + i, **call} for i, call in enumerate(rest)]})
-            yield chunk({}, finish)
+            yield chunk({}, finish)  # with the logprobs of ids that made no text (a stop id)
             if include_usage:
                 yield _sse({**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage(event[2])})
             yield b"data: [DONE]\n\n"
@@ -323,18 +347,28 @@ async def _chat_stream(api: Api, request, events, job: Job, mode: str, head: dic
             yield b"data: [DONE]\n\n"
 
 
-async def _completion_stream(request, events, job: Job, head: dict, req: CompletionRequest):
-    def chunk(text: str, finish=None) -> bytes:
+async def _completion_stream(api: Api, request, events, job: Job, head: dict, req: CompletionRequest):
+    legacy, scores = LegacyLogprobs(api.tokenizer), []  # the logprobs of the ids since the last chunk
+
+    def chunk(text: str, finish=None, ids=None, entries=None) -> bytes:
+        if ids is None:
+            ids, entries = [e.token for e in scores], list(scores)
+            scores.clear()
+        logprobs = legacy.of(ids, entries) if req.logprobs is not None else None
         body = {**head, "object": "text_completion", "choices": [{"index": 0, "text": text, "finish_reason": finish,
-                                                                  "logprobs": None}]}
+                                                                  "logprobs": logprobs}]}
         if req.include_usage:
             body["usage"] = None
         return _sse(body)
 
-    if req.echo:
+    if req.echo and not job.score_prompt:
         yield chunk(req.prompt)
     async for event in _events_or_cancel(request, events, job):
-        if event[0] == "text":
+        if event[0] == "prompt_logprobs":  # echo with logprobs: the prompt goes out with its scores
+            yield chunk(req.prompt, ids=job.prompt, entries=event[1])
+        elif event[0] == "logprob":
+            scores.append(event[1])
+        elif event[0] == "text":
             yield chunk(event[2])
         elif event[0] == "done":
             yield chunk("", FINISH[event[1]])

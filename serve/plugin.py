@@ -116,7 +116,8 @@ def _positive(text: str) -> int:
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "serve", formatter_class=argparse.RawDescriptionHelpFormatter,
-        help="an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models)",
+        help="an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models) and Anthropic's "
+             "/v1/messages",
         description="Serves one resident engine over the OpenAI HTTP API, so the `openai` package, curl, editors\n"
                     "and agents can use k3. Concurrent requests are advanced together (--sequences), each\n"
                     "reply the bits it gets alone; a follow-up turn forwards only its new tokens. Listens on\n"

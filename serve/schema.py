@@ -15,6 +15,8 @@ from k3core import LimitError, loads_limited, tool_call_markup
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_STOP = 4  # stop sequences per request, as OpenAI allows
+MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI allows
+MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' logprobs, as OpenAI allows
 
 
 class ApiError(Exception):
@@ -60,6 +62,7 @@ class ChatRequest:
     tools: tuple[dict, ...] = ()          # OpenAI function declarations
     tool_choice: str | None = None        # None/"auto", "none", "required", or a function name
     thinking: bool = False
+    logprobs: int | None = None           # alternatives per id (top_logprobs); None: no log-probabilities
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class CompletionRequest:
     stream: bool = False
     include_usage: bool = False
     echo: bool = False
+    logprobs: int | None = None           # alternatives per id; None: no log-probabilities
 
 
 def _bad(param: str, message: str) -> ApiError:
@@ -116,8 +120,6 @@ def _model(body: dict) -> str:
 
 def _not_served(body: dict) -> None:
     """Known OpenAI fields that would change what comes back, which k3 does not do: refused, never ignored."""
-    if body.get("logprobs") or body.get("top_logprobs"):
-        raise _bad("logprobs", "log probabilities are not served")
     fmt = body.get("response_format")
     if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type", "text") != "text"):
         raise _bad("response_format", "only {\"type\": \"text\"} is served (no JSON mode or schema)")
@@ -289,13 +291,23 @@ def _thinking(body: dict) -> bool:
     return on
 
 
+def _chat_logprobs(body: dict) -> int | None:
+    """`logprobs: true` and `top_logprobs` 0..20 alternatives: the alternatives per id, or None when off."""
+    top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if not _bool(body, "logprobs"):
+        if top is not None:
+            raise _bad("top_logprobs", "needs \"logprobs\": true")
+        return None
+    return top or 0
+
+
 def chat_request(body: Any, max_tokens_limit: int) -> ChatRequest:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
     tools, choice = _tools(body)
     return ChatRequest(model=_model(body), messages=_messages(body), sampling=_sampling(body, max_tokens_limit),
                        stream=_bool(body, "stream"), include_usage=_include_usage(body), tools=tools,
-                       tool_choice=choice, thinking=_thinking(body))
+                       tool_choice=choice, thinking=_thinking(body), logprobs=_chat_logprobs(body))
 
 
 def completion_request(body: Any, max_tokens_limit: int) -> CompletionRequest:
@@ -310,4 +322,4 @@ def completion_request(body: Any, max_tokens_limit: int) -> CompletionRequest:
         raise _bad("suffix", "insertion (suffix) is not served")
     return CompletionRequest(model=_model(body), prompt=prompt, sampling=_sampling(body, max_tokens_limit),
                              stream=_bool(body, "stream"), include_usage=_include_usage(body),
-                             echo=_bool(body, "echo"))
+                             echo=_bool(body, "echo"), logprobs=_integer(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS))

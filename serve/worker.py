@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from k3core import BatchGenerator, InputError, K3Error, Sampler, SamplingParams, StateCache, TextStream
+from k3core import BatchGenerator, InputError, K3Error, Sampler, SamplingParams, StateCache, TextStream, token_logprobs
 
 from .schema import ApiError
 
@@ -25,8 +25,10 @@ log = logging.getLogger("k3.serve")
 @dataclass
 class Job:
     """One request for ids: what to generate, and where its events go (`emit` is called on the worker
-    thread with ("token", id) for each id of a chat reply, ("text", channel, text), then ("done", reason,
-    stats) or ("error", ApiError))."""
+    thread with ("token", id) for each id of a chat reply, ("logprob", TokenLogprob) for each id when
+    `logprobs` is set, ("text", channel, text), then ("done", reason, stats) or ("error", ApiError); with
+    `score_prompt`, ("prompt_logprobs", [None, TokenLogprob, …]) for the prompt's ids comes before the first id's.
+    The done stats hold them all too: "logprobs" (one per id) and "prompt_logprobs".)"""
 
     prompt: list[int]
     params: SamplingParams
@@ -34,6 +36,8 @@ class Job:
     channel: str | None = None        # the XTML channel the prompt's generation prefix opened (chat)
     forced: list[int] = field(default_factory=list)  # ids at the prompt's end the reply is parsed from too
     stop_ids: frozenset = frozenset()
+    logprobs: int | None = None       # alternatives per id of its log-probabilities; None: none are computed
+    score_prompt: bool = False        # the prompt's ids' log-probabilities too (teacher-forced; a fresh state)
     cancelled: threading.Event = field(default_factory=threading.Event)
     # filled in by the worker
     generated: list[int] = field(default_factory=list)
@@ -41,6 +45,8 @@ class Job:
     started: float = 0.0
     text: TextStream | None = None
     state: object = None
+    scores: list = field(default_factory=list)  # a TokenLogprob per generated id, when `logprobs` is set
+    prompt_logprobs: list = field(default_factory=lambda: [None])  # the first prompt id has no logprob
 
 
 @dataclass
@@ -128,7 +134,7 @@ class Worker:
                 return
         for handle in dict.fromkeys(e.handle for e in emitted):  # a speculating sequence may emit several ids
             for used, e in enumerate((e for e in emitted if e.handle == handle), start=1):
-                if self._emitted(handle, e.token, e.last, used):
+                if self._emitted(handle, e, used):
                     break
 
     def _engine_changed(self) -> None:
@@ -145,9 +151,11 @@ class Worker:
                 job = self._pending.popleft()
             if job.cancelled.is_set():
                 continue
-            state = self.states.take(job.prompt) or engine.new_state()
+            # a scored prompt is forwarded whole: a kept state holds no logits for the positions it saves
+            state = (None if job.score_prompt else self.states.take(job.prompt)) or engine.new_state()
             try:
-                handle = self._batch.add(job.prompt, state, Sampler(job.params), self.speculation())
+                handle = self._batch.add(job.prompt, state, Sampler(job.params), self.speculation(),
+                                         prompt_rows=self._prompt_scorer(job) if job.score_prompt else None)
             except InputError as exc:
                 self.states.put(state)  # untouched: still good for another request
                 job.emit(("error", ApiError(400, str(exc), param="messages", code="context_length_exceeded"
@@ -163,10 +171,26 @@ class Worker:
                 job.text.feed(token)
             self._active[handle] = job
 
-    def _emitted(self, handle: int, token: int, context_full: bool, used: int) -> bool:
-        """One id for a job (the `used`-th of its step); True when that ended the job."""
-        job = self._active[handle]
+    @staticmethod
+    def _prompt_scorer(job: Job):
+        """Appends to `job.prompt_logprobs` the log-probability of each prompt id after the first, from the rows
+        of the prompt chunks (row j predicts the id after it; the last prompt row predicts the first reply id)."""
+        def score(rows) -> None:
+            for row in rows:
+                at = len(job.prompt_logprobs)
+                if at < len(job.prompt):
+                    job.prompt_logprobs.append(token_logprobs(row, job.prompt[at], job.logprobs))
+        return score
+
+    def _emitted(self, handle: int, e, used: int) -> bool:
+        """One id for a job (`e`, the `used`-th Emitted of its step); True when that ended the job."""
+        job, token, context_full = self._active[handle], e.token, e.last
         job.generated.append(token)
+        if job.score_prompt and len(job.generated) == 1:
+            job.emit(("prompt_logprobs", list(job.prompt_logprobs)))
+        if job.logprobs is not None:
+            job.scores.append(token_logprobs(e.logits, token, job.logprobs))
+            job.emit(("logprob", job.scores[-1]))
         if job.channel is not None:  # chat: the stream parses tool calls from the ids as they come
             job.emit(("token", token))
         if token in job.stop_ids or token in job.params.stop_ids:
@@ -194,7 +218,9 @@ class Worker:
         self.seconds_per_job = 0.8 * self.seconds_per_job + 0.2 * elapsed
         self.completed += 1
         job.emit(("done", reason, {"prompt_tokens": len(job.prompt), "completion_tokens": len(job.generated),
-                                   "cached_tokens": job.cached, "ids": list(job.generated)}))
+                                   "cached_tokens": job.cached, "ids": list(job.generated),
+                                   "logprobs": list(job.scores),
+                                   "prompt_logprobs": list(job.prompt_logprobs) if job.score_prompt else None}))
         return True
 
     def _fail_active(self, exc: Exception) -> None:

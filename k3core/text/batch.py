@@ -11,17 +11,24 @@ A sequence added with a Speculation verifies drafted ids in the same passes: its
 up to k drafted ones, and a step emits the ids the model agreed with (one pick, one PRNG draw, per id, as
 generate_ids does). The state is rolled back to what the consumer kept: all of them when the sequence goes
 on to the next step, or the `used` ones given to `remove`.
+
+A sequence added with `prompt_rows` has its prompt forwarded with every position's logits, handed to that
+callback chunk by chunk (rows [n, V], row j the logits after the chunk's j-th id): what scoring the prompt
+(teacher-forced log-probabilities) needs, in the passes that forward it anyway. Its chunks are cut to hold at
+most SCORED_LOGITS_BYTES of logits (102 ids on K3's vocabulary), within the plan's working buffers.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
 from ..errors import UsageError
 from .generate import DraftLength, Speculation, check_speculation, checked_prompt, pick, proposals, tell_draft
 from .sampling import Sampler
+
+SCORED_LOGITS_BYTES = 64 << 20  # the float32 logits of one scored prompt chunk, at most
 
 
 class Emitted(NamedTuple):
@@ -42,6 +49,7 @@ class _Sequence:
     drafted: list[int] = field(default_factory=list)  # in this step's row after the last id (the state is marked)
     emitted: int = 0                                    # ids the last verify pass emitted (kept unless told less)
     generated: int = 0
+    prompt_rows: Callable[[np.ndarray], None] | None = None  # called with each prompt chunk's logits [n, V]
 
 
 class BatchGenerator:
@@ -55,9 +63,10 @@ class BatchGenerator:
         self._next = 0
 
     def add(self, prompt: Sequence[int], state, sampler: Sampler | None = None,
-            speculation: Speculation | None = None) -> int:
+            speculation: Speculation | None = None, prompt_rows: Callable[[np.ndarray], None] | None = None) -> int:
         """A sequence joins: `state` holds a prefix of `prompt` (a fresh state, or a kept conversation's).
-        `speculation` (a fresh one per sequence: draft sources keep per-generation state) verifies drafts."""
+        `speculation` (a fresh one per sequence: draft sources keep per-generation state) verifies drafts.
+        `prompt_rows` gets the logits of every prompt position forwarded (those `state` already holds have none)."""
         if len(self.sequences) >= self.engine.sequences:
             raise UsageError(f"the batch already holds {len(self.sequences)} sequences, the most this engine's memory "
                              "plan reserves decode state for (EngineConfig.sequences, --sequences)")
@@ -69,7 +78,8 @@ class BatchGenerator:
             speculation.draft.begin(tuple(history))
         handle, self._next = self._next, self._next + 1
         self.sequences[handle] = _Sequence(state, sampler or Sampler(), history, history[len(state.ids):], speculation,
-                                           DraftLength(speculation.k, speculation.adaptive) if speculation else None)
+                                           DraftLength(speculation.k, speculation.adaptive) if speculation else None,
+                                           prompt_rows=prompt_rows)
         return handle
 
     def remove(self, handle: int, used: int | None = None):
@@ -103,7 +113,7 @@ class BatchGenerator:
         budget, batch, chunks, every = self.engine.prefill_chunk, [], [], []
         for handle, seq in self.sequences.items():
             self._settle(seq, seq.emitted)  # the previous step's ids were all kept
-            n = 1 if len(seq.pending) == 1 else min(len(seq.pending), budget)
+            n = 1 if len(seq.pending) == 1 else min(len(seq.pending), budget, self._chunk_limit(seq))
             if n == 0:
                 continue
             if len(seq.pending) > 1:
@@ -111,18 +121,27 @@ class BatchGenerator:
             row = seq.pending[:n]
             if n == 1 and len(seq.pending) == 1 and seq.speculation is not None:
                 row = row + self._drafts(seq)
+            scored = seq.prompt_rows is not None and seq.generated == 0  # a chunk of the prompt
             batch.append((row, seq.state))
-            chunks.append((handle, n))
-            every.append(len(row) > n)
+            chunks.append((handle, n, scored))
+            every.append(len(row) > n or scored)
         rows = self.engine.forward_batch(batch, all_logits=every, observers=self.observers)
         out = []
-        for (handle, n), logits, verify in zip(chunks, rows, every):
+        for (handle, n, scored), logits, every_row in zip(chunks, rows, every):
             seq = self.sequences[handle]
+            if scored:
+                seq.prompt_rows(logits[:n])
             del seq.pending[:n]
             if seq.pending:
                 continue
-            out += self._emit(handle, seq, logits if verify else logits[None])
+            out += self._emit(handle, seq, logits[n - 1:] if every_row else logits[None])
         return out
+
+    def _chunk_limit(self, seq: _Sequence) -> int:
+        """Prompt ids one pass may forward for `seq`: a scored prompt's logits stay within SCORED_LOGITS_BYTES."""
+        if seq.prompt_rows is None:
+            return self.engine.prefill_chunk
+        return max(1, SCORED_LOGITS_BYTES // (4 * self.engine.config.vocab_size))
 
     def _drafts(self, seq: _Sequence) -> list[int]:
         """Drafted ids to verify after the last id (the state is marked when there are any)."""

@@ -349,6 +349,7 @@ BODY_CASES = [
     row("serve-chat", "serve_client", "/v1/chat/completions", NESTED.encode(), BODY),
     row("ui-chat", "ui_client", "/v1/chat/completions", NESTED.encode(), BODY),
     row("serve-completions", "serve_client", "/v1/completions", NESTED.encode(), BODY, full=True),
+    row("ui-messages", "ui_client", "/v1/messages", NESTED.encode(), BODY),  # Anthropic-shaped: error.message too
     row("serve-nested-in-an-object", "serve_client", "/v1/chat/completions",
         ('{"model": "k3", "messages": ' + NESTED + "}").encode(), BODY, full=True),
     row("serve-tool-call-arguments", "serve_client", "/v1/chat/completions", tool_call_arguments(NESTED), ARGUMENTS,

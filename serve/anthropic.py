@@ -1,0 +1,200 @@
+"""The Anthropic Messages API on `k3 serve`: POST /v1/messages (whole or streamed) and /v1/messages/count_tokens.
+
+One engine, another dialect: the body (parsed by anthropic_schema.py into chat completions' ChatRequest) runs
+as chat completions' Job on the same worker (batching, kept states, bounds); only the wire differs — content
+blocks out, Anthropic's SSE events, `{"type": "error", "error": {type, message}}` errors with the HTTP status.
+Checked by tests/serve/test_anthropic_api.py with the official `anthropic` package.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import re
+import secrets
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.requests import ClientDisconnect
+
+from .anthropic_schema import messages_request
+from .app import Api, _call_json, _complete_calls, _events_or_cancel, _reply, read_json
+from .schema import ApiError, ChatRequest
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+               413: "request_too_large", 429: "overloaded_error", 500: "api_error", 503: "overloaded_error"}
+OVERLOADED = 529  # Anthropic's status for "try again later": the queue is full (429 in the OpenAI dialect)
+STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}  # else end_turn, or stop_sequence
+BLOCKS = {"think": "thinking", "response": "text"}  # the XTML channel -> the content block it fills
+
+
+def chat_job(api: Api, req: ChatRequest, places: list[str]):
+    """chat completions' job for `req`; an error in a rendered message names where the body holds it."""
+    try:
+        return api.chat_job(req)
+    except ApiError as err:
+        at = re.match(r"messages\[(\d+)\]", err.param or "")
+        if at:
+            err.param = places[int(at[1])]
+            err.message = f"{err.param}: {err.message.partition(': ')[2]}"
+        raise
+
+
+# ---- the reply --------------------------------------------------------------------------------------------
+
+def _event(name: str, **data) -> bytes:
+    return f"event: {name}\ndata: {json.dumps({'type': name, **data}, ensure_ascii=False)}\n\n".encode()
+
+
+def _error(err: ApiError) -> dict:
+    return {"type": ERROR_TYPES.get(err.status, "api_error"), "message": err.message}
+
+
+def error_response(err: ApiError) -> JSONResponse:
+    return JSONResponse({"type": "error", "error": _error(err)}, headers=err.headers,
+                        status_code=OVERLOADED if err.status == 429 else err.status)
+
+
+class Reply:
+    """A message's content blocks, built from a job's events in the order they come. `feed` returns the
+    SSE events each job event makes: the stream sends them, a whole reply drops them, so both are one reply."""
+
+    def __init__(self, api: Api, job, mode: str):
+        self.api, self.job, self.mode = api, job, mode
+        self.content: list[dict] = []
+        self.texts: dict[str, list[str]] = {}   # by channel, as chat completions' _reply reads them
+        self.ids: list[int] = []
+        self.open: str | None = None            # the kind of the block still open (thinking, text)
+        self.sent = 0                           # tool calls already made blocks
+        self.sep = api.tokenizer.id_of("<|sep|>")
+        self.stop_reason = self.stop_sequence = None
+        self.usage: dict = {}
+
+    def feed(self, event: tuple) -> list[bytes]:
+        if event[0] == "token":
+            self.ids.append(event[1])
+            if event[1] == self.sep:  # a tool call becomes a block as soon as its element closes
+                calls = _complete_calls(self.api, self.job, self.mode, self.ids)[self.sent:]
+                return self._tool_uses([_call_json(c) for c in calls])
+        elif event[0] == "text" and event[1] in BLOCKS and event[2]:
+            self.texts.setdefault(event[1], []).append(event[2])
+            return self._text(BLOCKS[event[1]], event[2])
+        elif event[0] == "done":
+            return self._done(event[1], event[2])
+        return []
+
+    def message(self, head: dict) -> dict:
+        return {**head, "content": self.content, "stop_reason": self.stop_reason,
+                "stop_sequence": self.stop_sequence, "usage": self.usage}
+
+    def _text(self, kind: str, text: str) -> list[bytes]:
+        out = []
+        if self.open != kind:
+            out += self._close()
+            self.content.append({"type": kind, kind: ""} | ({"signature": ""} if kind == "thinking" else {}))
+            self.open = kind
+            out.append(_event("content_block_start", index=len(self.content) - 1, content_block=self.content[-1]))
+        self.content[-1][kind] += text
+        out.append(_event("content_block_delta", index=len(self.content) - 1,
+                          delta={"type": f"{kind}_delta", kind: text}))
+        return out
+
+    def _tool_uses(self, calls: list[dict]) -> list[bytes]:
+        out = self._close() if calls else []
+        for call in calls:
+            fn, index = call["function"], len(self.content)
+            block = {"type": "tool_use", "id": call["id"], "name": fn["name"], "input": {}}
+            out.append(_event("content_block_start", index=index, content_block=block))
+            out.append(_event("content_block_delta", index=index,
+                              delta={"type": "input_json_delta", "partial_json": fn["arguments"]}))
+            out.append(_event("content_block_stop", index=index))
+            self.content.append({**block, "input": json.loads(fn["arguments"])})
+        self.sent += len(calls)
+        return out
+
+    def _close(self) -> list[bytes]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [_event("content_block_stop", index=len(self.content) - 1)]
+
+    def _done(self, reason: str, stats: dict) -> list[bytes]:
+        message, finish = _reply(self.api, self.job, self.mode, stats, reason, self.texts)
+        out = self._tool_uses(message.get("tool_calls", [])[self.sent:]) + self._close()  # a call cut off comes last
+        matched = self.job.text.stops.stop if self.job.text is not None else None
+        self.stop_reason = STOP_REASONS.get(finish) or ("stop_sequence" if matched is not None else "end_turn")
+        self.stop_sequence = matched if self.stop_reason == "stop_sequence" else None
+        self.usage = {"input_tokens": stats["prompt_tokens"], "output_tokens": stats["completion_tokens"]}
+        return out + [_event("message_delta", delta={"stop_reason": self.stop_reason,
+                                                     "stop_sequence": self.stop_sequence}, usage=self.usage),
+                      _event("message_stop")]
+
+
+async def _stream(request, events, job, reply: Reply, head: dict):
+    yield _event("message_start", message={**head, "content": [], "stop_reason": None, "stop_sequence": None,
+                                           "usage": {"input_tokens": len(job.prompt), "output_tokens": 0}})
+    yield _event("ping")
+    async for event in _events_or_cancel(request, events, job):
+        if event[0] == "error":
+            yield _event("error", error=_error(event[1]))
+        for chunk in reply.feed(event):
+            yield chunk
+
+
+# ---- the routes ---------------------------------------------------------------------------------------------
+
+def check_key(request, api_key: str | None) -> None:
+    """With a key set, `x-api-key: KEY` or `Authorization: Bearer KEY` (compared in constant time)."""
+    if api_key is None:
+        return
+    given = request.headers.get("x-api-key")
+    if given is None:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        given = token.strip() if scheme.lower() == "bearer" else ""
+    if not hmac.compare_digest(given.encode(), api_key.encode()):
+        raise ApiError(401, "a valid API key is required: send `x-api-key: KEY` or `Authorization: Bearer KEY`",
+                       code="invalid_api_key")
+
+
+def add_routes(router, api: Api) -> None:
+    """POST /v1/messages and /v1/messages/count_tokens on `router`; the `anthropic-version` header is accepted,
+    whatever it says."""
+
+    def guarded(handler):
+        async def route(request: Request):
+            try:
+                return await handler(request)
+            except ApiError as err:
+                return error_response(err)
+            except ClientDisconnect:  # it left before its body was whole: one log line (serve/deadlines.py)
+                return JSONResponse({}, status_code=499)
+        route.__name__ = handler.__name__
+        return route
+
+    async def parsed(request: Request, counting: bool = False):
+        check_key(request, api.opts.api_key)
+        req, places = messages_request(await read_json(request, api.opts.max_body_bytes), api.engine.max_context,
+                                       counting)
+        api.check_model(req.model)
+        return req, *chat_job(api, req, places)
+
+    async def messages(request: Request):
+        req, job, mode = await parsed(request)
+        events, reply = api.start(job), Reply(api, job, mode)
+        head = {"id": f"msg_{secrets.token_hex(12)}", "type": "message", "role": "assistant", "model": api.model_id}
+        if req.stream:
+            return StreamingResponse(_stream(request, events, job, reply, head), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        async for event in _events_or_cancel(request, events, job):
+            if event[0] == "error":
+                raise event[1]
+            reply.feed(event)
+            if event[0] == "done":
+                return JSONResponse(reply.message(head))
+        return JSONResponse({}, status_code=499)  # the client went away first
+
+    async def count_tokens(request: Request):
+        _, job, _ = await parsed(request, counting=True)
+        return JSONResponse({"input_tokens": len(job.prompt)})
+
+    router.add_api_route("/v1/messages", guarded(messages), methods=["POST"])
+    router.add_api_route("/v1/messages/count_tokens", guarded(count_tokens), methods=["POST"])

@@ -1,0 +1,252 @@
+"""`k3 serve`'s Anthropic Messages API driven by the official `anthropic` package (and raw HTTP where the client
+hides the wire), live on 127.0.0.1 on the demo model and a generated one: the same worker as chat completions."""
+from __future__ import annotations
+
+import json
+
+import anthropic
+import httpx
+import pytest
+
+from .test_openai_api import KEY, Live
+
+from ..conftest import DEMO_MODEL
+
+PARIS = [{"role": "user", "content": "What is the capital of France?"}]
+GREEDY = {"temperature": 0}  # the SDK has no sampling arguments: they go in the body as they are
+TOOLS = [{"name": "get_weather", "description": "weather in a city",
+          "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+
+
+def client(live: Live, key: str | None = None) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=live.url, api_key=key or "none", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def demo():
+    live = Live(DEMO_MODEL)
+    yield live
+    live.close()
+
+
+@pytest.fixture(scope="module")
+def generated(model_factory):
+    live = Live(model_factory("small"), sequences=4)
+    yield live
+    live.close()
+
+
+def without_ids(message) -> dict:
+    body = message.model_dump(exclude_none=True)
+    del body["id"]
+    for block in body["content"]:
+        block.pop("id", None)
+    return body
+
+
+def test_create_answers_in_text_blocks_with_usage(demo):
+    r = client(demo).messages.create(model=demo.name, max_tokens=64, messages=PARIS, metadata={"user_id": "u"},
+                                     extra_body=GREEDY)
+    assert r.type == "message" and r.role == "assistant" and r.model == demo.name and r.id.startswith("msg_")
+    assert [(b.type, b.text) for b in r.content] == [("text", "The capital of France is Paris.")]
+    assert r.stop_reason == "end_turn" and r.stop_sequence is None
+    assert r.usage.input_tokens > 0 and r.usage.output_tokens > 0
+
+
+def test_a_stream_is_the_whole_reply_event_by_event(demo):
+    c = client(demo)
+    whole = c.messages.create(model=demo.name, max_tokens=64, messages=PARIS, extra_body=GREEDY)
+    with c.messages.stream(model=demo.name, max_tokens=64, messages=PARIS, extra_body=GREEDY) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == whole.content[0].text and without_ids(final) == without_ids(whole)
+    body = {"model": demo.name, "max_tokens": 64, "messages": PARIS, "temperature": 0, "stream": True}
+    with httpx.stream("POST", demo.url + "/v1/messages", json=body, timeout=60) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        frames = [f for f in r.read().decode().split("\n\n") if f]
+    events = [(f.split("\n")[0].removeprefix("event: "), json.loads(f.split("\n")[1].removeprefix("data: ")))
+              for f in frames]
+    assert all(name == data["type"] for name, data in events)
+    names = [name for name, _ in events]
+    assert names[:3] == ["message_start", "ping", "content_block_start"] and names[-3:] == [
+        "content_block_stop", "message_delta", "message_stop"]
+    assert set(names[3:-3]) == {"content_block_delta"}
+    assert events[-2][1]["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
+    assert events[-2][1]["usage"]["output_tokens"] == whole.usage.output_tokens
+
+
+def test_stop_sequences_and_max_tokens_name_why_the_reply_ended(demo):
+    c = client(demo)
+    r = c.messages.create(model=demo.name, max_tokens=64, messages=PARIS, extra_body=GREEDY, stop_sequences=["Paris"])
+    assert r.content[0].text == "The capital of France is " and r.stop_reason == "stop_sequence"
+    assert r.stop_sequence == "Paris"
+    r = c.messages.create(model=demo.name, max_tokens=3, messages=PARIS, extra_body=GREEDY)
+    assert r.usage.output_tokens == 3 and r.stop_reason == "max_tokens"
+
+
+def test_thinking_comes_back_as_a_thinking_block(demo):
+    c = client(demo)
+    ask = dict(model=demo.name, max_tokens=24, messages=PARIS, extra_body=GREEDY,
+               thinking={"type": "enabled", "budget_tokens": 16})
+    r = c.messages.create(**ask)
+    kinds = [b.type for b in r.content]
+    assert kinds and kinds[0] == "thinking" and set(kinds) <= {"thinking", "text"} and r.content[0].thinking
+    with c.messages.stream(**ask) as stream:
+        assert without_ids(stream.get_final_message()) == without_ids(r)
+    # the turn sent back with its thinking block renders as it was generated
+    follow = PARIS + [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]},
+                      {"role": "user", "content": "And of Italy?"}]
+    before = demo.engine.tokens_forwarded
+    again = c.messages.create(**{**ask, "messages": follow})
+    kept = r.usage.input_tokens + r.usage.output_tokens - 1  # the first turn's state: all its ids but the last
+    # the engine forwarded only the new prompt ids and the reply's (all but its last)
+    assert demo.engine.tokens_forwarded - before == again.usage.input_tokens - kept + again.usage.output_tokens - 1
+
+
+def test_a_seeded_message_is_the_seeded_chat_completion(demo):
+    sampled = {"temperature": 0.9, "seed": 11}
+    r = client(demo).messages.create(model=demo.name, max_tokens=12, messages=PARIS, extra_body=sampled)
+    chat = demo.client.chat.completions.create(model=demo.name, max_tokens=12, messages=PARIS, **sampled)
+    assert r.content[0].text == chat.choices[0].message.content and r.usage.output_tokens == 12
+
+
+def test_count_tokens_is_the_created_messages_input_tokens(demo):
+    c = client(demo)
+    system = "You answer in one sentence."
+    r = c.messages.create(model=demo.name, max_tokens=8, messages=PARIS, system=system, extra_body=GREEDY)
+    counted = c.messages.count_tokens(model=demo.name, messages=PARIS, system=[{"type": "text", "text": system}])
+    assert counted.input_tokens == r.usage.input_tokens > c.messages.count_tokens(model=demo.name,
+                                                                                   messages=PARIS).input_tokens
+
+
+def test_a_tool_use_round_trip(generated, monkeypatch):
+    """Every pick follows a script (the model's output forced to two complete XTML tool calls): the reply is
+    tool_use blocks with parsed input, whole and streamed; the results go back as tool_result blocks."""
+    from k3core import Sampler, tool_call_markup
+    import serve.worker
+
+    tok = generated.slot.tokenizer
+    calls = [("get_weather", {"city": "Paris", "days": 2}), ("get_weather", {"city": "Rome"})]
+    script = tok.encode("Checking.<|close|>response<|sep|><|open|>tools<|sep|>" + tool_call_markup(calls)
+                        + "<|close|>tools<|sep|><|end_of_msg|>", allow_special=True)
+
+    class Scripted(Sampler):
+        def pick(self, logits, history=()):
+            picked = self.__dict__.setdefault("picked", [])
+            picked.append(script[len(picked)])
+            return picked[-1]
+
+    monkeypatch.setattr(serve.worker, "Sampler", Scripted)
+    c = client(generated)
+    ask = dict(model=generated.name, max_tokens=len(script), tools=TOOLS,
+               messages=[{"role": "user", "content": "weather in Paris?"}])
+    r = c.messages.create(**ask)
+    assert r.stop_reason == "tool_use" and [b.type for b in r.content] == ["text", "tool_use", "tool_use"]
+    assert r.content[0].text == "Checking." and [(b.name, b.input) for b in r.content[1:]] == calls
+    with c.messages.stream(**ask) as stream:
+        deltas = [e.delta.partial_json for e in stream if e.type == "content_block_delta"
+                  and e.delta.type == "input_json_delta"]
+        final = stream.get_final_message()
+    assert [json.loads(d) for d in deltas] == [args for _, args in calls]
+    assert without_ids(final) == without_ids(r)
+    monkeypatch.setattr(serve.worker, "Sampler", Sampler)
+    follow = ask["messages"] + [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]},
+                                {"role": "user", "content": [
+                                    {"type": "tool_result", "tool_use_id": r.content[1].id, "content": "sunny, 21 C"},
+                                    {"type": "tool_result", "tool_use_id": r.content[2].id,
+                                     "content": [{"type": "text", "text": "rain"}]}]}]
+    again = c.messages.create(**{**ask, "max_tokens": 3, "messages": follow})
+    assert again.usage.input_tokens > r.usage.input_tokens + r.usage.output_tokens
+
+
+def test_a_forced_tool_choice_is_a_call(generated):
+    r = client(generated).messages.create(model=generated.name, max_tokens=6, tools=TOOLS,
+                                          tool_choice={"type": "tool", "name": "get_weather"},
+                                          messages=[{"role": "user", "content": "weather in Paris?"}])
+    assert r.content[-1].type == "tool_use" and r.content[-1].name == "get_weather"
+
+
+def test_errors_are_the_sdks_typed_exceptions(demo):
+    c = client(demo)
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.messages.create(model=demo.name, max_tokens=anthropic.omit, messages=PARIS)
+    assert e.value.status_code == 400 and e.value.body["type"] == "error"
+    assert e.value.body["error"]["type"] == "invalid_request_error"
+    assert e.value.body["error"]["message"].startswith("max_tokens: required")
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.messages.create(model=demo.name, max_tokens=8, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}])
+    assert e.value.body["error"]["message"] == "messages[0].content[1]: image blocks are not served: k3 reads text only"
+    with pytest.raises(anthropic.NotFoundError) as e:
+        c.messages.create(model="claude-9", max_tokens=8, messages=PARIS)
+    assert e.value.body["error"]["type"] == "not_found_error"
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": PARIS, "max_tokens": 0}, "max_tokens"),
+    ({"messages": PARIS, "max_tokens": 8, "temperature": 1.5}, "temperature"),
+    ({"messages": PARIS, "max_tokens": 8, "seed": -1}, "seed"),
+    ({"messages": PARIS, "max_tokens": 8, "stop_sequences": "Paris"}, "stop_sequences"),
+    ({"messages": PARIS, "max_tokens": 8, "stop_sequences": ["x"] * 17}, "stop_sequences"),
+    ({"messages": PARIS, "max_tokens": 8, "output_config": {"format": {"type": "json_schema", "schema": {}}}},
+     "output_config.format"),
+    ({"messages": PARIS, "max_tokens": 8, "system": [{"type": "image"}]}, "system[0]"),
+    ({"messages": [{"role": "system", "content": "hi"}], "max_tokens": 8}, "messages[0].role"),
+    ({"messages": PARIS, "max_tokens": 8, "thinking": {"type": "enabled"}}, "thinking.budget_tokens"),
+    ({"messages": PARIS, "max_tokens": 8, "tools": [{"name": "f"}]}, "tools[0].input_schema"),
+    ({"messages": PARIS, "max_tokens": 8, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+     "tools[0].type"),
+    ({"messages": PARIS, "max_tokens": 8, "tool_choice": {"type": "any"}}, "tool_choice"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "nope", "content": "x"}]}],
+      "max_tokens": 8}, "messages[0].content[0].tool_use_id"),
+    ({"messages": [*PARIS, {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f",
+                                                             "input": "x"}]}], "max_tokens": 8},
+     "messages[1].content[0].input"),
+    ({"messages": [*PARIS, {"role": "assistant", "content": "<|end_of_msg|>"}], "max_tokens": 8}, "messages[1]"),
+])
+def test_each_bad_field_is_a_400_naming_it(demo, body, param):
+    r = httpx.post(demo.url + "/v1/messages", json={"model": demo.name, **body},
+                   headers={"anthropic-version": "2023-06-01"})
+    assert r.status_code == 400 and r.json()["type"] == "error", r.text
+    assert r.json()["error"]["type"] == "invalid_request_error" and r.json()["error"]["message"].startswith(param + ":")
+
+
+def test_an_api_key_by_either_header(model_factory):
+    live = Live(model_factory("small"), api_key=KEY)
+    try:
+        body = {"model": live.name, "max_tokens": 2, "messages": PARIS}
+        assert client(live, KEY).messages.create(**body).usage.output_tokens == 2  # the SDK sends Authorization
+        by_header = httpx.post(live.url + "/v1/messages", json=body, headers={"x-api-key": KEY}, timeout=60)
+        assert by_header.status_code == 200 and by_header.json()["usage"]["output_tokens"] == 2
+        with pytest.raises(anthropic.AuthenticationError) as e:
+            client(live, "not-the-key-at-all").messages.create(**body)
+        assert e.value.status_code == 401 and e.value.body["error"]["type"] == "authentication_error"
+        assert KEY not in e.value.body["error"]["message"]
+        r = httpx.post(live.url + "/v1/messages/count_tokens", json=body, headers={"x-api-key": "wrong"})
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    finally:
+        live.close()
+
+
+def test_a_full_queue_is_overloaded_with_retry_after(model_factory):
+    import threading
+    import time
+
+    live = Live(model_factory("small"), sequences=1, queue_size=1)
+    try:
+        body = {"model": live.name, "max_tokens": 64, "messages": [{"role": "user", "content": "long"}]}
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(
+            httpx.post(live.url + "/v1/messages", json=body, timeout=120))) for _ in range(4)]
+        for t in threads:
+            t.start()
+            time.sleep(0.05)
+        for t in threads:
+            t.join()
+        codes = sorted(r.status_code for r in results)
+        assert codes.count(200) >= 2 and 529 in codes, codes
+        busy = next(r for r in results if r.status_code == 529)
+        assert int(busy.headers["Retry-After"]) >= 1 and busy.json()["error"]["type"] == "overloaded_error"
+    finally:
+        live.close()
