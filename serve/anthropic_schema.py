@@ -179,6 +179,8 @@ def _not_served(body: dict) -> None:
     config = body.get("output_config")
     if isinstance(config, dict) and config.get("format") is not None:
         raise _bad("output_config.format", "structured outputs are not served yet")
+    if body.get("mcp_servers"):
+        raise _bad("mcp_servers", "MCP servers called by the API are not served: declare their tools in `tools`")
 
 
 def _stop_sequences(body: dict) -> tuple[str, ...]:

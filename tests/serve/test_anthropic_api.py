@@ -191,6 +191,8 @@ def test_errors_are_the_sdks_typed_exceptions(demo):
     ({"messages": PARIS, "max_tokens": 8, "stop_sequences": ["x"] * 17}, "stop_sequences"),
     ({"messages": PARIS, "max_tokens": 8, "output_config": {"format": {"type": "json_schema", "schema": {}}}},
      "output_config.format"),
+    ({"messages": PARIS, "max_tokens": 8, "mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]},
+     "mcp_servers"),
     ({"messages": PARIS, "max_tokens": 8, "system": [{"type": "image"}]}, "system[0]"),
     ({"messages": [{"role": "system", "content": "hi"}], "max_tokens": 8}, "messages[0].role"),
     ({"messages": PARIS, "max_tokens": 8, "thinking": {"type": "enabled"}}, "thinking.budget_tokens"),
