@@ -128,7 +128,7 @@ def record(index, progress=None, jobs: int = 4, known: dict | None = None) -> Pa
     """Read every shard of the checkpoint behind `index` (a ShardIndex), `jobs` at a time, and write its tensors'
     checksums to FILE in its directory (atomically). `progress(bytes_done, bytes_total)` as it goes. `known`:
     {shard path: ShardSums} of shards a hash pass already put through (not read again)."""
-    known = {str(k): v for k, v in (known or {}).items()}
+    known = {str(Path(k).resolve()): v for k, v in (known or {}).items()}  # the index's paths are resolved
     total, done = sum(f.size for f in index.files if str(f.path) not in known), [0]
 
     def advance(n):

@@ -214,3 +214,18 @@ def test_experts_with_scale_bytes_of_255_are_counted_and_named(tiny_model):
     assert _nan_scale_line({"expert_nan_scales": [[layer, 1, 1]]}) == [
         f"MXFP4 scale byte 255 (NaN in the OCP spec) in 1 group(s) of 1 expert(s) read, each group read as zero "
         f"(SPEC §5): layer {layer} expert 1 (1)"]
+
+
+def test_sums_from_a_hash_pass_are_used_whatever_the_path_given(tiny_model, tmp_path, monkeypatch):
+    """A relative checkpoint path (`k3 verify demo-model`) still finds the shards the hash pass fed."""
+    from k3core import ShardSums, record_tensor_sums
+    from k3core.io import tensor_sums
+
+    model = shutil.copytree(tiny_model, tmp_path / "m")
+    monkeypatch.chdir(tmp_path)
+    known = {}
+    for shard in sorted(model.glob("*.safetensors")):
+        known[shard.relative_to(tmp_path)] = sums = ShardSums(shard)
+        sums.update(shard.read_bytes())
+    monkeypatch.setattr(tensor_sums, "_read_through", lambda *a: pytest.fail("a fed shard was read again"))
+    record_tensor_sums("m", known=known)
