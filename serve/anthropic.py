@@ -14,10 +14,9 @@ import secrets
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.requests import ClientDisconnect
 
 from .anthropic_schema import messages_request
-from .app import Api, _call_json, _complete_calls, _events_or_cancel, _reply, read_json
+from .app import Api, _call_json, _complete_calls, _events_or_cancel, _reply, guarded, read_json
 from .schema import ApiError, ChatRequest
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -159,17 +158,6 @@ def add_routes(router, api: Api) -> None:
     """POST /v1/messages and /v1/messages/count_tokens on `router`; the `anthropic-version` header is accepted,
     whatever it says."""
 
-    def guarded(handler):
-        async def route(request: Request):
-            try:
-                return await handler(request)
-            except ApiError as err:
-                return error_response(err)
-            except ClientDisconnect:  # it left before its body was whole: one log line (serve/deadlines.py)
-                return JSONResponse({}, status_code=499)
-        route.__name__ = handler.__name__
-        return route
-
     async def parsed(request: Request, counting: bool = False):
         check_key(request, api.opts.api_key)
         req, places = messages_request(await read_json(request, api.opts.max_body_bytes), api.engine.max_context,
@@ -196,5 +184,5 @@ def add_routes(router, api: Api) -> None:
         _, job, _ = await parsed(request, counting=True)
         return JSONResponse({"input_tokens": len(job.prompt)})
 
-    router.add_api_route("/v1/messages", guarded(messages), methods=["POST"])
-    router.add_api_route("/v1/messages/count_tokens", guarded(count_tokens), methods=["POST"])
+    router.add_api_route("/v1/messages", guarded(messages, error_response), methods=["POST"])
+    router.add_api_route("/v1/messages/count_tokens", guarded(count_tokens, error_response), methods=["POST"])

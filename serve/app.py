@@ -1,10 +1,10 @@
 """The OpenAI-compatible routes: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET /health.
 
-`api_router(worker, options)` returns a FastAPI APIRouter (with serve/anthropic.py's Messages routes) that
-`k3 serve` serves alone and `k3 ui` includes in its own app beside the page, so one engine serves both. Every
-error here is OpenAI-shaped with its HTTP status; a request body over `max_body_bytes` is refused (413) before
-it is parsed; with an API key set, every /v1 route needs `Authorization: Bearer KEY` (compared in constant
-time, never logged).
+`api_router(worker, options)` returns a FastAPI APIRouter (with serve/anthropic.py's Messages and
+serve/responses.py's Responses routes) that `k3 serve` serves alone and `k3 ui` includes in its own app beside
+the page, so one engine serves both. Every error here is OpenAI-shaped with its HTTP status; a request body
+over `max_body_bytes` is refused (413) before it is parsed; with an API key set, every /v1 route needs
+`Authorization: Bearer KEY` (compared in constant time, never logged).
 """
 from __future__ import annotations
 
@@ -197,6 +197,20 @@ async def _collect(request, events: asyncio.Queue, job: Job):
     return None
 
 
+def guarded(handler, respond=error_response):
+    """A route that answers an ApiError with `respond(err)` (this dialect's error body) and a client that left
+    before its body was whole with 499 (one log line, serve/deadlines.py)."""
+    async def route(request: Request):
+        try:
+            return await handler(request)
+        except ApiError as err:
+            return respond(err)
+        except ClientDisconnect:
+            return JSONResponse({}, status_code=499)
+    route.__name__ = handler.__name__
+    return route
+
+
 def _sse(payload) -> bytes:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
 
@@ -204,17 +218,6 @@ def _sse(payload) -> bytes:
 def api_router(worker: Worker, opts: ApiOptions) -> APIRouter:
     api = Api(worker, opts)
     router = APIRouter()
-
-    def guarded(handler):
-        async def route(request: Request):
-            try:
-                return await handler(request)
-            except ApiError as err:
-                return error_response(err)
-            except ClientDisconnect:  # it left before its body was whole: one log line (serve/deadlines.py)
-                return JSONResponse({}, status_code=499)
-        route.__name__ = handler.__name__
-        return route
 
     async def health(request: Request):
         return JSONResponse({"status": "ok", "model": api.model_id, **worker.stats()})
@@ -273,9 +276,10 @@ def api_router(worker: Worker, opts: ApiOptions) -> APIRouter:
     router.add_api_route("/v1/models/{model}", guarded(model), methods=["GET"])
     router.add_api_route("/v1/chat/completions", guarded(chat), methods=["POST"])
     router.add_api_route("/v1/completions", guarded(completions), methods=["POST"])
-    from .anthropic import add_routes  # the Anthropic Messages API: the same Api, another dialect
+    from . import anthropic, responses  # the Messages and Responses APIs: the same Api, other dialects
 
-    add_routes(router, api)
+    anthropic.add_routes(router, api)
+    responses.add_routes(router, api)
     return router
 
 

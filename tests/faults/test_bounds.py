@@ -350,6 +350,9 @@ BODY_CASES = [
     row("ui-chat", "ui_client", "/v1/chat/completions", NESTED.encode(), BODY),
     row("serve-completions", "serve_client", "/v1/completions", NESTED.encode(), BODY, full=True),
     row("ui-messages", "ui_client", "/v1/messages", NESTED.encode(), BODY),  # Anthropic-shaped: error.message too
+    row("ui-responses", "ui_client", "/v1/responses", NESTED.encode(), BODY),
+    row("serve-function-call-arguments", "serve_client", "/v1/responses", json.dumps({"model": "k3", "input": [
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": NESTED}]}).encode(), "input[0].arguments"),
     row("serve-nested-in-an-object", "serve_client", "/v1/chat/completions",
         ('{"model": "k3", "messages": ' + NESTED + "}").encode(), BODY, full=True),
     row("serve-tool-call-arguments", "serve_client", "/v1/chat/completions", tool_call_arguments(NESTED), ARGUMENTS,

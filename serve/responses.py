@@ -1,0 +1,238 @@
+"""The OpenAI Responses API on `k3 serve`: POST /v1/responses (whole or streamed), with `previous_response_id`.
+
+One engine, another dialect: the body (parsed by responses_schema.py into chat completions' ChatRequest) runs as
+chat completions' Job on the same worker (batching, kept states, bounds); only the wire differs — output items,
+typed SSE events, and a bounded store of recent conversations (`MAX_STORED_RESPONSES`, oldest dropped) for
+follow-ups. Errors are chat completions' own. Checked by tests/serve/test_responses_api.py with the `openai` SDK.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import secrets
+import time
+from collections import OrderedDict
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from k3core import tool_call_markup
+
+from .anthropic import chat_job
+from .app import Api, _call_json, _complete_calls, _events_or_cancel, _reply, check_key, guarded, read_json
+from .responses_schema import Conversation, responses_request
+from .schema import _bad
+
+MAX_STORED_RESPONSES = 64  # conversations kept for previous_response_id (docs/LIMITS.md); the oldest is dropped
+OPEN = "<|open|>"
+
+
+class Stored:
+    """The conversations of the last MAX_STORED_RESPONSES responses, by response id (this process only)."""
+
+    def __init__(self, limit: int = MAX_STORED_RESPONSES):
+        self.limit, self.kept = limit, OrderedDict()
+
+    def get(self, rid) -> Conversation | None:
+        if rid is None:
+            return None
+        if not isinstance(rid, str) or rid not in self.kept:
+            raise _bad("previous_response_id", f"no stored response {rid!r}: k3 keeps the last {self.limit} "
+                       "responses of this server process (MAX_STORED_RESPONSES)")
+        return self.kept[rid]
+
+    def keep(self, rid: str, conversation: Conversation) -> None:
+        self.kept[rid] = conversation
+        while len(self.kept) > self.limit:
+            self.kept.popitem(last=False)
+
+
+def _assistant(message: dict) -> dict:
+    """chat completions' reply message as the k3 chat message that renders it again (so a follow-up reuses the
+    kept state)."""
+    out = {"role": "assistant", "content": message["content"]}
+    if "reasoning_content" in message:
+        out["thinking"] = message["reasoning_content"]
+    if message.get("tool_calls"):
+        out["tools"] = tool_call_markup([(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                                         for c in message["tool_calls"]])
+    return out
+
+
+class Output:
+    """A response's output items, built from a job's events in the order they come. `feed` returns the typed
+    stream events each job event makes (without sequence_number): the stream sends them, a whole response drops
+    them, so both are one response. At the end the conversation is kept for `previous_response_id`."""
+
+    def __init__(self, api: Api, job, mode: str, head: dict, conversation: Conversation, stored: Stored):
+        self.api, self.job, self.mode, self.head = api, job, mode, head
+        self.conversation, self.stored = conversation, stored
+        self.items: list[dict] = []
+        self.texts: dict[str, list[str]] = {}   # by channel, as chat completions' _reply reads them
+        self.ids: list[int] = []
+        self.open: str | None = None            # the channel of the item still open (think, response)
+        self.sent = 0                           # tool calls already made items
+        self.sep = api.tokenizer.id_of("<|sep|>")
+        self.status, self.incomplete, self.usage = "in_progress", None, None
+
+    def response(self) -> dict:
+        return {**self.head, "status": self.status, "incomplete_details": self.incomplete, "output": self.items,
+                "usage": self.usage}
+
+    def feed(self, event: tuple) -> list[dict]:
+        if event[0] == "token":
+            self.ids.append(event[1])
+            if event[1] == self.sep:  # a tool call becomes an item as soon as its element closes
+                calls = _complete_calls(self.api, self.job, self.mode, self.ids)[self.sent:]
+                return self._calls([_call_json(c) for c in calls])
+        elif event[0] == "text" and event[1] in ("think", "response") and event[2]:
+            self.texts.setdefault(event[1], []).append(event[2])
+            return self._text(event[1], event[2])
+        elif event[0] == "done":
+            return self._done(event[1], event[2])
+        return []
+
+    def _added(self, item: dict) -> dict:
+        self.items.append(item)
+        return {"type": "response.output_item.added", "output_index": len(self.items) - 1, "item": copy.deepcopy(item)}
+
+    def _text(self, channel: str, text: str) -> list[dict]:
+        out = []
+        if self.open != channel:
+            out += self._close()
+            self.open = channel
+            if channel == "think":
+                out.append(self._added({"id": f"rs_{secrets.token_hex(12)}", "type": "reasoning", "summary": [],
+                                        "content": []}))
+            else:
+                out.append(self._added({"id": f"msg_{secrets.token_hex(12)}", "type": "message", "role": "assistant",
+                                        "status": "in_progress", "content": []}))
+            part = {"type": "reasoning_text" if channel == "think" else "output_text", "text": ""}
+            part |= {} if channel == "think" else {"annotations": []}
+            self.items[-1]["content"].append(part)
+            if channel == "response":
+                out.append({**self._where(), "type": "response.content_part.added", "part": copy.deepcopy(part)})
+        self.items[-1]["content"][0]["text"] += text
+        kind = "reasoning_text" if channel == "think" else "output_text"
+        out.append({**self._where(), "type": f"response.{kind}.delta", "delta": text}
+                   | ({} if channel == "think" else {"logprobs": []}))
+        return out
+
+    def _where(self) -> dict:
+        return {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1, "content_index": 0}
+
+    def _close(self, status: str = "completed") -> list[dict]:
+        if self.open is None:
+            return []
+        item, part = self.items[-1], self.items[-1]["content"][0]
+        if self.open == "think":
+            out = [{**self._where(), "type": "response.reasoning_text.done", "text": part["text"]}]
+        else:
+            item["status"] = status
+            out = [{**self._where(), "type": "response.output_text.done", "text": part["text"], "logprobs": []},
+                   {**self._where(), "type": "response.content_part.done", "part": copy.deepcopy(part)}]
+        self.open = None
+        return out + [{"type": "response.output_item.done", "output_index": len(self.items) - 1,
+                       "item": copy.deepcopy(item)}]
+
+    def _calls(self, calls: list[dict]) -> list[dict]:
+        out = self._close() if calls else []
+        for call in calls:
+            fn = call["function"]
+            out.append(self._added({"id": f"fc_{secrets.token_hex(12)}", "type": "function_call", "call_id": call["id"],
+                                    "name": fn["name"], "arguments": "", "status": "in_progress"}))
+            item, where = self.items[-1], {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1}
+            item.update(arguments=fn["arguments"], status="completed")
+            out += [{**where, "type": "response.function_call_arguments.delta", "delta": fn["arguments"]},
+                    {**where, "type": "response.function_call_arguments.done", "name": fn["name"],
+                     "arguments": fn["arguments"]},
+                    {"type": "response.output_item.done", "output_index": where["output_index"],
+                     "item": copy.deepcopy(item)}]
+        self.sent += len(calls)
+        return out
+
+    def _done(self, reason: str, stats: dict) -> list[dict]:
+        message, finish = _reply(self.api, self.job, self.mode, stats, reason, self.texts)
+        cut = finish == "length"
+        out = self._close("incomplete" if cut else "completed")
+        out += self._calls(message.get("tool_calls", [])[self.sent:])  # a call cut off by max tokens comes last
+        self.status = "incomplete" if cut else "completed"
+        self.incomplete = {"reason": "max_output_tokens"} if cut else None
+        self.usage = _usage(stats, self._reasoning_tokens(stats["ids"]))
+        self._keep(message)
+        return out + [{"type": f"response.{self.status}", "response": self.response()}]
+
+    def _reasoning_tokens(self, ids: list[int]) -> int:
+        """In thinking mode, the ids generated before the first channel after `think` opened (all, if none did)."""
+        if self.mode != "thinking":
+            return 0
+        opened = self.api.tokenizer.id_of(OPEN)
+        return ids.index(opened) if opened in ids else len(ids)
+
+    def _keep(self, message: dict) -> None:
+        names = self.conversation.names | {i["call_id"]: i["name"] for i in self.items if i["type"] == "function_call"}
+        messages = self.conversation.messages + (_assistant(message),)
+        self.stored.keep(self.head["id"], Conversation(messages, ("previous_response_id",) * len(messages), names))
+
+
+def _usage(stats: dict, reasoning: int) -> dict:
+    return {"input_tokens": stats["prompt_tokens"], "input_tokens_details": {"cached_tokens": stats["cached_tokens"]},
+            "output_tokens": stats["completion_tokens"], "output_tokens_details": {"reasoning_tokens": reasoning},
+            "total_tokens": stats["prompt_tokens"] + stats["completion_tokens"]}
+
+
+def _head(api: Api, body: dict, job) -> dict:
+    """The response's fields that echo the request."""
+    reasoning = body.get("reasoning") or {}
+    return {"id": f"resp_{secrets.token_hex(12)}", "object": "response", "created_at": int(time.time()),
+            "model": api.model_id, "error": None, "instructions": body.get("instructions"),
+            "previous_response_id": body.get("previous_response_id"), "tools": body.get("tools") or [],
+            "tool_choice": body.get("tool_choice") or "auto", "parallel_tool_calls": True,
+            "temperature": job.params.temperature, "top_p": job.params.top_p,
+            "max_output_tokens": job.params.max_tokens, "reasoning": {"effort": reasoning.get("effort")},
+            "text": {"format": {"type": "text"}}, "metadata": body.get("metadata") or {},
+            "store": body.get("store") is not False}
+
+
+async def _stream(request, events, job, output: Output):
+    numbers = itertools.count()
+
+    def frame(event: dict) -> bytes:
+        event = {**event, "sequence_number": next(numbers)}
+        return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
+
+    yield frame({"type": "response.created", "response": output.response()})
+    yield frame({"type": "response.in_progress", "response": output.response()})
+    async for event in _events_or_cancel(request, events, job):
+        if event[0] == "error":
+            err = event[1]
+            yield frame({"type": "error", "code": err.code, "message": err.message, "param": err.param})
+        for e in output.feed(event):
+            yield frame(e)
+
+
+def add_routes(router, api: Api) -> None:
+    """POST /v1/responses on `router`, with its own store of recent conversations."""
+    stored = Stored()
+
+    async def responses(request: Request):
+        check_key(request, api.opts)
+        body = await read_json(request, api.opts.max_body_bytes)
+        previous = stored.get(body.get("previous_response_id")) if isinstance(body, dict) else None
+        req, conversation = responses_request(body, api.engine.max_context, previous)
+        api.check_model(req.model)
+        job, mode = chat_job(api, req, list(conversation.places))
+        events = api.start(job)
+        output = Output(api, job, mode, _head(api, body, job), conversation, stored)
+        if req.stream:
+            return StreamingResponse(_stream(request, events, job, output), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        async for event in _events_or_cancel(request, events, job):
+            if event[0] == "error":
+                raise event[1]
+            output.feed(event)
+            if event[0] == "done":
+                return JSONResponse(output.response())
+        return JSONResponse({}, status_code=499)  # the client went away first
+
+    router.add_api_route("/v1/responses", guarded(responses), methods=["POST"])

@@ -1,0 +1,211 @@
+"""OpenAI Responses request bodies in, the ChatRequest chat completions runs out (serve/schema.py's, with its
+field checks): `instructions` and `input` items become k3 chat messages after a stored conversation
+(`previous_response_id`), `tools` function declarations.
+
+A known field of the wrong type or out of range is a 400 naming it; images, files, built-in tools and structured
+outputs are refused by name; unknown fields are ignored. Checked by tests/serve/test_responses_api.py.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from k3core import LimitError, loads_limited, tool_call_markup
+
+from .schema import (REASONING_EFFORTS, TOOL_NAME, ApiError, ChatRequest, Sampling, _bad, _bool, _integer, _model,
+                     _number)
+
+ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
+TEXT_PARTS = ("input_text", "output_text")
+NOT_TEXT_PARTS = ("input_image", "input_file", "input_audio")
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """k3 chat messages, where in the request each came from, and the tool each call id called."""
+
+    messages: tuple[dict, ...] = ()
+    places: tuple[str, ...] = ()
+    names: dict = field(default_factory=dict)
+
+
+def responses_request(body, max_tokens_limit: int, previous: Conversation | None) -> tuple[ChatRequest, Conversation]:
+    """A Responses body as a ChatRequest, and its whole conversation; `previous` is the stored conversation
+    `previous_response_id` names (looked up by the caller), or None."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    _not_served(body)
+    conversation = _conversation(body, previous or Conversation())
+    tools, choice = _tools(body)
+    sampling = Sampling(temperature=_number(body, "temperature", 0.0, 2.0),
+                        top_p=_number(body, "top_p", 0.0, 1.0, 1.0, low_open=True),
+                        max_tokens=_integer(body, "max_output_tokens", 1, max_tokens_limit),
+                        seed=_integer(body, "seed", 0, 2 ** 64 - 1))
+    return ChatRequest(model=_model(body), messages=conversation.messages, sampling=sampling,
+                       stream=_bool(body, "stream"), tools=tools, tool_choice=choice,
+                       thinking=_thinking(body)), conversation
+
+
+def _string(item: dict, key: str, path: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise _bad(f"{path}.{key}", "must be a string")
+    return value
+
+
+def _text(content, path: str) -> str:
+    """Content: a string, or input_text / output_text parts joined; images and files refused by name."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _bad(path, "must be a string or a list of input_text parts")
+    out = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind in NOT_TEXT_PARTS:
+            raise _bad(f"{path}[{j}]", f"{kind} is not served: k3 reads text only")
+        if kind not in TEXT_PARTS:
+            raise _bad(f"{path}[{j}].type", f"must be input_text or output_text, got {kind!r}")
+        out.append(_string(part, "text", f"{path}[{j}]"))
+    return "".join(out)
+
+
+def _items(body: dict) -> list:
+    given = body.get("input")
+    if isinstance(given, str):
+        return [{"role": "user", "content": given}]
+    if not isinstance(given, list) or not given:
+        raise _bad("input", "must be a string or a non-empty list of input items")
+    return given
+
+
+def _conversation(body: dict, previous: Conversation) -> Conversation:
+    """The stored conversation, then `instructions` as a system message, then the input items in order: a
+    reasoning item's text is the thinking of the assistant message after it, function_call items are the calls
+    of the assistant message they follow (or of an empty one)."""
+    out, places, names = list(previous.messages), list(previous.places), dict(previous.names)
+    calls: dict[int, list] = {}  # an assistant message's index in `out` -> the (name, arguments) it called
+    if body.get("instructions") is not None:
+        if not isinstance(body["instructions"], str):
+            raise _bad("instructions", "must be a string")
+        out.append({"role": "system", "content": body["instructions"]})
+        places.append("instructions")
+    thinking = None  # a reasoning item's text, for the assistant message after it
+    for i, item in enumerate(_items(body)):
+        where = f"input[{i}]"
+        kind = item.get("type", "message") if isinstance(item, dict) else type(item).__name__
+        fresh = len(out)
+        if kind == "message":
+            role = ROLES.get(item.get("role"))
+            if role is None:
+                raise _bad(f"{where}.role", f"must be user, system, developer or assistant, got {item.get('role')!r}")
+            out.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
+        elif kind == "reasoning":
+            thinking = _reasoning(item.get("content"), f"{where}.content")
+        elif kind == "function_call":
+            name, arguments = _call(item, where)
+            names[_string(item, "call_id", where)] = name
+            if not (out and out[-1]["role"] == "assistant" and places[-1].startswith("input[")):
+                out.append({"role": "assistant", "content": ""})
+            calls.setdefault(len(out) - 1, []).append((name, arguments))
+        elif kind == "function_call_output":
+            name = names.get(item.get("call_id"))
+            if name is None:
+                raise _bad(f"{where}.call_id", "must be the call_id of a function_call before it (in `input` or the "
+                           "previous response)")
+            out.append({"role": "tool", "content": _text(item.get("output"), f"{where}.output"), "name": name})
+        else:
+            raise _bad(f"{where}.type", "must be message, reasoning, function_call or function_call_output, got "
+                       f"{kind!r}")
+        if len(out) > fresh:
+            places.append(where)
+            if thinking is not None and out[-1]["role"] == "assistant":
+                out[-1]["thinking"], thinking = thinking, None
+    for at, made in calls.items():
+        out[at]["tools"] = tool_call_markup(made)
+    return Conversation(tuple(out), tuple(places), names)
+
+
+def _reasoning(content, path: str) -> str:
+    """A reasoning item's content: reasoning_text parts joined (none: no thinking text)."""
+    if content is None:
+        return ""
+    if not isinstance(content, list) or not all(isinstance(p, dict) and p.get("type") == "reasoning_text"
+                                                for p in content):
+        raise _bad(path, "must be a list of reasoning_text parts")
+    return "".join(_string(p, "text", f"{path}[{j}]") for j, p in enumerate(content))
+
+
+def _call(item: dict, where: str) -> tuple[str, dict]:
+    """A function_call item's tool name and its arguments (a JSON object, as a string)."""
+    name = _string(item, "name", where)
+    if not TOOL_NAME.match(name):
+        raise _bad(f"{where}.name", "must be a tool name (letters, digits, _ and -)")
+    param = f"{where}.arguments"
+    try:
+        arguments = loads_limited(_string(item, "arguments", where), param)
+    except json.JSONDecodeError:
+        arguments = None
+    except LimitError as exc:
+        raise ApiError(400, str(exc), param=param, code="invalid_value") from None
+    if not isinstance(arguments, dict):
+        raise _bad(param, "must be a JSON object, as a string")
+    return name, arguments
+
+
+def _tools(body: dict) -> tuple[tuple[dict, ...], str | None]:
+    """`tools` as the function declarations chat completions take, and `tool_choice` as its choice."""
+    tools, declared = body.get("tools"), []
+    if tools is not None and not isinstance(tools, list):
+        raise _bad("tools", "must be a list of tools")
+    for j, t in enumerate(tools or []):
+        kind = t.get("type") if isinstance(t, dict) else type(t).__name__
+        if kind != "function":
+            raise _bad(f"tools[{j}].type", f"only function tools are served (k3 runs no built-in tools), got {kind!r}")
+        name = _string(t, "name", f"tools[{j}]")
+        if not TOOL_NAME.match(name):
+            raise _bad(f"tools[{j}].name", "must be a tool name (letters, digits, _ and -)")
+        if t.get("parameters") is not None and not isinstance(t["parameters"], dict):
+            raise _bad(f"tools[{j}].parameters", "must be a JSON Schema object")
+        declared.append({k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None})
+    choice = body.get("tool_choice")
+    if choice in (None, "auto"):
+        return tuple(declared), None
+    if choice == "none" or (choice == "required" and declared):
+        return tuple(declared), choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and choice.get("name") in {
+            d["name"] for d in declared}:
+        return tuple(declared), choice["name"]
+    raise _bad("tool_choice", "must be 'auto', 'none', 'required' (with tools) or {type: function, name} naming one "
+               "of the tools")
+
+
+def _thinking(body: dict) -> bool:
+    """K3's thinking mode: on for any `reasoning.effort` but none and minimal (K3 has no finer effort)."""
+    reasoning = body.get("reasoning")
+    if reasoning is None:
+        return False
+    if not isinstance(reasoning, dict):
+        raise _bad("reasoning", "must be an object, {\"effort\": ...}")
+    effort = reasoning.get("effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise _bad("reasoning.effort", f"must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r}")
+    return effort not in (None, "none", "minimal")
+
+
+def _not_served(body: dict) -> None:
+    """Fields that would change what comes back, which k3 does not do yet: refused, never ignored."""
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if text is not None and not isinstance(text, dict):
+        raise _bad("text", "must be an object, {\"format\": {\"type\": \"text\"}}")
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+        kind = fmt.get("type") if isinstance(fmt, dict) else fmt
+        raise _bad("text.format", f"structured outputs ({kind!r}) are not built yet: only {{\"type\": \"text\"}}")
+    for name in ("conversation", "prompt"):
+        if body.get(name) is not None:
+            raise _bad(name, "not served: send the conversation as `input` (or `previous_response_id`)")
+    if body.get("background"):
+        raise _bad("background", "background responses are not served")
+    if body.get("top_logprobs"):
+        raise _bad("top_logprobs", "log-probabilities are not served on /v1/responses yet (chat completions has them)")
