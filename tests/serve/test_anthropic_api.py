@@ -8,9 +8,7 @@ import anthropic
 import httpx
 import pytest
 
-from .test_openai_api import KEY, Live
-
-from ..conftest import DEMO_MODEL
+from .conftest import CALLS, KEY, Live, burst, script_tool_calls
 
 PARIS = [{"role": "user", "content": "What is the capital of France?"}]
 GREEDY = {"temperature": 0}  # the SDK has no sampling arguments: they go in the body as they are
@@ -20,20 +18,6 @@ TOOLS = [{"name": "get_weather", "description": "weather in a city",
 
 def client(live: Live, key: str | None = None) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=live.url, api_key=key or "none", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def demo():
-    live = Live(DEMO_MODEL)
-    yield live
-    live.close()
-
-
-@pytest.fixture(scope="module")
-def generated(model_factory):
-    live = Live(model_factory("small"), sequences=4)
-    yield live
-    live.close()
 
 
 def without_ids(message) -> dict:
@@ -122,21 +106,7 @@ def test_count_tokens_is_the_created_messages_input_tokens(demo):
 def test_a_tool_use_round_trip(generated, monkeypatch):
     """Every pick follows a script (the model's output forced to two complete XTML tool calls): the reply is
     tool_use blocks with parsed input, whole and streamed; the results go back as tool_result blocks."""
-    from k3core import Sampler, tool_call_markup
-    import serve.worker
-
-    tok = generated.slot.tokenizer
-    calls = [("get_weather", {"city": "Paris", "days": 2}), ("get_weather", {"city": "Rome"})]
-    script = tok.encode("Checking.<|close|>response<|sep|><|open|>tools<|sep|>" + tool_call_markup(calls)
-                        + "<|close|>tools<|sep|><|end_of_msg|>", allow_special=True)
-
-    class Scripted(Sampler):
-        def pick(self, logits, history=()):
-            picked = self.__dict__.setdefault("picked", [])
-            picked.append(script[len(picked)])
-            return picked[-1]
-
-    monkeypatch.setattr(serve.worker, "Sampler", Scripted)
+    calls, script = CALLS, script_tool_calls(monkeypatch, generated)
     c = client(generated)
     ask = dict(model=generated.name, max_tokens=len(script), tools=TOOLS,
                messages=[{"role": "user", "content": "weather in Paris?"}])
@@ -149,7 +119,7 @@ def test_a_tool_use_round_trip(generated, monkeypatch):
         final = stream.get_final_message()
     assert [json.loads(d) for d in deltas] == [args for _, args in calls]
     assert without_ids(final) == without_ids(r)
-    monkeypatch.setattr(serve.worker, "Sampler", Sampler)
+    monkeypatch.undo()  # the real sampler again
     follow = ask["messages"] + [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]},
                                 {"role": "user", "content": [
                                     {"type": "tool_result", "tool_use_id": r.content[1].id, "content": "sunny, 21 C"},
@@ -232,20 +202,10 @@ def test_an_api_key_by_either_header(model_factory):
 
 
 def test_a_full_queue_is_overloaded_with_retry_after(model_factory):
-    import threading
-    import time
-
     live = Live(model_factory("small"), sequences=1, queue_size=1)
     try:
         body = {"model": live.name, "max_tokens": 64, "messages": [{"role": "user", "content": "long"}]}
-        results = []
-        threads = [threading.Thread(target=lambda: results.append(
-            httpx.post(live.url + "/v1/messages", json=body, timeout=120))) for _ in range(4)]
-        for t in threads:
-            t.start()
-            time.sleep(0.05)
-        for t in threads:
-            t.join()
+        results = burst(live, "/v1/messages", body)
         codes = sorted(r.status_code for r in results)
         assert codes.count(200) >= 2 and 529 in codes, codes
         busy = next(r for r in results if r.status_code == 529)

@@ -17,7 +17,8 @@ from k3core.text.sampling import det_exp
 from serve.logprobs import chat_logprobs, piece
 
 from ..conftest import DEMO_MODEL
-from .test_openai_api import PARIS, Live
+from .conftest import Live
+from .test_openai_api import PARIS
 
 PROMPT = "The capital of France"
 
@@ -31,13 +32,6 @@ def log_softmax_at(row: np.ndarray, token: int) -> float:
 
 def expected_top(row: np.ndarray, n: int) -> list[int]:
     return [int(i) for i in np.lexsort((np.arange(row.size), -row.astype(np.float64)))[:n]]
-
-
-@pytest.fixture(scope="module")
-def demo():
-    live = Live(DEMO_MODEL)
-    yield live
-    live.close()
 
 
 @pytest.fixture(scope="module")

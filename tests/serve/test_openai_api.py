@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import threading
 import time
@@ -12,56 +11,12 @@ import httpx
 import openai
 import pytest
 
-from k3core import EngineConfig, load_tokenizer, open_engine
 from k3core.cli.main import main
-from serve.app import ApiOptions
-from serve.plugin import build_app
-from serve.http import listen
-from serve.worker import EngineSlot, Worker
 
 from ..conftest import DEMO_MODEL
+from .conftest import CALLS, KEY, Live, burst, free_port, script_tool_calls
 
-KEY = "k3-test-key-0123456789abcdef"
 PARIS = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-class Live:
-    """A server on a free loopback port over its own engine."""
-
-    def __init__(self, model, sequences=4, queue_size=16, api_key=None, max_body_bytes=4 << 20, **fields):
-        self.engine = open_engine(EngineConfig(model, sequences=sequences, **fields))
-        self.slot = EngineSlot(self.engine, load_tokenizer(model))
-        self.worker = Worker(self.slot, queue_size=queue_size, keep_states=4)
-        self.name = model.name
-        app = build_app(self.worker, ApiOptions(api_key, max_body_bytes, 64, 0))
-        self.running = listen(app, "127.0.0.1", free_port())
-        self.url = self.running.url
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key=api_key or "none", max_retries=0, timeout=120)
-
-    def close(self):
-        self.running.close()
-        self.worker.close()
-        self.engine.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def demo():
-    live = Live(DEMO_MODEL)
-    yield live
-    live.close()
-
-
-@pytest.fixture(scope="module")
-def generated(model_factory):
-    live = Live(model_factory("small"), sequences=4)
-    yield live
-    live.close()
 
 
 def test_models_and_health(demo):
@@ -234,14 +189,7 @@ def test_a_full_queue_answers_429_with_retry_after(model_factory):
     live = Live(model_factory("small"), sequences=1, queue_size=1)
     try:
         body = {"model": live.name, "messages": [{"role": "user", "content": "long"}], "max_tokens": 64}
-        results = []
-        threads = [threading.Thread(target=lambda: results.append(
-            httpx.post(live.url + "/v1/chat/completions", json=body, timeout=120))) for _ in range(4)]
-        for t in threads:
-            t.start()
-            time.sleep(0.05)
-        for t in threads:
-            t.join()
+        results = burst(live, "/v1/chat/completions", body)
         codes = sorted(r.status_code for r in results)
         assert codes.count(200) >= 2 and 429 in codes, codes
         busy = next(r for r in results if r.status_code == 429)
@@ -389,21 +337,7 @@ def test_a_failed_pass_ends_only_its_requests_and_bad_ones_never_reach_the_engin
 def test_a_reply_that_calls_a_tool_becomes_tool_calls(generated, monkeypatch):
     """The engine runs as always, but every pick follows a script (the model's output forced to a complete
     XTML tool call): non-streaming and streaming both return it as `tool_calls`, finish_reason tool_calls."""
-    from k3core import Sampler, tool_call_markup
-    import serve.worker
-
-    tok = generated.slot.tokenizer
-    calls_out = [("get_weather", {"city": "Paris", "days": 2}), ("get_weather", {"city": "Rome"})]
-    script = tok.encode("Checking.<|close|>response<|sep|><|open|>tools<|sep|>" + tool_call_markup(calls_out)
-                        + "<|close|>tools<|sep|><|end_of_msg|>", allow_special=True)
-
-    class Scripted(Sampler):
-        def pick(self, logits, history=()):
-            picked = self.__dict__.setdefault("picked", [])
-            picked.append(script[len(picked)])
-            return picked[-1]
-
-    monkeypatch.setattr(serve.worker, "Sampler", Scripted)
+    calls_out, script = CALLS, script_tool_calls(monkeypatch, generated)
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
     ask = [{"role": "user", "content": "weather in Paris?"}]
     r = generated.client.chat.completions.create(model=generated.name, messages=ask, tools=tools, max_tokens=len(script))
@@ -421,7 +355,7 @@ def test_a_reply_that_calls_a_tool_becomes_tool_calls(generated, monkeypatch):
     # the result goes back as a tool message and the conversation goes on
     follow = ask + [message.model_dump(exclude_none=True),
                     {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "sunny, 21 C"}]
-    monkeypatch.setattr(serve.worker, "Sampler", Sampler)
+    monkeypatch.undo()  # the real sampler again
     again = generated.client.chat.completions.create(model=generated.name, messages=follow, tools=tools, max_tokens=3)
     assert again.usage.prompt_tokens > r.usage.prompt_tokens
 

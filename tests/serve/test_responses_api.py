@@ -7,28 +7,11 @@ import json
 import httpx
 import openai
 import pytest
-
-from .test_openai_api import Live
-
-from ..conftest import DEMO_MODEL
+from .conftest import CALLS, script_tool_calls
 
 PARIS = "What is the capital of France?"
 TOOLS = [{"type": "function", "name": "get_weather", "description": "weather in a city", "strict": False,
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
-
-
-@pytest.fixture(scope="module")
-def demo():
-    live = Live(DEMO_MODEL)
-    yield live
-    live.close()
-
-
-@pytest.fixture(scope="module")
-def generated(model_factory):
-    live = Live(model_factory("small"), sequences=4)
-    yield live
-    live.close()
 
 
 def without_ids(response) -> dict:
@@ -114,21 +97,7 @@ def test_a_follow_up_by_previous_response_id_reuses_the_kept_state(demo):
 def test_a_function_call_round_trip(generated, monkeypatch):
     """Every pick follows a script (the model's output forced to two complete XTML tool calls): the output is
     function_call items, whole and streamed; their outputs go back as function_call_output items."""
-    from k3core import Sampler, tool_call_markup
-    import serve.worker
-
-    tok = generated.slot.tokenizer
-    calls = [("get_weather", {"city": "Paris", "days": 2}), ("get_weather", {"city": "Rome"})]
-    script = tok.encode("Checking.<|close|>response<|sep|><|open|>tools<|sep|>" + tool_call_markup(calls)
-                        + "<|close|>tools<|sep|><|end_of_msg|>", allow_special=True)
-
-    class Scripted(Sampler):
-        def pick(self, logits, history=()):
-            picked = self.__dict__.setdefault("picked", [])
-            picked.append(script[len(picked)])
-            return picked[-1]
-
-    monkeypatch.setattr(serve.worker, "Sampler", Scripted)
+    calls, script = CALLS, script_tool_calls(monkeypatch, generated)
     c = generated.client
     ask = dict(model=generated.name, max_output_tokens=len(script), tools=TOOLS, input="weather in Paris?")
     r = c.responses.create(**ask)
@@ -140,7 +109,7 @@ def test_a_function_call_round_trip(generated, monkeypatch):
         final = stream.get_final_response()
     assert [json.loads(d) for d in done] == [args for _, args in calls]
     assert without_ids(final) == without_ids(r)
-    monkeypatch.setattr(serve.worker, "Sampler", Sampler)
+    monkeypatch.undo()  # the real sampler again
     outputs = [{"type": "function_call_output", "call_id": r.output[1].call_id, "output": "sunny, 21 C"},
                {"type": "function_call_output", "call_id": r.output[2].call_id, "output": "rain"}]
     again = c.responses.create(**{**ask, "max_output_tokens": 3, "input": outputs, "previous_response_id": r.id})
