@@ -16,7 +16,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from .anthropic_schema import messages_request
-from .app import Api, _call_json, _complete_calls, _events_or_cancel, _reply, guarded, read_json
+from .app import Api, ToolCallWatch, _events_or_cancel, _reply, guarded, read_json
 from .schema import ApiError, ChatRequest
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -61,19 +61,14 @@ class Reply:
         self.api, self.job, self.mode = api, job, mode
         self.content: list[dict] = []
         self.texts: dict[str, list[str]] = {}   # by channel, as chat completions' _reply reads them
-        self.ids: list[int] = []
+        self.calls = ToolCallWatch(api, job, mode)  # a tool call becomes a block as soon as its element closes
         self.open: str | None = None            # the kind of the block still open (thinking, text)
-        self.sent = 0                           # tool calls already made blocks
-        self.sep = api.tokenizer.id_of("<|sep|>")
         self.stop_reason = self.stop_sequence = None
         self.usage: dict = {}
 
     def feed(self, event: tuple) -> list[bytes]:
         if event[0] == "token":
-            self.ids.append(event[1])
-            if event[1] == self.sep:  # a tool call becomes a block as soon as its element closes
-                calls = _complete_calls(self.api, self.job, self.mode, self.ids)[self.sent:]
-                return self._tool_uses([_call_json(c) for c in calls])
+            return self._tool_uses(self.calls.token(event[1]))
         elif event[0] == "text" and event[1] in BLOCKS and event[2]:
             self.texts.setdefault(event[1], []).append(event[2])
             return self._text(BLOCKS[event[1]], event[2])
@@ -107,7 +102,6 @@ class Reply:
                               delta={"type": "input_json_delta", "partial_json": fn["arguments"]}))
             out.append(_event("content_block_stop", index=index))
             self.content.append({**block, "input": json.loads(fn["arguments"])})
-        self.sent += len(calls)
         return out
 
     def _close(self) -> list[bytes]:
@@ -118,7 +112,7 @@ class Reply:
 
     def _done(self, reason: str, stats: dict) -> list[bytes]:
         message, finish = _reply(self.api, self.job, self.mode, stats, reason, self.texts)
-        out = self._tool_uses(message.get("tool_calls", [])[self.sent:]) + self._close()  # a call cut off comes last
+        out = self._tool_uses(self.calls.rest(message)) + self._close()
         matched = self.job.text.stops.stop if self.job.text is not None else None
         self.stop_reason = STOP_REASONS.get(finish) or ("stop_sequence" if matched is not None else "end_turn")
         self.stop_sequence = matched if self.stop_reason == "stop_sequence" else None

@@ -183,6 +183,30 @@ def _complete_calls(api: Api, job: Job, mode: str, ids: list[int]) -> list:
     return [c for c in parse_tool_calls(tools or "") if c.name and c.complete]
 
 
+class ToolCallWatch:
+    """The tool calls of a reply being streamed, each handed out once, as `_call_json` dicts: `token(id)` returns
+    those finished since the last (looked for at each `<|sep|>`), `rest(message)` those of the whole reply not
+    handed out yet (a call cut off by the token limit comes last, as it is)."""
+
+    def __init__(self, api: Api, job: Job, mode: str):
+        self.api, self.job, self.mode = api, job, mode
+        self.ids, self.sent, self.sep = [], 0, api.tokenizer.id_of("<|sep|>")
+
+    def token(self, token: int) -> list[dict]:
+        self.ids.append(token)
+        if token != self.sep:
+            return []
+        return self._hand_out([_call_json(c) for c in _complete_calls(self.api, self.job, self.mode, self.ids)])
+
+    def rest(self, message: dict) -> list[dict]:
+        return self._hand_out(message.get("tool_calls", []))
+
+    def _hand_out(self, calls: list[dict]) -> list[dict]:
+        new = calls[self.sent:]
+        self.sent += len(new)
+        return new
+
+
 async def _collect(request, events: asyncio.Queue, job: Job):
     """Wait for a job's end (cancelled if the client goes away): (texts by channel, reason, stats), or None
     when the client went away first."""
@@ -324,24 +348,23 @@ async def _chat_stream(api: Api, request, events, job: Job, mode: str, head: dic
 
     yield chunk({"role": "assistant", "content": ""})
     texts: dict[str | None, list[str]] = {}
-    ids, sent, sep = [], 0, api.tokenizer.id_of("<|sep|>")  # each tool call goes out once its element closes
+    calls = ToolCallWatch(api, job, mode)  # each tool call goes out once its element closes
     async for event in _events_or_cancel(request, events, job):
         kind = event[0]
         if kind == "logprob":
             scores.append(event[1])
         elif kind == "token":
-            ids.append(event[1])
-            if event[1] == sep and (calls := _complete_calls(api, job, mode, ids)) and len(calls) > sent:
-                yield chunk({"tool_calls": [{"index": i, **_call_json(c)} for i, c in enumerate(calls) if i >= sent]})
-                sent = len(calls)
+            first = calls.sent
+            if new := calls.token(event[1]):
+                yield chunk({"tool_calls": [{"index": first + i, **call} for i, call in enumerate(new)]})
         elif kind == "text" and event[1] in ("think", "response"):
             texts.setdefault(event[1], []).append(event[2])
             yield chunk({"reasoning_content": event[2]} if event[1] == "think" else {"content": event[2]})
         elif kind == "done":
             message, finish = _reply(api, job, mode, event[2], event[1], texts)
-            rest = message.get("tool_calls", [])[sent:]  # a call cut off by max_tokens comes last, as it is
-            if rest:
-                yield chunk({"tool_calls": [{"index": sent + i, **call} for i, call in enumerate(rest)]})
+            first = calls.sent
+            if rest := calls.rest(message):
+                yield chunk({"tool_calls": [{"index": first + i, **call} for i, call in enumerate(rest)]})
             yield chunk({}, finish)  # with the logprobs of ids that made no text (a stop id)
             if include_usage:
                 yield _sse({**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage(event[2])})

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from k3core import tool_call_markup
 
 from .anthropic import chat_job
-from .app import Api, _call_json, _complete_calls, _events_or_cancel, _reply, check_key, guarded, read_json
+from .app import Api, ToolCallWatch, _events_or_cancel, _reply, check_key, guarded, read_json
 from .responses_schema import Conversation, responses_request
 from .schema import _bad
 
@@ -69,10 +69,8 @@ class Output:
         self.conversation, self.stored = conversation, stored
         self.items: list[dict] = []
         self.texts: dict[str, list[str]] = {}   # by channel, as chat completions' _reply reads them
-        self.ids: list[int] = []
+        self.calls = ToolCallWatch(api, job, mode)  # a tool call becomes an item as soon as its element closes
         self.open: str | None = None            # the channel of the item still open (think, response)
-        self.sent = 0                           # tool calls already made items
-        self.sep = api.tokenizer.id_of("<|sep|>")
         self.status, self.incomplete, self.usage = "in_progress", None, None
 
     def response(self) -> dict:
@@ -81,10 +79,7 @@ class Output:
 
     def feed(self, event: tuple) -> list[dict]:
         if event[0] == "token":
-            self.ids.append(event[1])
-            if event[1] == self.sep:  # a tool call becomes an item as soon as its element closes
-                calls = _complete_calls(self.api, self.job, self.mode, self.ids)[self.sent:]
-                return self._calls([_call_json(c) for c in calls])
+            return self._calls(self.calls.token(event[1]))
         elif event[0] == "text" and event[1] in ("think", "response") and event[2]:
             self.texts.setdefault(event[1], []).append(event[2])
             return self._text(event[1], event[2])
@@ -148,14 +143,13 @@ class Output:
                      "arguments": fn["arguments"]},
                     {"type": "response.output_item.done", "output_index": where["output_index"],
                      "item": copy.deepcopy(item)}]
-        self.sent += len(calls)
         return out
 
     def _done(self, reason: str, stats: dict) -> list[dict]:
         message, finish = _reply(self.api, self.job, self.mode, stats, reason, self.texts)
         cut = finish == "length"
         out = self._close("incomplete" if cut else "completed")
-        out += self._calls(message.get("tool_calls", [])[self.sent:])  # a call cut off by max tokens comes last
+        out += self._calls(self.calls.rest(message))
         self.status = "incomplete" if cut else "completed"
         self.incomplete = {"reason": "max_output_tokens"} if cut else None
         self.usage = _usage(stats, self._reasoning_tokens(stats["ids"]))
