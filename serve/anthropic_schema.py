@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from k3core import tool_call_markup
 
-from .schema import TOOL_NAME, ApiError, ChatRequest, Sampling, _bad, _bool, _integer, _model, _number
+from .schema import TOOL_NAME, ApiError, ChatRequest, Sampling, _bad, _bool, _integer, _model, _number, _string
 
 MAX_STOP_SEQUENCES = 16  # docs/LIMITS.md
 
@@ -44,13 +44,6 @@ def _blocks(content, path: str, kinds: tuple[str, ...]) -> list[dict]:
         if kind not in kinds:
             raise _bad(f"{path}[{j}]", f"must be a {' or '.join(kinds)} block here, got {kind!r}")
     return content
-
-
-def _string(block: dict, key: str, path: str) -> str:
-    value = block.get(key)
-    if not isinstance(value, str):
-        raise _bad(f"{path}.{key}", "must be a string")
-    return value
 
 
 def _text(content, path: str) -> str:

@@ -7,13 +7,12 @@ outputs are refused by name; unknown fields are ignored. Checked by tests/serve/
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
-from k3core import LimitError, loads_limited, tool_call_markup
+from k3core import tool_call_markup
 
-from .schema import (REASONING_EFFORTS, TOOL_NAME, ApiError, ChatRequest, Sampling, _bad, _bool, _integer, _model,
-                     _number)
+from .schema import (REASONING_EFFORTS, TOOL_NAME, ApiError, ChatRequest, Sampling, _arguments, _bad, _bool, _integer,
+                     _model, _number, _string)
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 TEXT_PARTS = ("input_text", "output_text")
@@ -44,13 +43,6 @@ def responses_request(body, max_tokens_limit: int, previous: Conversation | None
     return ChatRequest(model=_model(body), messages=conversation.messages, sampling=sampling,
                        stream=_bool(body, "stream"), tools=tools, tool_choice=choice,
                        thinking=_thinking(body)), conversation
-
-
-def _string(item: dict, key: str, path: str) -> str:
-    value = item.get(key)
-    if not isinstance(value, str):
-        raise _bad(f"{path}.{key}", "must be a string")
-    return value
 
 
 def _text(content, path: str) -> str:
@@ -141,16 +133,7 @@ def _call(item: dict, where: str) -> tuple[str, dict]:
     name = _string(item, "name", where)
     if not TOOL_NAME.match(name):
         raise _bad(f"{where}.name", "must be a tool name (letters, digits, _ and -)")
-    param = f"{where}.arguments"
-    try:
-        arguments = loads_limited(_string(item, "arguments", where), param)
-    except json.JSONDecodeError:
-        arguments = None
-    except LimitError as exc:
-        raise ApiError(400, str(exc), param=param, code="invalid_value") from None
-    if not isinstance(arguments, dict):
-        raise _bad(param, "must be a JSON object, as a string")
-    return name, arguments
+    return name, _arguments(_string(item, "arguments", where), f"{where}.arguments")
 
 
 def _tools(body: dict) -> tuple[tuple[dict, ...], str | None]:

@@ -102,6 +102,26 @@ def _integer(body: dict, name: str, low: int, high: int | None = None):
     return v
 
 
+def _string(block: dict, key: str, path: str) -> str:
+    value = block.get(key)
+    if not isinstance(value, str):
+        raise _bad(f"{path}.{key}", "must be a string")
+    return value
+
+
+def _arguments(text, param: str) -> dict:
+    """A tool call's arguments: a JSON object given as a string (within the JSON limits), or a 400 naming `param`."""
+    try:
+        parsed = loads_limited(text, param) if isinstance(text, str) else None
+    except json.JSONDecodeError:
+        parsed = None
+    except LimitError as exc:
+        raise ApiError(400, str(exc), param=param, code="invalid_value") from None
+    if not isinstance(parsed, dict):
+        raise _bad(param, "must be a JSON object, as a string")
+    return parsed
+
+
 def _bool(body: dict, name: str, default: bool = False) -> bool:
     v = body.get(name, default)
     if v is None:
@@ -188,16 +208,7 @@ def _tool_calls(calls, where: str) -> list[tuple[str, dict]]:
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not TOOL_NAME.match(fn["name"]):
             raise _bad(f"{where}.tool_calls[{j}].function.name", "must be a tool name (letters, digits, _ and -)")
-        args, param = fn.get("arguments") or "{}", f"{where}.tool_calls[{j}].function.arguments"
-        try:
-            parsed = loads_limited(args, param) if isinstance(args, str) else None
-        except json.JSONDecodeError:
-            parsed = None
-        except LimitError as exc:
-            raise ApiError(400, str(exc), param=param, code="invalid_value") from None
-        if not isinstance(parsed, dict):
-            raise _bad(param, "must be a JSON object, as a string")
-        out.append((fn["name"], parsed))
+        out.append((fn["name"], _arguments(fn.get("arguments") or "{}", f"{where}.tool_calls[{j}].function.arguments")))
     return out
 
 
