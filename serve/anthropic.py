@@ -16,7 +16,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from .anthropic_schema import messages_request
-from .app import Api, ToolCallWatch, _events_or_cancel, _reply, guarded, read_json
+from .app import Api, ToolCallWatch, _events_or_cancel, _reply, guarded, read_json, whole_reply
 from .schema import ApiError, ChatRequest
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -166,13 +166,7 @@ def add_routes(router, api: Api) -> None:
         if req.stream:
             return StreamingResponse(_stream(request, events, job, reply, head), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        async for event in _events_or_cancel(request, events, job):
-            if event[0] == "error":
-                raise event[1]
-            reply.feed(event)
-            if event[0] == "done":
-                return JSONResponse(reply.message(head))
-        return JSONResponse({}, status_code=499)  # the client went away first
+        return await whole_reply(request, events, job, reply.feed, lambda: reply.message(head))
 
     async def count_tokens(request: Request):
         _, job, _ = await parsed(request, counting=True)

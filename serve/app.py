@@ -207,6 +207,18 @@ class ToolCallWatch:
         return new
 
 
+async def whole_reply(request, events: asyncio.Queue, job: Job, feed, result) -> JSONResponse:
+    """A reply not streamed: every event of `job` through `feed` (the stream's builder, its events dropped), then
+    `result()`; 499 when the client went away first."""
+    async for event in _events_or_cancel(request, events, job):
+        if event[0] == "error":
+            raise event[1]
+        feed(event)
+        if event[0] == "done":
+            return JSONResponse(result())
+    return JSONResponse({}, status_code=499)
+
+
 async def _collect(request, events: asyncio.Queue, job: Job):
     """Wait for a job's end (cancelled if the client goes away): (texts by channel, reason, stats), or None
     when the client went away first."""

@@ -15,11 +15,11 @@ import time
 from collections import OrderedDict
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from k3core import tool_call_markup
 
 from .anthropic import chat_job
-from .app import Api, ToolCallWatch, _events_or_cancel, _reply, check_key, guarded, read_json
+from .app import Api, ToolCallWatch, _events_or_cancel, _reply, check_key, guarded, read_json, whole_reply
 from .responses_schema import Conversation, responses_request
 from .schema import _bad
 
@@ -221,12 +221,6 @@ def add_routes(router, api: Api) -> None:
         if req.stream:
             return StreamingResponse(_stream(request, events, job, output), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        async for event in _events_or_cancel(request, events, job):
-            if event[0] == "error":
-                raise event[1]
-            output.feed(event)
-            if event[0] == "done":
-                return JSONResponse(output.response())
-        return JSONResponse({}, status_code=499)  # the client went away first
+        return await whole_reply(request, events, job, output.feed, output.response)
 
     router.add_api_route("/v1/responses", guarded(responses), methods=["POST"])
