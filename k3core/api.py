@@ -51,6 +51,7 @@ from .text.generate import AUTO_K, Speculation, generate_ids, greedy_ids
 from .text.logprobs import TokenLogprob, token_logprobs
 from .text.sampling import Sampler, SamplingParams
 from .text.session import Session
+from .text.structured import MAX_SCHEMA_BYTES, Grammar, SchemaError, chat_grammar, schema_text
 from .text.state_cache import StateCache
 from .text.tokenizer import Tokenizer, load_tokenizer
 
@@ -61,7 +62,8 @@ __all__ = [
     "describe_plugins", "check_checkpoint", "scan_weights", "record_tensor_sums", "ShardSums", "model_note",
     # generation and text
     "generate_ids", "greedy_ids", "Speculation", "speculation", "draft_source", "AUTO_K", "BatchGenerator", "Emitted",
-    "Sampler", "SamplingParams", "Session", "ChatSession", "Conversation", "Event", "visible", "Tokenizer",
+    "Sampler", "SamplingParams", "Session", "Grammar", "SchemaError", "chat_grammar", "schema_text",
+    "MAX_SCHEMA_BYTES", "ChatSession", "Conversation", "Event", "visible", "Tokenizer",
     "load_tokenizer", "StateCache", "render_chat", "split_reply", "Reply", "ToolCall", "tool_call_markup",
     "parse_tool_calls", "forced_tool_prefix", "build_chat_ids", "TextStream", "token_logprobs", "TokenLogprob",
     # files: profile, decode states, packed trunks, test models

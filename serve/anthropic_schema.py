@@ -1,14 +1,14 @@
 """Anthropic Messages request bodies in, the ChatRequest chat completions runs out (serve/schema.py's, with
 its field checks): `system` and content blocks become k3 chat messages, `tools` function declarations.
 
-A known field of the wrong type or out of range is a 400 naming it; images, documents, server tools and
-structured outputs are refused by name; unknown fields are ignored. Checked by tests/serve/test_anthropic_api.py.
+A known field of the wrong type or out of range is a 400 naming it; images, documents and server tools are
+refused by name; unknown fields are ignored. Checked by tests/serve/test_anthropic_api.py.
 """
 from __future__ import annotations
 
 from k3core import tool_call_markup
 
-from .schema import TOOL_NAME, ApiError, ChatRequest, Sampling, _bad, _bool, _integer, _model, _number, _string
+from .schema import TOOL_NAME, ApiError, ChatRequest, Sampling, _bad, _bool, _integer, _model, _number, _string, json_format
 
 MAX_STOP_SEQUENCES = 16  # docs/LIMITS.md
 
@@ -27,8 +27,12 @@ def messages_request(body, max_tokens_limit: int, counting: bool = False) -> tup
                         top_p=_number(body, "top_p", 0.0, 1.0, 1.0, low_open=True),
                         max_tokens=_integer(body, "max_tokens", 1, max_tokens_limit), stop=_stop_sequences(body),
                         top_k=_integer(body, "top_k", 0) or 0, seed=_integer(body, "seed", 0, 2 ** 64 - 1))
+    config = body.get("output_config")
+    schema, where = json_format(config.get("format") if isinstance(config, dict) else None, "output_config.format",
+                                None)
     return ChatRequest(model=_model(body), messages=messages, sampling=sampling, stream=_bool(body, "stream"),
-                       tools=tools, tool_choice=choice, thinking=_thinking(body)), places
+                       tools=tools, tool_choice=choice, thinking=_thinking(body), response_schema=schema,
+                       schema_param=where), places
 
 
 def _blocks(content, path: str, kinds: tuple[str, ...]) -> list[dict]:
@@ -169,9 +173,8 @@ def _thinking(body: dict) -> bool:
 
 def _not_served(body: dict) -> None:
     """Fields that would change what comes back, which k3 does not do yet: refused, never ignored."""
-    config = body.get("output_config")
-    if isinstance(config, dict) and config.get("format") is not None:
-        raise _bad("output_config.format", "structured outputs are not served yet")
+    if body.get("output_config") is not None and not isinstance(body["output_config"], dict):
+        raise _bad("output_config", "must be an object, {\"format\": {\"type\": \"json_schema\", \"schema\": …}}")
     if body.get("mcp_servers"):
         raise _bad("mcp_servers", "MCP servers called by the API are not served: declare their tools in `tools`")
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import ClientDisconnect
-from k3core import (ChatInputError, SamplingParams, UsageError, build_chat_ids, forced_tool_prefix,
-                    parse_tool_calls, render_chat, split_reply)
+from k3core import (ChatInputError, Grammar, SamplingParams, SchemaError, UsageError, build_chat_ids, chat_grammar,
+                    forced_tool_prefix, parse_tool_calls, render_chat, split_reply)
 from k3core import LimitError, loads_limited
 
 from .http import model_id
@@ -132,8 +132,17 @@ class Api:
         prompt += forced
         params = self.params(req.sampling, mode, len(prompt))
         channel = "think" if req.thinking else "response"
-        return Job(prompt, params, emit=None, channel=channel, forced=forced,
+        grammar = self.grammar(req, channel, tools)
+        return Job(prompt, params, emit=None, channel=channel, forced=forced, grammar=grammar,
                    stop_ids=frozenset({self.tokenizer.id_of(EOM)}), logprobs=req.logprobs), mode
+
+    def grammar(self, req: ChatRequest, channel: str, tools) -> Grammar | None:
+        """What holds the reply to the request's schema, or forced tool calls to their tools' parameters."""
+        try:
+            return chat_grammar(self.tokenizer, channel, schema=req.response_schema, schema_param=req.schema_param,
+                                tools=tools, tool_choice=req.tool_choice)
+        except SchemaError as exc:
+            raise ApiError(400, str(exc), param=exc.param, code="invalid_value") from None
 
     def completion_job(self, req: CompletionRequest) -> Job:
         prompt = self.tokenizer.encode(req.prompt)
@@ -163,7 +172,8 @@ def _reply(api: Api, job: Job, mode: str, stats: dict, reason: str, texts: dict)
     message = {"role": "assistant", "content": "".join(texts.get("response", []))}
     if mode == "thinking" or "think" in texts:
         message["reasoning_content"] = "".join(texts.get("think", []))
-    calls = [c for c in parse_tool_calls(reply.tools or "") if c.name]
+    calls = [c for c in parse_tool_calls(reply.tools or "") if c.name and c.complete]  # a cut-off call's arguments
+    # are not whole: it is left out, and finish_reason "length" says the reply was cut
     finish = FINISH[reason]
     if calls:
         message["tool_calls"] = [_call_json(c) for c in calls]
@@ -186,7 +196,7 @@ def _complete_calls(api: Api, job: Job, mode: str, ids: list[int]) -> list:
 class ToolCallWatch:
     """The tool calls of a reply being streamed, each handed out once, as `_call_json` dicts: `token(id)` returns
     those finished since the last (looked for at each `<|sep|>`), `rest(message)` those of the whole reply not
-    handed out yet (a call cut off by the token limit comes last, as it is)."""
+    handed out yet (a call cut off by the token limit is never handed out)."""
 
     def __init__(self, api: Api, job: Job, mode: str):
         self.api, self.job, self.mode = api, job, mode

@@ -2,8 +2,8 @@
 field checks): `instructions` and `input` items become k3 chat messages after a stored conversation
 (`previous_response_id`), `tools` function declarations.
 
-A known field of the wrong type or out of range is a 400 naming it; images, files, built-in tools and structured
-outputs are refused by name; unknown fields are ignored. Checked by tests/serve/test_responses_api.py.
+A known field of the wrong type or out of range is a 400 naming it; images, files and built-in tools are refused
+by name; unknown fields are ignored. Checked by tests/serve/test_responses_api.py.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from k3core import tool_call_markup
 
 from .schema import (REASONING_EFFORTS, TOOL_NAME, ApiError, ChatRequest, Sampling, _arguments, _bad, _bool, _integer,
-                     _model, _number, _string)
+                     _model, _number, _string, json_format)
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 TEXT_PARTS = ("input_text", "output_text")
@@ -40,9 +40,11 @@ def responses_request(body, max_tokens_limit: int, previous: Conversation | None
                         top_p=_number(body, "top_p", 0.0, 1.0, 1.0, low_open=True),
                         max_tokens=_integer(body, "max_output_tokens", 1, max_tokens_limit),
                         seed=_integer(body, "seed", 0, 2 ** 64 - 1))
+    text = body.get("text")
+    schema, where = json_format(text.get("format") if isinstance(text, dict) else None, "text.format", None)
     return ChatRequest(model=_model(body), messages=conversation.messages, sampling=sampling,
                        stream=_bool(body, "stream"), tools=tools, tool_choice=choice,
-                       thinking=_thinking(body)), conversation
+                       thinking=_thinking(body), response_schema=schema, schema_param=where), conversation
 
 
 def _text(content, path: str) -> str:
@@ -179,12 +181,8 @@ def _thinking(body: dict) -> bool:
 def _not_served(body: dict) -> None:
     """Fields that would change what comes back, which k3 does not do yet: refused, never ignored."""
     text = body.get("text")
-    fmt = text.get("format") if isinstance(text, dict) else None
     if text is not None and not isinstance(text, dict):
-        raise _bad("text", "must be an object, {\"format\": {\"type\": \"text\"}}")
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        kind = fmt.get("type") if isinstance(fmt, dict) else fmt
-        raise _bad("text.format", f"structured outputs ({kind!r}) are not built yet: only {{\"type\": \"text\"}}")
+        raise _bad("text", "must be an object, {\"format\": {…}}")
     for name in ("conversation", "prompt"):
         if body.get(name) is not None:
             raise _bad(name, "not served: send the conversation as `input` (or `previous_response_id`)")

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from k3core import LimitError, loads_limited, tool_call_markup
+from k3core import LimitError, SchemaError, loads_limited, schema_text, tool_call_markup
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -63,6 +63,8 @@ class ChatRequest:
     tool_choice: str | None = None        # None/"auto", "none", "required", or a function name
     thinking: bool = False
     logprobs: int | None = None           # alternatives per id (top_logprobs); None: no log-probabilities
+    response_schema: str | None = None    # the reply is JSON satisfying this schema (its JSON text); None: any text
+    schema_param: str = "response_format"  # where the request gave it (a schema that cannot be enforced is named so)
 
 
 @dataclass(frozen=True)
@@ -138,11 +140,37 @@ def _model(body: dict) -> str:
     return m
 
 
+def json_format(fmt, param: str, inner: str | None) -> tuple[str | None, str]:
+    """A structured-output format object: (the schema's JSON text, or None for plain text; where the schema is).
+    `{"type": "text"}`, `{"type": "json_object"}` (any JSON object), or `{"type": "json_schema", …}` with the
+    schema under `inner` (chat completions: "json_schema", holding name, schema, strict) or at the top (None:
+    Responses' `text.format`, Anthropic's `output_config.format`). `strict` is accepted either way: every
+    schema is enforced."""
+    if fmt is None:
+        return None, param
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None, param
+    if kind == "json_object":
+        return schema_text({"type": "object"}), param
+    if kind != "json_schema":
+        raise _bad(f"{param}.type", f"must be \"text\", \"json_object\" or \"json_schema\", got {kind!r}")
+    holder, where = fmt, param
+    if inner is not None:
+        holder, where = fmt.get(inner), f"{param}.{inner}"
+        if not isinstance(holder, dict):
+            raise _bad(where, "must be an object: {name, schema, strict?}")
+    if holder.get("strict") is not None and not isinstance(holder["strict"], bool):
+        raise _bad(f"{where}.strict", "must be true or false")
+    schema = holder.get("schema", {})  # OpenAI: a json_schema without one takes any JSON
+    try:
+        return schema_text(schema, f"{where}.schema"), f"{where}.schema"
+    except SchemaError as exc:
+        raise ApiError(400, str(exc), param=exc.param, code="invalid_value") from None
+
+
 def _not_served(body: dict) -> None:
     """Known OpenAI fields that would change what comes back, which k3 does not do: refused, never ignored."""
-    fmt = body.get("response_format")
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type", "text") != "text"):
-        raise _bad("response_format", "only {\"type\": \"text\"} is served (no JSON mode or schema)")
     for name in ("frequency_penalty", "presence_penalty"):
         v = body.get(name)
         if v not in (None, 0, 0.0):
@@ -316,9 +344,11 @@ def chat_request(body: Any, max_tokens_limit: int) -> ChatRequest:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
     tools, choice = _tools(body)
+    schema, where = json_format(body.get("response_format"), "response_format", "json_schema")
     return ChatRequest(model=_model(body), messages=_messages(body), sampling=_sampling(body, max_tokens_limit),
                        stream=_bool(body, "stream"), include_usage=_include_usage(body), tools=tools,
-                       tool_choice=choice, thinking=_thinking(body), logprobs=_chat_logprobs(body))
+                       tool_choice=choice, thinking=_thinking(body), logprobs=_chat_logprobs(body),
+                       response_schema=schema, schema_param=where)
 
 
 def completion_request(body: Any, max_tokens_limit: int) -> CompletionRequest:

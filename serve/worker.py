@@ -36,6 +36,7 @@ class Job:
     channel: str | None = None        # the XTML channel the prompt's generation prefix opened (chat)
     forced: list[int] = field(default_factory=list)  # ids at the prompt's end the reply is parsed from too
     stop_ids: frozenset = frozenset()
+    grammar: object = None            # a k3core.Grammar the reply is held to (a JSON schema, forced tool calls)
     logprobs: int | None = None       # alternatives per id of its log-probabilities; None: none are computed
     score_prompt: bool = False        # the prompt's ids' log-probabilities too (teacher-forced; a fresh state)
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -154,7 +155,8 @@ class Worker:
             # a scored prompt is forwarded whole: a kept state holds no logits for the positions it saves
             state = (None if job.score_prompt else self.states.take(job.prompt)) or engine.new_state()
             try:
-                handle = self._batch.add(job.prompt, state, Sampler(job.params), self.speculation(),
+                sampler = Sampler(job.params, job.grammar.constraint() if job.grammar is not None else None)
+                handle = self._batch.add(job.prompt, state, sampler, self.speculation(),
                                          prompt_rows=self._prompt_scorer(job) if job.score_prompt else None)
             except InputError as exc:
                 self.states.put(state)  # untouched: still good for another request
@@ -193,7 +195,7 @@ class Worker:
             job.emit(("logprob", job.scores[-1]))
         if job.channel is not None:  # chat: the stream parses tool calls from the ids as they come
             job.emit(("token", token))
-        if token in job.stop_ids or token in job.params.stop_ids:
+        if token in job.stop_ids or token in job.params.stop_ids or (job.grammar and token in job.grammar.stop_ids):
             return self._finish(handle, "stop", used)
         for event in job.text.feed(token):
             job.emit(("text", event.channel, event.text))

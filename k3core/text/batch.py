@@ -147,7 +147,8 @@ class BatchGenerator:
         """Drafted ids to verify after the last id (the state is marked when there are any)."""
         spec = seq.speculation
         k = min(seq.length.next(), self.engine.max_context - 1 - len(seq.history))
-        seq.drafted = proposals(spec.draft, seq.history, seq.generated, k, self.engine.config.vocab_size) if k > 0 else []
+        seq.drafted = seq.sampler.drafts(proposals(spec.draft, seq.history, seq.generated, k,
+                                                   self.engine.config.vocab_size), k) if k > 0 else []
         if seq.drafted:
             self.engine.mark(seq.state)
         return seq.drafted

@@ -170,7 +170,8 @@ def speculative(engine, history, state, sampler, logits, spec: Speculation, obse
                 length.update(len(drafted), i)
                 tell_draft(observers, drafted, i)
             k = min(length.next(), engine.max_context - 1 - len(history))
-            drafted = proposals(spec.draft, history, generated, k, engine.config.vocab_size) if k > 0 else []
+            drafted = sampler.drafts(proposals(spec.draft, history, generated, k, engine.config.vocab_size), k) if k > 0 \
+                else []
             if drafted:
                 engine.mark(state)
             kept = agreed = 0

@@ -2,7 +2,9 @@
 
 Contract. `Sampler(params).pick(logits, history)` returns one id. temperature == 0 is greedy:
 argmax of the (repetition-penalised) logits, lowest id on ties, i.e. `int(np.argmax(logits))`
-when no penalty is set. Otherwise the filters apply in exactly this order:
+when no penalty is set. A Sampler given a constraint (structured.py: a JSON schema, a forced tool call)
+first sets the logit of every id the constraint does not allow next to -inf, and tells it each id picked;
+masked ids are never candidates. Otherwise the filters apply in exactly this order:
 
   1. repetition penalty: for each distinct id in `history`, a logit l > 0 becomes l / r and
      l <= 0 becomes l * r (r > 1 makes repeats less likely on both signs);
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import K3Error, UsageError
+from .structured import schema_text
 
 MASK64 = (1 << 64) - 1
 _LN2_HI = 6.93147180369123816490e-01  # 0x3fe62e42fee00000: k * _LN2_HI is exact for |k| < 2**11
@@ -79,7 +82,8 @@ def _is_num(v) -> bool:
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick ids. Defaults are greedy; `seed=None` means a fresh random seed per Sampler
-    (read it back from `Sampler.seed` to reproduce a run). All problems are reported at once."""
+    (read it back from `Sampler.seed` to reproduce a run). `json_schema` holds the reply to that schema (the
+    text layer compiles it against its tokenizer: Session, ChatSession). All problems are reported at once."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -90,11 +94,17 @@ class SamplingParams:
     max_tokens: int = 512
     stop_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = field(default=())
+    json_schema: str | None = None  # the reply is JSON satisfying this schema (a dict is kept as its JSON text)
 
     def __post_init__(self):
         object.__setattr__(self, "stop_ids", tuple(self.stop_ids))
         object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
         problems = []
+        if self.json_schema is not None:
+            try:
+                object.__setattr__(self, "json_schema", schema_text(self.json_schema))
+            except UsageError as exc:
+                problems.append(str(exc))
         t = self.temperature
         if not _is_num(t) or t < 0 or 0 < t < 1e-6:
             problems.append(f"temperature must be 0 (greedy) or a finite number >= 1e-6, got {t!r}")
@@ -133,22 +143,32 @@ class SamplingParams:
 
 
 class Sampler:
-    """Picks ids under fixed SamplingParams; holds the PRNG, so one Sampler per generation."""
+    """Picks ids under fixed SamplingParams; holds the PRNG (and the constraint's matcher), so one Sampler per
+    generation. `constraint`: a structured.Constraint the picks obey, or None."""
 
-    def __init__(self, params: SamplingParams | None = None):
+    def __init__(self, params: SamplingParams | None = None, constraint=None):
         self.params = params or SamplingParams()
         self.seed = self.params.seed if self.params.seed is not None else secrets.randbits(64)
         self.rng = SplitMix64(self.seed)
+        self.constraint = constraint
 
     def pick(self, logits: np.ndarray, history=()) -> int:
         """The next id; `history` holds the ids the repetition penalty applies to (caller's choice)."""
         x = self._checked(logits, history)
         if self.params.greedy:
-            return int(np.argmax(x))  # ties: lowest id
-        ids, w = self._candidates(x)
-        c = np.cumsum(w)  # float64, left to right
-        u = self.rng.uniform()
-        return int(ids[min(int(np.searchsorted(c, u * c[-1], side="right")), len(ids) - 1)])
+            token = int(np.argmax(x))  # ties: lowest id
+        else:
+            ids, w = self._candidates(x)
+            c = np.cumsum(w)  # float64, left to right
+            u = self.rng.uniform()
+            token = int(ids[min(int(np.searchsorted(c, u * c[-1], side="right")), len(ids) - 1)])
+        if self.constraint is not None:
+            self.constraint.advance(token)
+        return token
+
+    def drafts(self, ids: list[int], k: int) -> list[int]:
+        """Drafted ids worth verifying next: all of them, or under a constraint what it allows or forces."""
+        return ids if self.constraint is None else self.constraint.drafts(ids, k)
 
     def distribution(self, logits: np.ndarray, history=()) -> tuple[np.ndarray, np.ndarray]:
         """(ids in candidate order, their probabilities) after every filter; draws nothing.
@@ -166,7 +186,8 @@ class Sampler:
         if np.isnan(logits).any() or np.isposinf(logits).any():
             raise K3Error("the sampler got NaN or +inf logits")
         r = self.params.repetition_penalty
-        return penalise(logits, history, r) if r != 1.0 and len(history) else logits
+        x = penalise(logits, history, r) if r != 1.0 and len(history) else logits
+        return x if self.constraint is None else self.constraint.apply(x)
 
     def _candidates(self, x):
         """Steps 2-6: kept ids in candidate order and their unnormalised float64 weights."""
@@ -176,7 +197,8 @@ class Sampler:
         if x[order[0]] == -np.inf:
             raise K3Error("the sampler got only -inf logits: no id can be drawn")
         w = det_exp(x[order] - x[order[0]])  # [V] weights in candidate order, w[0] == 1
-        n = len(w) if p.top_k == 0 else min(p.top_k, len(w))
+        n = int(np.count_nonzero(x > -np.inf))  # an id at -inf (masked) is never a candidate, not even at weight 0
+        n = n if p.top_k == 0 else min(p.top_k, n)
         if p.top_p < 1.0:
             c = np.cumsum(w[:n])
             n = min(n, int(np.searchsorted(c, p.top_p * c[-1], side="left")) + 1)

@@ -13,11 +13,12 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterator, Sequence
 
-from ..errors import K3Error
+from ..errors import K3Error, UsageError
 from ..model.engine import Observer
 from .channels import Event, TextStream
 from .generate import Speculation, generate_ids
 from .sampling import Sampler, SamplingParams
+from .structured import Grammar, reply_grammar
 
 
 class Cancelled(K3Error):
@@ -65,6 +66,14 @@ class Session:
     def reset(self) -> None:
         self.state = self.engine.new_state()
 
+    def schema_grammar(self, params: SamplingParams, channel: str | None) -> Grammar | None:
+        """The grammar `params.json_schema` asks of a reply starting in `channel`, or None."""
+        if params.json_schema is None:
+            return None
+        if self.tokenizer is None:
+            raise UsageError("json_schema: structured output needs the model's tokenizer (Session(engine, tokenizer))")
+        return Grammar(self.tokenizer, reply_grammar(params.json_schema, channel), chat=channel is not None)
+
     def to_forward(self, prompt: Sequence[int]) -> list[int]:
         """The ids of `prompt` not yet consumed; the state is reset unless `prompt` extends it."""
         prompt, done = list(prompt), self.state.ids
@@ -75,20 +84,24 @@ class Session:
 
     def generate(self, prompt: Sequence[int], params: SamplingParams, *, stop_ids: Sequence[int] = (),
                  channel: str | None = None, cancelled: Callable[[], bool] = lambda: False, observers=(),
-                 full_recompute: bool = False, speculation: Speculation | None = None) -> Iterator[Event]:
+                 full_recompute: bool = False, speculation: Speculation | None = None,
+                 grammar: Grammar | None = None) -> Iterator[Event]:
         """Stream the reply to `prompt`: text events, then one "done" event with the ids and stats.
         `channel`: the XTML channel the prompt's generation prefix opened (chat mode), or None for raw
         text. Without a tokenizer only the "done" event comes. `full_recompute` forwards the whole
         sequence from a fresh state for every id (the session state is then unused). `speculation` verifies
-        drafted ids in batched passes: the same events, in fewer passes when the drafts are good."""
+        drafted ids in batched passes: the same events, in fewer passes when the drafts are good.
+        `params.json_schema` holds the reply to that schema (compiled here, for `channel`); `grammar`, a
+        structured.Grammar, holds it to any other (a forced tool call's), instead."""
         engine = self.engine
+        grammar = grammar or self.schema_grammar(params, channel)
         reused = len(prompt) - len(self.to_forward(prompt))
-        sampler, tally = Sampler(params), DraftTally()
+        sampler, tally = Sampler(params, grammar.constraint() if grammar else None), DraftTally()
         steps = generate_ids(engine, prompt, engine.new_state() if full_recompute else self.state, sampler,
                              observers=[CancelBetweenLayers(cancelled), tally, *observers],
                              full_recompute=full_recompute, speculation=speculation)
         text = TextStream(self.tokenizer, params.stop_strings, channel) if self.tokenizer is not None else None
-        stop_set = set(stop_ids) | set(params.stop_ids)
+        stop_set = set(stop_ids) | set(params.stop_ids) | set(grammar.stop_ids if grammar else ())
         generated, reason, stamps = [], "max tokens", []
         forwarded_before, passes_before, read_before = engine.tokens_forwarded, engine.forward_passes, bytes_read(engine)
         started = time.perf_counter()

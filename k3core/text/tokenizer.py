@@ -146,11 +146,12 @@ def pat_str_from_source(path: Path) -> str:
 class Tokenizer:
     """Encode raw text to ids and back. Ids: BPE ranks 0..n_ranks-1, then the added tokens."""
 
-    def __init__(self, directory: Path, encoding: tiktoken.Encoding, n_ranks: int, config: dict,
-                 added: dict[str, int], special_ids: frozenset[int], pat_source: str):
+    def __init__(self, directory: Path, encoding: tiktoken.Encoding, ranks: dict[bytes, int], config: dict,
+                 added: dict[str, int], special_ids: frozenset[int], pat_str: str, pat_source: str):
         self.directory, self.encoding, self.pat_source = directory, encoding, pat_source
         self.config = config  # tokenizer_config.json as read (chat_template, bos_token, ...)
-        self.n_ranks = n_ranks
+        self.ranks, self.pat_str = ranks, pat_str  # what the encoding was built from (structured.py builds from them too)
+        self.n_ranks = len(ranks)
         self.added_tokens = dict(added)  # {content: id}
         self.special_ids = special_ids  # the added tokens marked "special"
         self.vocab_size = max([self.n_ranks - 1, *added.values()]) + 1
@@ -229,6 +230,6 @@ def load_tokenizer(directory) -> Tokenizer:
                                      special_tokens=added)
     except ValueError as e:  # the pattern does not compile in tiktoken's regex engine
         raise TokenizerError(f"{source}: tiktoken rejects the pat_str: {e}") from None
-    tokenizer = Tokenizer(directory, encoding, len(ranks), config, added, special_ids, source)
+    tokenizer = Tokenizer(directory, encoding, ranks, config, added, special_ids, pat_str, source)
     tokenizer.encode(PROBE)  # a pattern that compiles but panics on text is refused here, not mid-conversation
     return tokenizer

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import anthropic
+import jsonschema
 import httpx
 import pytest
 
@@ -129,11 +130,18 @@ def test_a_tool_use_round_trip(generated, monkeypatch):
     assert again.usage.input_tokens > r.usage.input_tokens + r.usage.output_tokens
 
 
-def test_a_forced_tool_choice_is_a_call(generated):
-    r = client(generated).messages.create(model=generated.name, max_tokens=6, tools=TOOLS,
-                                          tool_choice={"type": "tool", "name": "get_weather"},
+BOUNDED = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
+           "additionalProperties": False}
+
+
+@pytest.mark.parametrize("choice", [{"type": "tool", "name": "get_weather"}, {"type": "any"}])
+def test_a_forced_tool_choice_is_a_call_whose_input_fits_the_schema(generated, choice):
+    """On a random model: the mask holds the call to the tool's input_schema (a bounded string, so it ends)."""
+    r = client(generated).messages.create(model=generated.name, max_tokens=120, tool_choice=choice,
+                                          tools=[{**TOOLS[0], "input_schema": BOUNDED}],
                                           messages=[{"role": "user", "content": "weather in Paris?"}])
-    assert r.content[-1].type == "tool_use" and r.content[-1].name == "get_weather"
+    assert r.stop_reason == "tool_use" and r.content[-1].type == "tool_use" and r.content[-1].name == "get_weather"
+    jsonschema.validate(r.content[-1].input, BOUNDED)
 
 
 def test_errors_are_the_sdks_typed_exceptions(demo):
@@ -159,8 +167,8 @@ def test_errors_are_the_sdks_typed_exceptions(demo):
     ({"messages": PARIS, "max_tokens": 8, "seed": -1}, "seed"),
     ({"messages": PARIS, "max_tokens": 8, "stop_sequences": "Paris"}, "stop_sequences"),
     ({"messages": PARIS, "max_tokens": 8, "stop_sequences": ["x"] * 17}, "stop_sequences"),
-    ({"messages": PARIS, "max_tokens": 8, "output_config": {"format": {"type": "json_schema", "schema": {}}}},
-     "output_config.format"),
+    ({"messages": PARIS, "max_tokens": 8, "output_config": {"format": {"type": "json_schema", "schema": {
+        "type": "array", "uniqueItems": True}}}}, "output_config.format.schema"),
     ({"messages": PARIS, "max_tokens": 8, "mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]},
      "mcp_servers"),
     ({"messages": PARIS, "max_tokens": 8, "system": [{"type": "image"}]}, "system[0]"),

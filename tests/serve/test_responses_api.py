@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import jsonschema
 import openai
 import pytest
 from .conftest import CALLS, script_tool_calls
@@ -121,10 +122,19 @@ def test_a_function_call_round_trip(generated, monkeypatch):
     assert whole.usage.input_tokens == again.usage.input_tokens
 
 
-def test_a_required_tool_choice_is_a_call(generated):
-    r = generated.client.responses.create(model=generated.name, max_output_tokens=6, tools=TOOLS, input="weather?",
-                                          tool_choice={"type": "function", "name": "get_weather"})
-    assert r.output[-1].type == "function_call" and r.output[-1].name == "get_weather"
+BOUNDED = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
+           "additionalProperties": False}
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_weather"}])
+def test_a_forced_tool_choice_is_a_call_whose_arguments_fit_the_schema(generated, choice):
+    """On a random model: the mask holds the call to the tool's parameters (a bounded string, so it ends)."""
+    r = generated.client.responses.create(model=generated.name, max_output_tokens=120, input="weather?",
+                                          tools=[{**TOOLS[0], "parameters": BOUNDED}], tool_choice=choice)
+    calls = [item for item in r.output if item.type == "function_call"]
+    assert r.status == "completed" and calls and all(c.name == "get_weather" for c in calls)
+    for call in calls:
+        jsonschema.validate(json.loads(call.arguments), BOUNDED)
 
 
 def test_refusals_are_the_sdks_typed_exceptions(demo):
@@ -135,8 +145,8 @@ def test_refusals_are_the_sdks_typed_exceptions(demo):
     assert e.value.body["param"] == "input[0].content[1]" and "input_image is not served" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
         c.responses.create(model=demo.name, input=PARIS, text={"format": {"type": "json_schema", "name": "x",
-                                                                            "schema": {"type": "object"}}})
-    assert e.value.body["param"] == "text.format" and "structured outputs" in e.value.body["message"]
+                                                                            "schema": {"type": "nope"}}})
+    assert e.value.body["param"] == "text.format.schema" and "cannot be enforced" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
         c.responses.create(model=demo.name, input=PARIS, previous_response_id="resp_nope")
     assert e.value.body["param"] == "previous_response_id"
@@ -152,7 +162,7 @@ def test_refusals_are_the_sdks_typed_exceptions(demo):
     ({"input": []}, "input"),
     ({"input": PARIS, "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": PARIS, "top_p": 0}, "top_p"),
-    ({"input": PARIS, "text": {"format": {"type": "json_object"}}}, "text.format"),
+    ({"input": PARIS, "text": {"format": {"type": "xml"}}}, "text.format.type"),
     ({"input": PARIS, "reasoning": {"effort": "huge"}}, "reasoning.effort"),
     ({"input": PARIS, "tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"input": PARIS, "tools": [{"type": "function", "name": "f", "parameters": "x"}]}, "tools[0].parameters"),

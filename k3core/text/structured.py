@@ -1,0 +1,256 @@
+"""Structured output: a reply held to a JSON schema, or a forced tool call held to its tool's declared
+arguments, by a mask on the logits (issue 25; docs/STRUCTURED-OUTPUT.md says why llguidance does the matching).
+
+A `Grammar` is Lark text in llguidance's dialect, where k3's four chat markers are written as special tokens
+(`<|close|>`); it is checked once against a tokenizer's vocabulary, and `grammar.constraint()` is one
+generation's matcher. The Sampler sets the logit of every id the constraint does not allow next to -inf
+before any of its own filters, then tells the constraint the id it picked (sampling.py). The mask depends
+only on the ids picked so far, so a constrained reply has the same ids at every budget, on every backend
+and thread count, alone or in a batch, with or without drafts: a drafted id the mask refuses is never
+picked, and `Constraint.drafts` cuts a draft to what the grammar allows before a verify pass forwards it.
+
+The grammar a reply gets (`reply_grammar`, `tool_call_grammar`):
+- raw text (no chat channel): the JSON value, then a stop id;
+- a chat reply whose generation prefix opened `response`: the JSON, `<|close|>response<|sep|>`, a stop id;
+- one that opened `think`: free thinking text first, then `<|open|>response<|sep|>` and the above;
+- with tools offered and `tool_choice` auto, the same reply may instead be an empty response and a `tools`
+  channel of calls; a forced call (after forced_tool_prefix) is the calls alone. Each call holds one `json`
+  element whose JSON satisfies that tool's `parameters`.
+JSON is written one way: `, ` and `: ` between items and no other whitespace, so a reply cannot run on in
+blank space. Once the grammar is complete only the stop id is allowed: `<|end_of_msg|>` in chat, `[EOS]` after
+raw text (`Constraint.stop_ids`); generation ends there.
+"""
+from __future__ import annotations
+
+import json
+import weakref
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..errors import K3Error, UsageError
+from .chat import CLOSE, EOM, OPEN, SEP
+
+MAX_SCHEMA_BYTES = 64 << 10  # a JSON schema's text, at most (compiling costs grow with it)
+MAX_CALLS = 8                # tool calls in one constrained tools channel, at most
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+ANY_OBJECT = {"type": "object"}  # json_object, and a tool declared without parameters
+RAW_STOP = "[EOS]"
+
+
+class SchemaError(UsageError):
+    """A schema or grammar that cannot be enforced; `param` names where it came from (a request field)."""
+
+    def __init__(self, param: str, problem: str):
+        super().__init__(f"{param}: {problem}")
+        self.param, self.problem = param, problem
+
+
+def schema_text(schema, param: str = "json_schema") -> str:
+    """A JSON schema (a dict, or its JSON text) as compact JSON text with its keys in the given order (the
+    order properties are generated in); a SchemaError unless it is a JSON object within MAX_SCHEMA_BYTES."""
+    if isinstance(schema, str):
+        if len(schema.encode()) > MAX_SCHEMA_BYTES:
+            raise SchemaError(param, f"the schema is over {MAX_SCHEMA_BYTES} bytes (MAX_SCHEMA_BYTES)")
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise SchemaError(param, f"not JSON: {exc}") from None
+    if not isinstance(schema, Mapping):
+        raise SchemaError(param, f"a JSON schema must be a JSON object, got {type(schema).__name__}")
+    try:
+        text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise SchemaError(param, f"not JSON-serialisable: {exc}") from None
+    if len(text.encode()) > MAX_SCHEMA_BYTES:
+        raise SchemaError(param, f"the schema is over {MAX_SCHEMA_BYTES} bytes (MAX_SCHEMA_BYTES)")
+    return text
+
+
+def _json_rule(name: str, schema: str) -> str:
+    """A Lark rule holding JSON that satisfies `schema` (JSON text), in k3's one JSON style."""
+    options = {**json.loads(schema), "x-guidance": JSON_STYLE}  # k3's style wins over a schema's own
+    return f"{name}: %json {json.dumps(options, ensure_ascii=False)}\n"
+
+
+def _quoted(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)  # a Lark string literal is a JSON string
+
+
+def _element(tag: str, body: str) -> str:
+    """`<|open|>tag<|sep|> body <|close|>tag<|sep|>` with the tag's words as text (its tokens are the model's)."""
+    return f'<|open|> {_quoted(tag)} <|sep|> {body} <|close|> {_quoted(tag.split()[0])} <|sep|>'
+
+
+def _call_tag(name: str, index: int) -> str:
+    return f'call tool="{name}" index="{index}"'  # as tool_call_markup writes it
+
+
+def _calls_rules(tools: Sequence[Mapping], first_open: bool) -> str:
+    """Rules `calls` (1..MAX_CALLS calls, indexed from 1) and one `args_J` per tool. `first_open`: the first
+    call's opening is already in the prompt (a named tool forced), so only its arguments are generated."""
+    if not tools:
+        raise SchemaError("tools", "a tool call was forced, but no tools are declared")
+    rules = "".join(_json_rule(f"args_{j}", schema_text(t.get("parameters") or ANY_OBJECT,
+                                                            f"tools[{j}].parameters")) for j, t in enumerate(tools))
+    body = _element("json", "{args}") + f" <|close|> {_quoted('call')} <|sep|>"
+    if first_open:
+        rules += "calls: " + body.format(args="args_0") + "\n"
+        return rules
+    for i in range(1, MAX_CALLS + 1):
+        rules += f"call_{i}: " + " | ".join(
+            f"<|open|> {_quoted(_call_tag(t['name'], i))} <|sep|> " + body.format(args=f"args_{j}")
+            for j, t in enumerate(tools)) + "\n"
+    nested = "".join(f" (call_{i}" for i in range(2, MAX_CALLS + 1)) + ")?" * (MAX_CALLS - 1)
+    return rules + f"calls: call_1{nested}\n"
+
+
+def tool_call_grammar(tools: Sequence[Mapping], name: str | None = None) -> str:
+    """Lark for the rest of a reply whose prompt ends with forced_tool_prefix(mode, name): the call(s), each
+    holding JSON that satisfies its tool's `parameters`, then the tools channel's close. `tools`: the
+    declarations ({name, parameters?}); with `name`, the call to that tool (already opened) alone."""
+    if name is not None:
+        tools = [t for t in tools if t.get("name") == name]
+        if not tools:
+            raise SchemaError("tool_choice", f"no declared tool is named {name!r}")
+    return ("start: calls " + f"<|close|> {_quoted('tools')} <|sep|>\n" + _calls_rules(tools, name is not None))
+
+
+def reply_grammar(schema: str | None, channel: str | None, tools: Sequence[Mapping] = ()) -> str:
+    """Lark for a reply whose prompt ends with the generation prefix that opened `channel` ("response",
+    "think", or None for raw text): its response is JSON satisfying `schema` (JSON text; None: any text, then
+    only `tools` constrain). With `tools` (auto choice), the reply may instead be an empty response and a
+    tools channel of calls to them."""
+    if channel is None:
+        if tools:
+            raise UsageError("tool calls are constrained in chat replies only (a chat channel is needed)")
+        return "start: reply\n" + _json_rule("reply", schema)
+    if channel not in ("response", "think"):
+        raise UsageError(f"a constrained reply starts in the response or think channel, not {channel!r}")
+    end_response = f"<|close|> {_quoted('response')} <|sep|>"
+    rules = _json_rule("reply", schema) if schema is not None else "reply: TEXT?\n"
+    answer = f"reply {end_response}"
+    if tools:
+        rules += _calls_rules(tools, False)
+        answer = f"({answer} | {end_response} <|open|> {_quoted('tools')} <|sep|> calls <|close|> {_quoted('tools')} <|sep|>)"
+    if channel == "think":
+        answer = f"TEXT? <|close|> {_quoted('think')} <|sep|> <|open|> {_quoted('response')} <|sep|> {answer}"
+    return f"start: {answer}\n{rules}TEXT: /(?s:.+)/\n"
+
+
+class _Vocabulary:
+    """llguidance's view of one tokenizer, with the one stop id that ends a complete reply (building it takes
+    ~1 s for K3's 163,840 ids: kept per tokenizer and stop token)."""
+
+    _built: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+    def __init__(self, tokenizer, stop: str):
+        import llguidance
+
+        self.stop_ids = (tokenizer.id_of(stop),)
+        self.n_vocab = tokenizer.vocab_size
+        self.lltokenizer = llguidance.LLTokenizer.from_tiktoken(
+            encoder=tokenizer.ranks, special_tokens=tokenizer.added_tokens, pattern=tokenizer.pat_str,
+            eos_token=self.stop_ids[0], n_vocab=self.n_vocab)
+
+    @classmethod
+    def of(cls, tokenizer, chat: bool) -> "_Vocabulary":
+        """A chat reply ends with `<|end_of_msg|>`; raw text with `[EOS]` where the tokenizer has it."""
+        stop = EOM if chat or RAW_STOP not in tokenizer.added_tokens else RAW_STOP
+        built = cls._built.setdefault(tokenizer, {})
+        if stop not in built:
+            built[stop] = cls(tokenizer, stop)
+        return built[stop]
+
+
+class Grammar:
+    """Lark text checked against `tokenizer`'s vocabulary; a SchemaError naming `param` if it cannot be
+    enforced (a JSON Schema keyword llguidance does not implement is refused, never ignored). `chat`: the
+    reply ends with `<|end_of_msg|>` (else with `[EOS]`, raw text's stop)."""
+
+    def __init__(self, tokenizer, lark: str, param: str = "json_schema", chat: bool = True):
+        import llguidance
+
+        self.vocab = _Vocabulary.of(tokenizer, chat)
+        self.lark, self.stop_ids = lark, self.vocab.stop_ids
+        grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.vocab.lltokenizer)
+        if failed:
+            raise SchemaError(param, "cannot be enforced: " + _first_line(messages[0]))
+        self._compiled = llguidance.LLMatcher(self.vocab.lltokenizer, grammar, log_level=0)
+        if self._compiled.is_error():
+            raise SchemaError(param, "cannot be enforced: " + _first_line(self._compiled.get_error()))
+
+    def constraint(self) -> "Constraint":
+        return Constraint(self._compiled.deep_copy(), self.vocab)
+
+
+def _first_line(message: str) -> str:
+    """llguidance's message without its position prefix and the grammar listing after it."""
+    line = message.strip().splitlines()[0] if message.strip() else "unknown error"
+    return line.split(": ", 1)[1] if line.startswith("at ") and ": " in line else line
+
+
+class Constraint:
+    """One generation's matcher: `allowed` ids next, `advance` by the id picked. Once a stop id is picked the
+    constraint is `finished` and allows everything (a batch may pick past a stop; those ids are discarded)."""
+
+    def __init__(self, matcher, vocab: _Vocabulary):
+        self.matcher, self.stop_ids = matcher, vocab.stop_ids
+        self.n_vocab = vocab.n_vocab
+        self.finished = False
+
+    def allowed(self, size: int) -> np.ndarray:
+        """bool [size]: the ids the grammar allows next (ids past the tokenizer's vocabulary never are)."""
+        bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), np.uint8), bitorder="little")
+        out = np.zeros(size, bool)
+        n = min(size, self.n_vocab)
+        out[:n] = bits[:n]
+        return out
+
+    def apply(self, logits: np.ndarray) -> np.ndarray:
+        """`logits` with every id the grammar does not allow next at -inf (a copy; unchanged once finished)."""
+        if self.finished:
+            return logits
+        return np.where(self.allowed(logits.shape[-1]), logits, -np.inf)
+
+    def advance(self, token: int) -> None:
+        if self.finished:
+            return
+        if not self.matcher.consume_token(int(token)):
+            raise K3Error(f"structured output: id {token} was refused by the grammar ({self.matcher.get_error()})")
+        self.finished = token in self.stop_ids
+
+    def drafts(self, ids: list[int], k: int) -> list[int]:
+        """What a verify pass should check after the ids picked so far, at most `k`: the ids the grammar
+        forces next (a JSON key, the closing markup: the mask will pick them), else the longest prefix of the
+        drafted `ids` the grammar allows."""
+        if self.finished:
+            return ids
+        forced = self.matcher.compute_ff_tokens()
+        if forced:
+            return [int(t) for t in forced[:k]]
+        return ids[:self.matcher.validate_tokens(ids)]
+
+
+def chat_grammar(tokenizer, channel: str, *, schema: str | None = None, schema_param: str = "json_schema",
+                 tools: Sequence[Mapping] = (), tool_choice: str | None = None) -> Grammar | None:
+    """The grammar a chat reply gets, or None when nothing constrains it. `tool_choice` "required" or a tool's
+    name forces the calls (the prompt must end with forced_tool_prefix); otherwise a `schema` (JSON text)
+    holds the response, and `tools` offered under "auto" may be called instead. A part that cannot be
+    enforced is a SchemaError naming it: `schema_param`, or `tools[J].parameters`."""
+    forced = tool_choice not in (None, "auto", "none")
+    if not forced and schema is None:
+        return None
+    if forced:
+        lark, param = tool_call_grammar(tools, None if tool_choice == "required" else tool_choice), "tool_choice"
+    else:
+        lark, param = reply_grammar(schema, channel, tools if tool_choice != "none" else ()), schema_param
+    try:
+        return Grammar(tokenizer, lark, param)
+    except SchemaError:
+        for j, tool in enumerate(tools):  # name the tool whose parameters failed, when one did
+            where = f"tools[{j}].parameters"
+            Grammar(tokenizer, "start: args\n" + _json_rule("args", schema_text(tool.get("parameters") or ANY_OBJECT,
+                                                                                 where)), where)
+        raise
