@@ -77,6 +77,7 @@ SCHEMAS: list[tuple[str, str, dict]] = [
         "allOf": [{"type": "object", "properties": {"a": SMALL_INT}, "required": ["a"]},
                   {"type": "object", "properties": {"b": NAME}, "required": ["b"]}],
         "properties": {"a": True, "b": True}, "additionalProperties": False}),
-    ("map", "a map of up to 3 bounded integers", {
-        "type": "object", "additionalProperties": SMALL_INT, "maxProperties": 3}),
+    ("map", "a map of up to 3 bounded integers under short lowercase keys", {
+        "type": "object", "patternProperties": {"^[a-z]{1,4}$": SMALL_INT}, "additionalProperties": False,
+        "maxProperties": 3}),
 ]
