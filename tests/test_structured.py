@@ -9,6 +9,7 @@ name; a reply cut off by max_tokens says so.
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import pytest
@@ -213,3 +214,38 @@ def test_a_schema_needs_the_tokenizer():
     with open_engine(EngineConfig(DEMO_MODEL)) as engine:
         with pytest.raises(UsageError, match="needs the model's tokenizer"):
             list(Session(engine).generate([1, 2], SamplingParams(json_schema={"type": "object"})))
+
+
+# ---- k3 run --json-schema ----------------------------------------------------------------------------------
+
+def test_k3_run_json_schema_prints_a_valid_reply(tmp_path, capsys):
+    from k3core.cli.main import main
+
+    schema = tmp_path / "args.schema.json"
+    schema.write_text(json.dumps(BY_NAME["tool_arguments"]))
+    assert main(["run", str(DEMO_MODEL), "Weather in Paris?", "--chat", "--json-schema", str(schema), "--gen", "200",
+                 "--quiet"]) == 0
+    valid(capsys.readouterr().out, "tool_arguments")
+    report = tmp_path / "run.json"
+    assert main(["run", str(DEMO_MODEL), "Weather in Paris?", "--chat", "--json-schema", str(schema), "--gen", "5",
+                 "--quiet", "--json", str(report)]) == 0
+    assert json.loads(report.read_text())["stop_reason"] == "max tokens"
+
+
+@pytest.mark.parametrize("content, args, problem", [
+    ('{"type": "array", "uniqueItems": true}', ["--chat"], r"cannot be enforced: .*uniqueItems"),
+    ("[1]", ["--chat"], "a JSON schema must be a JSON object"),
+    (None, ["--chat"], "No such file or directory"),
+    ('{"type": "object"}', ["--ids", "1,2"], "--json-schema needs a text prompt"),
+])
+def test_k3_run_refuses_a_bad_schema_file_by_name_with_exit_2(tmp_path, capsys, content, args, problem):
+    from k3core.cli.main import main
+
+    schema = tmp_path / "s.json"
+    if content is not None:
+        schema.write_text(content)
+    prompt = [] if "--ids" in args else ["Hi"]
+    assert main(["run", str(DEMO_MODEL), *prompt, *args, "--json-schema", str(schema), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(problem, err), err
+    assert "--json-schema" in err

@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from ..api import Observer, UsageError, visible
@@ -191,6 +192,29 @@ def disk_floor(model, report: dict, seconds: float) -> dict:
             "vs_disk_floor": report["seconds_per_token"] / floor if floor else None}
 
 
+def read_schema(path: str) -> str:
+    """--json-schema FILE as the schema's JSON text (k3core/text/structured.py schema_text), refused by name."""
+    from ..text.structured import MAX_SCHEMA_BYTES, schema_text
+
+    try:
+        text = read_limited(path, MAX_SCHEMA_BYTES, "a JSON schema (--json-schema)").decode("utf-8")
+    except OSError as exc:
+        raise UsageError(f"--json-schema {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--json-schema {path}: not UTF-8 text") from None
+    return schema_text(text, f"--json-schema {path}")
+
+
+def schema_grammar(args, tokenizer, params, channel):
+    """The grammar --json-schema holds the reply to (compiled here, so a failure names the file), or None."""
+    from ..text.structured import Grammar, reply_grammar
+
+    if params.json_schema is None:
+        return None
+    return Grammar(tokenizer, reply_grammar(params.json_schema, channel), f"--json-schema {args.json_schema}",
+                   chat=channel is not None)
+
+
 def check_outputs(args) -> None:
     """Refuse, before anything loads, an output path the run could not write (k3core/io/atomic.py output_target):
     a directory or a missing directory for --json / --dump-logits, an existing non-directory for --dump-trace."""
@@ -214,6 +238,10 @@ def cmd_run(args) -> int:
         raise UsageError("--thinking is a chat mode: add --chat")
     check_outputs(args)
     params = sampling_params(args)
+    if args.json_schema:
+        if kind != "text":
+            raise UsageError("--json-schema needs a text prompt: the schema is matched against the reply's text")
+        params = replace(params, json_schema=read_schema(args.json_schema))
     if args.full_recompute and args.speculate:
         raise UsageError("--speculate and --full-recompute do not combine: full recompute forwards every id alone")
     speculate = speculation(args)
@@ -225,9 +253,11 @@ def cmd_run(args) -> int:
         trace, logits = TraceRecorder() if args.dump_trace else None, LogitsRecorder()
         disks = DiskWatch([config.model, config.trunk])
         session = Session(engine, tokenizer)
+        grammar = schema_grammar(args, tokenizer, params, channel)
         load_seconds = time.perf_counter() - start
         events = session.generate(ids, params, stop_ids=stop_ids, channel=channel, full_recompute=args.full_recompute,
-                                  observers=[logits, disks] + ([trace] if trace else []), speculation=speculate)
+                                  observers=[logits, disks] + ([trace] if trace else []), speculation=speculate,
+                                  grammar=grammar)
         thought = False
         for event in events:
             if event.kind == "text" and kind == "text":
@@ -276,6 +306,7 @@ def add_parser(sub) -> None:
                "  k3 run demo-model --ids 1,2,3 --gen 8 --json run.json\n"
                "  k3 run demo-model --ids 5,6 --gen 4 --full-recompute   # recompute the whole sequence each step\n"
                "  k3 run demo-model 'Repeat after me: one two three' --chat --speculate auto   # ngram drafts\n"
+               "  k3 run demo-model 'The capital of France, as JSON' --chat --json-schema city.schema.json --gen 100\n"
                "  k3 run demo-model --ids 1,2 --kernels scalar --threads 1 --dump-logits a.f32\n"
                "  k3 run demo-model --ids 1,2 --threads 2 --dump-logits b.f32 && cmp a.f32 b.f32\n"
                "  k3 run /models/Kimi-K3 --trunk /nvme/k3-trunk --preset laptop --prompt-file question.txt\n\n"
@@ -293,6 +324,10 @@ def add_parser(sub) -> None:
     g.add_argument("--chat", action="store_true", help="wrap the text as one user turn in the K3 chat format")
     g.add_argument("--thinking", action="store_true", help="with --chat: thinking mode (thinking goes to stderr)")
     g.add_argument("--system", metavar="TEXT", help="with --chat: a system message")
+    g.add_argument("--json-schema", metavar="FILE",
+                   help="the reply is JSON satisfying the JSON Schema in FILE, enforced token by token (with "
+                        "--thinking, after free thinking); a reply cut off by --max-tokens ends mid-JSON and the "
+                        "report's stop_reason says 'max tokens' (docs/STRUCTURED-OUTPUT.md)")
     add_sampling_args(run, default_max=16)
     add_speculation_args(run)
     g = run.add_argument_group("output")
