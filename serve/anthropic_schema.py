@@ -32,7 +32,7 @@ def messages_request(body, max_tokens_limit: int, counting: bool = False) -> tup
                                 None)
     return ChatRequest(model=_model(body), messages=messages, sampling=sampling, stream=_bool(body, "stream"),
                        tools=tools, tool_choice=choice, thinking=_thinking(body), response_schema=schema,
-                       schema_param=where), places
+                       schema_param=where, parallel_calls=not _one_call(body)), places
 
 
 def _blocks(content, path: str, kinds: tuple[str, ...]) -> list[dict]:
@@ -154,6 +154,12 @@ def _tools(body: dict) -> tuple[tuple[dict, ...], str | None]:
         return tuple(declared), choice["name"]
     raise _bad("tool_choice", "must be {type: auto}, {type: none}, {type: any} or {type: tool, name} naming one of "
                "the tools")
+
+
+def _one_call(body: dict) -> bool:
+    """`tool_choice.disable_parallel_tool_use`: at most one tool call in the reply."""
+    choice = body.get("tool_choice")
+    return _bool(choice, "disable_parallel_tool_use") if isinstance(choice, dict) else False
 
 
 def _thinking(body: dict) -> bool:

@@ -140,7 +140,7 @@ class Api:
         """What holds the reply to the request's schema, or forced tool calls to their tools' parameters."""
         try:
             return chat_grammar(self.tokenizer, channel, schema=req.response_schema, schema_param=req.schema_param,
-                                tools=tools, tool_choice=req.tool_choice)
+                                tools=tools, tool_choice=req.tool_choice, parallel_calls=req.parallel_calls)
         except SchemaError as exc:
             raise ApiError(400, str(exc), param=exc.param, code="invalid_value") from None
 

@@ -65,6 +65,7 @@ class ChatRequest:
     logprobs: int | None = None           # alternatives per id (top_logprobs); None: no log-probabilities
     response_schema: str | None = None    # the reply is JSON satisfying this schema (its JSON text); None: any text
     schema_param: str = "response_format"  # where the request gave it (a schema that cannot be enforced is named so)
+    parallel_calls: bool = True           # False: one tool call at most (parallel_tool_calls, disable_parallel_tool_use)
 
 
 @dataclass(frozen=True)
@@ -348,7 +349,8 @@ def chat_request(body: Any, max_tokens_limit: int) -> ChatRequest:
     return ChatRequest(model=_model(body), messages=_messages(body), sampling=_sampling(body, max_tokens_limit),
                        stream=_bool(body, "stream"), include_usage=_include_usage(body), tools=tools,
                        tool_choice=choice, thinking=_thinking(body), logprobs=_chat_logprobs(body),
-                       response_schema=schema, schema_param=where)
+                       response_schema=schema, schema_param=where,
+                       parallel_calls=_bool(body, "parallel_tool_calls", True))
 
 
 def completion_request(body: Any, max_tokens_limit: int) -> CompletionRequest:

@@ -14,8 +14,9 @@ The grammar a reply gets (`reply_grammar`, `tool_call_grammar`):
 - a chat reply whose generation prefix opened `response`: the JSON, `<|close|>response<|sep|>`, a stop id;
 - one that opened `think`: free thinking text first, then `<|open|>response<|sep|>` and the above;
 - with tools offered and `tool_choice` auto, the same reply may instead be an empty response and a `tools`
-  channel of calls; a forced call (after forced_tool_prefix) is the calls alone. Each call holds one `json`
-  element whose JSON satisfies that tool's `parameters`.
+  channel of calls (without a schema: any text, then optionally calls, which is constrained only when parallel
+  calls are off); a forced call (after forced_tool_prefix) is the calls alone. Each call holds one `json`
+  element whose JSON satisfies that tool's `parameters`; at most MAX_CALLS calls, or one.
 JSON is written one way: `, ` and `: ` between items and no other whitespace, so a reply cannot run on in
 blank space. Once the grammar is complete only the stop id is allowed: `<|end_of_msg|>` in chat, `[EOS]` after
 raw text (`Constraint.stop_ids`); generation ends there.
@@ -86,8 +87,8 @@ def _call_tag(name: str, index: int) -> str:
     return f'call tool="{name}" index="{index}"'  # as tool_call_markup writes it
 
 
-def _calls_rules(tools: Sequence[Mapping], first_open: bool) -> str:
-    """Rules `calls` (1..MAX_CALLS calls, indexed from 1) and one `args_J` per tool. `first_open`: the first
+def _calls_rules(tools: Sequence[Mapping], first_open: bool, max_calls: int) -> str:
+    """Rules `calls` (1..max_calls calls, indexed from 1) and one `args_J` per tool. `first_open`: the first
     call's opening is already in the prompt (a named tool forced), so only its arguments are generated."""
     if not tools:
         raise SchemaError("tools", "a tool call was forced, but no tools are declared")
@@ -97,30 +98,32 @@ def _calls_rules(tools: Sequence[Mapping], first_open: bool) -> str:
     if first_open:
         rules += "calls: " + body.format(args="args_0") + "\n"
         return rules
-    for i in range(1, MAX_CALLS + 1):
+    for i in range(1, max_calls + 1):
         rules += f"call_{i}: " + " | ".join(
             f"<|open|> {_quoted(_call_tag(t['name'], i))} <|sep|> " + body.format(args=f"args_{j}")
             for j, t in enumerate(tools)) + "\n"
-    nested = "".join(f" (call_{i}" for i in range(2, MAX_CALLS + 1)) + ")?" * (MAX_CALLS - 1)
+    nested = "".join(f" (call_{i}" for i in range(2, max_calls + 1)) + ")?" * (max_calls - 1)
     return rules + f"calls: call_1{nested}\n"
 
 
-def tool_call_grammar(tools: Sequence[Mapping], name: str | None = None) -> str:
-    """Lark for the rest of a reply whose prompt ends with forced_tool_prefix(mode, name): the call(s), each
-    holding JSON that satisfies its tool's `parameters`, then the tools channel's close. `tools`: the
+def tool_call_grammar(tools: Sequence[Mapping], name: str | None = None, max_calls: int = MAX_CALLS) -> str:
+    """Lark for the rest of a reply whose prompt ends with forced_tool_prefix(mode, name): 1..max_calls calls,
+    each holding JSON that satisfies its tool's `parameters`, then the tools channel's close. `tools`: the
     declarations ({name, parameters?}); with `name`, the call to that tool (already opened) alone."""
     if name is not None:
         tools = [t for t in tools if t.get("name") == name]
         if not tools:
             raise SchemaError("tool_choice", f"no declared tool is named {name!r}")
-    return ("start: calls " + f"<|close|> {_quoted('tools')} <|sep|>\n" + _calls_rules(tools, name is not None))
+    return ("start: calls " + f"<|close|> {_quoted('tools')} <|sep|>\n"
+            + _calls_rules(tools, name is not None, max_calls))
 
 
-def reply_grammar(schema: str | None, channel: str | None, tools: Sequence[Mapping] = ()) -> str:
+def reply_grammar(schema: str | None, channel: str | None, tools: Sequence[Mapping] = (), max_calls: int = MAX_CALLS
+                  ) -> str:
     """Lark for a reply whose prompt ends with the generation prefix that opened `channel` ("response",
-    "think", or None for raw text): its response is JSON satisfying `schema` (JSON text; None: any text, then
-    only `tools` constrain). With `tools` (auto choice), the reply may instead be an empty response and a
-    tools channel of calls to them."""
+    "think", or None for raw text). With a `schema` (JSON text), the response is JSON satisfying it, or, when
+    `tools` are offered (auto choice), empty and followed by a tools channel of 1..max_calls calls to them.
+    Without one, the response is any text, optionally followed by such a tools channel."""
     if channel is None:
         if tools:
             raise UsageError("tool calls are constrained in chat replies only (a chat channel is needed)")
@@ -128,11 +131,15 @@ def reply_grammar(schema: str | None, channel: str | None, tools: Sequence[Mappi
     if channel not in ("response", "think"):
         raise UsageError(f"a constrained reply starts in the response or think channel, not {channel!r}")
     end_response = f"<|close|> {_quoted('response')} <|sep|>"
-    rules = _json_rule("reply", schema) if schema is not None else "reply: TEXT?\n"
-    answer = f"reply {end_response}"
+    calls = f"<|open|> {_quoted('tools')} <|sep|> calls <|close|> {_quoted('tools')} <|sep|>"
+    if schema is not None:
+        rules, answer = _json_rule("reply", schema), f"reply {end_response}"
+        if tools:
+            answer = f"({answer} | {end_response} {calls})"
+    else:
+        rules, answer = "", f"TEXT? {end_response}" + (f" ({calls})?" if tools else "")
     if tools:
-        rules += _calls_rules(tools, False)
-        answer = f"({answer} | {end_response} <|open|> {_quoted('tools')} <|sep|> calls <|close|> {_quoted('tools')} <|sep|>)"
+        rules += _calls_rules(tools, False, max_calls)
     if channel == "think":
         answer = f"TEXT? <|close|> {_quoted('think')} <|sep|> <|open|> {_quoted('response')} <|sep|> {answer}"
     return f"start: {answer}\n{rules}TEXT: /(?s:.+)/\n"
@@ -234,18 +241,22 @@ class Constraint:
 
 
 def chat_grammar(tokenizer, channel: str, *, schema: str | None = None, schema_param: str = "json_schema",
-                 tools: Sequence[Mapping] = (), tool_choice: str | None = None) -> Grammar | None:
+                 tools: Sequence[Mapping] = (), tool_choice: str | None = None, parallel_calls: bool = True
+                 ) -> Grammar | None:
     """The grammar a chat reply gets, or None when nothing constrains it. `tool_choice` "required" or a tool's
     name forces the calls (the prompt must end with forced_tool_prefix); otherwise a `schema` (JSON text)
-    holds the response, and `tools` offered under "auto" may be called instead. A part that cannot be
+    holds the response, and `tools` offered under "auto" may be called instead; up to MAX_CALLS calls, or one
+    without `parallel_calls` (which alone constrains a reply offered tools). A part that cannot be
     enforced is a SchemaError naming it: `schema_param`, or `tools[J].parameters`."""
-    forced = tool_choice not in (None, "auto", "none")
-    if not forced and schema is None:
+    forced, max_calls = tool_choice not in (None, "auto", "none"), MAX_CALLS if parallel_calls else 1
+    offered = tools if tool_choice != "none" else ()
+    if not forced and schema is None and (parallel_calls or not offered):
         return None
     if forced:
-        lark, param = tool_call_grammar(tools, None if tool_choice == "required" else tool_choice), "tool_choice"
+        lark = tool_call_grammar(tools, None if tool_choice == "required" else tool_choice, max_calls)
+        param = "tool_choice"
     else:
-        lark, param = reply_grammar(schema, channel, tools if tool_choice != "none" else ()), schema_param
+        lark, param = reply_grammar(schema, channel, offered, max_calls), schema_param
     try:
         return Grammar(tokenizer, lark, param)
     except SchemaError:

@@ -121,3 +121,63 @@ def test_the_same_ids_alone_in_a_batch_of_four_and_with_drafts(model_factory):
         assert got == want
     finally:
         live.close()
+
+
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
+                                             "parameters": BY_NAME["tool_arguments"]}},
+           {"type": "function", "function": {"name": "get_time", "description": "the time in a city",
+                                             "parameters": BY_NAME["nested_objects"]}}]
+
+
+@pytest.mark.parametrize("thinking", [False, True], ids=["instruct", "thinking"])
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+def test_a_forced_tool_call_on_the_demo_model_validates(demo, choice, thinking):
+    """One call (parallel_tool_calls false: the demo model, once calling, would go on calling to max_tokens)."""
+    r = demo.client.chat.completions.create(model=demo.name, messages=[{"role": "user", "content": "Weather in Rome?"}],
+                                            tools=WEATHER, tool_choice=choice, max_tokens=300, temperature=0,
+                                            reasoning_effort="high" if thinking else "none", parallel_tool_calls=False)
+    calls = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls" and len(calls) == 1
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in WEATHER}
+    for call in calls:
+        jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+    if isinstance(choice, dict):
+        assert [c.function.name for c in calls] == ["get_time"]
+
+
+def test_tools_offered_with_a_schema_give_a_valid_answer_or_valid_calls(demo):
+    for question in ("Weather in Rome?", "What is the capital of France?", "Hello!"):
+        r = demo.client.chat.completions.create(model=demo.name, messages=[{"role": "user", "content": question}],
+                                                tools=WEATHER, max_tokens=300, temperature=0,
+                                                response_format=schema_format("enum_in_object"))
+        message = r.choices[0].message
+        if message.tool_calls:
+            assert r.choices[0].finish_reason == "tool_calls" and not message.content
+            for call in message.tool_calls:
+                jsonschema.validate(json.loads(call.function.arguments), BY_NAME["tool_arguments"]
+                                    if call.function.name == "get_weather" else BY_NAME["nested_objects"])
+        else:
+            assert r.choices[0].finish_reason == "stop"
+            jsonschema.validate(json.loads(message.content), BY_NAME["enum_in_object"])
+
+
+def test_parallel_calls_off_means_one_call_in_every_dialect(demo):
+    """Tools offered under auto with parallel calls off: the reply is text, or text and one call, validated."""
+    ask = [{"role": "user", "content": "Weather in Rome and in Paris?"}]
+    r = demo.client.chat.completions.create(model=demo.name, messages=ask, tools=WEATHER, max_tokens=300,
+                                            temperature=0, tool_choice="required", parallel_tool_calls=False)
+    assert len(r.choices[0].message.tool_calls) == 1
+    c = anthropic.Anthropic(base_url=demo.url, api_key="none", max_retries=0, timeout=120)
+    tools = [{"name": "get_weather", "input_schema": BY_NAME["tool_arguments"]}]
+    m = c.messages.create(model=demo.name, max_tokens=300, messages=ask, tools=tools,
+                          tool_choice={"type": "any", "disable_parallel_tool_use": True})
+    uses = [b for b in m.content if b.type == "tool_use"]
+    assert m.stop_reason == "tool_use" and len(uses) == 1
+    jsonschema.validate(uses[0].input, BY_NAME["tool_arguments"])
+    for question in ("Weather in Rome?", "Hello!"):
+        r = demo.client.chat.completions.create(model=demo.name, messages=[{"role": "user", "content": question}],
+                                                tools=WEATHER, max_tokens=300, temperature=0, parallel_tool_calls=False)
+        calls = r.choices[0].message.tool_calls or []
+        assert len(calls) <= 1 and r.choices[0].finish_reason == ("tool_calls" if calls else "stop"), question
+        for call in calls:
+            json.loads(call.function.arguments)
