@@ -1,9 +1,11 @@
-"""The OpenAI Responses API on `k3 serve`: POST /v1/responses (whole or streamed), with `previous_response_id`.
+"""The OpenAI Responses API on `k3 serve`: POST /v1/responses (whole or streamed), with `previous_response_id`;
+GET and DELETE /v1/responses/{response_id}.
 
 One engine, another dialect: the body (parsed by responses_schema.py into chat completions' ChatRequest) runs as
-chat completions' Job on the same worker (batching, kept states, bounds); only the wire differs — output items,
-typed SSE events, and a bounded store of recent conversations (`MAX_STORED_RESPONSES`, oldest dropped) for
-follow-ups. Errors are chat completions' own. Checked by tests/serve/test_responses_api.py with the `openai` SDK.
+chat completions' Job on the same worker (batching, kept states, bounds, log-probabilities); only the wire
+differs — output items, typed SSE events, and a bounded store of recent responses and their conversations
+(`MAX_STORED_RESPONSES`, oldest dropped; none with `store: false`) for follow-ups and retrieval. Errors are chat
+completions' own. Checked by tests/serve/test_responses_api.py with the `openai` SDK.
 """
 from __future__ import annotations
 
@@ -15,36 +17,52 @@ import time
 from collections import OrderedDict
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from k3core import tool_call_markup
+from k3core.text.channels import Channels
 
 from .anthropic import chat_job
 from .app import Api, ToolCallWatch, _events_or_cancel, _reply, check_key, guarded, read_json, whole_reply
+from .logprobs import chat_logprobs
 from .responses_schema import Conversation, responses_request
-from .schema import _bad
+from .schema import ApiError, _bad, _bool
 
-MAX_STORED_RESPONSES = 64  # conversations kept for previous_response_id (docs/LIMITS.md); the oldest is dropped
+MAX_STORED_RESPONSES = 64  # responses kept for previous_response_id and GET (docs/LIMITS.md); the oldest is dropped
 OPEN = "<|open|>"
 
 
 class Stored:
-    """The conversations of the last MAX_STORED_RESPONSES responses, by response id (this process only)."""
+    """The last MAX_STORED_RESPONSES responses and their conversations, by response id (this process only)."""
 
     def __init__(self, limit: int = MAX_STORED_RESPONSES):
-        self.limit, self.kept = limit, OrderedDict()
+        self.limit, self.kept = limit, OrderedDict()  # id -> (the response object, its conversation)
 
-    def get(self, rid) -> Conversation | None:
+    def conversation(self, rid) -> Conversation | None:
+        """The conversation `previous_response_id` names (None when it names none); 400 when it is not kept."""
         if rid is None:
             return None
         if not isinstance(rid, str) or rid not in self.kept:
-            raise _bad("previous_response_id", f"no stored response {rid!r}: k3 keeps the last {self.limit} "
-                       "responses of this server process (MAX_STORED_RESPONSES)")
-        return self.kept[rid]
+            raise _bad("previous_response_id", self._missing(rid))
+        return self.kept[rid][1]
 
-    def keep(self, rid: str, conversation: Conversation) -> None:
-        self.kept[rid] = conversation
+    def response(self, rid: str) -> dict:
+        """The response object as its create call returned it; 404 when it is not kept."""
+        if rid not in self.kept:
+            raise ApiError(404, f"response_id: {self._missing(rid)}", param="response_id", code="not_found")
+        return self.kept[rid][0]
+
+    def delete(self, rid: str) -> None:
+        self.response(rid)
+        del self.kept[rid]
+
+    def keep(self, response: dict, conversation: Conversation) -> None:
+        self.kept[response["id"]] = (response, conversation)
         while len(self.kept) > self.limit:
             self.kept.popitem(last=False)
+
+    def _missing(self, rid) -> str:
+        return (f"no stored response {rid!r}: k3 keeps the last {self.limit} responses of this server process "
+                "(MAX_STORED_RESPONSES) that were not created with `store: false` or deleted")
 
 
 def _assistant(message: dict) -> dict:
@@ -59,10 +77,34 @@ def _assistant(message: dict) -> dict:
     return out
 
 
+class AnswerLogprobs:
+    """The log-probabilities of the ids that make a reply's `response` text, as output_text `logprobs` entries:
+    `add` takes every generated id's TokenLogprob in order, `take` hands out those not handed out yet (with the text
+    they released). Markup and special ids, and the ids of the other channels (thinking, tool calls), make no
+    output text and have none here; which they are is told by the same Channels the worker's TextStream uses."""
+
+    def __init__(self, api: Api, job):
+        self.tokenizer, self.special, self.pending = api.tokenizer, api.tokenizer.special_ids, []
+        self.channels = Channels(api.tokenizer, job.channel)
+        for token in job.forced:  # as the worker feeds them to its TextStream
+            self.channels.is_markup(token)
+
+    def add(self, entry) -> None:
+        token = entry.token
+        if not self.channels.is_markup(token) and token not in self.special and self.channels.current == "response":
+            self.pending.append(entry)
+
+    def take(self) -> list[dict]:
+        out = chat_logprobs(self.tokenizer, self.pending)["content"]
+        self.pending.clear()
+        return out
+
+
 class Output:
     """A response's output items, built from a job's events in the order they come. `feed` returns the typed
     stream events each job event makes (without sequence_number): the stream sends them, a whole response drops
-    them, so both are one response. At the end the conversation is kept for `previous_response_id`."""
+    them, so both are one response. At the end the response and its conversation are kept (unless `store` is
+    false) for `previous_response_id` and GET."""
 
     def __init__(self, api: Api, job, mode: str, head: dict, conversation: Conversation, stored: Stored):
         self.api, self.job, self.mode, self.head = api, job, mode, head
@@ -70,6 +112,7 @@ class Output:
         self.items: list[dict] = []
         self.texts: dict[str, list[str]] = {}   # by channel, as chat completions' _reply reads them
         self.calls = ToolCallWatch(api, job, mode)  # a tool call becomes an item as soon as its element closes
+        self.logprobs = AnswerLogprobs(api, job)    # none come unless the job computes them
         self.open: str | None = None            # the channel of the item still open (think, response)
         self.status, self.incomplete, self.usage = "in_progress", None, None
 
@@ -78,7 +121,9 @@ class Output:
                 "usage": self.usage}
 
     def feed(self, event: tuple) -> list[dict]:
-        if event[0] == "token":
+        if event[0] == "logprob":
+            self.logprobs.add(event[1])
+        elif event[0] == "token":
             return self._calls(self.calls.token(event[1]))
         elif event[0] == "text" and event[1] in ("think", "response") and event[2]:
             self.texts.setdefault(event[1], []).append(event[2])
@@ -103,15 +148,17 @@ class Output:
                 out.append(self._added({"id": f"msg_{secrets.token_hex(12)}", "type": "message", "role": "assistant",
                                         "status": "in_progress", "content": []}))
             part = {"type": "reasoning_text" if channel == "think" else "output_text", "text": ""}
-            part |= {} if channel == "think" else {"annotations": []}
+            part |= {} if channel == "think" else {"annotations": [], "logprobs": []}
             self.items[-1]["content"].append(part)
             if channel == "response":
                 out.append({**self._where(), "type": "response.content_part.added", "part": copy.deepcopy(part)})
-        self.items[-1]["content"][0]["text"] += text
-        kind = "reasoning_text" if channel == "think" else "output_text"
-        out.append({**self._where(), "type": f"response.{kind}.delta", "delta": text}
-                   | ({} if channel == "think" else {"logprobs": []}))
-        return out
+        part = self.items[-1]["content"][0]
+        part["text"] += text
+        if channel == "think":
+            return out + [{**self._where(), "type": "response.reasoning_text.delta", "delta": text}]
+        logprobs = self.logprobs.take()
+        part["logprobs"] += logprobs
+        return out + [{**self._where(), "type": "response.output_text.delta", "delta": text, "logprobs": logprobs}]
 
     def _where(self) -> dict:
         return {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1, "content_index": 0}
@@ -124,7 +171,8 @@ class Output:
             out = [{**self._where(), "type": "response.reasoning_text.done", "text": part["text"]}]
         else:
             item["status"] = status
-            out = [{**self._where(), "type": "response.output_text.done", "text": part["text"], "logprobs": []},
+            out = [{**self._where(), "type": "response.output_text.done", "text": part["text"],
+                    "logprobs": list(part["logprobs"])},
                    {**self._where(), "type": "response.content_part.done", "part": copy.deepcopy(part)}]
         self.open = None
         return out + [{"type": "response.output_item.done", "output_index": len(self.items) - 1,
@@ -153,7 +201,8 @@ class Output:
         self.status = "incomplete" if cut else "completed"
         self.incomplete = {"reason": "max_output_tokens"} if cut else None
         self.usage = _usage(stats, self._reasoning_tokens(stats["ids"]))
-        self._keep(message)
+        if self.head["store"]:
+            self._keep(message)
         return out + [{"type": f"response.{self.status}", "response": self.response()}]
 
     def _reasoning_tokens(self, ids: list[int]) -> int:
@@ -166,7 +215,7 @@ class Output:
     def _keep(self, message: dict) -> None:
         names = self.conversation.names | {i["call_id"]: i["name"] for i in self.items if i["type"] == "function_call"}
         messages = self.conversation.messages + (_assistant(message),)
-        self.stored.keep(self.head["id"], Conversation(messages, ("previous_response_id",) * len(messages), names))
+        self.stored.keep(self.response(), Conversation(messages, ("previous_response_id",) * len(messages), names))
 
 
 def _usage(stats: dict, reasoning: int) -> dict:
@@ -185,7 +234,7 @@ def _head(api: Api, body: dict, job) -> dict:
             "temperature": job.params.temperature, "top_p": job.params.top_p,
             "max_output_tokens": job.params.max_tokens, "reasoning": {"effort": reasoning.get("effort")},
             "text": {"format": {"type": "text"}}, "metadata": body.get("metadata") or {},
-            "store": body.get("store") is not False}
+            "top_logprobs": body.get("top_logprobs"), "store": _bool(body, "store", True)}
 
 
 async def _stream(request, events, job, output: Output):
@@ -206,21 +255,36 @@ async def _stream(request, events, job, output: Output):
 
 
 def add_routes(router, api: Api) -> None:
-    """POST /v1/responses on `router`, with its own store of recent conversations."""
+    """POST /v1/responses and GET and DELETE /v1/responses/{response_id} on `router`, with their own store of
+    recent responses."""
     stored = Stored()
 
     async def responses(request: Request):
         check_key(request, api.opts)
         body = await read_json(request, api.opts.max_body_bytes)
-        previous = stored.get(body.get("previous_response_id")) if isinstance(body, dict) else None
+        previous = stored.conversation(body.get("previous_response_id")) if isinstance(body, dict) else None
         req, conversation = responses_request(body, api.engine.max_context, previous)
         api.check_model(req.model)
         job, mode = chat_job(api, req, list(conversation.places))
-        events = api.start(job)
         output = Output(api, job, mode, _head(api, body, job), conversation, stored)
+        events = api.start(job)
         if req.stream:
             return StreamingResponse(_stream(request, events, job, output), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         return await whole_reply(request, events, job, output.feed, output.response)
 
+    async def retrieve(request: Request):
+        check_key(request, api.opts)
+        if request.query_params.get("stream", "false") != "false":
+            raise _bad("stream", "a stored response is not streamed again: GET returns it whole")
+        return JSONResponse(stored.response(request.path_params["response_id"]))
+
+    async def delete(request: Request):
+        check_key(request, api.opts)
+        rid = request.path_params["response_id"]
+        stored.delete(rid)
+        return JSONResponse({"id": rid, "object": "response", "deleted": True})
+
     router.add_api_route("/v1/responses", guarded(responses), methods=["POST"])
+    router.add_api_route("/v1/responses/{response_id}", guarded(retrieve), methods=["GET"])
+    router.add_api_route("/v1/responses/{response_id}", guarded(delete), methods=["DELETE"])

@@ -1,6 +1,6 @@
 """OpenAI Responses request bodies in, the ChatRequest chat completions runs out (serve/schema.py's, with its
 field checks): `instructions` and `input` items become k3 chat messages after a stored conversation
-(`previous_response_id`), `tools` function declarations.
+(`previous_response_id`), `tools` function declarations, `include` / `top_logprobs` the log-probabilities asked for.
 
 A known field of the wrong type or out of range is a 400 naming it; images, files and built-in tools are refused
 by name; unknown fields are ignored. Checked by tests/serve/test_responses_api.py.
@@ -11,12 +11,16 @@ from dataclasses import dataclass, field
 
 from k3core import tool_call_markup
 
-from .schema import (REASONING_EFFORTS, TOOL_NAME, ApiError, ChatRequest, Sampling, _arguments, _bad, _bool, _integer,
-                     _model, _number, _string, json_format)
+from .schema import (MAX_TOP_LOGPROBS, REASONING_EFFORTS, TOOL_NAME, ApiError, ChatRequest, Sampling, _arguments, _bad,
+                     _bool, _integer, _model, _number, _string, json_format)
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 TEXT_PARTS = ("input_text", "output_text")
 NOT_TEXT_PARTS = ("input_image", "input_file", "input_audio")
+LOGPROBS = "message.output_text.logprobs"  # the one `include` value that adds to what k3 returns
+INCLUDES_NOTHING = ("file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
+                    "code_interpreter_call.outputs", "computer_call_output.output.image_url",
+                    "message.input_image.image_url")  # parts of items k3 never makes or reads: nothing to add
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,8 @@ def responses_request(body, max_tokens_limit: int, previous: Conversation | None
     schema, where = json_format(text.get("format") if isinstance(text, dict) else None, "text.format", None)
     return ChatRequest(model=_model(body), messages=conversation.messages, sampling=sampling,
                        stream=_bool(body, "stream"), tools=tools, tool_choice=choice,
-                       thinking=_thinking(body), response_schema=schema, schema_param=where), conversation
+                       thinking=_thinking(body), response_schema=schema, schema_param=where,
+                       logprobs=_logprobs(body)), conversation
 
 
 def _text(content, path: str) -> str:
@@ -178,6 +183,27 @@ def _thinking(body: dict) -> bool:
     return effort not in (None, "none", "minimal")
 
 
+def _logprobs(body: dict) -> int | None:
+    """The alternatives per id (`top_logprobs`, 0..20) when `include` asks for the output text's log-probabilities;
+    None when it does not (then, as OpenAI does, `top_logprobs` alone gives none)."""
+    top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    return (top or 0) if LOGPROBS in _include(body) else None
+
+
+def _include(body: dict) -> list[str]:
+    """`include`: LOGPROBS, or values naming parts of items k3 never makes (INCLUDES_NOTHING); others are refused."""
+    given = body.get("include")
+    if given is None:
+        return []
+    if not isinstance(given, list):
+        raise _bad("include", "must be a list of strings")
+    for j, value in enumerate(given):
+        if value not in (LOGPROBS, *INCLUDES_NOTHING):
+            raise _bad(f"include[{j}]", f"{value!r} is not served: k3 can include {LOGPROBS!r} (reasoning comes "
+                       "back as plain text in the reasoning item's content, never encrypted)")
+    return given
+
+
 def _not_served(body: dict) -> None:
     """Fields that would change what comes back, which k3 does not do yet: refused, never ignored."""
     text = body.get("text")
@@ -188,5 +214,3 @@ def _not_served(body: dict) -> None:
             raise _bad(name, "not served: send the conversation as `input` (or `previous_response_id`)")
     if body.get("background"):
         raise _bad("background", "background responses are not served")
-    if body.get("top_logprobs"):
-        raise _bad("top_logprobs", "log-probabilities are not served on /v1/responses yet (chat completions has them)")

@@ -8,7 +8,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from .conftest import CALLS, script_tool_calls
+from .conftest import CALLS, KEY, Live, script_tool_calls
 
 PARIS = "What is the capital of France?"
 TOOLS = [{"type": "function", "name": "get_weather", "description": "weather in a city", "strict": False,
@@ -122,6 +122,84 @@ def test_a_function_call_round_trip(generated, monkeypatch):
     assert whole.usage.input_tokens == again.usage.input_tokens
 
 
+def test_a_stored_response_is_retrieved_until_deleted(demo):
+    c = demo.client
+    r = c.responses.create(model=demo.name, input=PARIS, temperature=0)
+    assert r.store is True and c.responses.retrieve(r.id).model_dump() == r.model_dump()
+    with c.responses.stream(model=demo.name, input=PARIS, temperature=0) as stream:
+        final = stream.get_final_response()
+    assert c.responses.retrieve(final.id).model_dump(exclude_none=True) == final.model_dump(exclude_none=True)
+    replay = httpx.get(f"{demo.url}/v1/responses/{r.id}", params={"stream": "true"})
+    assert replay.status_code == 400 and replay.json()["error"]["param"] == "stream"
+    assert c.responses.delete(r.id) is None
+    for gone in (c.responses.retrieve, c.responses.delete):
+        with pytest.raises(openai.NotFoundError) as e:
+            gone(r.id)
+        assert e.value.body["param"] == "response_id" and r.id in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:  # nor does a follow-up find its conversation
+        c.responses.create(model=demo.name, input="And of Italy?", previous_response_id=r.id)
+    assert e.value.body["param"] == "previous_response_id"
+
+
+def test_store_false_keeps_nothing(demo):
+    c = demo.client
+    r = c.responses.create(model=demo.name, input=PARIS, temperature=0, max_output_tokens=2, store=False)
+    assert r.store is False
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(r.id)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.responses.create(model=demo.name, input="And of Italy?", previous_response_id=r.id)
+    assert e.value.body["param"] == "previous_response_id"
+
+
+def test_retrieve_and_delete_need_the_api_key(model_factory):
+    live = Live(model_factory("small"), api_key=KEY)
+    try:
+        for method in ("GET", "DELETE"):
+            url = live.url + "/v1/responses/resp_nope"
+            assert httpx.request(method, url).status_code == 401
+            known = httpx.request(method, url, headers={"Authorization": f"Bearer {KEY}"})
+            assert known.status_code == 404 and known.json()["error"]["param"] == "response_id"
+    finally:
+        live.close()
+
+
+def test_logprobs_are_chat_completions_own_whole_and_streamed(demo):
+    c = demo.client
+    ask = dict(model=demo.name, input=PARIS, temperature=0, top_logprobs=5,
+               include=["message.output_text.logprobs", "web_search_call.results"])
+    r = c.responses.create(**ask)
+    [part] = r.output[0].content
+    chat = c.chat.completions.create(model=demo.name, messages=[{"role": "user", "content": PARIS}], temperature=0,
+                                     logprobs=True, top_logprobs=5)
+    content = chat.choices[0].logprobs.content
+    # the ids of the answer's text, with chat completions' numbers; the markup after it makes no text
+    assert r.output_text == chat.choices[0].message.content == "".join(e.token for e in part.logprobs)
+    n = len(part.logprobs)
+    assert [e.model_dump() for e in part.logprobs] == [e.model_dump() for e in content[:n]]
+    assert [e.token for e in content[n:]] == ["<|close|>", "response", "<|sep|>", "<|end_of_msg|>"]
+    assert all(len(e.top_logprobs) == 5 for e in part.logprobs)
+    with c.responses.stream(**ask) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    streamed = [e.model_dump() for d in events if d.type == "response.output_text.delta" for e in d.logprobs]
+    assert streamed == [e.model_dump() for e in part.logprobs] and final.output[0].content[0].logprobs == part.logprobs
+    [done] = [e for e in events if e.type == "response.output_text.done"]
+    assert [e.model_dump() for e in done.logprobs] == streamed
+    alone = c.responses.create(model=demo.name, input=PARIS, temperature=0, top_logprobs=5)  # as OpenAI: none
+    assert alone.top_logprobs == 5 and alone.output[0].content[0].logprobs == []
+
+
+def test_in_thinking_mode_only_the_answers_ids_have_logprobs(demo):
+    r = demo.client.responses.create(model=demo.name, input=PARIS, temperature=0, reasoning={"effort": "medium"},
+                                     include=["message.output_text.logprobs"])
+    thought, answer = r.output
+    assert thought.type == "reasoning" and answer.type == "message" and answer.content[0].text
+    logprobs = answer.content[0].logprobs  # not the thinking's, nor the markup's between: the text's own
+    assert "".join(e.token for e in logprobs) == answer.content[0].text
+    assert all(e.top_logprobs == [] for e in logprobs)  # top_logprobs absent: 0 alternatives
+
+
 BOUNDED = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
            "additionalProperties": False}
 
@@ -176,6 +254,11 @@ def test_refusals_are_the_sdks_typed_exceptions(demo):
     ({"input": [{"role": "user", "content": "<|end_of_msg|>"}]}, "input[0]"),
     ({"input": PARIS, "instructions": "<|end_of_msg|>"}, "instructions"),
     ({"input": PARIS, "instructions": ["x"]}, "instructions"),
+    ({"input": PARIS, "include": "message.output_text.logprobs"}, "include"),
+    ({"input": PARIS, "include": ["reasoning.encrypted_content"]}, "include[0]"),
+    ({"input": PARIS, "include": ["message.output_text.logprobs", "nope"]}, "include[1]"),
+    ({"input": PARIS, "include": ["message.output_text.logprobs"], "top_logprobs": 21}, "top_logprobs"),
+    ({"input": PARIS, "store": "no"}, "store"),
 ])
 def test_each_bad_field_is_a_400_naming_it(demo, body, param):
     r = httpx.post(demo.url + "/v1/responses", json={"model": demo.name, **body})
