@@ -30,6 +30,11 @@ class City(BaseModel):
     population: int = Field(ge=0, le=10 ** 9)
 
 
+class Country(BaseModel):
+    country: Literal["France", "Italy", "Spain"]
+    has_coast: bool
+
+
 def schema_format(name: str) -> dict:
     return {"type": "json_schema", "json_schema": {"name": name, "schema": BY_NAME[name], "strict": True}}
 
@@ -78,6 +83,9 @@ def test_anthropic_output_config_format(demo):
                           output_config={"format": {"type": "json_schema", "schema": BY_NAME["tool_arguments"]}})
     assert r.stop_reason == "end_turn"
     jsonschema.validate(json.loads(r.content[0].text), BY_NAME["tool_arguments"])
+    # the SDK moves bounds (maxLength, maximum) into descriptions before sending: a model with none to lose
+    parsed = c.messages.parse(model=demo.name, max_tokens=300, messages=PARIS, output_format=Country)
+    assert parsed.stop_reason == "end_turn" and isinstance(parsed.parsed_output, Country)
 
 
 def test_a_schema_that_cannot_be_enforced_is_a_400_naming_it(demo):
