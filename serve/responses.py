@@ -230,10 +230,12 @@ def _head(api: Api, body: dict, job) -> dict:
     return {"id": f"resp_{secrets.token_hex(12)}", "object": "response", "created_at": int(time.time()),
             "model": api.model_id, "error": None, "instructions": body.get("instructions"),
             "previous_response_id": body.get("previous_response_id"), "tools": body.get("tools") or [],
-            "tool_choice": body.get("tool_choice") or "auto", "parallel_tool_calls": True,
+            "tool_choice": body.get("tool_choice") or "auto",
+            "parallel_tool_calls": _bool(body, "parallel_tool_calls", True),
             "temperature": job.params.temperature, "top_p": job.params.top_p,
             "max_output_tokens": job.params.max_tokens, "reasoning": {"effort": reasoning.get("effort")},
-            "text": {"format": {"type": "text"}}, "metadata": body.get("metadata") or {},
+            "text": {"format": (body.get("text") or {}).get("format") or {"type": "text"}},
+            "metadata": body.get("metadata") or {},
             "top_logprobs": body.get("top_logprobs"), "store": _bool(body, "store", True)}
 
 

@@ -49,7 +49,7 @@ def responses_request(body, max_tokens_limit: int, previous: Conversation | None
     return ChatRequest(model=_model(body), messages=conversation.messages, sampling=sampling,
                        stream=_bool(body, "stream"), tools=tools, tool_choice=choice,
                        thinking=_thinking(body), response_schema=schema, schema_param=where,
-                       logprobs=_logprobs(body)), conversation
+                       logprobs=_logprobs(body), parallel_calls=_bool(body, "parallel_tool_calls", True)), conversation
 
 
 def _text(content, path: str) -> str:

@@ -189,3 +189,18 @@ def test_parallel_calls_off_means_one_call_in_every_dialect(demo):
         assert len(calls) <= 1 and r.choices[0].finish_reason == ("tool_calls" if calls else "stop"), question
         for call in calls:
             json.loads(call.function.arguments)
+
+
+def test_responses_echo_the_format_and_hold_parallel_calls_off_to_one(demo):
+    tools = [{"type": "function", "name": "get_weather", "parameters": BY_NAME["tool_arguments"]}]
+    r = demo.client.responses.create(model=demo.name, input="Weather in Rome and Paris?", tools=tools,
+                                     tool_choice="required", parallel_tool_calls=False, max_output_tokens=300,
+                                     temperature=0)
+    calls = [item for item in r.output if item.type == "function_call"]
+    assert r.parallel_tool_calls is False and len(calls) == 1
+    jsonschema.validate(json.loads(calls[0].arguments), BY_NAME["tool_arguments"])
+    fmt = {"type": "json_schema", "name": "colour", "schema": BY_NAME["enum_in_object"], "strict": True}
+    r = demo.client.responses.create(model=demo.name, input="A colour?", text={"format": fmt}, max_output_tokens=100,
+                                     temperature=0)
+    assert r.text.format.type == "json_schema" and r.text.format.name == "colour"
+    jsonschema.validate(json.loads(r.output_text), BY_NAME["enum_in_object"])
