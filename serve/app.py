@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import ClientDisconnect
-from k3core import (ChatInputError, Grammar, SamplingParams, SchemaError, UsageError, build_chat_ids, chat_grammar,
-                    forced_tool_prefix, parse_tool_calls, render_chat, split_reply)
+from k3core import (ChatInputError, Grammar, SamplingParams, SchemaError, TokenizerError, UsageError, build_chat_ids,
+                    chat_grammar, forced_tool_prefix, parse_tool_calls, render_chat, split_reply)
 from k3core import LimitError, loads_limited
 
 from .http import model_id
@@ -117,22 +117,24 @@ class Api:
 
     def chat_job(self, req: ChatRequest) -> tuple[Job, str]:
         mode = "thinking" if req.thinking else "instruct"
+        channel = "think" if req.thinking else "response"
         tools = req.tools if req.tool_choice != "none" else ()
         try:
+            grammar = self.grammar(req, channel, tools)  # a schema is checked before the prompt is built
             prompt = render_chat(list(req.messages), self.tokenizer, mode, tools=list(tools) or None)
+            forced = []
+            if req.tool_choice not in (None, "none"):
+                name = None if req.tool_choice == "required" else req.tool_choice
+                forced = build_chat_ids(self.tokenizer, forced_tool_prefix(mode, name))
         except ChatInputError as exc:  # a message's text that would become markup; tools that cannot be declared
             param = request_param(exc.param)
             raise ApiError(400, f"{param}: {exc.problem}", param=param, code="invalid_value") from None
+        except TokenizerError as exc:  # a model without K3's chat markup (a bare test model) cannot chat
+            raise ApiError(400, f"this model cannot chat: {exc}", param="messages", code="invalid_value") from None
         except UsageError as exc:
             raise ApiError(400, str(exc), param="messages", code="invalid_value") from None
-        forced = []
-        if req.tool_choice not in (None, "none"):
-            name = None if req.tool_choice == "required" else req.tool_choice
-            forced = build_chat_ids(self.tokenizer, forced_tool_prefix(mode, name))
         prompt += forced
         params = self.params(req.sampling, mode, len(prompt))
-        channel = "think" if req.thinking else "response"
-        grammar = self.grammar(req, channel, tools)
         return Job(prompt, params, emit=None, channel=channel, forced=forced, grammar=grammar,
                    stop_ids=frozenset({self.tokenizer.id_of(EOM)}), logprobs=req.logprobs), mode
 

@@ -159,6 +159,8 @@ BYTE_CASES = [
         "{model}/tiktoken.model: more than 16 MiB, the limit of a BPE ranks file", full=True),
     row("profile-/dev/zero", lambda m, t: ["run", "--prompt", "hi"], lambda m, t: profile_dir(t, "/dev/zero"),
         "{t}/profile.json: more than 16 MiB, the limit of a k3 profile", full=True),
+    row("json-schema-/dev/zero", lambda m, t: ["run", m, "--prompt", "hi", "--json-schema", "/dev/zero"], None,
+        "/dev/zero: more than 65,536 bytes, the limit of a JSON schema (--json-schema)"),
     row("index-json-past-256-MiB", lambda m, t: ["run", m, *RUN],
         lambda m, t: os.truncate(put(m / "model.safetensors.index.json", b"{}"), (256 << 20) + 1),
         "{model}/model.safetensors.index.json: more than 256 MiB, the limit of a shard index", full=True),
@@ -358,6 +360,34 @@ BODY_CASES = [
     row("serve-tool-call-arguments", "serve_client", "/v1/chat/completions", tool_call_arguments(NESTED), ARGUMENTS,
         full=True),
 ]
+
+
+SCHEMA_PAST_THE_LIMIT = {"type": "object", "description": "x" * (64 << 10)}
+SCHEMA_CASES = [
+    row("serve-response-format", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA_PAST_THE_LIMIT}}},
+        "response_format.json_schema.schema"),
+    row("serve-text-format", "/v1/responses", {"input": "hi", "text": {"format": {
+        "type": "json_schema", "name": "s", "schema": SCHEMA_PAST_THE_LIMIT}}}, "text.format.schema"),
+    row("serve-tool-parameters", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+        "tool_choice": "required", "tools": [{"type": "function", "function": {
+            "name": "f", "parameters": SCHEMA_PAST_THE_LIMIT}}]}, "tools[0].parameters"),
+]
+
+
+@pytest.mark.parametrize("route, body, where", SCHEMA_CASES)
+def test_a_schema_past_its_limit(serve_client, route, body, where):
+    r = serve_client.post(route, json={"model": "k3", **body})
+    assert r.status_code == 400, r.text[:2000]
+    assert r.json()["error"]["param"] == where and "over 65536 bytes (MAX_SCHEMA_BYTES)" in r.json()["error"]["message"]
+
+
+def test_a_chat_on_a_model_without_chat_markup_is_a_400_naming_it(serve_client):
+    """The tiny test model's tokenizer has no XTML markers: a chat is refused, not a 500."""
+    for route, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                        ("/v1/responses", {"input": "hi", "text": {"format": {"type": "json_object"}}})):
+        r = serve_client.post(route, json={"model": "k3", **body})
+        assert r.status_code == 400 and "this model cannot chat" in r.json()["error"]["message"], r.text[:2000]
 
 
 @pytest.mark.parametrize("client, route, body, where", BODY_CASES)
