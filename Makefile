@@ -77,3 +77,20 @@ browser-check: $(STAMP)
 	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	$(PY) -m pip install --quiet 'playwright>=1.40'
 	K3_BROWSER_CHECK=1 $(PY) -m pytest -q tests/browser
+
+# lm-evaluation-harness's local-completions model against a live `k3 serve` of the demo model: the 20-question
+# loglikelihood task of benchmarks/lm_eval_task, run twice at each of two memory budgets (all resident; a packed
+# trunk streamed with no layer pinned and the expert cache at its floor); exits 1 unless every number agrees.
+# lm_eval runs from its own venv: torch==2.13.0 first (the machine's CPU wheel; anything that admits a newer torch
+# downloads gigabytes), then lm_eval and transformers (its tokenizer of the checkpoint). Never part of `make test`.
+EVAL_VENV := .venv-eval
+EVAL_STAMP := $(EVAL_VENV)/.k3-eval-installed
+$(EVAL_STAMP):
+	$(PYTHON) -m venv $(EVAL_VENV)
+	$(EVAL_VENV)/bin/pip install --quiet torch==2.13.0
+	$(EVAL_VENV)/bin/pip install --quiet torch==2.13.0 'lm_eval[api]==0.4.13' 'transformers>=5,<6'
+	touch $(EVAL_STAMP)
+
+.PHONY: eval-check
+eval-check: $(STAMP) $(EVAL_STAMP)
+	K3_PLUGINS=none $(PY) benchmarks/lm_eval_task/eval_check.py --eval-venv $(EVAL_VENV)
