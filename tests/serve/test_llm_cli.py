@@ -89,16 +89,22 @@ def llm_home(servers, tmp_path_factory):
             if api == "responses":
                 entry["responses"] = True
             models.append(entry)
+            if key == "demo":  # `reasoning: true` gives the model llm's reasoning options
+                models.append({**entry, "model_id": entry["model_id"] + "-reasoning", "reasoning": True})
     (home / "extra-openai-models.yaml").write_text(yaml.safe_dump(models, sort_keys=False))
     return home
 
 
-def run_llm(home: Path, *args: str) -> str:
+def llm_cli(home: Path, *args: str) -> subprocess.CompletedProcess:
     exe = Path(sys.executable).with_name("llm")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "llm"]
     env = {**os.environ, "LLM_USER_PATH": str(home)}
     env.pop("OPENAI_API_KEY", None)
-    done = subprocess.run(cmd + list(args), env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd + list(args), env=env, capture_output=True, text=True, timeout=300)
+
+
+def run_llm(home: Path, *args: str) -> str:
+    done = llm_cli(home, *args)
     assert done.returncode == 0, f"llm {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
     return done.stdout
 
@@ -140,7 +146,7 @@ def test_a_plain_prompt(servers, llm_home, api, stream):
 
 @pytest.mark.parametrize("api", list(ROUTES))
 def test_schema_dsl(servers, llm_home, api):
-    live, bodies = servers["small"]
+    _, bodies = servers["small"]
     model = "k3-small" + ("-responses" if api == "responses" else "")
     out = run_llm(llm_home, "-m", model, "--schema", "name str, age int", "-o", "temperature", "0",
                   "-o", "max_tokens", "2000", "Hello")
@@ -163,3 +169,27 @@ def test_schema_file(servers, llm_home, api, stream, tmp_path):
     person = json.loads(out)
     jsonschema.validate(person, schema)
     assert last_logged(llm_home)["schema_json"] == PERSON_FILE
+
+
+def test_thinking_through_chat_completions(servers, llm_home):
+    """`-o reasoning_effort` reaches k3 as chat's reasoning_effort: the model thinks (llm keeps the thinking in its
+    log, not on stdout) and answers."""
+    out = run_llm(llm_home, "-m", "k3-demo-reasoning", "-o", "reasoning_effort", "medium", "-o", "temperature", "0",
+                  "--no-stream", "What is the capital of France?")
+    assert out == "The capital of France is Paris.\n"
+    assert sent(servers["demo"][1], "chat")["reasoning_effort"] == "medium"
+    message = last_logged(llm_home)["response_json"]["choices"][0]["message"]
+    assert message["reasoning_content"]  # the thinking, as k3 sent it
+
+
+def test_a_reasoning_model_on_the_responses_route_asks_for_encrypted_reasoning_and_is_refused(servers, llm_home):
+    """What llm needs that k3 does not serve: a Responses-routed model with `reasoning: true` always sends
+    `include: ["reasoning.encrypted_content"]` (and `reasoning.summary: "auto"`), and k3 refuses that include by
+    name (its reasoning is plain text, never encrypted), so llm exits 1 before any text. If k3 comes to accept the
+    include (it asks for nothing k3 makes), this test fails on purpose: turn it into a plain prompt that answers."""
+    done = llm_cli(llm_home, "-m", "k3-demo-responses-reasoning", "-o", "temperature", "0",
+                   "What is the capital of France?")
+    body = sent(servers["demo"][1], "responses")
+    assert body["include"] == ["reasoning.encrypted_content"] and body["reasoning"] == {"summary": "auto"}
+    assert done.returncode == 1 and done.stdout == ""
+    assert "400 - include[0]: 'reasoning.encrypted_content' is not served" in done.stderr
