@@ -60,6 +60,13 @@ bench-sums: $(STAMP)
 	@test -n "$(MODEL)" || { echo "usage: make bench-sums MODEL=DIR (e.g. a \`k3 make-model DIR --shape wide\`)"; exit 2; }
 	$(PY) benchmarks/sums_bench.py $(MODEL)
 
+# The structured-output mask's cost per token against the forward pass, 22 schemas (docs/STRUCTURED-OUTPUT.md);
+# MODEL=DIR for another model, e.g. a `k3 make-model DIR --shape wide`. The built-ins, as in `demo`.
+.PHONY: bench-structured
+bench-structured: export K3_PLUGINS = none
+bench-structured: $(STAMP)
+	$(VENV)/bin/k3 bench structured $(or $(MODEL),wizard/data/demo-model)
+
 clean:
 	rm -rf $(VENV) build $(DEMO_DIR)
 

@@ -355,8 +355,10 @@ def add_parser(subparsers) -> None:
     from .bench_decode import add_drafts_parser, add_parser as add_decode
     from .bench_pair import add_parser as add_pair
     from .bench_stream import add_parser as add_stream
+    from .bench_structured import add_parser as add_structured
     add_stream(sub)
     add_pair(sub)
     add_codec(sub)
     add_decode(sub)
     add_drafts_parser(sub)
+    add_structured(sub)
