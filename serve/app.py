@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import ClientDisconnect
-from k3core import (ChatInputError, Grammar, SamplingParams, SchemaError, TokenizerError, UsageError, build_chat_ids,
-                    chat_grammar, forced_tool_prefix, parse_tool_calls, render_chat, split_reply)
+from k3core import (ChatInputError, Grammar, InputError, SamplingParams, SchemaError, TokenizerError, UsageError,
+                    build_chat_ids, chat_grammar, forced_tool_prefix, parse_tool_calls, render_chat, split_reply)
 from k3core import LimitError, loads_limited
 
 from .http import model_id
@@ -146,8 +146,23 @@ class Api:
         except SchemaError as exc:
             raise ApiError(400, str(exc), param=exc.param, code="invalid_value") from None
 
+    def prompt_ids(self, prompt: str | tuple[int, ...]) -> list[int]:
+        """A completion prompt's ids: text encoded, or the ids given, each checked against the vocabulary."""
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        try:
+            self.engine.check_ids(prompt)
+            self.tokenizer.decode(prompt)
+        except InputError as exc:
+            raise ApiError(400, f"prompt: {exc}", param="prompt", code="invalid_value") from None
+        return list(prompt)
+
+    def prompt_text(self, req: CompletionRequest) -> str:
+        """What `echo` returns: the prompt's text (its ids decoded when ids were given)."""
+        return req.prompt if isinstance(req.prompt, str) else self.tokenizer.decode(req.prompt)
+
     def completion_job(self, req: CompletionRequest) -> Job:
-        prompt = self.tokenizer.encode(req.prompt)
+        prompt = self.prompt_ids(req.prompt)
         if not prompt:
             raise ApiError(400, "prompt: encodes to no tokens", param="prompt", code="invalid_value")
         return Job(prompt, self.params(req.sampling, "instruct", len(prompt)), emit=None, logprobs=req.logprobs,
@@ -314,7 +329,7 @@ def api_router(worker: Worker, opts: ApiOptions) -> APIRouter:
         if got is None:
             return JSONResponse({}, status_code=499)
         texts, reason, stats = got
-        text = (req.prompt if req.echo else "") + "".join(texts.get(None, []))
+        text = (api.prompt_text(req) if req.echo else "") + "".join(texts.get(None, []))
         return JSONResponse({**head, "object": "text_completion", "usage": _usage(stats),
                              "choices": [{"index": 0, "text": text, "finish_reason": FINISH[reason],
                                           "logprobs": _legacy_logprobs(api, job, stats)}]})
@@ -413,10 +428,10 @@ async def _completion_stream(api: Api, request, events, job: Job, head: dict, re
         return _sse(body)
 
     if req.echo and not job.score_prompt:
-        yield chunk(req.prompt)
+        yield chunk(api.prompt_text(req))
     async for event in _events_or_cancel(request, events, job):
         if event[0] == "prompt_logprobs":  # echo with logprobs: the prompt goes out with its scores
-            yield chunk(req.prompt, ids=job.prompt, entries=event[1])
+            yield chunk(api.prompt_text(req), ids=job.prompt, entries=event[1])
         elif event[0] == "logprob":
             scores.append(event[1])
         elif event[0] == "text":

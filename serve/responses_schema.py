@@ -20,7 +20,8 @@ NOT_TEXT_PARTS = ("input_image", "input_file", "input_audio")
 LOGPROBS = "message.output_text.logprobs"  # the one `include` value that adds to what k3 returns
 INCLUDES_NOTHING = ("file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
                     "code_interpreter_call.outputs", "computer_call_output.output.image_url",
-                    "message.input_image.image_url")  # parts of items k3 never makes or reads: nothing to add
+                    "message.input_image.image_url",  # parts of items k3 never makes or reads: nothing to add
+                    "reasoning.encrypted_content")  # k3's reasoning is plain text in the item's content already
 
 
 @dataclass(frozen=True)
@@ -199,8 +200,7 @@ def _include(body: dict) -> list[str]:
         raise _bad("include", "must be a list of strings")
     for j, value in enumerate(given):
         if value not in (LOGPROBS, *INCLUDES_NOTHING):
-            raise _bad(f"include[{j}]", f"{value!r} is not served: k3 can include {LOGPROBS!r} (reasoning comes "
-                       "back as plain text in the reasoning item's content, never encrypted)")
+            raise _bad(f"include[{j}]", f"{value!r} is not served: k3 can include {LOGPROBS!r}")
     return given
 
 

@@ -71,7 +71,7 @@ class ChatRequest:
 @dataclass(frozen=True)
 class CompletionRequest:
     model: str
-    prompt: str
+    prompt: str | tuple[int, ...]         # text, or token ids
     sampling: Sampling
     stream: bool = False
     include_usage: bool = False
@@ -353,14 +353,21 @@ def chat_request(body: Any, max_tokens_limit: int) -> ChatRequest:
                        parallel_calls=_bool(body, "parallel_tool_calls", True))
 
 
+def _prompt(prompt) -> str | tuple[int, ...]:
+    """One prompt: text, or token ids (a list of integers, as OpenAI takes them); a list of one of those is that one."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return tuple(prompt)
+    if not isinstance(prompt, str) or not prompt:
+        raise _bad("prompt", "must be a non-empty string or list of token ids (one prompt per request)")
+    return prompt
+
+
 def completion_request(body: Any, max_tokens_limit: int) -> CompletionRequest:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str) or not prompt:
-        raise _bad("prompt", "must be a non-empty string (one prompt per request)")
+    prompt = _prompt(body.get("prompt"))
     if body.get("suffix") is not None:
         raise _bad("suffix", "insertion (suffix) is not served")
     return CompletionRequest(model=_model(body), prompt=prompt, sampling=_sampling(body, max_tokens_limit),

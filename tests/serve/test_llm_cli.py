@@ -182,14 +182,12 @@ def test_thinking_through_chat_completions(servers, llm_home):
     assert message["reasoning_content"]  # the thinking, as k3 sent it
 
 
-def test_a_reasoning_model_on_the_responses_route_asks_for_encrypted_reasoning_and_is_refused(servers, llm_home):
-    """What llm needs that k3 does not serve: a Responses-routed model with `reasoning: true` always sends
-    `include: ["reasoning.encrypted_content"]` (and `reasoning.summary: "auto"`), and k3 refuses that include by
-    name (its reasoning is plain text, never encrypted), so llm exits 1 before any text. If k3 comes to accept the
-    include (it asks for nothing k3 makes), this test fails on purpose: turn it into a plain prompt that answers."""
-    done = llm_cli(llm_home, "-m", "k3-demo-responses-reasoning", "-o", "temperature", "0",
-                   "What is the capital of France?")
+def test_a_reasoning_model_on_the_responses_route_thinks_and_answers(servers, llm_home):
+    """A Responses-routed model with `reasoning: true`: llm always sends `include: ["reasoning.encrypted_content"]`
+    (and `reasoning.summary: "auto"`); k3 accepts it — its reasoning is plain text in the reasoning item already,
+    nothing to add — and the model thinks and answers."""
+    out = run_llm(llm_home, "-m", "k3-demo-responses-reasoning", "-o", "temperature", "0", "--no-stream",
+                  "What is the capital of France?")
     body = sent(servers["demo"][1], "responses")
     assert body["include"] == ["reasoning.encrypted_content"] and body["reasoning"] == {"summary": "auto"}
-    assert done.returncode == 1 and done.stdout == ""
-    assert "400 - include[0]: 'reasoning.encrypted_content' is not served" in done.stderr
+    assert out == "The capital of France is Paris.\n"

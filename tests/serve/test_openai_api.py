@@ -413,3 +413,20 @@ def test_an_api_key_must_be_long_and_a_bad_flag_is_named(capsys, monkeypatch):
         api_key(None)
     assert main(["serve", str(DEMO_MODEL), "--keep-states", "-1"]) == 2
     assert "--keep-states must be an integer in 0..64" in capsys.readouterr().err
+
+
+def test_a_completion_prompt_may_be_token_ids(demo):
+    """As OpenAI takes them (and lm-eval sends them): the ids of a text give that text's completion; echo gives the
+    ids' text back; an id outside the vocabulary or more than one prompt is a 400 naming `prompt`."""
+    text = "The capital of France is"
+    ids = demo.slot.tokenizer.encode(text)
+    ask = dict(model=demo.name, max_tokens=6, temperature=0, echo=True, logprobs=1)
+    by_text = demo.client.completions.create(prompt=text, **ask)
+    for prompt in (ids, [ids]):
+        by_ids = demo.client.completions.create(prompt=prompt, **ask)
+        assert by_ids.choices[0].text == by_text.choices[0].text and by_ids.choices[0].text.startswith(text)
+        assert by_ids.choices[0].logprobs.token_logprobs == by_text.choices[0].logprobs.token_logprobs
+    for prompt in ([ids[0], 10 ** 6], [ids, ids], [], [True]):
+        with pytest.raises(openai.BadRequestError) as e:
+            demo.client.completions.create(model=demo.name, prompt=prompt, max_tokens=2)
+        assert e.value.body["param"] == "prompt", prompt

@@ -255,7 +255,7 @@ def test_refusals_are_the_sdks_typed_exceptions(demo):
     ({"input": PARIS, "instructions": "<|end_of_msg|>"}, "instructions"),
     ({"input": PARIS, "instructions": ["x"]}, "instructions"),
     ({"input": PARIS, "include": "message.output_text.logprobs"}, "include"),
-    ({"input": PARIS, "include": ["reasoning.encrypted_content"]}, "include[0]"),
+    ({"input": PARIS, "include": ["reasoning.everything"]}, "include[0]"),
     ({"input": PARIS, "include": ["message.output_text.logprobs", "nope"]}, "include[1]"),
     ({"input": PARIS, "include": ["message.output_text.logprobs"], "top_logprobs": 21}, "top_logprobs"),
     ({"input": PARIS, "store": "no"}, "store"),
