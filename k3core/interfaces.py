@@ -495,6 +495,10 @@ class DraftSource(ABC):
     def begin(self, prompt: Sequence[int]) -> None:
         """A generation starts after `prompt`."""
 
+    def end(self, history: Sequence[int]) -> None:
+        """The generation ended; `history` is its prompt and the ids it kept (a source that learns across
+        generations records them here)."""
+
     @abstractmethod
     def propose(self, history: Sequence[int], generated: int, k: int) -> list[int]:
         """Up to `k` ids to follow `history` (prompt + the `generated` ids emitted so far); fewer, or none,

@@ -1,4 +1,4 @@
-"""Exact speculative decoding: with any draft source — lookup (ngram), an oracle replaying the serial
+"""Exact speculative decoding: with any draft source — lookup (ngram, suffix), an oracle replaying the serial
 continuation, one that is always wrong, random ids — at K = 1..8 and adaptive, the ids, the logit bytes
 of every emitted position and the decode state left behind are those of serial decoding; stops land
 where serial decoding stops, and a conversation continues after rejected drafts exactly as without them.
@@ -17,6 +17,7 @@ from k3core import (AUTO_K, BatchGenerator, ChatSession, Conversation, EngineCon
 from k3core.errors import InputError, K3Error, PluginError, UsageError
 from k3core.plugin_api import DraftSource
 from k3core.plugins.drafts import NgramDraft, ReplayDraft
+from k3core.plugins.suffix import SuffixDraft
 from k3core.testing.engines import generation, state_bytes
 
 from .conftest import DEMO_MODEL
@@ -77,7 +78,9 @@ def sources(serial_ids, vocab):
             ("ngram K=4", lambda: Speculation(NgramDraft(), 4)),
             ("oracle auto", lambda: Speculation(Listed(serial_ids), AUTO_K, adaptive=True)),
             ("wrong auto", lambda: Speculation(Listed(wrong), AUTO_K, adaptive=True)),
-            ("ngram auto", lambda: Speculation(NgramDraft(), AUTO_K, adaptive=True))]
+            ("ngram auto", lambda: Speculation(NgramDraft(), AUTO_K, adaptive=True)),
+            ("suffix K=4", lambda: Speculation(SuffixDraft(), 4)),
+            ("suffix auto", lambda: Speculation(SuffixDraft(), AUTO_K, adaptive=True))]
     return out
 
 

@@ -92,7 +92,10 @@ class BatchGenerator:
         if used is not None and not 1 <= used <= max(1, seq.emitted):
             raise UsageError(f"used must be 1..{max(1, seq.emitted)}, the ids the sequence's last step emitted; got {used}")
         del self.sequences[handle]
-        self._settle(seq, seq.emitted if used is None else used)
+        kept = seq.emitted if used is None else used
+        self._settle(seq, kept)
+        if seq.speculation is not None:
+            seq.speculation.draft.end(tuple(seq.history[:len(seq.history) - (seq.emitted - kept)]))
         return seq.state
 
     def _settle(self, seq: _Sequence, used: int) -> None:

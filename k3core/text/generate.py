@@ -180,6 +180,7 @@ def speculative(engine, history, state, sampler, logits, spec: Speculation, obse
         if state.mark is not None:  # stopped inside a verify pass's ids
             engine.rollback(state, kept)
             tell_draft(observers, drafted, agreed)
+        spec.draft.end(tuple(history))
 
 
 def tell_draft(observers, drafted, accepted) -> None:
