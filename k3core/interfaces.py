@@ -482,9 +482,14 @@ class DraftSource(ABC):
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
+    memory_bytes: ClassVar[int] = 0  # what it keeps across generations unless told (`reserve`); the plan counts it
 
     def __init__(self, argument: str | None = None):
         self.argument = argument
+
+    @classmethod
+    def reserve(cls, memory_bytes: int) -> None:
+        """Keep what this source learns across generations within `memory_bytes` (--draft-memory), from now on."""
 
     @classmethod
     def example_argument(cls, directory) -> str | None:

@@ -7,6 +7,7 @@ changes an id: greedy and seeded, across chat turns, after evictions, and in a s
 """
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -166,3 +167,19 @@ def test_a_document_cut_to_fit_keeps_its_place_in_the_sequence():
     assert doc.tokens[-3:] == [149, 7, 8]  # the new ids, not a misaligned slice
     index.close(doc)
     assert index.open([*range(100, 150), 7, 8, 9]) is doc and doc.tokens[-1] == 9
+
+
+def test_draft_memory_is_in_the_plan_and_bounds_the_index(tiny_model, capsys):
+    from k3core import memory_plan
+    from k3core.cli.main import main
+
+    rows = {r.item: r.bytes for r in memory_plan(EngineConfig(tiny_model, speculate=8, draft_memory_gb=0.25)).rows}
+    assert rows["draft index"] == 250_000_000
+    assert "draft index" not in {r.item for r in memory_plan(EngineConfig(tiny_model, speculate=8)).rows}
+    try:
+        assert main(["run", str(tiny_model), "--ids", "1,2,3", "--gen", "4", "--speculate", "auto", "--draft", "suffix",
+                     "--draft-memory", "0.001"]) == 0
+        assert re.search(r"draft index +1 MB", capsys.readouterr().err)
+        assert SuffixIndex.shared().capacity == 1_000_000 // BYTES_PER_ID
+    finally:
+        SuffixIndex.shared().resize(DEFAULT_BYTES // BYTES_PER_ID)

@@ -77,7 +77,11 @@ def add_speculation_args(p: argparse.ArgumentParser) -> None:
                         "(default: off)")
     g.add_argument("--draft", metavar="NAME", default=None,
                    help="where drafts come from: ngram (default: the longest earlier repeat of the last ids), "
-                        "replay:PATH (ids from a file), or an installed draft-source plugin (`k3 plugins`)")
+                        "suffix (the same over every conversation this process has seen), replay:PATH (ids from a "
+                        "file), or an installed draft-source plugin (`k3 plugins`)")
+    g.add_argument("--draft-memory", type=float, metavar="GB", default=None,
+                   help="memory a draft source keeps across conversations (suffix's index; default 0.067 GB), "
+                        "counted in the memory plan")
 
 
 def speculate_k(args) -> int:
@@ -98,13 +102,31 @@ def speculate_k(args) -> int:
 
 
 def speculation(args):
-    """The Speculation the flags ask for, or None."""
+    """The Speculation the flags ask for, or None; the draft source holds to --draft-memory."""
     from ..api import speculation as build
 
     k = speculate_k(args)
     if not k:
         return None
-    return build(args.draft or "ngram", "auto" if args.speculate == "auto" else k)
+    spec = build(args.draft or "ngram", "auto" if args.speculate == "auto" else k)
+    type(spec.draft).reserve(draft_memory_bytes(args, spec.draft))
+    return spec
+
+
+def draft_memory_bytes(args, draft) -> int:
+    """--draft-memory, else what the draft source keeps by default; 0 without speculation."""
+    memory = getattr(args, "draft_memory", None)
+    if memory is not None and memory < 0:
+        raise UsageError(f"--draft-memory takes GB >= 0, got {memory}")
+    return int(memory * 1e9) if memory is not None else type(draft).memory_bytes
+
+
+def draft_memory_gb(args) -> float:
+    """What the memory plan counts for the draft source the flags ask for."""
+    if not speculate_k(args):
+        return 0.0
+    spec = speculation(args)
+    return draft_memory_bytes(args, spec.draft) / 1e9
 
 
 def sampling_params(args):
@@ -153,7 +175,8 @@ def engine_config(args):
                   store_options=_options(args.store_option, "--store-option"),
                   placer_options=_options(args.placer_option, "--placer-option"),
                   tokenizer=getattr(args, "tok", None), speculate=speculate_k(args),
-                  sequences=getattr(args, "sequences", 1), kept_states=getattr(args, "keep_states", 0))
+                  sequences=getattr(args, "sequences", 1), kept_states=getattr(args, "keep_states", 0),
+                  draft_memory_gb=draft_memory_gb(args) if hasattr(args, "speculate") else 0.0)
     try:
         return EngineConfig(args.model, **fields) if args.model else config_from_profile(**fields)
     except UsageError as exc:  # name the flags, not the fields
@@ -163,7 +186,7 @@ def engine_config(args):
         raise UsageError(text) from None
 
 
-FLAGS = {"tokenizer": "tok", "kept_states": "keep-states"}  # fields whose flag is not the field's name with dashes
+FLAGS = {"tokenizer": "tok", "kept_states": "keep-states", "draft_memory_gb": "draft-memory"}  # fields whose flag is not the field's name with dashes
 
 
 def open_engine(config):

@@ -114,6 +114,9 @@ def state_rows(config, attention_for, engine_config) -> list[PlanRow]:
                                 f"{e.kept_states} decode states kept between requests (--keep-states)"))
     if e.speculate:
         rows.append(speculation_row(config, attention_for, e.speculate, e.sequences))
+    if e.speculate and e.draft_memory_gb:
+        rows.append(PlanRow("draft index", int(e.draft_memory_gb * 1e9),
+                            "what the draft source keeps across conversations (--draft-memory)"))
     pass_rows = max(e.prefill_chunk, e.sequences * (1 + e.speculate))
     return rows + [PlanRow("prefill chunk", prefill_bytes(config, pass_rows),
                            f"activations of {pass_rows} ids per pass (--prefill-chunk, --speculate, --sequences)"),

@@ -216,6 +216,11 @@ class SuffixDraft(DraftSource):
     name = "suffix"
     description = ("suffix lookup: continue the longest earlier-seen suffix the way it continued most often, over "
                    "every conversation this process has served (bounded: --draft-memory)")
+    memory_bytes = DEFAULT_BYTES
+
+    @classmethod
+    def reserve(cls, memory_bytes):
+        SuffixIndex.shared(max(1, memory_bytes // BYTES_PER_ID))
 
     def __init__(self, argument=None):
         super().__init__(argument)
