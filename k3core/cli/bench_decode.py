@@ -301,7 +301,15 @@ CHAT_PROMPTS = {  # what people ask that repeats itself: where lookup drafts can
 
 
 def cmd_drafts(args) -> int:
-    """ngram acceptance on chat prompts, serial vs --speculate auto and 4, in this process."""
+    """ngram acceptance on chat prompts, serial vs --speculate auto and 4, in this process; with --transcripts,
+    teacher-forced acceptance on recorded conversations (bench_transcripts.py)."""
+    from ..errors import UsageError
+    from .bench_transcripts import cmd_transcripts
+
+    if args.transcripts:
+        return cmd_transcripts(args)
+    if args.sources:
+        raise UsageError("--sources needs --transcripts: the chat prompts are decoded with ngram drafts")
     from ..api import AUTO_K, ChatSession, EngineConfig, SamplingParams, load_tokenizer, open_engine, speculation
 
     model = Path(args.model) if args.model else Path(__file__).resolve().parents[2] / "wizard" / "data" / "demo-model"
@@ -341,15 +349,29 @@ def cmd_drafts(args) -> int:
 def add_drafts_parser(sub) -> None:
     import argparse
 
-    p = sub.add_parser("drafts", help="ngram draft acceptance on chat prompts (default: the demo model)",
+    p = sub.add_parser("drafts", help="draft acceptance: ngram on chat prompts, or any draft source on recorded "
+                       "conversations (--transcripts); default model: the demo model",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Chat prompts whose replies repeat what was said (repeat after me, continuing a\n"
                                    "list, quoting the question), each answered serially, with --speculate 4 and with\n"
                                    "--speculate auto (ngram drafts): passes, drafts, acceptance, and whether the answer\n"
-                                   "is the serial one. In this process; the model must fit in RAM.",
-                       epilog="examples:\n  k3 bench drafts\n  k3 bench drafts /models/my-model --gen 80 --json")
+                                   "is the serial one. In this process; the model must fit in RAM.\n\n"
+                                   "With --transcripts FILE.jsonl (one {\"messages\": [...], \"kind\": ...} per\n"
+                                   "line, OpenAI roles including tool): every assistant turn teacher-forced,\n"
+                                   "without running the model (only its tokenizer is read): tokens per pass and\n"
+                                   "accepted / proposed ids of each --sources draft source at K = 1, 2, 4, 8 and\n"
+                                   "auto, per kind and overall. benchmarks/transcripts/transcripts.jsonl is a set\n"
+                                   "built from local text (its README says what and from where).",
+                       epilog="examples:\n  k3 bench drafts\n  k3 bench drafts /models/my-model --gen 80 --json\n"
+                              "  k3 bench drafts --transcripts benchmarks/transcripts/transcripts.jsonl "
+                              "--sources ngram\n"
+                              "  k3 bench drafts /models/my-model --transcripts chats.jsonl --sources ngram,suffix "
+                              "--json")
     p.add_argument("model", metavar="MODEL_DIR", nargs="?", help="default: the shipped demo model")
     p.add_argument("--gen", type=int, default=60, metavar="N", help="ids per reply at most (default 60)")
+    p.add_argument("--transcripts", metavar="FILE.jsonl", help="score recorded conversations instead (teacher-forced)")
+    p.add_argument("--sources", metavar="NAME[,NAME]", help="with --transcripts: the draft sources, each "
+                   "NAME[:ARGUMENT] (default ngram,suffix)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_drafts)
 

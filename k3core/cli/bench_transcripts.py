@@ -1,0 +1,345 @@
+"""`k3 bench drafts --transcripts FILE.jsonl`: how many ids per forward pass draft sources would give on recorded
+conversations, without running the model.
+
+Each line of FILE is one conversation, {"messages": [...], "kind": "..."} ("kind" optional), in OpenAI's chat
+shape: system/developer, user, assistant (content, tool_calls, reasoning_content) and tool messages. Every
+assistant turn is scored. Its prompt is the messages before it rendered as the server renders a chat request
+(instruct mode, with the generation prefix); its ids are what rendering the turn adds to the messages before it
+(its channels and <|end_of_msg|>, tool calls included).
+
+Teacher forcing is exact here because an exact engine's ids never depend on its drafts: the model would emit the
+recorded ids whatever was proposed, so only the number of passes changes. The prompt's pass yields the first id;
+before each verify pass the draft source proposes up to K ids after the prompt and the ids so far, the accepted
+ones are the longest common prefix with the recorded continuation, and the pass yields those plus the model's
+own next id. Tokens per pass = the turn's ids / its passes (1.00 is serial decoding). K "auto" is --speculate
+auto's adaptive length (k3core.text.generate.DraftLength).
+
+Sources see the file as a server sees its requests: a fresh source per turn (begin, propose, end), turns in file
+order, so one that learns across requests has learnt the conversations before the turn. Each (source, K) runs in
+its own process, so none has learnt a turn from another K's run of it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+
+from ..errors import UsageError
+
+KS = ("1", "2", "4", "8", "auto")
+DEFAULT_SOURCES = "ngram,suffix"
+TRANSCRIPTS_BYTES = 64 << 20  # a transcripts file is read whole
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as the server accepts a tool call's name
+UNLABELLED = "unlabelled"  # the kind of a conversation without one
+
+
+# ---- reading: JSONL -> k3 chat messages ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Conversation:
+    line: int
+    kind: str
+    messages: list  # k3 chat messages (role, content, thinking, tools, name)
+
+
+class BadLine(UsageError):
+    def __init__(self, path, line: int, field: str, problem: str):
+        super().__init__(f"{path} line {line}: {field}: {problem}")
+
+
+def read_conversations(path) -> list[Conversation]:
+    """The conversations of a JSONL file; a line that is not one is refused, naming it and the field."""
+    from ..io.limits import loads_limited, read_limited
+
+    try:
+        text = read_limited(path, TRANSCRIPTS_BYTES, "a transcripts file").decode("utf-8")
+    except OSError as exc:
+        raise UsageError(f"--transcripts {path}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"--transcripts {path}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    out = []
+    for number, line in enumerate(text.split("\n"), start=1):  # not splitlines: JSON text may hold U+2028
+        if not line.strip():
+            continue
+        try:
+            doc = loads_limited(line, f"{path} line {number}")
+        except json.JSONDecodeError as exc:
+            raise BadLine(path, number, "the line", f"not JSON ({exc.msg} at column {exc.colno})") from None
+        out.append(parsed_line(path, number, doc))
+    if not out:
+        raise UsageError(f"--transcripts {path}: no conversations in it")
+    return out
+
+
+def parsed_line(path, number: int, doc) -> Conversation:
+    if not isinstance(doc, dict):
+        raise BadLine(path, number, "the line", f"must be a JSON object, got {type(doc).__name__}")
+    kind = doc.get("kind", UNLABELLED)
+    if not isinstance(kind, str) or not kind:
+        raise BadLine(path, number, "kind", "must be a non-empty string")
+    messages = doc.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadLine(path, number, "messages", "must be a non-empty list of messages")
+    try:
+        return Conversation(number, kind, k3_messages(messages))
+    except FieldError as exc:
+        raise BadLine(path, number, exc.field, exc.problem) from None
+
+
+class FieldError(Exception):
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field}: {problem}")
+        self.field, self.problem = field, problem
+
+
+def k3_messages(messages: list) -> list[dict]:
+    """OpenAI chat messages as the server reads them into k3's: developer is system, text parts are joined,
+    tool_calls become k3's call markup, a tool message is named after the call it answers."""
+    from ..api import tool_call_markup
+
+    out, names = [], {}  # tool_call_id -> the tool's name
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise FieldError(where, "must be an object with role and content")
+        role = "system" if m.get("role") == "developer" else m.get("role")
+        if role in ("system", "user"):
+            out.append({"role": role, "content": content_text(m.get("content"), where)})
+        elif role == "assistant":
+            msg = {"role": "assistant", "content": content_text(m.get("content"), where)}
+            if m.get("reasoning_content") is not None:
+                if not isinstance(m["reasoning_content"], str):
+                    raise FieldError(f"{where}.reasoning_content", "must be a string")
+                msg["thinking"] = m["reasoning_content"]
+            if m.get("tool_calls"):
+                calls = tool_calls(m["tool_calls"], where)
+                msg["tools"] = tool_call_markup(calls)
+                names.update((c["id"], name) for c, (name, _) in zip(m["tool_calls"], calls)
+                             if isinstance(c.get("id"), str))
+            out.append(msg)
+        elif role == "tool":
+            name = m.get("name") or names.get(m.get("tool_call_id"))
+            if name is not None and not (isinstance(name, str) and TOOL_NAME.match(name)):
+                raise FieldError(f"{where}.name", "must be a tool name (letters, digits, _ and -)")
+            out.append({"role": "tool", "content": content_text(m.get("content"), where), "name": name})
+        else:
+            raise FieldError(f"{where}.role", f"must be system, developer, user, assistant or tool, got {role!r}")
+    return out
+
+
+def content_text(content, where: str) -> str:
+    """A message's content: a string, null, or a list of text parts joined."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise FieldError(f"{where}.content", "must be a string, null or a list of text parts")
+
+
+def tool_calls(calls, where: str) -> list[tuple[str, dict]]:
+    if not isinstance(calls, list):
+        raise FieldError(f"{where}.tool_calls", "must be a list")
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not TOOL_NAME.match(fn["name"]):
+            raise FieldError(f"{where}.tool_calls[{j}].function.name", "must be a tool name (letters, digits, _ and -)")
+        try:
+            arguments = json.loads(fn.get("arguments") or "{}")
+        except (TypeError, json.JSONDecodeError):
+            arguments = None
+        if not isinstance(arguments, dict):
+            raise FieldError(f"{where}.tool_calls[{j}].function.arguments", "must be a JSON object, as a string")
+        out.append((fn["name"], arguments))
+    return out
+
+
+# ---- rendering: the scored turns -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Turn:
+    kind: str
+    prompt: tuple[int, ...]
+    reply: tuple[int, ...]  # the ids the model would emit, <|end_of_msg|> included
+
+
+def scored_turns(conversations: list[Conversation], tokenizer, path) -> list[Turn]:
+    """Every assistant turn of every conversation, in file order."""
+    from ..api import render_chat
+
+    out = []
+    for c in conversations:
+        for i, m in enumerate(c.messages):
+            if m["role"] != "assistant":
+                continue
+            try:
+                prompt = render_chat(c.messages[:i], tokenizer, "instruct")
+                whole = render_chat(c.messages[:i + 1], tokenizer, "instruct", add_generation_prompt=False)
+            except UsageError as exc:
+                raise UsageError(f"{path} line {c.line}: {exc}") from None
+            if whole[:len(prompt)] != prompt or len(whole) == len(prompt):
+                raise UsageError(f"{path} line {c.line}: messages[{i}]: the chat template does not render the turn as "
+                                 "the generation prefix and a continuation of it; its ids cannot be told apart")
+            out.append(Turn(c.kind, tuple(prompt), tuple(whole[len(prompt):])))
+    return out
+
+
+# ---- teacher-forced acceptance ---------------------------------------------------------------------------------
+
+@dataclass
+class Counts:
+    turns: int = 0
+    ids: int = 0
+    passes: int = 0
+    proposed: int = 0
+    accepted: int = 0
+
+    def add(self, other: "Counts") -> None:
+        for k in vars(self):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+
+    def summary(self) -> dict:
+        return {**vars(self), "tokens_per_pass": self.ids / self.passes if self.passes else None,
+                "acceptance": self.accepted / self.proposed if self.proposed else None}
+
+
+def draft_length(k: str):
+    from ..text.generate import AUTO_K, DraftLength
+    return DraftLength(AUTO_K, adaptive=True) if k == "auto" else DraftLength(int(k), adaptive=False)
+
+
+def common_prefix(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def walk(source, turn: Turn, k: str, vocab: int) -> Counts:
+    """One turn decoded against its recorded ids with `source`'s drafts: passes, proposed and accepted ids."""
+    from ..text.generate import proposals
+
+    length, reply = draft_length(k), turn.reply
+    source.begin(turn.prompt)
+    history = [*turn.prompt, reply[0]]  # the prompt's pass yields the first id
+    passes, proposed, accepted = 1, 0, 0
+    while (done := len(history) - len(turn.prompt)) < len(reply):
+        n = length.next()
+        drafted = proposals(source, history, done, n, vocab) if n else []
+        right = common_prefix(drafted, reply[done:done + len(drafted)])
+        if drafted:
+            length.update(len(drafted), right)
+        history += reply[done:done + right + 1]  # the drafted ids the model agrees with, then its own
+        passes, proposed, accepted = passes + 1, proposed + len(drafted), accepted + right
+    source.end(tuple(history))
+    return Counts(1, len(reply), passes, proposed, accepted)
+
+
+def acceptance(turns: list[Turn], make_source, k: str, vocab: int) -> tuple[Counts, dict[str, Counts]]:
+    """Counts over all turns and per kind, with a fresh `make_source()` for each turn, turns in order."""
+    total, by_kind = Counts(), {}
+    for turn in turns:
+        counts = walk(make_source(), turn, k, vocab)
+        by_kind.setdefault(turn.kind, Counts()).add(counts)
+        total.add(counts)
+    return total, by_kind
+
+
+def run_job(job: tuple) -> dict:
+    """One (source, K) over the turns, in a process of its own: {"all": summary, "by_kind": {kind: summary}}."""
+    from ..api import draft_source
+
+    spec, k, turns, vocab = job
+    total, by_kind = acceptance(turns, lambda: draft_source(spec), k, vocab)
+    return {"all": total.summary(), "by_kind": {kind: c.summary() for kind, c in by_kind.items()}}
+
+
+def isolated(job: tuple) -> dict:
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as one:
+        return one.submit(run_job, job).result()
+
+
+def run_all(specs: list[str], turns: list[Turn], vocab: int) -> dict[str, dict[str, dict]]:
+    """{spec: {K: run_job's result}}, each (spec, K) in a fresh process, as many at once as there are cores."""
+    jobs = [(spec, k, turns, vocab) for spec in specs for k in KS]
+    results: dict[str, dict[str, dict]] = {spec: {} for spec in specs}
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
+        for (spec, k, *_), result in zip(jobs, pool.map(isolated, jobs)):
+            results[spec][k] = result
+            print(f"  {spec} K={k}: {result['all']['tokens_per_pass']:.3f} tokens per pass "
+                  f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+    return results
+
+
+# ---- the command -----------------------------------------------------------------------------------------------
+
+def source_specs(given: str | None) -> list[str]:
+    """The --sources list, each checked to name an installed draft source (one is built to check it)."""
+    from ..api import draft_source
+
+    specs = [s.strip() for s in (given or DEFAULT_SOURCES).split(",") if s.strip()]
+    if not specs:
+        raise UsageError("--sources: name at least one draft source, e.g. --sources ngram")
+    for spec in specs:
+        draft_source(spec)  # an unknown name is a PluginError naming it and the installed ones
+    return specs
+
+
+def document(model, path, conversations, turns, results) -> dict:
+    kinds = sorted({t.kind for t in turns})
+    census = {kind: {"conversations": sum(c.kind == kind for c in conversations),
+                     "turns": sum(t.kind == kind for t in turns),
+                     "reply_ids": sum(len(t.reply) for t in turns if t.kind == kind)} for kind in kinds}
+    sources = {spec: {"tokens_per_pass": {k: runs[k]["all"]["tokens_per_pass"] for k in KS},
+                      "by_kind": {kind: {k: runs[k]["by_kind"][kind]["tokens_per_pass"] for k in KS} for kind in kinds},
+                      "counts": {k: runs[k] for k in KS}}
+               for spec, runs in results.items()}
+    return {"model": str(model), "transcripts": str(path), "conversations": len(conversations), "turns": len(turns),
+            "reply_ids": sum(len(t.reply) for t in turns), "kinds": census, "sources": sources}
+
+
+def table(doc: dict) -> str:
+    head = "| source | kind | turns | reply ids | " + " | ".join(f"K={k}" if k != "auto" else "auto" for k in KS) + " |"
+    rule = "|---|---|---:|---:|" + "---:|" * len(KS)
+    lines = [f"draft acceptance on {Path(doc['transcripts']).name}, teacher-forced: {doc['conversations']} "
+             f"conversations, {doc['turns']} assistant turns, {doc['reply_ids']} reply ids (tokenizer of "
+             f"{Path(doc['model']).name})"]
+    for title, cell in (("tokens per pass (reply ids / forward passes; 1.00 is serial decoding)",
+                         lambda c: f"{c['tokens_per_pass']:.2f}"),
+                        ("drafted ids accepted / proposed", accepted_cell)):
+        lines += ["", title, "", head, rule]
+        for spec, s in doc["sources"].items():
+            for kind in [*doc["kinds"], None]:  # None: all kinds
+                row = {k: s["counts"][k]["all"] if kind is None else s["counts"][k]["by_kind"][kind] for k in KS}
+                lines.append(f"| {spec} | {kind or 'all kinds'} | {row['1']['turns']} | {row['1']['ids']} | "
+                             + " | ".join(cell(row[k]) for k in KS) + " |")
+    return "\n".join(lines)
+
+
+def accepted_cell(c: dict) -> str:
+    return f"{c['accepted']} / {c['proposed']} ({100 * c['acceptance']:.0f} %)" if c["proposed"] else "0 / 0"
+
+
+def cmd_transcripts(args) -> int:
+    from ..api import load_tokenizer
+
+    model = Path(args.model) if args.model else Path(__file__).resolve().parents[2] / "wizard" / "data" / "demo-model"
+    specs = source_specs(args.sources)
+    tokenizer = load_tokenizer(model)
+    conversations = read_conversations(args.transcripts)
+    turns = scored_turns(conversations, tokenizer, args.transcripts)
+    if not turns:
+        raise UsageError(f"--transcripts {args.transcripts}: no assistant turns to score")
+    doc = document(model, args.transcripts, conversations, turns, run_all(specs, turns, tokenizer.vocab_size))
+    print(json.dumps(doc, indent=1) if args.json else table(doc))
+    return 0
