@@ -41,7 +41,7 @@ from .model.testmodel import MARKER as TEST_MODEL_MARKER
 from .model.testmodel import make_model, planned_bytes, shape_config
 from .plugin_manager import describe_plugins as _describe
 from .plugin_manager import choose_draft, get_plugin_manager, new_plugin_manager
-from .text.channels import Event, TextStream, visible
+from .text.channels import Channels, Event, TextStream, visible
 from .text.chat import build_ids as build_chat_ids
 from .text.chat import (ChatInputError, Conversation, Reply, ToolCall, forced_tool_prefix, parse_tool_calls,
                         render as render_chat, split_reply, tool_call_markup)
@@ -65,7 +65,8 @@ __all__ = [
     "Sampler", "SamplingParams", "Session", "Grammar", "SchemaError", "chat_grammar", "schema_text",
     "MAX_SCHEMA_BYTES", "ChatSession", "Conversation", "Event", "visible", "Tokenizer",
     "load_tokenizer", "StateCache", "render_chat", "split_reply", "Reply", "ToolCall", "tool_call_markup",
-    "parse_tool_calls", "forced_tool_prefix", "build_chat_ids", "TextStream", "token_logprobs", "TokenLogprob",
+    "parse_tool_calls", "forced_tool_prefix", "build_chat_ids", "TextStream", "Channels", "token_logprobs",
+    "TokenLogprob",
     # files: profile, decode states, packed trunks, test models
     "Profile", "load_profile", "save_profile", "profile_path", "config_from_profile", "save_state", "load_state",
     "pack_trunk", "PackMeter", "ProgressMeter", "packed_trunk_bytes", "make_test_model", "generated_model_bytes", "TEST_MODEL_MARKER", "write_json_atomic",
