@@ -56,6 +56,12 @@ bench-index: $(STAMP)
 
 # What recording the tensor checksums adds to setup's verify pass (drops the page cache: run as root).
 .PHONY: bench-sums
+# The suffix draft index's cost (issue 26): build ms per 100 ids, proposals against a demo-model pass, peak RSS
+# against the memory plan (a child process fills the index past --draft-memory). About a minute.
+bench-suffix: $(STAMP)
+	$(PY) benchmarks/suffix_bench.py $(ARGS)
+.PHONY: bench-suffix
+
 bench-sums: $(STAMP)
 	@test -n "$(MODEL)" || { echo "usage: make bench-sums MODEL=DIR (e.g. a \`k3 make-model DIR --shape wide\`)"; exit 2; }
 	$(PY) benchmarks/sums_bench.py $(MODEL)

@@ -1,10 +1,18 @@
-"""`k3 bench suffix` on a three-conversation JSONL with a small --draft-memory (the demo model's tokenizer and
+"""benchmarks/suffix_bench.py (`make bench-suffix`) on a three-conversation JSONL with a small --draft-memory (the demo model's tokenizer and
 decode pass): the JSON document's fields, counts that add up, and the memory pass filled past its capacity.
 No timing assertions."""
 import json
+import subprocess
+import sys
+from pathlib import Path
 
-from k3core.cli.main import main
 from k3core.plugins.suffix import BYTES_PER_ID
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "suffix_bench.py"
+
+
+def bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600)
 
 CONVERSATIONS = [
     {"kind": "rewrite", "messages": [
@@ -19,11 +27,12 @@ CONVERSATIONS = [
 ]
 
 
-def test_bench_suffix_json_reports_build_proposals_and_memory(tmp_path, capsys):
+def test_bench_suffix_json_reports_build_proposals_and_memory(tmp_path):
     path = tmp_path / "three.jsonl"
     path.write_text("".join(json.dumps(c) + "\n" for c in CONVERSATIONS))
-    assert main(["bench", "suffix", "--transcripts", str(path), "--draft-memory", "0.0001", "--json", "-"]) == 0
-    doc = json.loads(capsys.readouterr().out)
+    done = bench("--transcripts", str(path), "--draft-memory", "0.0001", "--json", "-")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
     assert (doc["conversations"], doc["turns"]) == (3, 4) and doc["capacity_ids"] == 100_000 // BYTES_PER_ID
     b, p, m = doc["build"], doc["proposals"], doc["memory"]
     assert b["ids"] > 0 and b["calls"] >= 3 * doc["turns"] and b["seconds"] > 0 and b["ms_per_100_ids"] > 0
@@ -39,6 +48,6 @@ def test_bench_suffix_json_reports_build_proposals_and_memory(tmp_path, capsys):
     assert {"cpu", "cores"} <= set(doc["machine"]) and doc["date"]
 
 
-def test_bench_suffix_refuses_negative_memory(capsys):
-    assert main(["bench", "suffix", "--draft-memory", "-1"]) == 2
-    assert "--draft-memory" in capsys.readouterr().err
+def test_bench_suffix_refuses_negative_memory():
+    done = bench("--draft-memory", "-1")
+    assert done.returncode == 2 and "--draft-memory" in done.stderr

@@ -356,11 +356,9 @@ def add_parser(subparsers) -> None:
     from .bench_pair import add_parser as add_pair
     from .bench_stream import add_parser as add_stream
     from .bench_structured import add_parser as add_structured
-    from .bench_suffix import add_parser as add_suffix
     add_stream(sub)
     add_pair(sub)
     add_codec(sub)
     add_decode(sub)
     add_drafts_parser(sub)
     add_structured(sub)
-    add_suffix(sub)

@@ -1,4 +1,6 @@
-"""`k3 bench suffix`: what the suffix draft source's index costs (issue 26), on recorded conversations.
+"""What the suffix draft source's index costs (issue 26), on recorded conversations: `make bench-suffix`, or
+`python benchmarks/suffix_bench.py [MODEL_DIR] [--draft-memory GB] [--json FILE|-]`. A script beside k3, not a
+`k3 bench` command: it times the index's internals (k3core/plugins/suffix.py), which k3's own modules never import.
 
 Three measurements in one run, against issue 26's targets:
   build      every assistant turn of the transcripts, in file order, walked as a server decodes it with
@@ -34,10 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .bench_structured import ms
-from .bench_transcripts import Turn
+from k3core.cli.bench_structured import ms
+from k3core.cli.bench_transcripts import Turn
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 DRAFT_K = "8"              # drafted ids per pass of the walk, as bench_transcripts.walk takes K
 FORWARD_PROMPT = 16        # ids of the first turn's prompt the engine holds before the timed passes
 FORWARD_PASSES = 200       # timed decode passes of one id
@@ -58,7 +60,7 @@ def timed(seconds: list[float], call, *args):
 
 def timed_index(capacity: int):
     """A TimedIndex of `capacity` ids (its class is made here: importing the plugins is not for every k3 command)."""
-    from ..plugins.suffix import SuffixIndex
+    from k3core.plugins.suffix import SuffixIndex
 
     class TimedIndex(SuffixIndex):
         """A SuffixIndex timing each call: proposals apart, the rest (open, extend, close) as building, and
@@ -96,8 +98,8 @@ def timed_index(capacity: int):
 
 def walk_turns(turns: list[Turn], capacity: int, vocab: int):
     """Every turn walked at K=8 with the suffix source on a TimedIndex of its own: (the index, Counts)."""
-    from ..plugins.suffix import SuffixDraft
-    from .bench_transcripts import Counts, walk
+    from k3core.plugins.suffix import SuffixDraft
+    from k3core.cli.bench_transcripts import Counts, walk
 
     index, total = timed_index(capacity), Counts()
     source = SuffixDraft()
@@ -109,7 +111,7 @@ def walk_turns(turns: list[Turn], capacity: int, vocab: int):
 
 def forward_seconds(model: Path, prompt: list[int]) -> list[float]:
     """Seconds of each of FORWARD_PASSES decode passes (one id, the argmax of the last) after `prompt`."""
-    from ..api import EngineConfig, open_engine
+    from k3core.api import EngineConfig, open_engine
 
     seconds: list[float] = []
     with open_engine(EngineConfig(model)) as engine:
@@ -161,7 +163,7 @@ def memory_job(turns: list[Turn], capacity: int, vocab: int, times: int) -> dict
     bytes per id held of an index filled to `capacity` without evicting."""
     import tracemalloc
 
-    from ..plugins.suffix import SuffixIndex
+    from k3core.plugins.suffix import SuffixIndex
 
     reset = reset_peak()
     before = status_bytes("VmRSS")
@@ -182,7 +184,7 @@ def memory_job(turns: list[Turn], capacity: int, vocab: int, times: int) -> dict
 
 
 def measure_memory(turns: list[Turn], capacity: int, vocab: int, ids_per_round: int) -> dict:
-    from ..plugins.suffix import BYTES_PER_ID
+    from k3core.plugins.suffix import BYTES_PER_ID
 
     times = math.ceil(FILL * capacity / ids_per_round)
     with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as child:
@@ -217,10 +219,10 @@ def proposal_summary(index, counts, forward: list[float]) -> dict:
 
 
 def measure(model: Path, path, capacity: int) -> dict:
-    from ..api import load_tokenizer
-    from ..errors import UsageError
-    from .bench import machine_info
-    from .bench_transcripts import read_conversations, scored_turns
+    from k3core.api import load_tokenizer
+    from k3core.errors import UsageError
+    from k3core.cli.bench import machine_info
+    from k3core.cli.bench_transcripts import read_conversations, scored_turns
 
     date = datetime.now(timezone.utc).isoformat(timespec="seconds")
     tokenizer = load_tokenizer(model)
@@ -305,8 +307,8 @@ def suffix_table(doc: dict) -> str:
 def capacity(gb: float | None) -> int:
     """The index's capacity in ids, as the suffix source reserves it: --draft-memory (else its default) over
     BYTES_PER_ID."""
-    from ..errors import UsageError
-    from ..plugins.suffix import BYTES_PER_ID, DEFAULT_BYTES
+    from k3core.errors import UsageError
+    from k3core.plugins.suffix import BYTES_PER_ID, DEFAULT_BYTES
 
     if gb is not None and gb < 0:
         raise UsageError(f"--draft-memory takes GB >= 0, got {gb}")
@@ -331,16 +333,13 @@ def cmd_suffix(args) -> int:
     return 0
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "suffix", help="the suffix draft index's cost on transcripts: build ms per 100 ids, proposals against a "
-                       "decode pass, peak memory against the plan",
-        formatter_class=argparse.RawDescriptionHelpFormatter, description=__doc__,
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="benchmarks/suffix_bench.py", formatter_class=argparse.RawDescriptionHelpFormatter, description=__doc__,
         epilog="examples:\n"
-               "  k3 bench suffix                                  # the demo model, the shipped transcripts\n"
-               "  k3 bench suffix --draft-memory 0.5               # a 0.5 GB index (the transcripts repeated)\n"
-               "  k3 bench suffix --transcripts chats.jsonl --json /tmp/suffix.json\n"
-               "  k3 bench suffix --json - | jq .memory            # the document alone, on stdout\n"
+               "  make bench-suffix                                          # the demo model, the shipped transcripts\n"
+               "  .venv/bin/python benchmarks/suffix_bench.py --draft-memory 0.5   # a 0.5 GB index\n"
+               "  .venv/bin/python benchmarks/suffix_bench.py --json - | jq .memory\n"
                "reading it: docs/PERFORMANCE.md, \"The suffix index's cost\".")
     p.add_argument("model", metavar="MODEL_DIR", nargs="?",
                    help="its tokenizer renders the transcripts, its decode pass is the yardstick (default: the "
@@ -353,4 +352,18 @@ def add_parser(sub) -> None:
                    help="the index's memory, as `k3 serve --draft-memory` (default: the suffix source's, 0.067 GB)")
     p.add_argument("--json", metavar="FILE", help="also write the JSON document to FILE ('-': to stdout, instead of "
                    "the table)")
-    p.set_defaults(func=cmd_suffix)
+    return p
+
+
+def main(argv=None) -> int:
+    from k3core.errors import UsageError
+
+    try:
+        return cmd_suffix(parser().parse_args(argv))
+    except UsageError as exc:
+        print(f"suffix_bench: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
