@@ -210,9 +210,10 @@ class Counts:
                 "acceptance": self.accepted / self.proposed if self.proposed else None}
 
 
-def draft_length(k: str):
+def draft_length(k: str, cost):
+    """K's draft length; auto weighs drafts by `cost` (a PassCost: the model's bytes, its routing's unions unseen)."""
     from ..text.generate import AUTO_K, DraftLength
-    return DraftLength(AUTO_K, adaptive=True) if k == "auto" else DraftLength(int(k), adaptive=False)
+    return DraftLength(AUTO_K, adaptive=True, cost=cost) if k == "auto" else DraftLength(int(k), adaptive=False)
 
 
 def common_prefix(a, b) -> int:
@@ -224,11 +225,11 @@ def common_prefix(a, b) -> int:
     return n
 
 
-def walk(source, turn: Turn, k: str, vocab: int) -> Counts:
+def walk(source, turn: Turn, k: str, vocab: int, cost=None) -> Counts:
     """One turn decoded against its recorded ids with `source`'s drafts: passes, proposed and accepted ids."""
     from ..text.generate import proposals
 
-    length, reply = draft_length(k), turn.reply
+    length, reply = draft_length(k, cost), turn.reply
     source.begin(turn.prompt)
     history = [*turn.prompt, reply[0]]  # the prompt's pass yields the first id
     passes, proposed, accepted = 1, 0, 0
@@ -244,11 +245,11 @@ def walk(source, turn: Turn, k: str, vocab: int) -> Counts:
     return Counts(1, len(reply), passes, proposed, accepted)
 
 
-def acceptance(turns: list[Turn], make_source, k: str, vocab: int) -> tuple[Counts, dict[str, Counts]]:
+def acceptance(turns: list[Turn], make_source, k: str, vocab: int, cost=None) -> tuple[Counts, dict[str, Counts]]:
     """Counts over all turns and per kind, with a fresh `make_source()` for each turn, turns in order."""
     total, by_kind = Counts(), {}
     for turn in turns:
-        counts = walk(make_source(), turn, k, vocab)
+        counts = walk(make_source(), turn, k, vocab, cost)
         by_kind.setdefault(turn.kind, Counts()).add(counts)
         total.add(counts)
     return total, by_kind
@@ -258,8 +259,8 @@ def run_job(job: tuple) -> dict:
     """One (source, K) over the turns, in a process of its own: {"all": summary, "by_kind": {kind: summary}}."""
     from ..api import draft_source
 
-    spec, k, turns, vocab = job
-    total, by_kind = acceptance(turns, lambda: draft_source(spec), k, vocab)
+    spec, k, turns, vocab, cost = job
+    total, by_kind = acceptance(turns, lambda: draft_source(spec), k, vocab, cost)
     return {"all": total.summary(), "by_kind": {kind: c.summary() for kind, c in by_kind.items()}}
 
 
@@ -268,9 +269,9 @@ def isolated(job: tuple) -> dict:
         return one.submit(run_job, job).result()
 
 
-def run_all(specs: list[str], turns: list[Turn], vocab: int) -> dict[str, dict[str, dict]]:
+def run_all(specs: list[str], turns: list[Turn], vocab: int, cost) -> dict[str, dict[str, dict]]:
     """{spec: {K: run_job's result}}, each (spec, K) in a fresh process, as many at once as there are cores."""
-    jobs = [(spec, k, turns, vocab) for spec in specs for k in KS]
+    jobs = [(spec, k, turns, vocab, cost) for spec in specs for k in KS]
     results: dict[str, dict[str, dict]] = {spec: {} for spec in specs}
     started = time.perf_counter()
     with ThreadPoolExecutor(max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
@@ -282,6 +283,18 @@ def run_all(specs: list[str], turns: list[Turn], vocab: int) -> dict[str, dict[s
 
 
 # ---- the command -----------------------------------------------------------------------------------------------
+
+def pass_cost(model):
+    """What `auto` weighs drafts by: the model's pass bytes (its checkpoint's), unions as independent routing's."""
+    from ..api import open_checkpoint
+    from ..model.pass_cost import PassCost
+
+    checkpoint = open_checkpoint(model)
+    try:
+        return PassCost.of_checkpoint(checkpoint)
+    finally:
+        checkpoint.close()
+
 
 def source_specs(given: str | None) -> list[str]:
     """The --sources list, each checked to name an installed draft source (one is built to check it)."""
@@ -340,6 +353,6 @@ def cmd_transcripts(args) -> int:
     turns = scored_turns(conversations, tokenizer, args.transcripts)
     if not turns:
         raise UsageError(f"--transcripts {args.transcripts}: no assistant turns to score")
-    doc = document(model, args.transcripts, conversations, turns, run_all(specs, turns, tokenizer.vocab_size))
+    doc = document(model, args.transcripts, conversations, turns, run_all(specs, turns, tokenizer.vocab_size, pass_cost(model)))
     print(json.dumps(doc, indent=1) if args.json else table(doc))
     return 0

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import UsageError
 from .generate import DraftLength, Speculation, check_speculation, checked_prompt, pick, proposals, tell_draft
+from ..model.pass_cost import PassCost
 from .sampling import Sampler
 
 SCORED_LOGITS_BYTES = 64 << 20  # the float32 logits of one scored prompt chunk, at most
@@ -58,7 +59,8 @@ class BatchGenerator:
     generate_ids)."""
 
     def __init__(self, engine, observers: Sequence = ()):
-        self.engine, self.observers = engine, tuple(observers)
+        self.cost = PassCost.of(engine)  # learns the expert unions of every pass, for adaptive draft lengths
+        self.engine, self.observers = engine, (*observers, self.cost)
         self.sequences: dict[int, _Sequence] = {}
         self._next = 0
 
@@ -78,7 +80,8 @@ class BatchGenerator:
             speculation.draft.begin(tuple(history))
         handle, self._next = self._next, self._next + 1
         self.sequences[handle] = _Sequence(state, sampler or Sampler(), history, history[len(state.ids):], speculation,
-                                           DraftLength(speculation.k, speculation.adaptive) if speculation else None,
+                                           DraftLength(speculation.k, speculation.adaptive, self.cost)
+                                           if speculation else None,
                                            prompt_rows=prompt_rows)
         return handle
 

@@ -25,17 +25,20 @@ import numpy as np
 from ..errors import InputError, PluginError, UsageError
 from ..interfaces import DraftSource
 from ..model.engine_config import MAX_SPECULATE
+from ..model.pass_cost import PassCost
 from .sampling import Sampler
 
 AUTO_K = 8          # the most ids an adaptive K (--speculate auto) drafts per pass
 AUTO_REST_MAX = 64  # steps an adaptive K rests at zero drafts, at most, between tries
+PRIOR_ACCEPTED, PRIOR_REJECTED = 0.25, 0.75  # an adaptive K presumes 1 in 4 drafts accepted, weighed as one draft
 
 
 @dataclass(frozen=True)
 class Speculation:
     """Speculative decoding for one generation: `draft` proposes ids, and each verify pass forwards the
     last id plus up to `k` of them. `adaptive` (--speculate auto) lets the number drafted move between 0 and
-    `k` with the acceptance, so a draft source that is always wrong costs almost nothing."""
+    `k` by the expected bytes per emitted id (DraftLength), so a draft source that is always wrong costs almost
+    nothing."""
 
     draft: DraftSource
     k: int = 4
@@ -50,33 +53,50 @@ class Speculation:
 
 
 class DraftLength:
-    """How many ids to draft for the next pass. Fixed: always k. Adaptive: twice as many after a pass that
-    accepted all it drafted, one more than were accepted after a partial one, half after none; at zero it
-    rests 1, 2, 4 … AUTO_REST_MAX steps (doubling with each fruitless try) before drafting one again."""
+    """How many ids to draft for the next pass. Fixed: always k. Adaptive (--speculate auto): the length n that
+    minimises the expected weight bytes per emitted id. A pass of 1 + n rows costs `cost.bytes(1 + n)` (the trunk
+    once, the experts of its rows' union: model/pass_cost.py) and emits 1 + Σ_{j≤n} Π_{i≤j} p_i ids, p_i being the
+    share of passes that reached drafted position i and had it accepted (prior Beta(PRIOR_ACCEPTED,
+    PRIOR_REJECTED): a source is presumed weak until it shows otherwise). When no length beats none, it drafts
+    one id to keep measuring, resting 1, 2, 4 … AUTO_REST_MAX steps between such tries while they fail."""
 
-    def __init__(self, k: int, adaptive: bool):
-        self.limit, self.adaptive = k, adaptive
-        self.k = 1 if adaptive else k
+    def __init__(self, k: int, adaptive: bool, cost=None):
+        if adaptive and cost is None:
+            raise UsageError("an adaptive draft length needs the pass cost (k3core.model.pass_cost.PassCost)")
+        self.limit, self.adaptive, self.cost = k, adaptive, cost
+        self.reached, self.accepted = [0] * (k + 1), [0] * (k + 1)
         self.rest = self.misses = 0
 
     def next(self) -> int:
+        if not self.adaptive:
+            return self.limit
         if self.rest:
             self.rest -= 1
             return 0
-        return self.k
+        return max(1, self.best())
+
+    def best(self) -> int:
+        """The draft length with the fewest expected bytes per emitted id under the acceptance measured so far."""
+        best, best_bytes, tokens, chance = 0, self.cost.bytes(1), 1.0, 1.0
+        for n in range(1, self.limit + 1):
+            chance *= (self.accepted[n] + PRIOR_ACCEPTED) / (self.reached[n] + PRIOR_ACCEPTED + PRIOR_REJECTED)
+            tokens += chance
+            per_id = self.cost.bytes(1 + n) / tokens
+            if per_id < best_bytes:
+                best, best_bytes = n, per_id
+        return best
 
     def update(self, drafted: int, accepted: int) -> None:
         if not self.adaptive:
             return
-        if accepted == drafted:
-            self.k, self.misses = min(self.limit, 2 * self.k), 0
-        elif accepted:
-            self.k, self.misses = min(self.limit, accepted + 1), 0
+        for i in range(1, min(drafted, accepted + 1) + 1):  # position i was checked when all before it were accepted
+            self.reached[i] += 1
+            self.accepted[i] += i <= accepted
+        if accepted or self.best() > 0:
+            self.misses = 0
         else:
             self.misses += 1
-            self.k //= 2
-            if self.k == 0:
-                self.k, self.rest = 1, min(AUTO_REST_MAX, 2 ** (self.misses - 1))
+            self.rest = min(AUTO_REST_MAX, 2 ** (self.misses - 1))
 
 
 def generate_ids(engine, prompt: Sequence[int], state, sampler: Sampler | None = None, *, observers=(),
@@ -102,6 +122,8 @@ def generate_ids(engine, prompt: Sequence[int], state, sampler: Sampler | None =
             history.append(token)
             if len(history) >= engine.max_context:
                 return
+    if speculation is not None:  # the passes teach the pass cost its expert unions
+        observers = [*observers, PassCost.of(engine)]
     logits = prefill(engine, history[len(done):], state, observers)
     if speculation is not None:
         yield from speculative(engine, history, state, sampler, logits, speculation, observers)
@@ -148,7 +170,7 @@ def check_speculation(engine, speculation: Speculation, full_recompute: bool) ->
 def speculative(engine, history, state, sampler, logits, spec: Speculation, observers):
     """generate_ids after the prompt, with verify passes; `logits` are the prompt's last position's."""
     spec.draft.begin(tuple(history))
-    length = DraftLength(spec.k, spec.adaptive)
+    length = DraftLength(spec.k, spec.adaptive, PassCost.of(engine))
     rows, drafted, generated, kept, agreed = logits[None], [], 0, 0, 0
     try:
         while True:
