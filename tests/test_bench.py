@@ -128,21 +128,63 @@ def test_bench_stream_compares_two_trunks_against_the_disk_floor(capsys, tiny_mo
 
 def test_the_real_model_projection_adds_up():
     from k3core.cli.bench_stream import projections
-    from k3core.model.cost import (K3_EXPERT_BYTES, K3_EXPERTS_PER_TOKEN, K3_HEAD_BYTES, K3_LRU_1GB_HIT_RATE,
-                                   K3_TRUNK_BYTES, projection)
+    from k3core.model.cost import Drafts, K3_HEAD_BYTES, K3_TRUNK_BYTES, TOKEN_EXPERT_BYTES, projection
 
-    stream, experts = K3_TRUNK_BYTES + K3_HEAD_BYTES, K3_EXPERTS_PER_TOKEN * K3_EXPERT_BYTES
+    stream, experts = K3_TRUNK_BYTES + K3_HEAD_BYTES, TOKEN_EXPERT_BYTES
     raw = projection(1.0, 1.0, 10e9, 1.2, 8)
-    assert raw["bytes_read_per_token"] == pytest.approx(stream + experts * (1 - K3_LRU_1GB_HIT_RATE))
+    assert raw["bytes_read_per_token"] == pytest.approx(stream + experts)  # one token's experts: no hits
     assert raw["cpu_seconds"] == pytest.approx((stream + experts) / 10e9 / 8)  # no decoding for a raw trunk
     assert raw["seconds_per_token"] == pytest.approx(max(raw["disk_seconds"], raw["cpu_seconds"]) * 1.2)
     coded = projection(0.7, 2e9, 10e9, 1.0, 2)
-    assert coded["bytes_read_per_token"] == pytest.approx(0.7 * stream + experts * (1 - K3_LRU_1GB_HIT_RATE))
+    assert coded["bytes_read_per_token"] == pytest.approx(0.7 * stream + experts)
     assert coded["cpu_seconds"] == pytest.approx((stream / 2e9 + (stream + experts) / 10e9) / 2)
     rows = [{"trunk": "t", "options": [], "pinned_layers": 0, "vs_disk_floor": 0.8, "trunk_codec": "raw"}]
     assert [p["cores"] for p in projections(rows, [("t", 1.0)], None, 5e9)] == [2, 8, 16]
     assert projections(rows, [("t", 1.0)], None, 5e9)[0]["overhead"] == 1.0  # never below the disk floor
     assert projections(rows, [("t", 0.7)], None, 5e9) == []  # a coded trunk needs its decode rate
+    spec = projections(rows, [("t", 1.0)], None, 5e9, {"agentic": [Drafts(1, 1.9, 2.0), Drafts(8, 6.8, 8.1)]})
+    fast = spec[-1]["speculation"]["agentic"]  # 16 cores: disk-bound, where eight drafts pay most
+    assert fast["k"] == 8 and fast["seconds_per_token"] < spec[-1]["seconds_per_token"]
+    from k3core.cli.bench_stream import stream_table
+    table = stream_table({"raw_o_direct_probe": {"rate": 1e9, "queue_depth": 16}, "runs": [], "draft_source": "suffix",
+                          "projection_k3_8gb": spec})
+    assert "| suffix, agentic: s/token (K) |" in table and f"| {fast['seconds_per_token']:.1f} (8) |" in table
+
+
+def drafts_doc(kinds=("rewrite", "tool_loop", "plain")) -> dict:
+    """A `k3 bench drafts --transcripts --json` document's shape: ids, passes and drafted ids per kind and K."""
+    def counts(k: int, kind: str) -> dict:
+        passes = 100 if kind == "plain" else 100 // k + 10
+        return {"ids": 150 if kind == "plain" else 100 + 10 * k, "passes": passes, "proposed": passes * min(k, 3)}
+
+    by_k = {name: {"all": counts(k, kinds[0]), "by_kind": {kind: counts(k, kind) for kind in kinds}}
+            for name, k in (("1", 1), ("2", 2), ("4", 4), ("8", 8), ("auto", 8))}
+    return {"kinds": {kind: {} for kind in kinds}, "sources": {"suffix": {"counts": by_k}}}
+
+
+def test_bench_project_prints_the_ram_table_marking_every_k3_figure_projected(capsys, tmp_path):
+    drafts = tmp_path / "drafts.json"
+    drafts.write_text(json.dumps(drafts_doc()))
+    assert main(["bench", "project", "--drafts-json", str(drafts), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["ram"] for r in doc["rows"]] == [8e9, 32e9, 64e9, 128e9]
+    assert [r["c_engine_seconds"] for r in doc["rows"]] == [26.5, 24.2, 19.8, 5.6]
+    assert set(doc["drafts"]) == {"agentic", "plain"} and doc["draft_source"] == "suffix"
+    agentic = doc["drafts"]["agentic"][0]  # K = 1 over rewrite and tool_loop together: 220 ids in 220 passes
+    assert (agentic["k"], agentic["tokens_per_pass"], agentic["rows_per_pass"]) == (1, 1.0, 2.0)
+    for r in doc["rows"]:
+        assert r["lossless"]["seconds_per_token"] <= r["raw"]["seconds_per_token"] * 1.0001
+        assert {r["speculation"][g]["k"] for g in ("agentic", "plain")} <= {1, 2, 4, 8}
+    assert main(["bench", "project", "--drafts-json", str(drafts)]) == 0
+    table = capsys.readouterr().out
+    rows = [line for line in table.splitlines() if line.startswith("| 8 GB | 26.5 |")]
+    assert len(rows) == 1 and rows[0].count("*projected*") == 4
+    assert "| k3 + suffix, agentic | k3 + suffix, plain |" in table and "**projected**" in table
+    drafts.write_text(json.dumps(drafts_doc(("a", "b"))))  # kinds of another file: one group of all of them
+    assert main(["bench", "project", "--drafts-json", str(drafts), "--json"]) == 0
+    assert list(json.loads(capsys.readouterr().out)["drafts"]) == ["all kinds"]
+    assert main(["bench", "project", "--drafts-json", str(drafts), "--draft-source", "ngram"]) == 2
+    assert "has no source 'ngram'; it has suffix" in capsys.readouterr().err
 
 
 def test_bench_pair_runs_two_packs_in_one_process_taking_turns(tiny_model, tmp_path, capsys):

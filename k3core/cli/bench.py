@@ -354,6 +354,7 @@ def add_parser(subparsers) -> None:
     from .bench_codec import add_parser as add_codec
     from .bench_decode import add_drafts_parser, add_parser as add_decode
     from .bench_pair import add_parser as add_pair
+    from .bench_project import add_parser as add_project
     from .bench_stream import add_parser as add_stream
     from .bench_structured import add_parser as add_structured
     add_stream(sub)
@@ -361,4 +362,5 @@ def add_parser(subparsers) -> None:
     add_codec(sub)
     add_decode(sub)
     add_drafts_parser(sub)
+    add_project(sub)
     add_structured(sub)

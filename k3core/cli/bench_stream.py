@@ -20,7 +20,7 @@ from ..interfaces import default_threads
 from ..io.aligned_io import align_down, align_up, read_rate
 from ..model.budget import human
 from ..model.checkpoint import EXPERT_PARTS, expert_prefix, open_checkpoint
-from ..model.cost import projection
+from ..model.cost import Drafts, Layout, Machine, fastest, projection
 
 # Full Kimi K3, per decode token (SPEC §1, STREAMING-FACTS): all 93 trunk layers, lm_head, 1,472 experts.
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
@@ -142,19 +142,23 @@ def run_budget(model_dir, trunk_dir, trunk_gb: float, cache_gb: float, ids: str,
 
 
 def projections(rows: list[dict], trunks: list[tuple[Path, float]], decode_per_core: float | None,
-                compute_per_core: float | None) -> list[dict]:
+                compute_per_core: float | None, drafts: dict[str, list[Drafts]] | None = None) -> list[dict]:
     """The real-model projection of each trunk (dir, stored ratio) at 2, 8 and 16 cores, where this run has
-    what it needs: its streamed floor run (nothing pinned), whose s/token ÷ disk floor is the overhead."""
+    what it needs: its streamed floor run (nothing pinned), whose s/token ÷ disk floor is the overhead; with
+    `drafts` ({group: tokens per pass at each K}), each group's speculative s/token at its fastest K too."""
     out = []
     for trunk_dir, ratio in trunks:
         floor = next((r for r in rows if "error" not in r and r["trunk"] == str(trunk_dir) and not r["options"]
                       and r["pinned_layers"] == 0 and r.get("vs_disk_floor")), None)
         if floor is None or not compute_per_core or (ratio < 1 and not decode_per_core):
             continue
+        overhead = max(1.0, floor["vs_disk_floor"])
         for cores in (2, 8, 16):
+            machine = Machine(7e9, cores, decode_per_core or 1.0, compute_per_core, overhead)
             out.append({"trunk": str(trunk_dir), "codec": floor["trunk_codec"], "ratio": ratio,
-                        **projection(ratio, decode_per_core or 1.0, compute_per_core, max(1.0, floor["vs_disk_floor"]),
-                                     cores)})
+                        **projection(ratio, decode_per_core or 1.0, compute_per_core, overhead, cores),
+                        "speculation": {group: fastest([Layout(ratio)], machine, d)
+                                        for group, d in (drafts or {}).items()}})
     return out
 
 
@@ -198,8 +202,10 @@ def default_budgets(model_dir, trunk_dirs) -> list[tuple[float, float]]:
 
 def cmd_stream(args) -> int:
     from ..io.pack import pack
+    from .bench_project import read_drafts
 
     model, trunk = Path(args.model), Path(args.trunk)
+    source, drafts = read_drafts(args.drafts_json, args.draft_source) if args.drafts_json else (None, {})
     if not (trunk / "manifest.json").exists():
         print(f"packing {model} into {trunk} first …", file=sys.stderr)
         pack(model, trunk)
@@ -237,8 +243,9 @@ def cmd_stream(args) -> int:
     if coded is not None:
         doc["decode_bytes_per_second_per_core"] = decode_rate(coded)
     compute = doc.get("compute_bytes_per_second")
+    doc["draft_source"] = source
     doc["projection_k3_8gb"] = projections(rows, trunks, doc.get("decode_bytes_per_second_per_core"),
-                                           compute / doc["threads"] if compute else None)
+                                           compute / doc["threads"] if compute else None, drafts)
     print(json.dumps(doc, indent=1) if args.json else stream_table(doc))
     return 0
 
@@ -282,14 +289,20 @@ def stream_table(doc: dict) -> str:
     if doc.get("decode_bytes_per_second_per_core"):
         out.append(f"lossless trunk decode: {human(doc['decode_bytes_per_second_per_core'])}/s restored per core")
     if doc.get("projection_k3_8gb"):
-        out += ["", "projection to full Kimi K3 at 8 GB of RAM (laptop preset: the whole trunk streams, 1 GB of experts, "
-                "LRU hits of the real routing trace) on a 7 GB/s NVMe, from the rates above (docs/PERFORMANCE.md):", "",
-                "| trunk | stored ratio | cores | read / token | disk | CPU | overhead (floor run ÷ its disk floor) | s/token |",
-                "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        groups = list(doc["projection_k3_8gb"][0]["speculation"])
+        out += ["", "projection to full Kimi K3 at 8 GB of RAM (laptop preset: the whole trunk streams, every expert "
+                "read) on a 7 GB/s NVMe, from the rates above (docs/PERFORMANCE.md)"
+                + (f"; speculative: tokens per pass of `{doc['draft_source']}` at its fastest K, each pass reading the "
+                   "union of its rows' experts on the real routing trace" if groups else "") + ":", "",
+                "| trunk | stored ratio | cores | read / token | disk | CPU | overhead (floor run ÷ its disk floor) "
+                "| s/token |" + "".join(f" {doc['draft_source']}, {g}: s/token (K) |" for g in groups),
+                "|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(groups)]
         for p in doc["projection_k3_8gb"]:
             out.append(f"| {p['codec']} | {p['ratio']:.4f} | {p['cores']} | {human(p['bytes_read_per_token'])} | "
                        f"{p['disk_seconds']:.1f} s | {p['cpu_seconds']:.1f} s | {p['overhead']:.2f} | "
-                       f"{p['seconds_per_token']:.1f} |")
+                       f"{p['seconds_per_token']:.1f} |"
+                       + "".join(f" {p['speculation'][g]['seconds_per_token']:.1f} ({p['speculation'][g]['k']}) |"
+                                 for g in groups))
     return "\n".join(out)
 
 
@@ -347,5 +360,9 @@ def add_parser(sub) -> None:
     p.add_argument("--overhead-gb", type=float, default=1.5,
                    help="memory allowed above the budgets (Python, numpy, activations; default 1.5)")
     p.add_argument("--probe-seconds", type=float, default=3.0, help="length of each raw read probe (default 3)")
+    p.add_argument("--drafts-json", metavar="FILE", help="`k3 bench drafts --transcripts … --json` output: the "
+                   "projection adds speculative s/token from its tokens per pass (see `k3 bench project`)")
+    p.add_argument("--draft-source", metavar="NAME", help="the draft source of --drafts-json (default: its only one, "
+                   "else suffix)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_stream)

@@ -1,0 +1,146 @@
+"""`k3 bench project`: full Kimi K3 at 8, 32, 64 and 128 GB of RAM, projected from rates measured on this machine
+(k3core/model/cost.py: the method), beside the C engine's published s/token — serially with a raw and with a
+lossless trunk, and with a draft source's tokens per pass on transcripts (`--drafts-json`, the JSON of
+`k3 bench drafts --transcripts … --json`).
+
+Not a measurement of the real model: a projection, and it says so.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import UsageError
+from ..io.limits import SMALL_FILE_BYTES, read_json_limited
+from ..model.budget import human
+from ..model.cost import K3_UNION, Drafts, Machine, ram_row
+
+RAM_GB = (8, 32, 64, 128)
+# kimi-k3-in-c v1.0.0, README's "resident RAM / decode" table: one 124-core x86-64 with a 4.6 GB/s NVMe, RAM
+# capped by a cgroup (its docs/data/speed-2026-08.md; the 128 GB row is "128+ GB", trunk resident, 179 GB peak RSS)
+C_ENGINE_SECONDS = {8: 26.5, 32: 24.2, 64: 19.8, 128: 5.6}
+# `k3 bench stream` on this machine (2-vCPU AMD EPYC, AVX-512; docs/PERFORMANCE.md, "the real model at 8 GB,
+# projected"): the planes trunk restored per core, and a whole token's kernels per core
+MEASURED_DECODE_PER_CORE = 3.63e9
+MEASURED_COMPUTE_PER_CORE = 8.2e9
+DRAFT_KS = ("1", "2", "4", "8")  # `auto` varies its K pass by pass: its passes have no one union
+AGENTIC_KINDS = ("rewrite", "search_replace", "tool_loop", "quote")  # benchmarks/transcripts' kinds
+PLAIN_KINDS = ("plain",)
+
+
+def draft_groups(doc: dict, source: str | None) -> tuple[str, dict[str, list[Drafts]]]:
+    """(source, {group: Drafts at K = 1, 2, 4, 8}) from a `k3 bench drafts --transcripts --json` document: the
+    agentic kinds together and plain, where the file has them, else all its kinds."""
+    sources = doc.get("sources") or {}
+    if source is None:
+        source = next(iter(sources)) if len(sources) == 1 else "suffix"
+    if source not in sources:
+        raise UsageError(f"the drafts JSON has no source {source!r}; it has {', '.join(sources) or 'none'}")
+    counts = sources[source]["counts"]
+    groups = {name: [kind for kind in kinds if kind in doc.get("kinds", {})]
+              for name, kinds in (("agentic", AGENTIC_KINDS), ("plain", PLAIN_KINDS))}
+    groups = {name: kinds for name, kinds in groups.items() if kinds}
+
+    def drafts(k: str, kinds) -> Drafts:
+        rows = [counts[k]["by_kind"][kind] for kind in kinds] if kinds else [counts[k]["all"]]
+        ids, passes, proposed = (sum(r[f] for r in rows) for f in ("ids", "passes", "proposed"))
+        return Drafts(int(k), ids / passes, 1 + proposed / passes)
+
+    if not groups:
+        return source, {"all kinds": [drafts(k, None) for k in DRAFT_KS]}
+    return source, {name: [drafts(k, kinds) for k in DRAFT_KS] for name, kinds in groups.items()}
+
+
+def read_drafts(path, source: str | None) -> tuple[str, dict[str, list[Drafts]]]:
+    """draft_groups of the JSON file `path`; a file that is not one is a UsageError naming it."""
+    try:
+        doc = read_json_limited(Path(path), SMALL_FILE_BYTES, "a drafts JSON")
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--drafts-json {path}: not readable JSON ({exc})") from None
+    try:
+        return draft_groups(doc, source)
+    except UsageError as exc:
+        raise UsageError(f"--drafts-json {path}: {exc}") from None
+    except (AttributeError, KeyError, TypeError, ZeroDivisionError) as exc:
+        raise UsageError(f"--drafts-json {path}: not the JSON of `k3 bench drafts --transcripts … --json` "
+                         f"({type(exc).__name__}: {exc})") from None
+
+
+def cmd_project(args) -> int:
+    from ..model.routing import last_forward, union_ratios
+
+    if min(args.disk, args.cores, args.decode_per_core, args.compute_per_core) <= 0 or args.overhead < 1:
+        raise UsageError("--disk, --cores, --decode-per-core and --compute-per-core must be positive, --overhead >= 1")
+    machine = Machine(args.disk * 1e9, args.cores, args.decode_per_core * 1e9, args.compute_per_core * 1e9,
+                      args.overhead)
+    unions = tuple(union_ratios(last_forward(args.trace))) if args.trace else K3_UNION
+    rows = int(DRAFT_KS[-1]) + 1
+    if len(unions) < rows:
+        raise UsageError(f"--trace {args.trace}: its last forward has {len(unions)} positions; a pass of "
+                         f"K = {DRAFT_KS[-1]} drafts has {rows} rows")
+    source, drafts = read_drafts(args.drafts_json, args.draft_source) if args.drafts_json else (None, {})
+    doc = {"machine": vars(machine), "unions": list(unions), "union_source": args.trace or "built in (k3-in-c trace)",
+           "drafts_json": args.drafts_json, "draft_source": source,
+           "drafts": {g: [vars(d) for d in ds] for g, ds in drafts.items()},
+           "rows": [{**ram_row(gb * 1e9, machine, drafts, unions), "c_engine_seconds": C_ENGINE_SECONDS[gb]}
+                    for gb in RAM_GB]}
+    print(json.dumps(doc, indent=1) if args.json else project_table(doc))
+    return 0
+
+
+def project_table(doc: dict) -> str:
+    """The document of `k3 bench project` as Markdown: the seed-shaped table, then how each figure came about."""
+    m, source = doc["machine"], doc["draft_source"]
+    groups = list(doc["drafts"])
+    lines = [f"full Kimi K3, **projected** (k3core/model/cost.py): disk {m['disk'] / 1e9:.2f} GB/s, {m['cores']} cores "
+             f"restoring {m['decode_per_core'] / 1e9:.2f} GB/s and computing {m['compute_per_core'] / 1e9:.2f} GB/s "
+             f"each, overhead {m['overhead']:.2f}; expert unions {doc['union_source']}"
+             + (f"; tokens per pass of `{source}` from {doc['drafts_json']}" if source else
+                "; no --drafts-json, so no speculative columns"), "",
+             "| RAM | C engine, published s/token | k3 serial, raw trunk | k3 serial, lossless trunk |"
+             + "".join(f" k3 + {source}, {g} |" for g in groups),
+             "|---:|---:|---:|---:|" + "---:|" * len(groups)]
+    for r in doc["rows"]:
+        cells = [r["raw"], r["lossless"], *(r["speculation"][g] for g in groups)]
+        lines.append(f"| {r['ram'] / 1e9:.0f} GB | {r['c_engine_seconds']} |"
+                     + "".join(f" {c['seconds_per_token']:.1f} *projected* |" for c in cells))
+    lines += ["", "| RAM | column | trunk | K | tokens / pass | rows / pass | expert union | read / token | "
+                  "disk s / pass | CPU s / pass | s/token |", "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in doc["rows"]:
+        for name, c in [("serial, raw", r["raw"]), ("serial, lossless", r["lossless"]),
+                        *((f"{source}, {g}", r["speculation"][g]) for g in groups)]:
+            lines.append(f"| {r['ram'] / 1e9:.0f} GB | {name} | {c['layout']} | {c['k'] or '–'} | "
+                         f"{c['tokens_per_pass']:.2f} | {c['rows']:.2f} | {c['union']:.2f}× | "
+                         f"{human(c['bytes_per_token'])} | {c['disk_seconds']:.1f} | {c['cpu_seconds']:.1f} | "
+                         f"{c['seconds_per_token']:.2f} |")
+    return "\n".join(lines)
+
+
+def add_parser(sub) -> None:
+    import argparse
+
+    p = sub.add_parser(
+        "project", help="full K3 at 8/32/64/128 GB of RAM, projected from this machine's rates, beside the C engine",
+        formatter_class=argparse.RawDescriptionHelpFormatter, description=__doc__.split("\n\n")[0],
+        epilog="examples:\n  k3 bench project\n"
+               "  k3 bench drafts --transcripts benchmarks/transcripts/transcripts.jsonl --sources suffix --json "
+               "> drafts.json\n  k3 bench project --drafts-json drafts.json\n"
+               "  k3 bench project --drafts-json drafts.json --disk 4.6 --cores 124   # the C engine's machine")
+    p.add_argument("--drafts-json", metavar="FILE", help="`k3 bench drafts --transcripts … --json` output: "
+                   "speculative columns from its tokens per pass at K = 1, 2, 4, 8")
+    p.add_argument("--draft-source", metavar="NAME", help="the draft source of FILE to use (default: its only one, "
+                   "else suffix)")
+    p.add_argument("--disk", type=float, default=7.0, metavar="GB/s", help="disk read rate (default 7)")
+    p.add_argument("--cores", type=int, default=16, metavar="N", help="cores (default 16)")
+    p.add_argument("--decode-per-core", type=float, default=MEASURED_DECODE_PER_CORE / 1e9, metavar="GB/s",
+                   help="lossless trunk restored per core (default: this machine's, "
+                        f"{MEASURED_DECODE_PER_CORE / 1e9:g}, docs/PERFORMANCE.md)")
+    p.add_argument("--compute-per-core", type=float, default=MEASURED_COMPUTE_PER_CORE / 1e9, metavar="GB/s",
+                   help="a token's weight bytes through the kernels per core (default: this machine's, "
+                        f"{MEASURED_COMPUTE_PER_CORE / 1e9:g}, docs/PERFORMANCE.md)")
+    p.add_argument("--overhead", type=float, default=1.0, help="a streamed run's s/token ÷ its disk floor (default 1: "
+                   "this machine's floor runs were under theirs)")
+    p.add_argument("--trace", metavar="FILE", help="expert unions from this routing trace's last forward (default: "
+                   "the k3-in-c trace's, built in)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_project)
