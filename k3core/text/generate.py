@@ -17,6 +17,7 @@ accepted position, so the state rule above holds after every yield.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -30,6 +31,7 @@ from .sampling import Sampler
 
 AUTO_K = 8          # the most ids an adaptive K (--speculate auto) drafts per pass
 AUTO_REST_MAX = 64  # steps an adaptive K rests at zero drafts, at most, between tries
+PROBE_SHARE = 0.02  # fruitless one-id tries cost at most this share of the passes they rest between, while they can
 PRIOR_ACCEPTED, PRIOR_REJECTED = 0.25, 0.75  # an adaptive K presumes 1 in 4 drafts accepted, weighed as one draft
 
 
@@ -58,7 +60,8 @@ class DraftLength:
     once, the experts of its rows' union: model/pass_cost.py) and emits 1 + Σ_{j≤n} Π_{i≤j} p_i ids, p_i being the
     share of passes that reached drafted position i and had it accepted (prior Beta(PRIOR_ACCEPTED,
     PRIOR_REJECTED): a source is presumed weak until it shows otherwise). When no length beats none, it drafts
-    one id to keep measuring, resting 1, 2, 4 … AUTO_REST_MAX steps between such tries while they fail."""
+    one id to keep measuring, resting 1, 2, 4 … AUTO_REST_MAX steps between such tries while they fail, and at
+    least long enough that they cost PROBE_SHARE of the passes."""
 
     def __init__(self, k: int, adaptive: bool, cost=None):
         if adaptive and cost is None:
@@ -96,7 +99,8 @@ class DraftLength:
             self.misses = 0
         else:
             self.misses += 1
-            self.rest = min(AUTO_REST_MAX, 2 ** (self.misses - 1))
+            extra = self.cost.bytes(2) / self.cost.bytes(1) - 1  # what a fruitless one-id try costs, in passes
+            self.rest = min(AUTO_REST_MAX, max(2 ** (self.misses - 1), math.ceil(extra / PROBE_SHARE)))
 
 
 def generate_ids(engine, prompt: Sequence[int], state, sampler: Sampler | None = None, *, observers=(),
