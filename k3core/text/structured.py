@@ -30,7 +30,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import K3Error, UsageError
-from .chat import CLOSE, EOM, OPEN, SEP
+from .chat import EOM
 
 MAX_SCHEMA_BYTES = 64 << 10  # a JSON schema's text, at most (compiling costs grow with it)
 MAX_CALLS = 8                # tool calls in one constrained tools channel, at most
