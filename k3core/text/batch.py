@@ -59,8 +59,8 @@ class BatchGenerator:
     generate_ids)."""
 
     def __init__(self, engine, observers: Sequence = ()):
-        self.cost = PassCost.of(engine)  # learns the expert unions of every pass, for adaptive draft lengths
-        self.engine, self.observers = engine, (*observers, self.cost)
+        self.engine, self.observers = engine, tuple(observers)
+        self.cost = None  # once a sequence speculates: the pass cost, learning from every pass (adaptive lengths)
         self.sequences: dict[int, _Sequence] = {}
         self._next = 0
 
@@ -78,6 +78,9 @@ class BatchGenerator:
         if speculation is not None:
             check_speculation(self.engine, speculation, False)
             speculation.draft.begin(tuple(history))
+            if self.cost is None:
+                self.cost = PassCost.of(self.engine)
+                self.observers = (*self.observers, self.cost)
         handle, self._next = self._next, self._next + 1
         self.sequences[handle] = _Sequence(state, sampler or Sampler(), history, history[len(state.ids):], speculation,
                                            DraftLength(speculation.k, speculation.adaptive, self.cost)
