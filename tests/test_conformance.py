@@ -1,4 +1,4 @@
-"""Every built-in kernel backend (available here), expert store and trunk placer passes k3's conformance
+"""Every built-in kernel backend (available here), expert store, trunk placer and draft source passes k3's conformance
 kit (k3core.testing), the same checks a third party runs on theirs; and `k3 plugins --check` reports
 pass/fail per check and exits 1 when one fails, naming it."""
 from __future__ import annotations
@@ -8,12 +8,13 @@ import pytest
 from k3core import plugin_manager as plugins
 from k3core.cli.main import main
 from k3core.plugin_api import hookimpl
-from k3core.testing import expert_store_checks, kernel_backend_checks, trunk_placer_checks
+from k3core.testing import draft_source_checks, expert_store_checks, kernel_backend_checks, trunk_placer_checks
 
 PM = plugins.get_plugin_manager()
 CHECKS = ([c for k in plugins.kernel_backends(PM) if k.available() for c in kernel_backend_checks(k)]
           + [c for s in plugins.expert_stores(PM) for c in expert_store_checks(s)]
-          + [c for p in plugins.trunk_placers(PM) for c in trunk_placer_checks(p)])
+          + [c for p in plugins.trunk_placers(PM) for c in trunk_placer_checks(p)]
+          + [c for o in plugins.offered(PM, "k3_draft_sources") for c in draft_source_checks(o.item)])
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=str)
