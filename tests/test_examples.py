@@ -29,7 +29,7 @@ def installed():
             importlib.metadata.distribution(dist)
         except importlib.metadata.PackageNotFoundError:
             missing.append(dist)
-    assert not missing, f"{', '.join(missing)} not installed: `make install` installs examples/ into the venv"
+    assert not missing, f"{', '.join(missing)} not installed: `make test` installs examples/ into the venv for its run"
 
 
 def test_both_examples_pass_the_conformance_kit():
