@@ -1,5 +1,5 @@
 """What the suffix draft source's index costs (issue 26), on recorded conversations: `make bench-suffix`, or
-`python benchmarks/suffix_bench.py [MODEL_DIR] [--draft-memory GB] [--json FILE|-]`. A script beside k3, not a
+`python benchmarks/suffix_bench.py [MODEL_DIR] [--draft-memory GB] [--json]`. A script beside k3, not a
 `k3 bench` command: it times the index's internals (k3core/plugins/suffix.py), which k3's own modules never import.
 
 Three measurements in one run, against issue 26's targets:
@@ -18,7 +18,7 @@ Three measurements in one run, against issue 26's targets:
 The transcripts are rendered into ids with MODEL's tokenizer. When they are added again, each later round's
 ids are permuted (seeded), so it is new text to the index rather than a repeat it would share states with.
 Not a test: it asserts nothing about time; what misses its target is marked ✗, and memory over the plan or
-BYTES_PER_ID is spelled out in capitals below the table (on stderr with --json -).
+BYTES_PER_ID is spelled out in capitals below the table (on stderr with --json).
 """
 from __future__ import annotations
 
@@ -319,13 +319,7 @@ def cmd_suffix(args) -> int:
     model = Path(args.model) if args.model else ROOT / "wizard" / "data" / "demo-model"
     doc = measure(model, args.transcripts, capacity(args.draft_memory))
     if args.json:
-        text = json.dumps(doc, indent=1, ensure_ascii=False)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w", encoding="utf-8") as f:
-                f.write(text + "\n")
-    if args.json == "-":
+        print(json.dumps(doc, indent=1, ensure_ascii=False))
         for line in over_plan(doc):
             print(line, file=sys.stderr)
     else:
@@ -339,7 +333,7 @@ def parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
                "  make bench-suffix                                          # the demo model, the shipped transcripts\n"
                "  .venv/bin/python benchmarks/suffix_bench.py --draft-memory 0.5   # a 0.5 GB index\n"
-               "  .venv/bin/python benchmarks/suffix_bench.py --json - | jq .memory\n"
+               "  .venv/bin/python benchmarks/suffix_bench.py --json | jq .memory\n"
                "reading it: docs/PERFORMANCE.md, \"The suffix index's cost\".")
     p.add_argument("model", metavar="MODEL_DIR", nargs="?",
                    help="its tokenizer renders the transcripts, its decode pass is the yardstick (default: the "
@@ -350,8 +344,7 @@ def parser() -> argparse.ArgumentParser:
                         "benchmarks/transcripts/transcripts.jsonl)")
     p.add_argument("--draft-memory", type=float, metavar="GB", default=None,
                    help="the index's memory, as `k3 serve --draft-memory` (default: the suffix source's, 0.067 GB)")
-    p.add_argument("--json", metavar="FILE", help="also write the JSON document to FILE ('-': to stdout, instead of "
-                   "the table)")
+    p.add_argument("--json", action="store_true", help="print the JSON document instead of the table")
     return p
 
 

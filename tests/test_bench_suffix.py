@@ -30,7 +30,7 @@ CONVERSATIONS = [
 def test_bench_suffix_json_reports_build_proposals_and_memory(tmp_path):
     path = tmp_path / "three.jsonl"
     path.write_text("".join(json.dumps(c) + "\n" for c in CONVERSATIONS))
-    done = bench("--transcripts", str(path), "--draft-memory", "0.0001", "--json", "-")
+    done = bench("--transcripts", str(path), "--draft-memory", "0.0001", "--json")
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert (doc["conversations"], doc["turns"]) == (3, 4) and doc["capacity_ids"] == 100_000 // BYTES_PER_ID

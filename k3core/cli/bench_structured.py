@@ -213,15 +213,7 @@ def cmd_structured(args) -> int:
     if args.max_tokens < 1:
         raise UsageError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     doc = measure(args)
-    if args.json:
-        text = json.dumps(doc, indent=1, ensure_ascii=False)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w", encoding="utf-8") as f:
-                f.write(text + "\n")
-    if args.json != "-":
-        print(structured_table(doc))
+    print(json.dumps(doc, indent=1, ensure_ascii=False) if args.json else structured_table(doc))
     broken = [f"{r['schema']}: {r['validation']} ({r['reply']!r})" for r in doc["schemas"]
               if r["validation"].startswith("invalid")]
     if broken:
@@ -237,9 +229,9 @@ def add_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter, description=__doc__.split("\n\n")[0],
         epilog="examples:\n"
                "  k3 bench structured wizard/data/demo-model                  # the 22 schemas on the demo model\n"
-               "  k3 bench structured wizard/data/demo-model --schemas enum_top,integer_bounds --json /tmp/s.json\n"
+               "  k3 bench structured wizard/data/demo-model --schemas enum_top,integer_bounds\n"
                "  k3 make-model /tmp/k3-wide --shape wide && k3 bench structured /tmp/k3-wide   # real K3 widths\n"
-               "  k3 bench structured /tmp/k3-wide --json - | jq .totals       # the document alone, on stdout\n"
+               "  k3 bench structured /tmp/k3-wide --json | jq .totals         # the document, every timing included\n"
                "reading it: mask ÷ forward is the median mask over the median decode pass of the same run; a K3\n"
                "forward pass takes seconds (docs/STRUCTURED-OUTPUT.md, \"The mask's cost, measured\").")
     add_engine_args(p)
@@ -247,6 +239,6 @@ def add_parser(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, metavar="N",
                    help=f"ids per reply at most (default {DEFAULT_MAX_TOKENS}; every schema is bounded, so replies "
                         "finish well before)")
-    p.add_argument("--json", metavar="FILE", help="also write the JSON document, every timing included, to FILE "
-                   "('-': to stdout, instead of the table)")
+    p.add_argument("--json", action="store_true", help="print the JSON document, every timing included, instead of "
+                   "the table")
     p.set_defaults(func=cmd_structured)
