@@ -8,7 +8,6 @@ changes an id: greedy and seeded, across chat turns, after evictions, and in a s
 from __future__ import annotations
 
 import re
-import threading
 
 import pytest
 
@@ -127,7 +126,7 @@ def _reply(chat, question, speculation):
 
 
 def test_a_server_batch_of_four_sharing_history_replies_as_a_plain_server(model_factory):
-    from .serve.conftest import Live
+    from .serve.conftest import Live, chat_together
 
     history = [{"role": "user", "content": "one two three one two three"},
                {"role": "assistant", "content": "one two three"}]
@@ -143,18 +142,7 @@ def test_a_server_batch_of_four_sharing_history_replies_as_a_plain_server(model_
     live.worker.speculation = lambda: Speculation(SuffixDraft(), AUTO_K, adaptive=True)
     try:
         for _ in range(2):  # the second round drafts from the first's replies
-            got = [None] * 4
-
-            def send(i):
-                got[i] = live.client.chat.completions.create(model=live.name, messages=asks[i], **ask
-                                                             ).choices[0].message.content
-
-            threads = [threading.Thread(target=send, args=(i,)) for i in range(4)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            assert got == want
+            assert chat_together(live, [dict(messages=m, **ask) for m in asks]) == want
     finally:
         live.close()
 

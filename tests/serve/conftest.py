@@ -79,6 +79,23 @@ def script_tool_calls(monkeypatch, live, calls=CALLS) -> list[int]:
     return script
 
 
+def chat_together(live, asks: list[dict]) -> list[str]:
+    """The reply contents of chat completions asking `asks` (create() keyword arguments), all in flight at once."""
+    import threading
+
+    got = [None] * len(asks)
+
+    def send(i):
+        got[i] = live.client.chat.completions.create(model=live.name, **asks[i]).choices[0].message.content
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(asks))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return got
+
+
 def burst(live, path: str, body: dict, n: int = 4) -> list:
     """`n` POSTs of `body` to `path`, started 50 ms apart and in flight together: their responses."""
     import threading

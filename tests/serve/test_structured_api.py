@@ -5,7 +5,6 @@ alone and in a batch of four, with and without drafts verified by the server."""
 from __future__ import annotations
 
 import json
-import threading
 from typing import Literal
 
 import anthropic
@@ -18,7 +17,7 @@ from k3core import AUTO_K, Speculation
 from k3core.plugins.drafts import NgramDraft
 from k3core.testing.schemas import SCHEMAS
 
-from .conftest import Live
+from .conftest import Live, chat_together
 
 BY_NAME = {name: schema for name, _, schema in SCHEMAS}
 PARIS = [{"role": "user", "content": "What is the capital of France?"}]
@@ -116,17 +115,7 @@ def test_the_same_ids_alone_in_a_batch_of_four_and_with_drafts(model_factory):
     live = Live(model_factory("small"), sequences=4, speculate=AUTO_K)
     live.worker.speculation = lambda: Speculation(NgramDraft(None), AUTO_K, adaptive=True)
     try:
-        got = [None] * len(asks)
-
-        def send(i):
-            got[i] = live.client.chat.completions.create(model=live.name, **asks[i]).choices[0].message.content
-
-        threads = [threading.Thread(target=send, args=(i,)) for i in range(len(asks))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert got == want
+        assert chat_together(live, asks) == want
     finally:
         live.close()
 
