@@ -205,16 +205,6 @@ def read_schema(path: str) -> str:
     return schema_text(text, f"--json-schema {path}")
 
 
-def schema_grammar(args, tokenizer, params, channel):
-    """The grammar --json-schema holds the reply to (compiled here, so a failure names the file), or None."""
-    from ..text.structured import Grammar, reply_grammar
-
-    if params.json_schema is None:
-        return None
-    return Grammar(tokenizer, reply_grammar(params.json_schema, channel), f"--json-schema {args.json_schema}",
-                   chat=channel is not None)
-
-
 def check_outputs(args) -> None:
     """Refuse, before anything loads, an output path the run could not write (k3core/io/atomic.py output_target):
     a directory or a missing directory for --json / --dump-logits, an existing non-directory for --dump-trace."""
@@ -253,7 +243,7 @@ def cmd_run(args) -> int:
         trace, logits = TraceRecorder() if args.dump_trace else None, LogitsRecorder()
         disks = DiskWatch([config.model, config.trunk])
         session = Session(engine, tokenizer)
-        grammar = schema_grammar(args, tokenizer, params, channel)
+        grammar = session.schema_grammar(params, channel, f"--json-schema {args.json_schema}")
         load_seconds = time.perf_counter() - start
         events = session.generate(ids, params, stop_ids=stop_ids, channel=channel, full_recompute=args.full_recompute,
                                   observers=[logits, disks] + ([trace] if trace else []), speculation=speculate,

@@ -66,13 +66,15 @@ class Session:
     def reset(self) -> None:
         self.state = self.engine.new_state()
 
-    def schema_grammar(self, params: SamplingParams, channel: str | None) -> Grammar | None:
-        """The grammar `params.json_schema` asks of a reply starting in `channel`, or None."""
+    def schema_grammar(self, params: SamplingParams, channel: str | None, param: str = "json_schema"
+                       ) -> Grammar | None:
+        """The grammar `params.json_schema` asks of a reply starting in `channel`, or None; a schema that cannot
+        be enforced is a SchemaError naming `param` (where the schema came from)."""
         if params.json_schema is None:
             return None
         if self.tokenizer is None:
-            raise UsageError("json_schema: structured output needs the model's tokenizer (Session(engine, tokenizer))")
-        return Grammar(self.tokenizer, reply_grammar(params.json_schema, channel), chat=channel is not None)
+            raise UsageError(f"{param}: structured output needs the model's tokenizer (Session(engine, tokenizer))")
+        return Grammar(self.tokenizer, reply_grammar(params.json_schema, channel), param, chat=channel is not None)
 
     def to_forward(self, prompt: Sequence[int]) -> list[int]:
         """The ids of `prompt` not yet consumed; the state is reset unless `prompt` extends it."""
