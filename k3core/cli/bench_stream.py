@@ -21,6 +21,7 @@ from ..io.aligned_io import align_down, align_up, read_rate
 from ..model.budget import human
 from ..model.checkpoint import EXPERT_PARTS, expert_prefix, open_checkpoint
 from ..model.cost import Drafts, Layout, Machine, fastest, projection
+from ..model.pass_cost import expert_bytes, trunk_bytes_per_pass
 
 # Full Kimi K3, per decode token (SPEC §1, STREAMING-FACTS): all 93 trunk layers, lm_head, 1,472 experts.
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
@@ -188,8 +189,7 @@ def default_budgets(model_dir, trunk_dirs) -> list[tuple[float, float]]:
 
     ckpt = open_checkpoint(model_dir)
     config = ckpt.config
-    one = sum(ckpt.index[expert_prefix(config.first_k_dense_replace, 0) + p].nbytes for p in EXPERT_PARTS)
-    experts = (config.num_hidden_layers - config.first_k_dense_replace) * config.num_experts * one
+    experts = (config.num_hidden_layers - config.first_k_dense_replace) * config.num_experts * expert_bytes(ckpt)
     ckpt.close()
 
     def trunk_gb(pinned: int) -> float:  # what the pinned placer's plan holds: pinned layers + the ring
@@ -323,11 +323,8 @@ def _bytes_touched_per_token(model) -> float:
     (one row) and top-k experts in every MoE layer."""
     ckpt = open_checkpoint(model)
     c = ckpt.config
-    trunk = sum(ckpt.index[n].nbytes for n in ckpt.index.names()
-                if ".experts." not in n and "embed_tokens" not in n and not n.startswith(("vision_", "mm_")))
-    first = expert_prefix(c.first_k_dense_replace, 0)
-    expert = sum(ckpt.index[first + p].nbytes for p in EXPERT_PARTS)
-    return trunk + (c.num_hidden_layers - c.first_k_dense_replace) * c.num_experts_per_token * expert
+    return (trunk_bytes_per_pass(ckpt)
+            + (c.num_hidden_layers - c.first_k_dense_replace) * c.num_experts_per_token * expert_bytes(ckpt))
 
 
 def add_parser(sub) -> None:

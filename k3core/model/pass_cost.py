@@ -18,10 +18,25 @@ import weakref
 
 import numpy as np
 
-from .checkpoint import EXPERT_PARTS, expert_prefix
+from .checkpoint import EXPERT_PARTS, VISION_PREFIXES, expert_prefix
 from .engine import Observer
 
 READ_WEIGHT = 4.0  # a byte read from disk, in bytes touched in RAM
+
+
+def trunk_bytes_per_pass(checkpoint) -> int:
+    """Weight bytes a pass touches besides the routed experts: every tensor but those, the embedding (one row
+    per id) and the vision tower."""
+    return sum(checkpoint.index[n].nbytes for n in checkpoint.index.names()
+               if ".experts." not in n and "embed_tokens" not in n and not n.startswith(VISION_PREFIXES))
+
+
+def expert_bytes(checkpoint) -> int:
+    """One routed expert's bytes (0 for a model without MoE layers)."""
+    c = checkpoint.config
+    if c.first_k_dense_replace >= c.num_hidden_layers:
+        return 0
+    return sum(checkpoint.index[expert_prefix(c.first_k_dense_replace, 0) + p].nbytes for p in EXPERT_PARTS)
 
 
 class PassCost(Observer):
@@ -48,13 +63,9 @@ class PassCost(Observer):
     @classmethod
     def of_checkpoint(cls, checkpoint, stats=None) -> "PassCost":
         c = checkpoint.config
-        total = float(sum(checkpoint.index[n].nbytes for n in checkpoint.index.names()))
         moe_layers = c.num_hidden_layers - min(c.first_k_dense_replace, c.num_hidden_layers)
-        if moe_layers == 0:
-            return cls(total, 0.0, 0, 1, 1, stats)
-        expert = sum(checkpoint.index[expert_prefix(c.first_k_dense_replace, 0) + p].nbytes for p in EXPERT_PARTS)
-        return cls(total - moe_layers * c.num_experts * expert, float(expert), moe_layers, c.num_experts,
-                   c.num_experts_per_token, stats)
+        return cls(float(trunk_bytes_per_pass(checkpoint)), float(expert_bytes(checkpoint)), moe_layers,
+                   c.num_experts, c.num_experts_per_token, stats)
 
     # ---- learning, as an Observer ---------------------------------------------------------------------------
     def on_layer(self, layer: int, layers: int) -> None:

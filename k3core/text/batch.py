@@ -60,7 +60,7 @@ class BatchGenerator:
 
     def __init__(self, engine, observers: Sequence = ()):
         self.engine, self.observers = engine, tuple(observers)
-        self.cost = None  # once a sequence speculates: the pass cost, learning from every pass (adaptive lengths)
+        self.cost = None  # once a sequence speculates with auto: its pass cost, learning from every pass
         self.sequences: dict[int, _Sequence] = {}
         self._next = 0
 
@@ -78,7 +78,7 @@ class BatchGenerator:
         if speculation is not None:
             check_speculation(self.engine, speculation, False)
             speculation.draft.begin(tuple(history))
-            if self.cost is None:
+            if speculation.adaptive and self.cost is None:
                 self.cost = PassCost.of(self.engine)
                 self.observers = (*self.observers, self.cost)
         handle, self._next = self._next, self._next + 1

@@ -126,7 +126,7 @@ def generate_ids(engine, prompt: Sequence[int], state, sampler: Sampler | None =
             history.append(token)
             if len(history) >= engine.max_context:
                 return
-    if speculation is not None:  # the passes teach the pass cost its expert unions
+    if speculation is not None and speculation.adaptive:  # the passes teach auto's pass cost what they read
         observers = [*observers, PassCost.of(engine)]
     logits = prefill(engine, history[len(done):], state, observers)
     if speculation is not None:
@@ -174,7 +174,7 @@ def check_speculation(engine, speculation: Speculation, full_recompute: bool) ->
 def speculative(engine, history, state, sampler, logits, spec: Speculation, observers):
     """generate_ids after the prompt, with verify passes; `logits` are the prompt's last position's."""
     spec.draft.begin(tuple(history))
-    length = DraftLength(spec.k, spec.adaptive, PassCost.of(engine))
+    length = DraftLength(spec.k, spec.adaptive, PassCost.of(engine) if spec.adaptive else None)
     rows, drafted, generated, kept, agreed = logits[None], [], 0, 0, 0
     try:
         while True:
