@@ -135,8 +135,9 @@ class Api:
             raise ApiError(400, str(exc), param="messages", code="invalid_value") from None
         prompt += forced
         params = self.params(req.sampling, mode, len(prompt))
-        return Job(prompt, params, emit=None, channel=channel, forced=forced, grammar=grammar,
-                   stop_ids=frozenset({self.tokenizer.id_of(EOM)}), logprobs=req.logprobs), mode
+        stops = frozenset({self.tokenizer.id_of(EOM), *(grammar.stop_ids if grammar else ())})
+        return Job(prompt, params, emit=None, channel=channel, forced=forced, grammar=grammar, stop_ids=stops,
+                   logprobs=req.logprobs), mode
 
     def grammar(self, req: ChatRequest, channel: str, tools) -> Grammar | None:
         """What holds the reply to the request's schema, or forced tool calls to their tools' parameters."""
@@ -189,8 +190,8 @@ def _reply(api: Api, job: Job, mode: str, stats: dict, reason: str, texts: dict)
     message = {"role": "assistant", "content": "".join(texts.get("response", []))}
     if mode == "thinking" or "think" in texts:
         message["reasoning_content"] = "".join(texts.get("think", []))
-    calls = [c for c in parse_tool_calls(reply.tools or "") if c.name and c.complete]  # a cut-off call's arguments
-    # are not whole: it is left out, and finish_reason "length" says the reply was cut
+    # a call cut off by the token limit is left out (its arguments are not whole); finish_reason "length" says so
+    calls = [c for c in parse_tool_calls(reply.tools or "") if c.name and c.complete]
     finish = FINISH[reason]
     if calls:
         message["tool_calls"] = [_call_json(c) for c in calls]

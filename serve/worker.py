@@ -195,7 +195,7 @@ class Worker:
             job.emit(("logprob", job.scores[-1]))
         if job.channel is not None:  # chat: the stream parses tool calls from the ids as they come
             job.emit(("token", token))
-        if token in job.stop_ids or token in job.params.stop_ids or (job.grammar and token in job.grammar.stop_ids):
+        if token in job.stop_ids or token in job.params.stop_ids:
             return self._finish(handle, "stop", used)
         for event in job.text.feed(token):
             job.emit(("text", event.channel, event.text))

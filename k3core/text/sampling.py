@@ -3,8 +3,9 @@
 Contract. `Sampler(params).pick(logits, history)` returns one id. temperature == 0 is greedy:
 argmax of the (repetition-penalised) logits, lowest id on ties, i.e. `int(np.argmax(logits))`
 when no penalty is set. A Sampler given a constraint (structured.py: a JSON schema, a forced tool call)
-first sets the logit of every id the constraint does not allow next to -inf, and tells it each id picked;
-masked ids are never candidates. Otherwise the filters apply in exactly this order:
+sets the logit of every id the constraint does not allow next to -inf right after the repetition penalty
+(step 1), before everything else, and tells it each id picked; masked ids are never candidates. Otherwise
+the filters apply in exactly this order:
 
   1. repetition penalty: for each distinct id in `history`, a logit l > 0 becomes l / r and
      l <= 0 becomes l * r (r > 1 makes repeats less likely on both signs);
