@@ -126,7 +126,7 @@ class SuffixIndex:
     def _evict(self) -> None:
         """Drop the least recently used finished documents down to 3/4 of the capacity; rebuild from the rest."""
         target = self.capacity * 3 // 4
-        total = sum(len(d.tokens) for d in self.documents.values())
+        total = self.held
         for key in [k for k, d in self.documents.items() if not d.active]:
             if total <= target:
                 break
