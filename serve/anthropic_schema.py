@@ -159,7 +159,10 @@ def _tools(body: dict) -> tuple[tuple[dict, ...], str | None]:
 def _one_call(body: dict) -> bool:
     """`tool_choice.disable_parallel_tool_use`: at most one tool call in the reply."""
     choice = body.get("tool_choice")
-    return _bool(choice, "disable_parallel_tool_use") if isinstance(choice, dict) else False
+    one = choice.get("disable_parallel_tool_use", False) if isinstance(choice, dict) else False
+    if not isinstance(one, bool):
+        raise _bad("tool_choice.disable_parallel_tool_use", f"must be true or false, got {one!r}")
+    return one
 
 
 def _thinking(body: dict) -> bool:

@@ -171,3 +171,18 @@ def test_draft_memory_is_in_the_plan_and_bounds_the_index(tiny_model, capsys):
         assert SuffixIndex.shared().capacity == 1_000_000 // BYTES_PER_ID
     finally:
         SuffixIndex.shared().resize(DEFAULT_BYTES // BYTES_PER_ID)
+
+
+def test_bad_draft_memory_and_arguments_are_refused_by_name(tiny_model, capsys):
+    from k3core.cli.main import main
+    from k3core.errors import UsageError
+
+    with pytest.raises(UsageError, match="draft_memory_gb"):
+        EngineConfig(tiny_model, draft_memory_gb=-1)
+    with pytest.raises(UsageError, match="--draft suffix takes no argument"):
+        SuffixDraft("64M")
+    with pytest.raises(UsageError, match="at least one id"):
+        SuffixIndex(0)
+    assert main(["run", str(tiny_model), "--ids", "1,2", "--gen", "2", "--speculate", "auto", "--draft", "suffix",
+                 "--draft-memory", "-1"]) == 2
+    assert "--draft-memory takes GB >= 0" in capsys.readouterr().err

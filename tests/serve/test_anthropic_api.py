@@ -167,6 +167,9 @@ def test_errors_are_the_sdks_typed_exceptions(demo):
     ({"messages": PARIS, "max_tokens": 8, "seed": -1}, "seed"),
     ({"messages": PARIS, "max_tokens": 8, "stop_sequences": "Paris"}, "stop_sequences"),
     ({"messages": PARIS, "max_tokens": 8, "stop_sequences": ["x"] * 17}, "stop_sequences"),
+    ({"messages": PARIS, "max_tokens": 8, "output_config": "json"}, "output_config"),
+    ({"messages": PARIS, "max_tokens": 8, "tool_choice": {"type": "auto", "disable_parallel_tool_use": "yes"}},
+     "tool_choice.disable_parallel_tool_use"),
     ({"messages": PARIS, "max_tokens": 8, "output_config": {"format": {"type": "json_schema", "schema": {
         "type": "array", "uniqueItems": True}}}}, "output_config.format.schema"),
     ({"messages": PARIS, "max_tokens": 8, "mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]},
