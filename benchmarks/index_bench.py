@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from k3core.io import safetensors_index as si  # noqa: E402
-from k3core.io.safetensors_index import ShardIndex  # noqa: E402
+from k3core.format import safetensors_index as si
+from k3core.format.safetensors_index import ShardIndex  # noqa: E402
 
 H, P, D, HEADS, EXPERTS, NUM_LAYERS = 7168, 12288, 128, 96, 896, 93
 MLA_LAYERS = {L for L in range(NUM_LAYERS) if (L + 1) % 4 == 0 or L + 1 == 93}   # one-based [4,8,…,92,93]

@@ -221,7 +221,7 @@ def proposal_summary(index, counts, forward: list[float]) -> dict:
 def measure(model: Path, path, capacity: int) -> dict:
     from k3core.api import load_tokenizer
     from k3core.errors import UsageError
-    from k3core.cli.bench import machine_info
+    from k3core.machine.rates import machine_info
     from k3core.cli.bench_transcripts import read_conversations, scored_turns
 
     date = datetime.now(timezone.utc).isoformat(timespec="seconds")

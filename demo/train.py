@@ -35,11 +35,11 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus  # noqa: E402
 
-from k3core.io.writer import float_bytes, plan_shards, tokenizer_files, write_checkpoint  # noqa: E402
-from k3core.model import mxfp4  # noqa: E402
-from k3core.model.checkpoint import HEAD, PREFIX  # noqa: E402
-from k3core.model.config import parse_config  # noqa: E402
-from k3core.model.testmodel import SPECIAL_TOKENS  # noqa: E402
+from k3core.testmodel.writer import float_bytes, plan_shards, tokenizer_files, write_checkpoint  # noqa: E402
+from k3core.format import mxfp4
+from k3core.format.checkpoint import HEAD, PREFIX  # noqa: E402
+from k3core.format.config import parse_config  # noqa: E402
+from k3core.testmodel.make import SPECIAL_TOKENS  # noqa: E402
 from k3core.text.bpe import train_bpe  # noqa: E402
 from k3core.text.chat import CHAT_TEMPLATE, render, segments  # noqa: E402
 from k3core.text.tokenizer import load_tokenizer  # noqa: E402
@@ -147,7 +147,7 @@ E2M1_MID = (E2M1_MAG[:-1] + E2M1_MAG[1:]) / 2
 
 
 def mxfp4_values(w: torch.Tensor) -> torch.Tensor:
-    """What k3core.model.mxfp4.quantize + decode give for w [..., rows, in] (SPEC §5), in float32."""
+    """What k3core.format.mxfp4.quantize + decode give for w [..., rows, in] (SPEC §5), in float32."""
     shape = w.shape
     g = w.detach().reshape(*shape[:-1], shape[-1] // 32, 32)
     peak = g.abs().amax(-1)
@@ -507,7 +507,7 @@ def selftest():
     w = torch.randn(6, 64) * torch.logspace(-3, 1, 6).unsqueeze(1)
     packed, scale = mxfp4.quantize(w.double().numpy())
     assert np.array_equal(mxfp4.decode(packed, scale), mxfp4_values(w).numpy()), "fake MXFP4 != k3core"
-    print("fake MXFP4 == k3core.model.mxfp4 quantize/decode")
+    print("fake MXFP4 == k3core.format.mxfp4 quantize/decode")
 
 
 def main():

@@ -31,20 +31,20 @@ from .hookspecs import hookimpl
 from .interfaces import (AttentionBackend, Budget, CachePolicy, DraftSource, ExpertStore, ExpertWeights,
                          KernelBackend, LRUPolicy, Param, PlanRow, PluginContext, PluginOptions, TensorSpec,
                          TrunkPlacer, Weights, default_threads)
-from .io.aligned_io import (ALIGN, Opened, Prefault, Span, align_down, align_up, aligned_buffer, open_for_reading,
+from .files.aligned_io import (ALIGN, Opened, Prefault, Span, align_down, align_up, aligned_buffer, open_for_reading,
                             read_exact, read_into, read_spans)
 from .io.caching_store import CachingOptions, CachingStore, cache_slots, nan_scales
 from .io.expert_io import ExpertReader, expert_slot_bytes
-from .io.safetensors_index import DTYPES
+from .format.safetensors_index import DTYPES
 from .io.codec import RAW
-from .io.tensor_sums import TensorSums
+from .format.tensor_sums import TensorSums
 from .io.trunk import load_trunk, open_trunk
 from .io.trunk_reader import TrunkReader, capacity as trunk_capacity, room_for as trunk_room_for, \
     scratch_bytes as trunk_scratch_bytes
-from .model.budget import human
-from .model.checkpoint import (EXPERT_PARTS, FLOAT, HEAD, MATRIX, PREFIX, VISION_PREFIXES, expert_prefix,
+from .units import human
+from .format.checkpoint import (EXPERT_PARTS, FLOAT, HEAD, MATRIX, PREFIX, VISION_PREFIXES, expert_prefix,
                                layer_prefix)
-from .model.mxfp4 import E2M1, scale_multipliers
+from .format.mxfp4 import E2M1, scale_multipliers
 
 # The counters an expert store's stats() reports (the run report and `k3 bench` read them; a store may
 # add its own keys). Every one is required of a store, and checked by k3core.testing.

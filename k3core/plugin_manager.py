@@ -9,6 +9,7 @@ in-process plugins registered last, so they come first.
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.metadata
 import os
 from dataclasses import dataclass
@@ -17,11 +18,15 @@ import pluggy
 
 from . import __version__, hookspecs
 from .errors import PluginError
-from .plugins import BUILTINS
 
 ENTRY_POINT_GROUP = "k3"
 FIRST_PARTY = "k3"  # the distribution k3core, wizard and ui ship in
 BUILTIN_PREFIX = "k3."
+# The built-in plugins (k3core/plugins/), imported when a manager is built, never when this module is.
+# Every built-in hook is `trylast`, so an installed plugin comes first; among trylast hooks pluggy calls
+# the earlier registered first, so the native kernels come before the numpy reference.
+BUILTINS = ("kda", "mla", "native_kernels", "reference_kernels", "resident", "pinned", "lru_store", "direct_store",
+            "drafts", "suffix")
 
 
 class K3PluginManager(pluggy.PluginManager):
@@ -52,8 +57,8 @@ def new_plugin_manager(extra=()) -> K3PluginManager:
     objects with @hookimpl methods), checked against the hook specs."""
     pm = K3PluginManager()
     pm.add_hookspecs(hookspecs)
-    for module in BUILTINS:
-        pm.register(module, name=BUILTIN_PREFIX + module.__name__.rsplit(".", 1)[-1])
+    for name in BUILTINS:
+        pm.register(importlib.import_module(f"{__package__}.plugins.{name}"), name=BUILTIN_PREFIX + name)
     try:
         _load_entry_points(pm)
     except PluginError:

@@ -6,7 +6,7 @@ refused by name; unknown fields are ignored. Checked by tests/serve/test_anthrop
 """
 from __future__ import annotations
 
-from k3core import tool_call_markup
+from k3core.text.chat import tool_call_markup
 
 from .schema import TOOL_NAME, ApiError, ChatRequest, Sampling, _bad, _bool, _integer, _model, _number, _string, json_format
 

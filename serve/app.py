@@ -19,8 +19,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import ClientDisconnect
 from k3core import (ChatInputError, Grammar, InputError, SamplingParams, SchemaError, TokenizerError, UsageError,
-                    build_chat_ids, chat_grammar, forced_tool_prefix, parse_tool_calls, render_chat, split_reply)
-from k3core import LimitError, loads_limited
+                    chat_grammar)
+from k3core.text.chat import (build_ids as build_chat_ids, forced_tool_prefix, parse_tool_calls, render as render_chat,
+                              split_reply)
+from k3core import LimitError
+from k3core.files.limits import loads_limited
 
 from .http import model_id
 from .logprobs import LegacyLogprobs, chat_logprobs

@@ -7,8 +7,9 @@ import sys
 import time
 from dataclasses import dataclass
 
-from k3core import (EXIT_CODES, add_engine_arguments, add_logging_arguments, add_speculation_arguments,
-                    configure_logging, engine_config_from_args, speculation_from_args)
+from k3core.cli.options import (EXIT_CODES, add_engine_arguments, add_logging_arguments, add_speculation_arguments,
+                                engine_config_from_args, speculation_from_args)
+from k3core.report.logs import configure_logging
 from k3core.plugin_api import hookimpl
 
 from .http import KEY_ENV, Timeouts, add_listening_arguments, timeouts_from_args

@@ -18,7 +18,8 @@ from collections import OrderedDict
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from k3core import Channels, tool_call_markup
+from k3core.text.channels import Channels
+from k3core.text.chat import tool_call_markup
 
 from .anthropic import chat_job
 from .app import Api, ToolCallWatch, _events_or_cancel, _reply, check_key, guarded, read_json, whole_reply

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from k3core import tool_call_markup
+from k3core.text.chat import tool_call_markup
 
 from .schema import (MAX_TOP_LOGPROBS, REASONING_EFFORTS, TOOL_NAME, ApiError, ChatRequest, Sampling, _arguments, _bad,
                      _bool, _integer, _model, _number, _string, json_format)

@@ -10,7 +10,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from k3core import LimitError, SchemaError, loads_limited, schema_text, tool_call_markup
+from k3core import LimitError, SchemaError
+from k3core.files.limits import loads_limited
+from k3core.text.chat import tool_call_markup
+from k3core.text.structured import schema_text
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

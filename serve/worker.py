@@ -15,7 +15,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from k3core import BatchGenerator, InputError, K3Error, Sampler, SamplingParams, StateCache, TextStream, token_logprobs
+from k3core import BatchGenerator, InputError, K3Error, Sampler, SamplingParams, StateCache, token_logprobs
+from k3core.text.channels import TextStream
 
 from .schema import ApiError
 

@@ -19,7 +19,7 @@ atexit.register(shutil.rmtree, os.environ["K3_CONFIG_DIR"], True)  # one per run
 
 import pytest
 
-from k3core.model.testmodel import make_model
+from k3core.testmodel.make import make_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DEMO_MODEL = Path(__file__).resolve().parents[1] / "wizard" / "data" / "demo-model"  # the trained, shipped one

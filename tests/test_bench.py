@@ -128,7 +128,7 @@ def test_bench_stream_compares_two_trunks_against_the_disk_floor(capsys, tiny_mo
 
 def test_the_real_model_projection_adds_up():
     from k3core.cli.bench_stream import projections
-    from k3core.model.cost import Drafts, K3_HEAD_BYTES, K3_TRUNK_BYTES, TOKEN_EXPERT_BYTES, projection
+    from k3core.machine.cost import Drafts, K3_HEAD_BYTES, K3_TRUNK_BYTES, TOKEN_EXPERT_BYTES, projection
 
     stream, experts = K3_TRUNK_BYTES + K3_HEAD_BYTES, TOKEN_EXPERT_BYTES
     raw = projection(1.0, 1.0, 10e9, 1.2, 8)

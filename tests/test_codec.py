@@ -11,10 +11,10 @@ import pytest
 from k3core import EngineConfig, _native, greedy_ids, open_engine
 from k3core.errors import TrunkError, UnsoundRunError, UsageError
 from k3core.io import codec, pack, trunk_reader
-from k3core.io.aligned_io import aligned_buffer
+from k3core.files.aligned_io import aligned_buffer
 from k3core.io.trunk import CODEC_VERSION, VERSION, load_trunk, open_trunk
 from k3core.io.trunk_reader import TrunkReader
-from k3core.model.checkpoint import open_checkpoint
+from k3core.format.checkpoint import open_checkpoint
 
 from .conftest import DEMO_MODEL
 from .test_pack import Stop, cli, manifest, stop_after

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from k3core.model.config import load_config, parse_config
+from k3core.format.config import load_config, parse_config
 from k3core.errors import ConfigError
-from k3core.model.testmodel import COMMON, SHAPES, config_json, shape_config
+from k3core.testmodel.make import COMMON, SHAPES, config_json, shape_config
 
 from .conftest import K3_IN_C
 
@@ -139,7 +139,7 @@ def test_a_config_that_is_not_json_text_is_named(tmp_path, data, says):
 
 def test_a_missing_model_directory_is_a_named_checkpoint_error(tmp_path):
     from k3core.errors import CheckpointError
-    from k3core.model.checkpoint import open_checkpoint
+    from k3core.format.checkpoint import open_checkpoint
 
     with pytest.raises(CheckpointError, match="no such directory"):
         open_checkpoint(tmp_path / "nope")

@@ -1,4 +1,4 @@
-"""k3core/model/cost.py and routing.py: the real model's expert unions from its routing trace, and the
+"""k3core/machine/cost.py and routing.py: the real model's expert unions from its routing trace, and the
 projection's arithmetic (bytes, layouts by RAM, speculative passes). No timing."""
 from pathlib import Path
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from k3core.errors import InputError
-from k3core.model.cost import (K3_HEAD_BYTES, K3_LAYER_BYTES, K3_LAYERS, K3_TRUNK_BYTES, K3_UNION, PLANES_RATIO,
+from k3core.machine.cost import (K3_HEAD_BYTES, K3_LAYER_BYTES, K3_LAYERS, K3_TRUNK_BYTES, K3_UNION, PLANES_RATIO,
                                RAM_BESIDES_TRUNK, RING_BYTES, TOKEN_EXPERT_BYTES, Drafts, Layout, Machine, fastest,
                                layout_for, pass_cost, per_token, ram_row, union_ratio)
-from k3core.model.routing import last_forward, union_ratios
+from k3core.machine.routing import last_forward, union_ratios
 
 TRACE = Path(__file__).parent / "fixtures" / "k3-in-c" / "expert_trace.bin"
 MACHINE = Machine(7e9, 16, 3.63e9, 8.2e9)

@@ -1,12 +1,12 @@
-"""The disk counters the run report and `k3 bench stream` show (k3core/io/device.py)."""
+"""The disk counters the run report and `k3 bench stream` show (k3core/files/device.py)."""
 from __future__ import annotations
 
 import os
 
 import pytest
 
-from k3core.io import device
-from k3core.io.aligned_io import aligned_buffer, open_for_reading, read_into
+from k3core.files import device
+from k3core.files.aligned_io import aligned_buffer, open_for_reading, read_into
 
 
 def test_a_stat_line_is_read_as_bytes_and_busy_milliseconds(tmp_path):

@@ -10,8 +10,9 @@ import pytest
 
 import k3core
 from k3core import _native
-from k3core.model import budget
-from k3core.cli import doctor
+from k3core.plan import budget
+from k3core.cli import doctor as doctor_command
+from k3core.machine import checks as doctor
 from k3core.errors import K3Error
 
 NAMES = ["cpu -> kernels", "build", "fp environment", "ram -> preset", "disk space", "disk read", "O_DIRECT",
@@ -21,7 +22,7 @@ NAMES = ["cpu -> kernels", "build", "fp environment", "ram -> preset", "disk spa
 def run(argv) -> int:
     """`k3 doctor ARGV` through doctor's own parser, with the exit code cli.main would return."""
     parser = argparse.ArgumentParser(prog="k3")
-    doctor.add_parser(parser.add_subparsers())
+    doctor_command.add_parser(parser.add_subparsers())
     args = parser.parse_args(["doctor", *argv])
     try:
         return args.func(args)

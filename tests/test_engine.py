@@ -80,8 +80,9 @@ def test_a_nan_in_a_matrix_is_named_by_layer_and_tensor_not_sampled(tiny_model, 
     output is not finite is named, with the matrix that holds the NaN."""
     import shutil
 
-    from k3core import CheckpointError, record_tensor_sums
-    from k3core.model.checkpoint import layer_prefix, open_checkpoint
+    from k3core import CheckpointError
+    from k3core.format.scan import record_tensor_sums
+    from k3core.format.checkpoint import layer_prefix, open_checkpoint
 
     model = shutil.copytree(tiny_model, tmp_path / "m")
     name = layer_prefix(5) + "block_sparse_moe.shared_experts.down_proj.weight"

@@ -3,7 +3,7 @@ import json
 
 import numpy as np
 
-from k3core.model import mxfp4
+from k3core.format import mxfp4
 from k3core.interfaces import Param
 from k3core.plugins.reference_kernels import ReferenceKernels
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from k3core.model.attnres import Residual
-from k3core.model.config import Config
+from k3core.format.config import Config
 from k3core.model.engine import decoder_layer
 from k3core.interfaces import ExpertWeights, Param, Weights
 from k3core.model.moe import latent_moe

@@ -19,7 +19,7 @@ import pytest
 from k3core.cli import pack as pack_cli
 from k3core.io import pack
 from k3core.io import trunk as trunkfmt
-from k3core.model.checkpoint import PREFIX, VISION_PREFIXES, layer_prefix, open_checkpoint
+from k3core.format.checkpoint import PREFIX, VISION_PREFIXES, layer_prefix, open_checkpoint
 from k3core.errors import K3Error, TrunkError, UnsoundRunError, UsageError
 from k3core.io.trunk_reader import check_blocks
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from k3core.io import header_scan as scan
-from k3core.io import safetensors_index as si
+from k3core.format import header_scan as scan
+from k3core.format import safetensors_index as si
 from k3core.errors import CheckpointError
-from k3core.io.safetensors_index import DTYPES, ShardIndex
+from k3core.format.safetensors_index import DTYPES, ShardIndex
 
 ST = Path(__file__).parent / "fixtures" / "k3-in-c" / "st"
 SHARD1, SHARD2 = ST / "model-00001-of-00002.safetensors", ST / "model-00002-of-00002.safetensors"

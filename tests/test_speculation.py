@@ -300,7 +300,7 @@ def test_speculation_beyond_the_planned_rollback_is_refused(tiny_model):
 
 def test_the_memory_plan_counts_the_rollback(tiny_model):
     from k3core import memory_plan
-    from k3core.model.testmodel import shape_config
+    from k3core.testmodel.make import shape_config
     from k3core.plugins.kda import KDA
 
     rows = {r.item: r for r in memory_plan(EngineConfig(tiny_model, speculate=4), available=1 << 40).rows}

@@ -55,7 +55,7 @@ def run(model, trunk, **fields):
 def ring_and_share(model, trunk_dir, ring: int, share: float) -> int:
     """Bytes of a trunk budget holding a ring of `ring` slots and `share` of the layers' bytes."""
     from k3core.interfaces import Budget
-    from k3core.model.checkpoint import open_checkpoint
+    from k3core.format.checkpoint import open_checkpoint
     from k3core.plugins.pinned import PinnedOptions, layout
 
     trunk, config = load_trunk(trunk_dir), open_checkpoint(model).config
@@ -164,7 +164,7 @@ def test_the_report_puts_the_run_against_the_disk_floor(tiny_model, tmp_path, ca
     assert data["vs_disk_floor"] == pytest.approx(data["seconds_per_token"] / floor)
     err = capsys.readouterr().err
     assert "disk floor:" in err
-    from k3core.io.device import stat_file
+    from k3core.files.device import stat_file
     if stat_file(trunk) is not None and data["stats"]["trunk_read_mode"] == "O_DIRECT":
         # every id after the first streams the whole trunk past the disk; a read the ring had in flight when the
         # first id came may count on either side, so not all of one id's bytes need show
@@ -174,7 +174,7 @@ def test_the_report_puts_the_run_against_the_disk_floor(tiny_model, tmp_path, ca
 
 
 def test_a_plan_that_does_not_fit_is_refused_before_loading(tiny_model, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("k3core.model.budget.mem_available", lambda: 200 << 20)  # a machine with 200 MB free
+    monkeypatch.setattr("k3core.plan.budget.mem_available", lambda: 200 << 20)  # a machine with 200 MB free
     code = main(["run", str(tiny_model), "--ids", "1", "--max-context", str(1 << 20)])
     err = capsys.readouterr().err
     assert code == 2 and "does not fit" in err and "MLA state" in err and "1048576 positions" in err
@@ -194,7 +194,7 @@ def test_the_context_limit_is_a_named_limit(tiny_model, capsys):
 
 def test_a_budget_that_holds_everything_pins_everything(packed):
     from k3core.interfaces import Budget
-    from k3core.model.checkpoint import open_checkpoint
+    from k3core.format.checkpoint import open_checkpoint
     from k3core.plugins.pinned import PinnedOptions, layout
     model, trunk_dir = packed
     trunk, config, opts = load_trunk(trunk_dir), open_checkpoint(model).config, PinnedOptions()
@@ -236,7 +236,7 @@ def _vm_flags(buffer) -> list[str]:
 def test_buffers_reads_land_in_again_and_again_ask_for_huge_pages(tiny_model, tmp_path, store):
     """Expert slots, the trunk ring and the disk probe are madvise(MADV_HUGEPAGE) (`hg` in VmFlags): O_DIRECT
     reads into scattered 4 KB pages go to the device in ~1 MB requests (docs/STREAMING.md, "Where reads land")."""
-    from k3core.io.aligned_io import aligned_buffer
+    from k3core.files.aligned_io import aligned_buffer
     pack(tiny_model, tmp_path / "trunk", progress=None)
     with open_engine(EngineConfig(tiny_model, trunk=tmp_path / "trunk", pin_layers=0, expert_store=store)) as engine:
         assert "hg" in _vm_flags(engine.store._arena)
@@ -251,7 +251,7 @@ def test_buffers_reads_land_in_again_and_again_ask_for_huge_pages(tiny_model, tm
 def test_read_time_counts_overlapping_reads_once():
     """A read rate is bytes over the wall time some read was in flight: a load's four threads, or a fetch and a
     prefetch at once, must not add their times up (that made a 4-thread load look 4× slower)."""
-    from k3core.io import aligned_io
+    from k3core.files import aligned_io
     now = iter([0.0, 5.0])  # the clock is read when the first read starts and when the last in flight ends
     clock = aligned_io.BusyClock(lambda: next(now))
     with clock.reading():
@@ -284,7 +284,7 @@ def _resident_bytes(buffer) -> int:
 def test_a_prefault_allocates_a_buffer_s_pages_without_touching_its_bytes():
     """Prefault allocates the pages on its own thread, so the reads that fill a slot first do not fault them; a
     write that lands meanwhile (as a read would) keeps its bytes."""
-    from k3core.io.aligned_io import Prefault, aligned_buffer
+    from k3core.files.aligned_io import Prefault, aligned_buffer
     buf = aligned_buffer(96 << 20, huge=True)
     prefault = Prefault(buf)
     buf[40 << 20:(40 << 20) + 5] = b"read!"  # while the thread may be at work

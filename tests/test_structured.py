@@ -14,8 +14,9 @@ import re
 import jsonschema
 import pytest
 
-from k3core import (AUTO_K, BatchGenerator, Conversation, EngineConfig, Grammar, Sampler, SamplingParams,
-                    SchemaError, Session, Speculation, chat_grammar, load_tokenizer, open_engine, schema_text)
+from k3core import (AUTO_K, BatchGenerator, Conversation, EngineConfig, Grammar, Sampler, SamplingParams, SchemaError,
+                    Session, Speculation, chat_grammar, load_tokenizer, open_engine)
+from k3core.text.structured import schema_text
 from k3core.errors import UsageError
 from k3core.io.pack import pack
 from k3core import _native

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from k3core.model import mxfp4
-from k3core.model.checkpoint import check_binding, expert_prefix, open_checkpoint
-from k3core.model.config import load_config
+from k3core.format import mxfp4
+from k3core.format.checkpoint import check_binding, expert_prefix, open_checkpoint
+from k3core.format.config import load_config
 from k3core.errors import UsageError
 from k3core.plugins.kda import KDA
 from k3core.plugins.mla import MLA
-from k3core.model.testmodel import make_model
+from k3core.testmodel.make import make_model
 
 from .testmodel_digests import TINY_SEED0
 

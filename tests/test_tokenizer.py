@@ -11,9 +11,9 @@ import pytest
 import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 
-from k3core.model.config import load_config
+from k3core.format.config import load_config
 from k3core.errors import InputError, TokenizerError
-from k3core.model.testmodel import BPE_CORPUS, SPECIAL_TOKENS, _tokenizer_files, shape_config
+from k3core.testmodel.make import BPE_CORPUS, SPECIAL_TOKENS, _tokenizer_files, shape_config
 from k3core.text.tokenizer import PAT_STR, StreamDecoder, load_tokenizer
 
 # SPEC §7's eight alternatives, written out again here rather than imported.

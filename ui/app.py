@@ -10,7 +10,9 @@ from pathlib import Path
 
 import gradio as gr
 
-from k3core import K3Error, SamplingParams, human, model_note
+from k3core import K3Error, SamplingParams
+from k3core.format.notes import model_note
+from k3core.units import human
 
 from .chat import Chats
 from .server import session_key

@@ -9,7 +9,9 @@ import html
 import threading
 import time
 
-from k3core import Observer, human, peak_rss_bytes
+from k3core import Observer
+from k3core.report.run import peak_rss_bytes
+from k3core.units import human
 
 IO_KEYS = ("trunk_bytes_read", "expert_bytes_read", "expert_requests", "expert_hits", "tokens_forwarded")
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import argparse
 
-from k3core import (EXIT_CODES, add_engine_arguments, add_logging_arguments, add_speculation_arguments,
-                    configure_logging, engine_config_from_args, speculation_from_args)
+from k3core.cli.options import (EXIT_CODES, add_engine_arguments, add_logging_arguments, add_speculation_arguments,
+                                engine_config_from_args, speculation_from_args)
+from k3core.report.logs import configure_logging
 from k3core.plugin_api import hookimpl
 
 from serve.http import add_listening_arguments, timeouts_from_args

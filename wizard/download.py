@@ -16,7 +16,8 @@ from pathlib import Path
 import httpx2
 from huggingface_hub import get_session
 
-from k3core import K3Error, ProgressMeter
+from k3core import K3Error
+from k3core.report.meters import ProgressMeter
 
 from .hub import TransientError
 from .state import DONE, PARTIAL, PARTIAL_DIR, VERIFIED, SetupState

@@ -5,7 +5,7 @@ doctor's measured disk rate. Writes nothing but the disk test's temporary file, 
 from __future__ import annotations
 
 
-from k3core import measure_read
+from k3core.machine.checks import measure_read
 
 from .plan import _existing, plan_demo, plan_hub, plan_local, remaining_bytes, space_check
 from .progress import estimate, hash_rate, human, rate_text

@@ -15,7 +15,8 @@ from huggingface_hub import HfApi, get_session, get_token, hf_hub_url
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled, RevisionNotFoundError
 from huggingface_hub.utils import build_hf_headers
 
-from k3core import K3Error, __version__, loads_limited
+from k3core import K3Error, __version__
+from k3core.files.limits import loads_limited
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 RESERVED_PREFIX = ".k3-"            # the wizard's own files in the destination: a listing may not name them

@@ -11,7 +11,10 @@ import os
 import shutil
 from pathlib import Path
 
-from k3core import INDEX_FILE_BYTES, TEST_MODEL_MARKER, K3Error, ProgressMeter, UsageError, read_json_limited
+from k3core import K3Error, UsageError
+from k3core.files.limits import INDEX_FILE_BYTES, read_json_limited
+from k3core.format.notes import TEST_MODEL_MARKER
+from k3core.report.meters import ProgressMeter
 
 from .plan import HUB_INDEX, INDEX, record
 from .progress import human

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 
-from k3core import TRUNK_CODECS, add_logging_arguments, configure_logging
+from k3core.cli.options import add_logging_arguments
+from k3core.io.codec import CODECS as TRUNK_CODECS
+from k3core.report.logs import configure_logging
 from k3core.plugin_api import hookimpl
 
 PRESETS = ["auto", "laptop", "desktop", "workstation", "server", "max"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from k3core import human
+from k3core.units import human
 
 HASH_RATE = 1.5e9   # bytes/s one core hashes sha256 (for estimates)
 

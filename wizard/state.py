@@ -11,7 +11,9 @@ import threading
 import time
 from pathlib import Path
 
-from k3core import SMALL_FILE_BYTES, K3Error, read_json_limited, write_json_atomic
+from k3core import K3Error
+from k3core.files.atomic import write_json_atomic
+from k3core.files.limits import SMALL_FILE_BYTES, read_json_limited
 
 FORMAT, VERSION = "k3-setup-state", 1
 STATE, LOG, LOCK, PARTIAL_DIR = ".k3-setup.json", ".k3-setup.log", ".k3-setup.lock", ".k3-partial"

@@ -13,8 +13,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from k3core import (K3Error, PackMeter, Profile, UsageError, auto_preset, choose_trunk_codec, machine_checks,
-                    mem_available, pack_trunk, save_profile)
+from k3core import K3Error, UsageError, auto_preset, mem_available
+from k3core.io.pack import pack as pack_trunk
+from k3core.io.profile import Profile, save_profile
+from k3core.machine import checks as machine
+from k3core.machine.cost import choose_trunk_codec
+from k3core.report.meters import PackMeter
 
 from .download import Downloader
 from .hub import Hub
@@ -175,11 +179,10 @@ class Setup:
 
     # ---- (1) machine check -------------------------------------------------------------------------
     def step_check(self) -> str:
-        sized = {}  # the doctor sizes RAM, disk and streaming for what is being set up
+        target = machine.RELEASED  # the doctor sizes RAM, disk and streaming for what is being set up
         if self.src.kind == "demo":
-            size = demo_bytes()
-            sized = {"name": "demo model", "checkpoint_bytes": size, "trunk_bytes": size}
-        checks = [c for c in machine_checks(str(self.dest), self.opts.read_mb, **sized) if c.name != "disk space"]
+            target = machine.Target("demo model", demo_bytes(), demo_bytes())
+        checks = [c for c in machine.run_checks(str(self.dest), self.opts.read_mb, target) if c.name != "disk space"]
         width = max(len(c.name) for c in checks)
         for c in checks:
             self.say(f"      {c.status:<4}  {c.name:<{width}}  {c.finding}")

@@ -12,7 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
 
-from k3core import K3Error, ProgressMeter, ShardSums, UsageError, check_checkpoint, record_tensor_sums, scan_weights
+from k3core import K3Error, UsageError, check_checkpoint
+from k3core.format.scan import record_tensor_sums, scan_weights
+from k3core.format.tensor_sums import ShardSums
+from k3core.report.meters import ProgressMeter
 
 from . import OFFICIAL_REPO
 from .progress import human

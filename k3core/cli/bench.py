@@ -6,19 +6,15 @@ baselines of the same work, all in one run, and prints a table (or JSON with --j
 from __future__ import annotations
 
 import argparse
-import glob
 import itertools
 import json
-import os
-import platform
-import statistics
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import UsageError
+from ..machine.rates import machine_info, timed
 
 MB = 1e6
 GEMM_TOKENS = (2, 4, 8, 16, 64)  # the small batches of speculation and batched sequences, and a prefill chunk
@@ -43,44 +39,8 @@ REAL = Shapes(7168, 12288, 3584, 3072, 16, 256 << 20)
 QUICK = Shapes(256, 384, 128, 64, 4, 4 << 20)
 
 
-def cpu_seconds():
-    """(CPU seconds all cores spent busy or stolen, CPU seconds of this process); None without /proc."""
-    try:
-        with open("/proc/stat") as f:
-            v = f.readline().split()  # cpu user nice system idle iowait irq softirq steal
-        busy = sum(int(x) for x in v[1:4] + v[6:9]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-    t = os.times()
-    return busy, t.user + t.system
-
-
-def timed(call, seconds, min_reps=3):
-    """One warm-up call, then repeat for `seconds` (at least min_reps). background_cores: how many
-    cores' worth of CPU other processes (or the hypervisor) took meanwhile; None if too short to tell."""
-    call()
-    times, c0, start = [], cpu_seconds(), time.perf_counter()
-    while len(times) < min_reps or (time.perf_counter() - start < seconds and len(times) < 100000):
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    wall, c1 = time.perf_counter() - start, cpu_seconds()
-    other = None if c0 is None or wall < 0.25 else max(0.0, round((c1[0] - c0[0] - c1[1] + c0[1]) / wall, 2))
-    return dict(median_s=statistics.median(times), min_s=min(times), reps=len(times), background_cores=other)
-
 
 # ---- inputs (seeded) and numpy baselines ----
-
-def bf16_gemv_sweep(threads: int):
-    """(call, bytes): one bf16 GEMV over each of four 4096 × 4096 weights, 128 MB cycled so they come from
-    RAM as a streamed layer's do, on the best backend with `threads` threads; and the weight bytes a call reads."""
-    from .. import _native
-
-    kernels = _native.Kernels(_native.available_backends()[0], threads)
-    weights = [np.random.default_rng(i).integers(0, 1 << 16, (4096, 4096), dtype=np.uint16) & 0xBFFF
-               for i in range(4)]
-    x = np.ones((1, 4096), np.float32)
-    return (lambda: [kernels.linear(w, "BF16", x) for w in weights]), sum(w.nbytes for w in weights)
 
 
 def make_inputs(s: Shapes, seed=0):
@@ -219,27 +179,6 @@ def run_kernels(backends, threads, seconds, quick, log=lambda *_: None):
                            in_cache_gbps=in_cache),
                 benches={w.key: w.title for w in ws}, results=results)
 
-
-def llc_bytes():
-    """The largest cache sysfs reports for cpu0 (e.g. "32768K"), or None."""
-    sizes = []
-    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
-        with open(path) as f:
-            text = f.read().strip()
-        sizes.append(int(text.rstrip("KM")) << {"K": 10, "M": 20}.get(text[-1], 0))
-    return max(sizes, default=None)
-
-
-def machine_info():
-    from .. import _native
-    from ..interfaces import default_threads
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        cpu = platform.processor() or platform.machine()
-    return dict(cpu=cpu, cores=default_threads(), llc_bytes=llc_bytes(), backends=_native.available_backends(),
-                build=_native.build_info(), numpy=np.__version__, python=platform.python_version())
 
 
 # ---- output ----

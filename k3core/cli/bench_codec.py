@@ -19,12 +19,13 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UsageError
+from ..machine.rates import restore_rate
 
 
 def sample_blocks(trunk, sample_bytes: int, block: int) -> list[tuple[bytes, list[int]]]:
     """Blocks of `block` bytes spread evenly over every run of a raw packed trunk, about sample_bytes in all,
     each with the offsets in it where its run's tensors start."""
-    from ..io.aligned_io import aligned_buffer
+    from ..files.aligned_io import aligned_buffer
     from ..io.trunk_reader import TrunkReader, room_for
 
     runs = list(trunk.runs.values())
@@ -76,38 +77,6 @@ def measure(blocks: list[tuple[bytes, list[int]]], block: int, threads: int, sec
             "encode_gbps": raw / encode_s / 1e9, "encode_threads": threads,
             "decode_gbps_one_core": one / 1e9, "decode_gbps_all": every / 1e9, "threads": threads}
 
-
-def restore_rate(pairs: list, block: int, threads: int, seconds: float) -> float:
-    """Restored bytes per second of (Block, stored bytes) pairs restored over and over on `threads` threads,
-    for about `seconds` after a warm-up."""
-    from ..io import codec
-
-    def restore_all(share: list) -> int:
-        out, n = bytearray(block), 0
-        for b, s in share:
-            codec.restore(b, s, out, "bench block")
-            n += b.restored
-        return n
-
-    shares = [pairs[i::threads] for i in range(threads)]
-    restore_all(pairs[: max(1, len(pairs) // 20)])  # warm
-    done, start = 0, time.perf_counter()
-    while True:
-        with ThreadPoolExecutor(threads) as pool:
-            done += sum(pool.map(restore_all, shares))
-        if (elapsed := time.perf_counter() - start) >= seconds:
-            return done / elapsed
-
-
-def gaussian_restore_rate(seconds: float, threads: int = 1, blocks: int = 64) -> float:
-    """restore_rate on `threads` threads of Gaussian BF16 weights coded as `k3 pack --codec planes` codes them
-    (the kind of bytes a trained trunk holds; `wide`'s own blocks restore at the same rate), 64 MiB of them so
-    they come from RAM as a streamed layer's do."""
-    from ..io import codec
-
-    values = np.random.default_rng(0).standard_normal(blocks * codec.BLOCK // 2).astype(np.float32) * 0.02
-    coded, stored = codec.encode_run((values.view(np.uint32) >> 16).astype("<u2").tobytes())
-    return restore_rate([(b, s[:b.stored]) for b, s in zip(coded, stored)], codec.BLOCK, threads, seconds)
 
 
 def cmd_codec(args) -> int:

@@ -35,8 +35,8 @@ def batch_prompts(n: int) -> list[list[int]]:
 
 def worker(job: dict) -> dict:
     """Open the engine `job` describes and generate; the ids, timings and counters as a dict."""
-    from ..api import (BatchGenerator, EngineConfig, Sampler, SamplingParams, Session, open_engine, peak_rss_bytes,
-                       speculation)
+    from ..api import BatchGenerator, EngineConfig, Sampler, SamplingParams, Session, open_engine, speculation
+    from ..report.run import peak_rss_bytes
     from ..text.session import bytes_read
 
     fields = dict(trunk=job.get("trunk"), trunk_gb=job.get("trunk_gb"), cache_gb=job.get("cache_gb"),
@@ -160,7 +160,7 @@ def plan_runs(args, vocab: int) -> list[tuple[str, dict]]:
 
 def cmd_decode(args) -> int:
     from ..io.pack import pack
-    from ..model.checkpoint import open_checkpoint
+    from ..format.checkpoint import open_checkpoint
 
     model, trunk = Path(args.model), Path(args.trunk)
     if not (trunk / "manifest.json").exists():
@@ -231,7 +231,7 @@ def compared(r: dict, ref: dict, solo: dict) -> dict:
 
 def decode_table(doc: dict) -> str:
     """The document of one `k3 bench decode` as Markdown (what docs/PERFORMANCE.md shows)."""
-    from ..model.budget import human
+    from ..units import human
 
     runs = doc["runs"]
     lines = [f"decode on {Path(doc['model']).name} at trunk {doc['trunk_gb']:.2f} GB + cache {doc['cache_gb']:.2f} GB, "

@@ -31,7 +31,7 @@ def _engine(model, trunk, args, checked: bool = True):
 
 
 def _summary(name, trunk, engine, times, load) -> dict:
-    from ..model.report import per_second
+    from ..report.run import per_second
 
     s = engine.stats()
     steady = times[1:]  # the first is the prompt's prefill
@@ -49,7 +49,8 @@ def _summary(name, trunk, engine, times, load) -> dict:
 
 
 def measure(args) -> dict:
-    from ..api import generate_ids, peak_rss_bytes
+    from ..api import generate_ids
+    from ..report.run import peak_rss_bytes
 
     trunks = {"first": args.trunk, "second": args.compare_trunk or args.trunk}
     engines, loads, gens, times, ids = {}, {}, {}, {}, {}
@@ -83,8 +84,8 @@ def measure(args) -> dict:
 
 
 def pair_table(doc: dict) -> str:
-    from ..api import human
-    from ..model.report import gbps
+    from ..units import human
+    from ..report.run import gbps
 
     def secs(x):
         return "n/a" if x is None else f"{x:.3f}"
@@ -104,7 +105,7 @@ def pair_table(doc: dict) -> str:
 
 def cmd_pair(args) -> int:
     from ..errors import UnsoundRunError, UsageError
-    from .run import parse_ids
+    from .options import parse_ids
 
     if (args.compare_trunk is None) != args.unchecked:
         raise UsageError("give --compare-trunk DIR (two packs) or --unchecked (one pack, read with and without checks)")

@@ -1,5 +1,5 @@
 """`k3 bench project`: full Kimi K3 at 8, 32, 64 and 128 GB of RAM, projected from rates measured on this machine
-(k3core/model/cost.py: the method), beside the C engine's published s/token — serially with a raw and with a
+(k3core/machine/cost.py: the method), beside the C engine's published s/token — serially with a raw and with a
 lossless trunk, and with a draft source's tokens per pass on transcripts (`--drafts-json`, the JSON of
 `k3 bench drafts --transcripts … --json`).
 
@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 
 from ..errors import UsageError
-from ..io.limits import SMALL_FILE_BYTES, read_json_limited
-from ..model.budget import human
-from ..model.cost import K3_UNION, Drafts, Machine, ram_row
+from ..files.limits import SMALL_FILE_BYTES, read_json_limited
+from ..units import human
+from ..machine.cost import K3_UNION, Drafts, Machine, ram_row
 
 RAM_GB = (8, 32, 64, 128)
 # kimi-k3-in-c v1.0.0, README's "resident RAM / decode" table: one 124-core x86-64 with a 4.6 GB/s NVMe, RAM
@@ -67,7 +67,7 @@ def read_drafts(path, source: str | None) -> tuple[str, dict[str, list[Drafts]]]
 
 
 def cmd_project(args) -> int:
-    from ..model.routing import last_forward, union_ratios
+    from ..machine.routing import last_forward, union_ratios
 
     if min(args.disk, args.cores, args.decode_per_core, args.compute_per_core) <= 0 or args.overhead < 1:
         raise UsageError("--disk, --cores, --decode-per-core and --compute-per-core must be positive, --overhead >= 1")
@@ -92,7 +92,7 @@ def project_table(doc: dict) -> str:
     """The document of `k3 bench project` as Markdown: the seed-shaped table, then how each figure came about."""
     m, source = doc["machine"], doc["draft_source"]
     groups = list(doc["drafts"])
-    lines = [f"full Kimi K3, **projected** (k3core/model/cost.py): disk {m['disk'] / 1e9:.2f} GB/s, {m['cores']} cores "
+    lines = [f"full Kimi K3, **projected** (k3core/machine/cost.py): disk {m['disk'] / 1e9:.2f} GB/s, {m['cores']} cores "
              f"restoring {m['decode_per_core'] / 1e9:.2f} GB/s and computing {m['compute_per_core'] / 1e9:.2f} GB/s "
              f"each, overhead {m['overhead']:.2f}; expert unions {doc['union_source']}"
              + (f"; tokens per pass of `{source}` from {doc['drafts_json']}" if source else

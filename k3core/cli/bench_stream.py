@@ -12,58 +12,20 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from ..interfaces import default_threads
-from ..io.aligned_io import align_down, align_up, read_rate
-from ..model.budget import human
-from ..model.checkpoint import EXPERT_PARTS, expert_prefix, open_checkpoint
-from ..model.cost import Drafts, Layout, Machine, fastest, projection
+from ..units import human
+from ..format.checkpoint import open_checkpoint
+from ..machine.probes import busy_probe, raw_probe
+from ..machine.cost import Drafts, Layout, Machine, fastest, projection
 from ..model.pass_cost import expert_bytes, trunk_bytes_per_pass
 
 # Full Kimi K3, per decode token (SPEC §1, STREAMING-FACTS): all 93 trunk layers, lm_head, 1,472 experts.
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 CGROUP_V2 = Path("/sys/fs/cgroup")
 
-
-def raw_probe(model_dir, seconds: float = 3.0, depth: int = 16, huge: bool = True) -> dict:
-    """O_DIRECT reads of whole expert runs of this checkpoint, `depth` at a time, into huge-page buffers like
-    the engine's expert slots (`huge=False`: 4 KB pages): what the disk gives."""
-    ckpt = open_checkpoint(model_dir)
-    c = ckpt.config
-    spans = []
-    for layer in range(c.first_k_dense_replace, c.num_hidden_layers):
-        for e in range(c.num_experts):
-            first = ckpt.index[expert_prefix(layer, e) + EXPERT_PARTS[0]]
-            last = ckpt.index[expert_prefix(layer, e) + EXPERT_PARTS[-1]]
-            start = align_down(first.offset)
-            spans.append((str(first.file), start, align_up(last.offset + last.nbytes - start)))
-    ckpt.close()
-    return read_rate(spans, seconds, depth, huge)
-
-
-def busy_probe(model_dir, seconds: float = 3.0, depth: int = 16) -> dict:
-    """raw_probe while every core runs bf16 GEMVs over 128 MB of weights, as a token's kernels keep them
-    busy: what the disk gives expert reads that overlap compute (on a VM a read's completion can wait
-    for a busy virtual CPU)."""
-    from .bench import bf16_gemv_sweep
-
-    sweep, _ = bf16_gemv_sweep(default_threads())
-    stop = threading.Event()
-
-    def compute():
-        while not stop.is_set():
-            sweep()
-
-    worker = threading.Thread(target=compute, name="k3-busy-probe")
-    worker.start()
-    try:
-        return raw_probe(model_dir, seconds, depth)
-    finally:
-        stop.set()
-        worker.join()
 
 
 def _cgroup(limit_bytes: int):

@@ -106,7 +106,8 @@ def vocabulary_ms(tokenizer) -> float:
 
 def measure_schema(engine, tokenizer, name: str, description: str, schema: dict, max_tokens: int) -> dict:
     """One greedy instruct reply to a fresh conversation, held to `schema`: its timings and its validation."""
-    from ..api import Conversation, Grammar, SamplingParams, Session, schema_text
+    from ..api import Conversation, Grammar, SamplingParams, Session
+    from ..text.structured import schema_text
     from ..text.structured import reply_grammar
 
     started = time.perf_counter()
@@ -161,11 +162,11 @@ def measure(args) -> dict:
     from importlib.metadata import version
 
     from ..api import load_tokenizer
-    from .bench import machine_info
-    from .common import engine_config, open_engine
+    from ..machine.rates import machine_info
+    from .options import engine_config_from_args, open_engine
 
     schemas = chosen_schemas(args.schemas)
-    config, date = engine_config(args), datetime.now(timezone.utc).isoformat(timespec="seconds")
+    config, date = engine_config_from_args(args), datetime.now(timezone.utc).isoformat(timespec="seconds")
     with open_engine(config) as engine:
         tokenizer = load_tokenizer(config.tokenizer or config.model)
         vocab_ms = vocabulary_ms(tokenizer)
@@ -222,7 +223,7 @@ def cmd_structured(args) -> int:
 
 
 def add_parser(sub) -> None:
-    from .common import add_engine_args
+    from .options import add_engine_arguments
 
     p = sub.add_parser(
         "structured", help="the structured-output mask's cost per token against the forward pass, per schema",
@@ -234,7 +235,7 @@ def add_parser(sub) -> None:
                "  k3 bench structured /tmp/k3-wide --json | jq .totals         # the document, every timing included\n"
                "reading it: mask ÷ forward is the median mask over the median decode pass of the same run; a K3\n"
                "forward pass takes seconds (docs/STRUCTURED-OUTPUT.md, \"The mask's cost, measured\").")
-    add_engine_args(p)
+    add_engine_arguments(p)
     p.add_argument("--schemas", metavar="NAME,…", help="only these schemas of k3core/testing/schemas.py (default: all)")
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, metavar="N",
                    help=f"ids per reply at most (default {DEFAULT_MAX_TOKENS}; every schema is bounded, so replies "

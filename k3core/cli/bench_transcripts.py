@@ -55,7 +55,7 @@ class BadLine(UsageError):
 
 def read_conversations(path) -> list[Conversation]:
     """The conversations of a JSONL file; a line that is not one is refused, naming it and the field."""
-    from ..io.limits import loads_limited, read_limited
+    from ..files.limits import loads_limited, read_limited
 
     try:
         text = read_limited(path, TRANSCRIPTS_BYTES, "a transcripts file").decode("utf-8")
@@ -101,7 +101,7 @@ class FieldError(Exception):
 def k3_messages(messages: list) -> list[dict]:
     """OpenAI chat messages as the server reads them into k3's: developer is system, text parts are joined,
     tool_calls become k3's call markup, a tool message is named after the call it answers."""
-    from ..api import tool_call_markup
+    from ..text.chat import tool_call_markup
 
     out, names = [], {}  # tool_call_id -> the tool's name
     for i, m in enumerate(messages):
@@ -172,7 +172,7 @@ class Turn:
 
 def scored_turns(conversations: list[Conversation], tokenizer, path) -> list[Turn]:
     """Every assistant turn of every conversation, in file order."""
-    from ..api import render_chat
+    from ..text.chat import render as render_chat
 
     out = []
     for c in conversations:
@@ -286,7 +286,7 @@ def run_all(specs: list[str], turns: list[Turn], vocab: int, cost) -> dict[str, 
 
 def pass_cost(model):
     """What `auto` weighs drafts by: the model's pass bytes (its checkpoint's), unions as independent routing's."""
-    from ..api import open_checkpoint
+    from ..format.checkpoint import open_checkpoint
     from ..model.pass_cost import PassCost
 
     checkpoint = open_checkpoint(model)

@@ -9,9 +9,10 @@ import signal
 import sys
 import time
 
-from .common import (EXIT_CODES, add_engine_args, add_sampling_args, add_speculation_args, engine_config, open_engine,
-                     sampling_params, speculation)
-from ..api import K3Error, visible
+from .options import (EXIT_CODES, add_engine_arguments, add_sampling_arguments, add_speculation_arguments, engine_config_from_args, open_engine,
+                     sampling_params_from_args, speculation_from_args)
+from ..api import K3Error
+from ..text.channels import visible
 
 HELP = """commands:
   /reset         start a new conversation (forget the decode state)
@@ -55,7 +56,7 @@ def _show(event, tty: bool, state: dict) -> None:
 
 
 def _stats(chat, engine) -> str:
-    from ..api import peak_rss_bytes
+    from ..report.run import peak_rss_bytes
 
     last = chat.last
     if not last:
@@ -108,7 +109,7 @@ class LineEditing:
     chat_history beside the saved profile (owner-readable only), across sessions."""
 
     def __init__(self):
-        from ..api import profile_path
+        from ..io.profile import profile_path
 
         self.path = profile_path().parent / "chat_history"
         try:
@@ -135,8 +136,8 @@ class LineEditing:
 
 
 def cmd_chat(args) -> int:
-    params = sampling_params(args)
-    config = engine_config(args)
+    params = sampling_params_from_args(args)
+    config = engine_config_from_args(args)
     tty = sys.stdout.isatty()
     editing = LineEditing() if sys.stdin.isatty() else None
     try:
@@ -174,7 +175,7 @@ def _converse(args, config, params, tty) -> int:
             shown: dict = {}
             started = time.perf_counter()
             with Interrupt() as interrupt:
-                for event in chat.ask(line, params, cancelled=lambda: interrupt.hit, speculation=speculation(args)):
+                for event in chat.ask(line, params, cancelled=lambda: interrupt.hit, speculation=speculation_from_args(args)):
                     if event.kind == "text":
                         _show(event, tty, shown)
             print("\x1b[0m" if tty else "")
@@ -196,12 +197,12 @@ def add_parser(sub) -> None:
                "  k3 chat demo-model --thinking --temperature 1.0 --seed 1\n"
                "  k3 chat /models/Kimi-K3 --trunk /nvme/k3-trunk --preset auto --system 'Be brief.'\n\n"
                + EXIT_CODES)
-    add_engine_args(p)
+    add_engine_arguments(p)
     g = p.add_argument_group("chat")
     g.add_argument("--tok", metavar="DIR", help="tokenizer directory (default: MODEL_DIR)")
     g.add_argument("--thinking", action="store_true", help="thinking mode (shown dimmed before the answer)")
     g.add_argument("--system", metavar="TEXT", help="a system message")
     g.add_argument("--verbose", action="store_true", help="print /stats after every reply")
-    add_sampling_args(p, default_max=512)
-    add_speculation_args(p)
+    add_sampling_arguments(p, default_max=512)
+    add_speculation_arguments(p)
     p.set_defaults(func=cmd_chat)

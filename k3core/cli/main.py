@@ -16,14 +16,14 @@ import os
 import sys
 
 from .. import __version__
-from .common import EXIT_CODES
+from .options import EXIT_CODES
 from ..errors import K3Error
 
 interrupt.restore(_importing)  # from here on Ctrl-C is KeyboardInterrupt, which main() turns into 130
 
 
 def cmd_presets(args) -> int:
-    from ..model.budget import PRESETS, WORKING_BYTES, auto_preset, mem_available
+    from ..plan.budget import PRESETS, WORKING_BYTES, auto_preset, mem_available
 
     available = mem_available()
     try:
@@ -45,8 +45,8 @@ def cmd_presets(args) -> int:
 
 
 def cmd_make_model(args) -> int:
-    from ..model.testmodel import make_model, planned_bytes, shape_config
-    from .progress import ProgressMeter
+    from ..testmodel.make import make_model, planned_bytes, shape_config
+    from ..report.meters import ProgressMeter
 
     size = planned_bytes(shape_config(args.shape))
     print(f"{args.dir}: {args.shape} test model, seed {args.seed}, {args.layout} config, {size / 1e6:,.1f} MB")

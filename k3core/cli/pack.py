@@ -7,7 +7,7 @@ import sys
 from ..errors import TrunkError, UsageError
 from ..io.codec import CODECS, RAW
 from ..io.pack import pack, size_text, verify
-from .progress import PackMeter
+from ..report.meters import PackMeter
 from ..io.trunk import load_trunk
 
 

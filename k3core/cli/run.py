@@ -12,22 +12,15 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ..api import Observer, UsageError, visible
-from ..io import device
-from ..io.atomic import output_target, write_output
-from ..io.limits import read_limited
-from ..model.checkpoint import EXPERT_PARTS, expert_prefix
-from .common import (EXIT_CODES, add_engine_args, add_sampling_args, add_speculation_args, engine_config, open_engine,
-                     sampling_params, speculation)
+from ..api import Observer, UsageError
+from ..text.channels import visible
+from ..files import device
+from ..files.atomic import output_target, write_output
+from ..files.limits import read_limited
+from ..format.checkpoint import EXPERT_PARTS, expert_prefix
+from .options import (EXIT_CODES, add_engine_arguments, add_sampling_arguments, add_speculation_arguments, engine_config_from_args, open_engine,
+                     parse_ids, sampling_params_from_args, speculation_from_args)
 
-
-def parse_ids(text: str, source: str) -> list[int]:
-    parts = [p for p in text.replace(",", " ").split() if p]
-    bad = next((p for p in parts if not (p.isascii() and p.isdigit() and len(p) <= 18)), None)
-    if bad is not None:  # int() would take "١٢" or "+3" or 400 digits: ids are plain decimal numbers
-        raise UsageError(f"{source}: {bad[:40]!r} is not a token id (ids are decimal integers 0-9, comma- or "
-                         "space-separated)")
-    return [int(p) for p in parts]
 
 
 def _read(path: str, flag: str) -> str:
@@ -156,7 +149,7 @@ class LogitsRecorder(Observer):
 
 class DiskWatch(Observer):
     """The disks under the checkpoint and the trunk from the first generated id to the end of the run, the
-    stretch the report's s/token covers: bytes they read and how busy they were (k3core/io/device.py)."""
+    stretch the report's s/token covers: bytes they read and how busy they were (k3core/files/device.py)."""
 
     def __init__(self, paths):
         self.paths, self.first, self.error = [p for p in paths if p], None, None
@@ -183,7 +176,7 @@ class DiskWatch(Observer):
 def disk_floor(model, report: dict, seconds: float) -> dict:
     """The O_DIRECT read rate of this checkpoint's experts, probed after the run (`k3 bench stream`'s probe),
     and what it makes of the run: bytes read per generated id ÷ that rate, and decode s/token against it."""
-    from .bench_stream import raw_probe
+    from ..machine.probes import raw_probe
 
     probe = raw_probe(model, seconds=seconds)
     per = report.get("bytes_read_per_token")
@@ -206,7 +199,7 @@ def read_schema(path: str) -> str:
 
 
 def check_outputs(args) -> None:
-    """Refuse, before anything loads, an output path the run could not write (k3core/io/atomic.py output_target):
+    """Refuse, before anything loads, an output path the run could not write (k3core/files/atomic.py output_target):
     a directory or a missing directory for --json / --dump-logits, an existing non-directory for --dump-trace."""
     for flag, path in (("--json", args.json), ("--dump-logits", args.dump_logits)):
         if path:
@@ -217,24 +210,24 @@ def check_outputs(args) -> None:
 
 def cmd_run(args) -> int:
     from ..api import Session, load_tokenizer
-    from ..model.report import report_text, run_report
+    from ..report.run import report_text, run_report
 
     settle_positionals(args, sys.stdin)
-    config = engine_config(args)
+    config = engine_config_from_args(args)
     kind, prompt = prompt_source(args)
     if (args.chat or args.thinking or args.system) and kind != "text":
         raise UsageError("--chat, --thinking and --system need a text prompt (--prompt or --prompt-file)")
     if args.thinking and not args.chat:
         raise UsageError("--thinking is a chat mode: add --chat")
     check_outputs(args)
-    params = sampling_params(args)
+    params = sampling_params_from_args(args)
     if args.json_schema:
         if kind != "text":
             raise UsageError("--json-schema needs a text prompt: the schema is matched against the reply's text")
         params = replace(params, json_schema=read_schema(args.json_schema))
     if args.full_recompute and args.speculate:
         raise UsageError("--speculate and --full-recompute do not combine: full recompute forwards every id alone")
-    speculate = speculation(args)
+    speculate = speculation_from_args(args)
     start = time.perf_counter()
     with open_engine(config) as engine:
         tokenizer = load_tokenizer(config.tokenizer or config.model) if kind == "text" else None
@@ -301,7 +294,7 @@ def add_parser(sub) -> None:
                "  k3 run demo-model --ids 1,2 --threads 2 --dump-logits b.f32 && cmp a.f32 b.f32\n"
                "  k3 run /models/Kimi-K3 --trunk /nvme/k3-trunk --preset laptop --prompt-file question.txt\n\n"
                + EXIT_CODES)
-    add_engine_args(run)
+    add_engine_arguments(run)
     run.add_argument("text", metavar="PROMPT", nargs="?",
                      help="the prompt text (- reads standard input); with a saved profile MODEL_DIR may be left out: "
                           "k3 run 'What is the capital of France?' --chat")
@@ -318,8 +311,8 @@ def add_parser(sub) -> None:
                    help="the reply is JSON satisfying the JSON Schema in FILE, enforced token by token (with "
                         "--thinking, after free thinking); a reply cut off by --max-tokens ends mid-JSON and the "
                         "report's stop_reason says 'max tokens' (docs/STRUCTURED-OUTPUT.md)")
-    add_sampling_args(run, default_max=16)
-    add_speculation_args(run)
+    add_sampling_arguments(run, default_max=16)
+    add_speculation_arguments(run)
     g = run.add_argument_group("output")
     g.add_argument("--full-recompute", action="store_true",
                    help="recompute the full sequence for every id instead of carrying decode state")

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import InputError, UsageError
 from ..interfaces import CachePolicy, LRUPolicy
-from ..io.limits import SMALL_FILE_BYTES, read_json_limited
+from ..files.limits import SMALL_FILE_BYTES, read_json_limited
 
 DEFAULT_EXPERT_BYTES = 17_547_264  # one real K3 routed expert (w1, w2, w3 packed + scales)
 K3_IN_C_PAIRS, K3_IN_C_TOKENS = 100_096, 68  # 8 full-recompute steps on 5 ids: 5+6+…+12 forwards

@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..interfaces import CachePolicy, ExpertStore, PlanRow, PluginOptions
-from ..model.budget import human
-from .aligned_io import Prefault, aligned_buffer
+from ..units import human
+from ..files.aligned_io import Prefault, aligned_buffer
 from .expert_io import ExpertReader, expert_slot_bytes
 
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import _native
 from ..errors import UnsoundRunError, UsageError
-from .aligned_io import ALIGN, align_up
+from ..files.aligned_io import ALIGN, align_up
 
 CODECS = {"raw": "the run's bytes as they are (the default)",
           "planes": "BF16 split into sign+mantissa bytes (verbatim) and exponent bytes (Huffman-coded, "

@@ -16,9 +16,9 @@ import numpy as np
 
 from ..errors import UnsoundRunError
 from ..interfaces import ExpertWeights
-from ..model.checkpoint import EXPERT_PARTS, expert_prefix
-from .aligned_io import ALIGN, BusyClock, align_down, align_up, open_for_reading, read_into
-from .tensor_sums import TensorSums
+from ..format.checkpoint import EXPERT_PARTS, expert_prefix
+from ..files.aligned_io import ALIGN, BusyClock, align_down, align_up, open_for_reading, read_into
+from ..format.tensor_sums import TensorSums
 
 QUEUE_DEPTH = 16
 

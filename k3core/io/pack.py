@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__, _native
-from .aligned_io import ALIGN
-from .atomic import fsync_dir, write_json_atomic
-from ..model.checkpoint import PREFIX, VISION_PREFIXES, Checkpoint, open_checkpoint
+from ..files.aligned_io import ALIGN
+from ..files.atomic import fsync_dir, write_json_atomic
+from ..format.checkpoint import PREFIX, VISION_PREFIXES, Checkpoint, open_checkpoint
 from ..errors import CheckpointError, TrunkError, UnsoundRunError
 from .codec import BLOCK, RAW, check_block_bytes, check_codec, encode_run
 from .trunk import (CODEC_VERSION, EXPERTS, FORMAT, MANIFEST, PARTIAL, TENSOR_ALIGN, TRUNK, VERSION, _align, _canon,
@@ -440,3 +440,14 @@ def verify(trunk_dir, model=None, *, deep=False, progress=None) -> list[str]:
         if reader is not None:
             reader.close()
     return problems
+
+
+def packed_trunk_bytes(source) -> int:
+    """Bytes `k3 pack` will write: `source` is a checkpoint directory, or {shard name: parsed header}."""
+    if isinstance(source, dict):
+        return packed_size_of_headers(source)
+    checkpoint = open_checkpoint(source)
+    try:
+        return packed_size(checkpoint.index)
+    finally:
+        checkpoint.close()

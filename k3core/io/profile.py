@@ -10,8 +10,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .atomic import write_json_atomic
-from .limits import SMALL_FILE_BYTES, read_json_limited
+from ..files.atomic import write_json_atomic
+from ..files.limits import SMALL_FILE_BYTES, read_json_limited
 from ..errors import K3Error
 
 FORMAT, VERSION = "k3-profile", 1

@@ -3,7 +3,7 @@ saved so a chat can continue later exactly where it stopped (bit for bit).
 
 A state belongs to one model: the file carries the config's and the shards' fingerprint and is
 refused, naming the difference, when loaded into another. npz without pickles; written as any output a user
-names (k3core/io/atomic.py output_file: atomic over a file, through a device or FIFO, no temporary file left).
+names (k3core/files/atomic.py output_file: atomic over a file, through a device or FIFO, no temporary file left).
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import json
 import numpy as np
 
 from ..errors import K3Error
-from .atomic import output_file
-from .limits import SMALL_FILE_BYTES, loads_limited, too_large
+from ..files.atomic import output_file
+from ..files.limits import SMALL_FILE_BYTES, loads_limited, too_large
 from .trunk import fingerprint
 
 FORMAT, VERSION = "k3-state", 1

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..model.checkpoint import PREFIX, VISION_PREFIXES, Checkpoint, layer_prefix
+from ..format.checkpoint import PREFIX, VISION_PREFIXES, Checkpoint, layer_prefix
 from ..errors import CheckpointError, TrunkError
 from ..interfaces import Param, Weights
-from .aligned_io import ALIGN, align_up
+from ..files.aligned_io import ALIGN, align_up
 from .codec import CODECS, RAW, Block, stored_length
-from .limits import INDEX_FILE_BYTES, read_json_limited
-from .safetensors_index import DTYPES
+from ..files.limits import INDEX_FILE_BYTES, read_json_limited
+from ..format.safetensors_index import DTYPES
 
 FORMAT, VERSION = "k3-trunk", 2
                               # 2: a raw run carries a checksum per block, checked on every read (1 is re-packed)

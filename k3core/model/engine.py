@@ -14,8 +14,8 @@ import numpy as np
 
 from ..errors import InputError, K3Error
 from .attnres import Residual, fold
-from .checkpoint import PREFIX
-from .engine_config import EngineConfig, resolve
+from ..format.checkpoint import PREFIX
+from ..plan.engine_config import EngineConfig, resolve
 from .finite import BindCheck, check_embed_rows, head_error, output_error
 from .mlp import dense_mlp
 from .moe import latent_moe, prefetch_guess

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import CheckpointError, K3Error
 from ..interfaces import Param, Weights
-from .checkpoint import FLOAT, HEAD, MATRIX, PREFIX
+from ..format.checkpoint import FLOAT, HEAD, MATRIX, PREFIX
 
 SMALL = tuple(d for d in FLOAT if d not in MATRIX)  # F16, F32: dtypes only small tensors may have
 EMBED = PREFIX + "embed_tokens.weight"

@@ -18,7 +18,7 @@ import weakref
 
 import numpy as np
 
-from .checkpoint import EXPERT_PARTS, VISION_PREFIXES, expert_prefix
+from ..format.checkpoint import EXPERT_PARTS, VISION_PREFIXES, expert_prefix
 from .engine import Observer
 
 READ_WEIGHT = 4.0  # a byte read from disk, in bytes touched in RAM

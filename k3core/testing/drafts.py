@@ -4,8 +4,8 @@ fixed K and adaptive, on generated models. Proposals may be as wrong as they lik
 from __future__ import annotations
 
 from ..model.engine import Engine
-from ..model.engine_config import EngineConfig
-from ..model.testmodel import shape_config
+from ..plan.engine_config import EngineConfig
+from ..testmodel.make import shape_config
 from ..text.generate import AUTO_K, Speculation
 from ..text.sampling import SamplingParams
 from . import models

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..model.engine import Engine
-from ..model.engine_config import EngineConfig
+from ..plan.engine_config import EngineConfig
 from ..plugin_manager import get_plugin_manager, new_plugin_manager
 from ..text.generate import generate_ids, greedy_ids
 from ..text.sampling import Sampler, SamplingParams

@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..io.pack import pack
-from ..model.testmodel import make_model
+from ..testmodel.make import make_model
 
 
 @lru_cache(maxsize=None)

@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import UsageError
 from ..hookspecs import hookimpl
 from ..interfaces import Budget, PluginContext
-from ..model.checkpoint import HEAD, PREFIX, layer_prefix, layer_trunk_specs, model_specs, open_checkpoint
+from ..format.checkpoint import HEAD, PREFIX, layer_prefix, layer_trunk_specs, model_specs, open_checkpoint
 from ..plugin_manager import choose_attention, get_plugin_manager
 from . import models
 from .checks import Check, CheckFailed, expect

@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import UnsoundRunError
 from ..hookspecs import hookimpl
 from ..interfaces import Budget, PluginContext
-from ..model.checkpoint import EXPERT_PARTS, expert_prefix, open_checkpoint
+from ..format.checkpoint import EXPERT_PARTS, expert_prefix, open_checkpoint
 from . import models
 from .checks import Check, CheckFailed, expect
 from .engines import greedy_run

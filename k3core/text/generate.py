@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import InputError, PluginError, UsageError
 from ..interfaces import DraftSource
-from ..model.engine_config import MAX_SPECULATE
+from ..plan.engine_config import MAX_SPECULATE
 from ..model.pass_cost import PassCost
 from .sampling import Sampler
 

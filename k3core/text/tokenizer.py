@@ -15,7 +15,7 @@ from pathlib import Path
 import tiktoken
 
 from ..errors import InputError, TokenizerError
-from ..io.limits import SMALL_FILE_BYTES, loads_limited, read_limited
+from ..files.limits import SMALL_FILE_BYTES, loads_limited, read_limited
 
 # The o200k pattern with a leading Han rule and Han taken out of the letter classes. `&&` is a
 # class intersection: tiktoken's engine (and `regex` in V1 mode) honour it; Python's `re` does not.

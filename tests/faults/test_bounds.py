@@ -416,7 +416,7 @@ def random_document(rng, levels: int):
 
 
 def test_nesting_depth_is_the_depth_json_loads_builds():
-    from k3core.io.limits import nesting_depth
+    from k3core.files.limits import nesting_depth
 
     rng = random.Random(0)
     for _ in range(500):
@@ -427,6 +427,6 @@ def test_nesting_depth_is_the_depth_json_loads_builds():
 
 @pytest.mark.parametrize("text, depth", [('"[[[["', 0), ('"abc' + "[" * 300, 0), ("[" * 300, 300)])
 def test_nesting_depth_of_a_text_json_loads_refuses(text, depth):
-    from k3core.io.limits import nesting_depth
+    from k3core.files.limits import nesting_depth
 
     assert nesting_depth(text) == depth

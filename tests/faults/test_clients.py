@@ -16,7 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from k3core import EngineConfig, load_tokenizer, open_engine, render_chat
+from k3core import EngineConfig, load_tokenizer, open_engine
+from k3core.text.chat import render as render_chat
 from k3core.cli.main import main
 from serve.app import ApiOptions, api_router
 from serve.http import Timeouts, listen

@@ -11,13 +11,14 @@ import shutil
 import numpy as np
 import pytest
 
-from k3core import CheckpointError, EngineConfig, open_engine, record_tensor_sums
+from k3core import CheckpointError, EngineConfig, open_engine
+from k3core.format.scan import record_tensor_sums
 from k3core.cli.main import main
 from k3core.interfaces import Param, Weights
 from k3core.io.pack import pack
-from k3core.model.checkpoint import HEAD, PREFIX, layer_prefix, open_checkpoint
+from k3core.format.checkpoint import HEAD, PREFIX, layer_prefix, open_checkpoint
 from k3core.model.engine import Engine
-from k3core.model.testmodel import SHAPES
+from k3core.testmodel.make import SHAPES
 from k3core.plugin_manager import new_plugin_manager
 from k3core.plugins.resident import ResidentPlacer
 from k3core.testing.engines import greedy_run

@@ -80,7 +80,7 @@ def test_pack_verify_names_the_flipped_block(packs, tmp_path, capsys):
 
 # ---- the checkpoint itself: every tensor against the checksums recorded for it (k3-tensor-sums.bin) ----------
 def flip_tensor(model, name: str) -> None:
-    from k3core.model.checkpoint import open_checkpoint
+    from k3core.format.checkpoint import open_checkpoint
 
     ckpt = open_checkpoint(model)
     info = ckpt.index[name]
@@ -93,7 +93,7 @@ def flip_tensor(model, name: str) -> None:
 
 
 def every_expert(model, layer: int, part: str) -> list[str]:
-    from k3core.model.checkpoint import expert_prefix, open_checkpoint
+    from k3core.format.checkpoint import expert_prefix, open_checkpoint
 
     ckpt = open_checkpoint(model)
     ckpt.close()
@@ -136,7 +136,7 @@ def test_a_checkpoint_without_recorded_checksums_is_refused_naming_the_command(t
 
 @pytest.mark.parametrize("damage", ["truncated", "a byte changed", "another shard's header"])
 def test_a_damaged_or_stale_checksum_file_is_refused(tiny_model, tmp_path, capsys, damage):
-    from k3core import record_tensor_sums
+    from k3core.format.scan import record_tensor_sums
 
     model = shutil.copytree(tiny_model, tmp_path / "m")
     sums = model / "k3-tensor-sums.bin"
@@ -164,7 +164,7 @@ def test_running_sums_in_pieces_equal_one_checksum():
     import numpy as np
 
     from k3core import _native
-    from k3core.io.tensor_sums import RunningSum
+    from k3core.format.tensor_sums import RunningSum
 
     data = np.random.default_rng(0).integers(0, 256, 10_007, dtype=np.uint8).tobytes()
     for cuts in ([], [8, 16], [3, 5, 4099], [1, 2, 3, 9999], list(range(1, 10_007, 777))):
@@ -177,7 +177,8 @@ def test_running_sums_in_pieces_equal_one_checksum():
 
 def test_sums_from_a_hash_pass_equal_sums_from_reading_each_tensor(tiny_model, tmp_path):
     """ShardSums fed a shard's bytes front to back in odd pieces (as `k3 setup` hashes it) records the same file."""
-    from k3core import ShardSums, record_tensor_sums
+    from k3core.format.scan import record_tensor_sums
+    from k3core.format.tensor_sums import ShardSums
 
     model = shutil.copytree(tiny_model, tmp_path / "m")
     want = (model / "k3-tensor-sums.bin").read_bytes()
@@ -195,10 +196,10 @@ def test_sums_from_a_hash_pass_equal_sums_from_reading_each_tensor(tiny_model, t
 def test_experts_with_scale_bytes_of_255_are_counted_and_named(tiny_model):
     """SPEC §5: a scale byte of 255 reads its group as zero, and is counted: recorded with the checksums, named in
     the run report for each expert read that has one (the test model plants one in expert 1's w2)."""
-    from k3core.io.aligned_io import aligned_buffer
+    from k3core.files.aligned_io import aligned_buffer
     from k3core.io.expert_io import ExpertReader, expert_slot_bytes
-    from k3core.model.checkpoint import open_checkpoint
-    from k3core.model.report import _nan_scale_line
+    from k3core.format.checkpoint import open_checkpoint
+    from k3core.report.run import _nan_scale_line
 
     ckpt = open_checkpoint(tiny_model)
     layer = max(1, ckpt.config.first_k_dense_replace)
@@ -218,8 +219,9 @@ def test_experts_with_scale_bytes_of_255_are_counted_and_named(tiny_model):
 
 def test_sums_from_a_hash_pass_are_used_whatever_the_path_given(tiny_model, tmp_path, monkeypatch):
     """A relative checkpoint path (`k3 verify demo-model`) still finds the shards the hash pass fed."""
-    from k3core import ShardSums, record_tensor_sums
-    from k3core.io import tensor_sums
+    from k3core.format.scan import record_tensor_sums
+    from k3core.format.tensor_sums import ShardSums
+    from k3core.format import tensor_sums
 
     model = shutil.copytree(tiny_model, tmp_path / "m")
     monkeypatch.chdir(tmp_path)

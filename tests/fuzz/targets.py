@@ -6,10 +6,10 @@ import tempfile
 from pathlib import Path
 
 from k3core import K3Error
-from k3core.io import header_scan as scan
-from k3core.io import safetensors_index as si
-from k3core.io.safetensors_index import ShardIndex
-from k3core.model.config import load_config
+from k3core.format import header_scan as scan
+from k3core.format import safetensors_index as si
+from k3core.format.safetensors_index import ShardIndex
+from k3core.format.config import load_config
 from k3core.text.tokenizer import load_tokenizer
 
 

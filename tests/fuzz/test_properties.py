@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from k3core.model.testmodel import _tokenizer_files, config_json, shape_config
+from k3core.testmodel.make import _tokenizer_files, config_json, shape_config
 
 from . import targets
 

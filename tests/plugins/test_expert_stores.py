@@ -6,7 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
-from k3core.model.checkpoint import EXPERT_PARTS, expert_prefix, open_checkpoint
+from k3core.format.checkpoint import EXPERT_PARTS, expert_prefix, open_checkpoint
 from k3core.errors import UnsoundRunError
 from k3core.plugin_api import Budget, LRUPolicy, PluginContext
 from k3core.plugins.direct_store import DirectStore

@@ -62,7 +62,8 @@ CALLS = [("get_weather", {"city": "Paris", "days": 2}), ("get_weather", {"city":
 def script_tool_calls(monkeypatch, live, calls=CALLS) -> list[int]:
     """The worker's sampler replaced by one that picks, id by id, a reply saying "Checking." and calling `calls`
     ([(name, arguments)]) on `live`'s model; returns those ids."""
-    from k3core import Sampler, tool_call_markup
+    from k3core import Sampler
+    from k3core.text.chat import tool_call_markup
     import serve.worker
 
     script = live.slot.tokenizer.encode("Checking.<|close|>response<|sep|><|open|>tools<|sep|>"

@@ -11,7 +11,9 @@ import openai
 import pytest
 
 from k3core import (BatchGenerator, EngineConfig, Sampler, SamplingParams, generate_ids, greedy_ids, load_tokenizer,
-                    open_engine, pack_trunk, render_chat, speculation, token_logprobs)
+                    open_engine, speculation, token_logprobs)
+from k3core.io.pack import pack as pack_trunk
+from k3core.text.chat import render as render_chat
 from k3core.text.logprobs import det_log
 from k3core.text.sampling import det_exp
 from serve.logprobs import chat_logprobs, piece

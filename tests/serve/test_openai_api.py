@@ -246,7 +246,8 @@ def test_loopback_only_by_default_and_no_open_host_without_a_key(demo, capsys, m
 def test_speculating_server_replies_as_the_serial_one(model_factory):
     """Two concurrent requests on a server that verifies drafts: one drafted by an oracle (the serial reply's
     ids), one by prompt lookup; both replies are the serial server's, in fewer passes than ids."""
-    from k3core import SamplingParams, Speculation, render_chat
+    from k3core import SamplingParams, Speculation
+    from k3core.text.chat import render as render_chat
     from k3core.plugin_api import DraftSource
     from k3core.plugins.drafts import NgramDraft
     from k3core.testing.engines import generation

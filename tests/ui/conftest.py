@@ -10,7 +10,8 @@ import time
 import pytest
 
 from k3core.text.chat_session import ChatSession
-from k3core import EngineConfig, engine_config_from_args, open_engine
+from k3core import EngineConfig, open_engine
+from k3core.cli.options import engine_config_from_args
 from k3core.text.sampling import SamplingParams
 from k3core.text.tokenizer import load_tokenizer
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from k3core.text.sampling import SamplingParams
-from k3core import visible
+from k3core.text.channels import visible
 from tests.ui.conftest import slowed
 
 gradio_client = pytest.importorskip("gradio_client")
@@ -174,7 +174,7 @@ def test_the_memory_plan_previews_and_applying_reopens_the_engine(served, host, 
     plan, status = client.predict("desktop", None, None, api_name="/plan_preview")
     assert "memory plan" in plan and "preview: fits" in status
     with monkeypatch.context() as m:
-        m.setattr("k3core.model.budget.mem_available", lambda: 100 << 20)  # a machine with 100 MB free
+        m.setattr("k3core.plan.budget.mem_available", lambda: 100 << 20)  # a machine with 100 MB free
         plan, status = client.predict("custom", None, 1, api_name="/plan_preview")
     assert "does NOT fit" in status
     send(client, "hello there").result(timeout=60)
@@ -184,7 +184,7 @@ def test_the_memory_plan_previews_and_applying_reopens_the_engine(served, host, 
     final = send(client, "and a second question").result(timeout=60)
     assert "the engine was reopened" in final[2] and session(client)["last"]["reused_tokens"] == 0
     with monkeypatch.context() as m:  # budgets that need a terabyte: refused before the engine is closed
-        m.setattr("k3core.model.budget.WORKING_BYTES", 1 << 40)
+        m.setattr("k3core.plan.budget.WORKING_BYTES", 1 << 40)
         plan, status = client.predict("custom", None, 1, False, api_name="/plan_apply")
     assert "not applied" in status and "DOES NOT FIT" in status and host.budget["preset"] == "laptop"  # the old budgets came back
 

@@ -9,7 +9,8 @@ import time
 
 from k3core.text.sampling import SamplingParams
 
-from k3core import speculation, visible
+from k3core import speculation
+from k3core.text.channels import visible
 from tests.ui.conftest import GREEDY, on_each_layer, slowed, ui_args
 from ui.chat import Chats
 from ui.engine_panel import Monitor

@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from k3core import ProgressMeter as Meter
+from k3core.report.meters import ProgressMeter as Meter
 from wizard.progress import estimate, human
 from wizard.state import SetupState, StateError
 

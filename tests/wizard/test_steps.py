@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
-from k3core.cli import doctor
+from k3core.machine import checks as doctor
 from k3core.io.profile import load_profile
-from k3core.model.cost import choose_codec
+from k3core.machine.cost import choose_codec
 from wizard import plan as plan_module
 from wizard.steps import Setup
 from wizard.verify import published_sizes

@@ -120,7 +120,7 @@ def test_verify_deep_names_non_finite_weights_and_warns_of_255_scales(k3, tiny_m
 
     import numpy as np
 
-    from k3core.model.checkpoint import layer_prefix, open_checkpoint
+    from k3core.format.checkpoint import layer_prefix, open_checkpoint
 
     model = shutil.copytree(tiny_model, tmp_path / "m")
     rc, out, _ = k3("verify", model, "--deep")

@@ -1,18 +1,21 @@
-"""What `k3 run`, `k3 chat` and the subcommands of plugins (`k3 ui`) share: the engine and budget flags
-and their EngineConfig, the sampling flags, and opening an engine with its memory plan and plugin
-notices shown first. The exit-code text lives in k3core.errors."""
+"""The flags `k3 run` shares with `k3 chat` and with the subcommands of plugins (`k3 serve`, `k3 ui`, a third
+party's): the engine and budget flags and their EngineConfig, the sampling and speculation flags, the logging
+flags, and opening an engine with its memory plan and plugin notices shown first. A public module: a
+subcommand plugin imports it to take the same flags as `k3 run`. The exit-code text lives in k3core.errors."""
 from __future__ import annotations
 
 import argparse
 import sys
 
 from ..errors import EXIT_CODES, UsageError
+from ..report.logs import LEVELS
 
-__all__ = ["EXIT_CODES", "add_engine_args", "add_sampling_args", "add_speculation_args", "engine_config", "open_engine",
-           "sampling_params", "speculation"]
+__all__ = ["EXIT_CODES", "add_engine_arguments", "add_logging_arguments", "add_sampling_arguments",
+           "add_speculation_arguments", "engine_config_from_args", "open_engine", "parse_ids",
+           "sampling_params_from_args", "speculation_from_args"]
 
 
-def add_engine_args(p: argparse.ArgumentParser) -> None:
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL_DIR", nargs="?",
                    help="checkpoint directory (config.json + safetensors shards); default: the saved profile "
                         "(`k3 setup` writes it)")
@@ -53,7 +56,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "installed for each kind)")
 
 
-def add_sampling_args(p: argparse.ArgumentParser, default_max: int) -> None:
+def add_sampling_arguments(p: argparse.ArgumentParser, default_max: int) -> None:
     g = p.add_argument_group("sampling (greedy unless --temperature > 0; filters apply in the order listed)")
     g.add_argument("--repeat-penalty", type=float, default=1.0, metavar="R",
                    help="divide positive / multiply negative logits of ids already in the context by R (1 = off)")
@@ -69,7 +72,7 @@ def add_sampling_args(p: argparse.ArgumentParser, default_max: int) -> None:
     g.add_argument("--stop-id", action="append", type=int, default=[], metavar="ID", help="stop at this id (repeatable)")
 
 
-def add_speculation_args(p: argparse.ArgumentParser) -> None:
+def add_speculation_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculative decoding (the same ids in fewer passes over the weights; docs/PERFORMANCE.md)")
     g.add_argument("--speculate", metavar="K|auto",
                    help="each pass forwards the last id plus up to K drafted ids (1-16) and keeps the ones the model "
@@ -86,7 +89,7 @@ def add_speculation_args(p: argparse.ArgumentParser) -> None:
 
 def speculate_k(args) -> int:
     """The --speculate value as drafted ids per pass (auto: its ceiling); 0 when off."""
-    from ..model.engine_config import MAX_SPECULATE
+    from ..plan.engine_config import MAX_SPECULATE
     from ..text.generate import AUTO_K
 
     value = getattr(args, "speculate", None)
@@ -101,7 +104,7 @@ def speculate_k(args) -> int:
     return int(value)
 
 
-def speculation(args):
+def speculation_from_args(args):
     """The Speculation the flags ask for, or None; the draft source holds to --draft-memory."""
     from ..api import speculation as build
 
@@ -125,11 +128,11 @@ def draft_memory_gb(args) -> float:
     """What the memory plan counts for the draft source the flags ask for."""
     if not speculate_k(args):
         return 0.0
-    spec = speculation(args)
+    spec = speculation_from_args(args)
     return draft_memory_bytes(args, spec.draft) / 1e9
 
 
-def sampling_params(args):
+def sampling_params_from_args(args):
     from ..text.sampling import SamplingParams
 
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
@@ -149,7 +152,7 @@ def _attention(pairs) -> dict:
 
 def _options(pairs, flag: str) -> dict | None:
     """NAME=VALUE pairs; a VALUE that reads as JSON (true, 3, 0.5, null) is that value, else a string."""
-    from ..io.limits import loads_limited
+    from ..files.limits import loads_limited
 
     out = {}
     for pair in pairs:
@@ -163,7 +166,7 @@ def _options(pairs, flag: str) -> dict | None:
     return out or None
 
 
-def engine_config(args):
+def engine_config_from_args(args):
     """The EngineConfig of parsed engine flags; without MODEL_DIR, the saved profile's model, packed
     trunk and budgets (flags given still win)."""
     from ..api import EngineConfig, config_from_profile
@@ -193,7 +196,7 @@ def open_engine(config):
     """Open `config`'s engine, printing the memory plan and any plugin notice to stderr first."""
     from ..api import open_engine as open_
 
-    from ..api import model_note
+    from ..format.notes import model_note
 
     engine = open_(config, on_plan=lambda plan: print(plan.text(), file=sys.stderr))
     for notice in engine.notices:
@@ -201,3 +204,22 @@ def open_engine(config):
     if note := model_note(config.model):
         print(f"k3: {config.model} is {note}", file=sys.stderr)
     return engine
+
+
+def parse_ids(text: str, source: str) -> list[int]:
+    parts = [p for p in text.replace(",", " ").split() if p]
+    bad = next((p for p in parts if not (p.isascii() and p.isdigit() and len(p) <= 18)), None)
+    if bad is not None:  # int() would take "١٢" or "+3" or 400 digits: ids are plain decimal numbers
+        raise UsageError(f"{source}: {bad[:40]!r} is not a token id (ids are decimal integers 0-9, comma- or "
+                         "space-separated)")
+    return [int(p) for p in parts]
+
+
+def add_logging_arguments(parser, access_log: bool = False) -> None:
+    g = parser.add_argument_group("logging")
+    g.add_argument("--log-level", choices=LEVELS, default="warning",
+                   help="what goes to the log on stderr: info adds each step / turn / reload, debug every detail "
+                        "(default warning: problems only)")
+    if access_log:
+        g.add_argument("--access-log", action="store_true",
+                       help="also log every HTTP request (method, path, status; never bodies or passwords)")

@@ -14,7 +14,7 @@ from collections import deque
 
 from tqdm import tqdm
 
-from ..model.budget import human
+from ..units import human
 
 WINDOW = 10.0  # seconds of history behind the rate
 

@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import CheckpointError, UnsoundRunError
 from .header_scan import (Table, fingerprints, fp_of, pair, parse_compact, string_blob,
                                 word_view, weight_map_compact, WeightMap)
-from .limits import INDEX_FILE_BYTES, loads_limited, read_json_limited, read_limited
+from ..files.limits import INDEX_FILE_BYTES, loads_limited, read_json_limited, read_limited
 
 DTYPES = {"U8": (1, np.dtype("u1")), "I8": (1, np.dtype("i1")), "BF16": (2, np.dtype("<u2")),
           "F16": (2, np.dtype("<f2")), "F32": (4, np.dtype("<f4")), "F64": (8, np.dtype("<f8")),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import resource
 
-from .budget import human
+from ..units import human
 
 
 def peak_rss_bytes() -> int:

@@ -12,19 +12,20 @@ from pathlib import Path
 
 import numpy as np
 
-from . import mxfp4
+from ..format import mxfp4
 from ..errors import UsageError
-from ..io.limits import SMALL_FILE_BYTES, LimitError, read_json_limited
-from ..io.writer import Planned, config_json, float_bytes, planned_bytes, tokenizer_files, write_checkpoint
+from ..files.limits import SMALL_FILE_BYTES, LimitError, read_json_limited
+from .writer import Planned, config_json, float_bytes, planned_bytes, tokenizer_files, write_checkpoint
 from ..text.chat import CHAT_TEMPLATE
 from ..text.bpe import train_bpe
-from .checkpoint import HEAD, expert_prefix
-from .config import Config, parse_config
+from ..format.checkpoint import HEAD, expert_prefix
+from ..format.config import Config, parse_config
+from ..format.notes import TEST_MODEL_MARKER
 
 __all__ = ["SHAPES", "COMMON", "BPE_CORPUS", "SPECIAL_TOKENS", "MARKER", "shape_config", "config_json", "make_model",
            "planned_bytes", "tensor_bytes"]
 
-MARKER = "k3-test-model.json"
+MARKER = TEST_MODEL_MARKER
 GENERATOR_VERSION = 2
 
 SHAPES = {

@@ -169,3 +169,18 @@ def ram_row(ram: float, machine: Machine, drafts: dict[str, list[Drafts]], union
     return {"ram": ram, "raw": per_token(raw, machine, unions=unions),
             "lossless": fastest(lossless, machine, unions=unions),
             "speculation": {group: fastest([raw, *lossless], machine, d, unions) for group, d in drafts.items()}}
+
+
+def choose_trunk_codec(disk_bytes_per_second: float, cores: int | None = None, seconds: float = 0.3) -> CodecChoice:
+    """The trunk codec (`k3 pack --codec`) this machine streams the full model faster with, from the disk rate
+    given (`k3 doctor`'s disk read) and the restore and bf16 kernel rates measured here on every core at once,
+    as a token uses them (memory bandwidth is shared), for about `seconds` apiece (choose_codec: a projection,
+    printed with its rates by `k3 setup`)."""
+    import os
+
+    from .rates import bf16_gemv_sweep, gaussian_restore_rate, timed
+
+    cores = cores or len(os.sched_getaffinity(0))
+    sweep, nbytes = bf16_gemv_sweep(cores)
+    compute = nbytes / timed(sweep, seconds)["median_s"] / cores
+    return choose_codec(disk_bytes_per_second, cores, gaussian_restore_rate(seconds, threads=cores) / cores, compute)

@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .limits import MAX_JSON_DEPTH, nesting_depth
+from ..files.limits import MAX_JSON_DEPTH, nesting_depth
 
 # ---- bytes as numpy: words[i] is the little-endian u64 of the 8 bytes at offset i ----------------
 _U = np.uint64

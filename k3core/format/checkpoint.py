@@ -12,7 +12,7 @@ from pathlib import Path
 from .config import Config, load_config
 from ..errors import BindingError, CheckpointError, ConfigError
 from ..interfaces import TensorSpec
-from ..io.safetensors_index import ShardIndex
+from .safetensors_index import ShardIndex
 
 PREFIX = "language_model.model."
 HEAD = "language_model.lm_head.weight"

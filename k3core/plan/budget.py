@@ -10,23 +10,14 @@ from dataclasses import dataclass
 
 from ..errors import K3Error, PlanError
 from ..interfaces import PlanRow
+from ..units import GB, human
 
-GB = 1e9
 # (trunk GB, expert-cache GB), as the C engine offered them (STREAMING-FACTS.md)
 PRESETS = {"laptop": (3.0, 1.0), "desktop": (16.0, 10.0), "workstation": (60.0, 30.0),
            "server": (110.0, 13.0), "max": (110.0, 109.0)}
 # Python, numpy, the extension and per-layer temporaries, beyond what the plan itemises
 WORKING_BYTES = 256 << 20
 DEFAULT_CONTEXT = 4096
-
-
-def human(n: float) -> str:
-    """Bytes in decimal units that keep three significant digits (1.56 TB, 1.23 GB, 45.6 MB, 789 kB)."""
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= size:
-            text = f"{n / size:.3g}"
-            return f"{text if 'e' not in text else f'{n / size:.0f}'} {unit}"
-    return f"{int(n)} B"
 
 
 def mem_available() -> int:

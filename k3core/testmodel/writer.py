@@ -21,12 +21,12 @@ from typing import Callable
 import numpy as np
 
 from .. import plugin_manager
-from ..model import mxfp4
-from ..model.checkpoint import (A_LOG_STORED, expert_prefix, expert_specs, layer_prefix, layer_trunk_specs,
+from ..format import mxfp4
+from ..format.checkpoint import (A_LOG_STORED, expert_prefix, expert_specs, layer_prefix, layer_trunk_specs,
                                 model_specs)
-from ..model.config import Config
-from . import tensor_sums
-from .safetensors_index import ShardIndex
+from ..format.config import Config
+from ..format import tensor_sums
+from ..format.safetensors_index import ShardIndex
 
 ITEMSIZE = {"BF16": 2, "F32": 4, "U8": 1}
 

@@ -9,15 +9,6 @@ import sys
 LEVELS = ("debug", "info", "warning", "error")
 
 
-def add_logging_args(parser, access_log: bool = False) -> None:
-    g = parser.add_argument_group("logging")
-    g.add_argument("--log-level", choices=LEVELS, default="warning",
-                   help="what goes to the log on stderr: info adds each step / turn / reload, debug every detail "
-                        "(default warning: problems only)")
-    if access_log:
-        g.add_argument("--access-log", action="store_true",
-                       help="also log every HTTP request (method, path, status; never bodies or passwords)")
-
 
 def configure_logging(level: str = "warning") -> None:
     """Log records of `level` and up to stderr (replacing any earlier configuration of the root logger)."""

@@ -19,7 +19,7 @@ from ..errors import PluginError, UsageError
 from ..interfaces import Budget, PluginContext, PluginOptions
 from . import budget as budgets
 from .budget import DEFAULT_CONTEXT, PRESETS, Plan, auto_preset, state_rows
-from .checkpoint import Checkpoint, check_binding, open_checkpoint
+from ..format.checkpoint import Checkpoint, check_binding, open_checkpoint
 
 PRESET_NAMES = (*PRESETS, "auto")
 DEFAULT_CACHE_GB = 1.0

@@ -23,8 +23,8 @@ import numpy as np
 
 from .. import _native
 from ..errors import CheckpointError, UnsoundRunError
-from .atomic import write_bytes_atomic
-from .limits import INDEX_FILE_BYTES, loads_limited, read_limited
+from ..files.atomic import write_bytes_atomic
+from ..files.limits import INDEX_FILE_BYTES, loads_limited, read_limited
 from .safetensors_index import shard_spans
 
 FILE, MAGIC, FORMAT, VERSION = "k3-tensor-sums.bin", b"K3SUMS\0\0", "k3-tensor-sums", 1

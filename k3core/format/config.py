@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..io.limits import SMALL_FILE_BYTES, loads_limited, read_limited
+from ..files.limits import SMALL_FILE_BYTES, loads_limited, read_limited
 
 # (our name, nested key path, flat key, type). Nested paths are relative to text_config.
 _REQUIRED = [
