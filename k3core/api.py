@@ -20,7 +20,7 @@ from .errors import (BindingError, CheckpointError, ConfigError, InputError, K3E
 from .files.limits import LimitError
 from .interfaces import PlanRow
 from .io.profile import Profile, ProfileError, load_profile, profile_path
-from .io.state_file import StateFileError, load_state, save_state
+from .model.state_file import StateFileError, load_state, save_state
 from .model.engine import DecodeState, Engine, Observer
 from .plan.budget import PRESETS, Plan, auto_preset, mem_available
 from .plan.engine_config import EngineConfig, resolve

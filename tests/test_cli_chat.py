@@ -97,7 +97,7 @@ def test_save_and_load_continue_identically(chat, tmp_path):
 
 def test_a_state_from_another_model_is_refused_and_the_chat_goes_on(chat, tiny_model, tmp_path):
     from k3core import EngineConfig, open_engine
-    from k3core.io.state_file import save_state
+    from k3core.model.state_file import save_state
     with open_engine(EngineConfig(tiny_model)) as engine:
         state = engine.new_state()
         engine.forward([1, 2, 3], state)

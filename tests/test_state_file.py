@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from k3core import EngineConfig, open_engine
-from k3core.io.state_file import StateFileError, load_state, save_state
+from k3core.model.state_file import StateFileError, load_state, save_state
 
 
 def test_saved_state_continues_exactly(tiny_model, tmp_path):

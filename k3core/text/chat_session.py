@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from ..io.state_file import StateFileError
+from ..model.state_file import StateFileError
 from .chat import CLOSE, EOM, FIELDS, MODES, SEP, Conversation, render
 from ..errors import UsageError
 from .sampling import SamplingParams

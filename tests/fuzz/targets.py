@@ -62,7 +62,7 @@ def tokenizer(files: dict[str, bytes]) -> None:
 
 
 def state_file(raw: bytes, engine) -> None:
-    from k3core.io.state_file import load_state
+    from k3core.model.state_file import load_state
 
     with tempfile.TemporaryDirectory() as d:
         Path(d, "s.npz").write_bytes(raw)

@@ -96,7 +96,7 @@ def engine(tiny_model):
 
 @pytest.fixture(scope="module")
 def good_state(engine, tmp_path_factory):
-    from k3core.io.state_file import save_state
+    from k3core.model.state_file import save_state
 
     state = engine.new_state()
     engine.forward([5, 6, 7], state)

@@ -15,7 +15,8 @@ import numpy as np
 from ..errors import K3Error
 from ..files.atomic import output_file
 from ..files.limits import SMALL_FILE_BYTES, loads_limited, too_large
-from .trunk import fingerprint
+from ..io.trunk import fingerprint
+from .engine import DecodeState
 
 FORMAT, VERSION = "k3-state", 1
 
@@ -95,8 +96,6 @@ def load_state(path, engine):
     """(DecodeState, extra) from a file written by save_state for this very model. The whole file is checked
     — zip integrity, every member's name, dtype, shape and finiteness, ids in the vocabulary and within the
     context — before anything is returned, so a bad file never replaces a good conversation."""
-    from ..model.engine import DecodeState
-
     arrays = _read_arrays(path)
     meta = _meta(path, arrays)
     ours = model_fingerprint(engine)
