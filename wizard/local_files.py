@@ -13,9 +13,10 @@ from pathlib import Path
 
 from k3core import K3Error, UsageError
 from k3core.files.limits import INDEX_FILE_BYTES, read_json_limited
-from k3core.format.notes import TEST_MODEL_MARKER
+from k3core.format.notes import DEMO_MARKER, TEST_MODEL_MARKER
 from k3core.report.meters import ProgressMeter
 
+from .demo import DEMO_MODEL, demo_files
 from .plan import HUB_INDEX, INDEX, record
 from .progress import human
 from .state import DONE, PARTIAL_DIR, VERIFIED, SetupState
@@ -37,31 +38,6 @@ def derive_index(dest: Path, st: SetupState) -> None:
     tmp.write_bytes(data)
     os.replace(tmp, dest / INDEX)
     st.update_file(INDEX, size=len(data), sha256=hashlib.sha256(data).hexdigest(), status=DONE, bytes=len(data))
-
-
-DEMO_MODEL = Path(__file__).parent / "data" / "demo-model"
-DEMO_SUMS, DEMO_MARKER = "SHA256SUMS", "k3-demo-model.json"
-
-
-def demo_files() -> dict[str, tuple[int, str]]:
-    """{file name: (size, sha256)} of the shipped demo model, from its SHA256SUMS."""
-    sums = DEMO_MODEL / DEMO_SUMS
-    try:
-        lines = sums.read_text().splitlines()
-    except OSError as exc:
-        raise K3Error(f"{sums}: the demo model is missing from this installation ({exc.strerror}); reinstall k3") \
-            from None
-    out = {}
-    for line in lines:
-        digest, _, name = line.partition("  ")
-        if len(digest) != 64 or not name or "/" in name:
-            raise K3Error(f"{sums}: not a sha256sum line: {line!r}")
-        out[name] = ((DEMO_MODEL / name).stat().st_size if (DEMO_MODEL / name).exists() else 0, digest)
-    return out
-
-
-def demo_bytes() -> int:
-    return sum(size for size, _ in demo_files().values())
 
 
 def install_demo(dest: Path, keep: Path, st: SetupState, stream=None) -> str:

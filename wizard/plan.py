@@ -17,6 +17,7 @@ from k3core.format.checkpoint import VISION_PREFIXES
 from k3core.io.pack import packed_trunk_bytes
 from k3core.machine.checks import TRUNK_BYTES as RELEASED_TRUNK_BYTES
 
+from .demo import demo_bytes
 from .hub import HubError
 from .progress import human
 from .state import DONE, PENDING, VERIFIED
@@ -132,8 +133,6 @@ def plan_local(directory: Path) -> Plan:
 
 
 def plan_demo() -> Plan:
-    from .local_files import demo_bytes
-
     size = demo_bytes()
     return Plan({}, size, fetch_bytes=size)   # the packed trunk is at most the whole (tiny) model
 

@@ -22,7 +22,8 @@ from k3core.report.meters import PackMeter
 
 from .download import Downloader
 from .hub import Hub
-from .local_files import demo_bytes, derive_index, install_demo, measure_local
+from .demo import demo_bytes
+from .local_files import derive_index, install_demo, measure_local
 from .plan import parse_source, plan_demo, plan_hub, plan_local, preflight, remaining_bytes
 from .progress import estimate, hash_rate, human
 from .state import PARTIAL_DIR, PENDING, VERIFIED, SetupState
