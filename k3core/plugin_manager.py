@@ -8,7 +8,6 @@ in-process plugins registered last, so they come first.
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import importlib.metadata
 import os
@@ -199,12 +198,9 @@ def describe_plugins(pm) -> list[dict]:
 
 def _provides(plugin, hook: str) -> list[str]:
     if hook == "k3_subcommands":  # what commands it adds
+        import argparse  # only here: importing the manager (and the front door) loads no argument parser
+
         sub = argparse.ArgumentParser().add_subparsers()
         getattr(plugin, hook)(subparsers=sub)
         return sorted(sub.choices)
     return [getattr(i, "name", repr(i)) for i in getattr(plugin, hook)() or []]
-
-
-def add_subcommands(subparsers) -> None:
-    """Let every plugin (the wizard and the UI among them) add its `k3` subcommands."""
-    get_plugin_manager().hook.k3_subcommands(subparsers=subparsers)

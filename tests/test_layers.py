@@ -1,74 +1,247 @@
-"""The rooms of the house keep to their doors: ui/, wizard/ and serve/ reach k3core only through the front
-door (`k3core`) and, as plugins, `k3core.plugin_api`; the built-in plugins see only `k3core.plugin_api`; no
-core module names a built-in plugin; k3core imports none of the front ends; serve/ never imports ui/; no
-argparse Namespace configures the UI."""
+"""The house keeps to its plan. Every import in k3core/, serve/, ui/ and wizard/ (at any depth: inside a
+function too; not the ones under `if TYPE_CHECKING:`, which never run) is an edge of one graph, and:
+
+- the graph has no cycle (a cycle works only by import order: the test names its modules and edges);
+- an edge between two rooms of k3core is one the table ROOMS allows — one downward stack, so the front door
+  never imports the command line, the core never a built-in plugin by name, a room never one above it;
+- a built-in plugin imports k3core.plugin_api and nothing else of k3; the plugin manager imports no plugin;
+- serve/, ui/ and wizard/ import only the front door, the plugin API and the public modules of the rooms
+  each one lists in FRONT_ENDS; k3core imports none of them nor a web framework; serve never imports ui;
+- importing the front door loads no argument parser, web framework, CLI module or plugin.
+docs/ARCHITECTURE.md shows the same table.
+"""
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("k3core", "serve", "ui", "wizard")
+
+# room -> the rooms it may import. A room is a folder of k3core, or one of its top-level modules; "native" is the
+# C++ extension k3core._native, "version" is `from k3core import __version__` (k3core/__init__.py, which imports
+# nothing at load).
+BASE = {"errors", "units", "interfaces", "hookspecs", "native", "version"}
+ROOMS = {
+    "errors": set(), "units": set(), "hookspecs": set(), "native": set(), "version": set(),
+    "interfaces": {"errors"},
+    "files": {"errors"},
+    "format": BASE | {"files"},
+    "plugin_manager": {"errors", "hookspecs", "version"},      # the built-ins by module name, at build time
+    "io": BASE | {"files", "format"},
+    "plan": BASE | {"files", "format", "plugin_manager"},
+    "model": BASE | {"files", "format", "io", "plan"},
+    "text": BASE | {"files", "format", "model", "plan"},
+    "report": BASE,
+    "machine": BASE | {"files", "format", "io", "plan", "model"},
+    "testmodel": BASE | {"files", "format", "plugin_manager", "text"},
+    "plugin_api": BASE | {"files", "format", "io", "plan", "plugin_manager"},
+    "plugins": {"plugin_api"},
+    "testing": BASE | {"files", "format", "io", "plan", "model", "text", "plugin_manager", "testmodel"},
+    "api": BASE | {"files", "format", "io", "plan", "model", "text", "plugin_manager"},
+    "cli": BASE | {"files", "format", "io", "plan", "model", "text", "plugin_manager", "report", "machine",
+                   "testmodel", "testing", "api"},
+    "__main__": {"cli"},
+}
+# what each front end may import of k3core: the front door, the plugin API, and these public modules
+FRONT_DOOR = {"k3core", "k3core.api", "k3core.plugin_api"}
+FRONT_ENDS = {
+    "serve": {"k3core.cli.options", "k3core.report.logs", "k3core.files.limits", "k3core.text.chat",
+              "k3core.text.channels", "k3core.text.structured", "k3core.text.openai_messages"},
+    "ui": {"k3core.cli.options", "k3core.report.logs", "k3core.report.run", "k3core.units", "k3core.io.profile",
+           "k3core.io.codec", "k3core.format.notes", "k3core.text.channels"},
+    "wizard": {"k3core.cli.options", "k3core.report.logs", "k3core.report.meters", "k3core.units",
+               "k3core.files.limits", "k3core.files.atomic", "k3core.format.checkpoint", "k3core.format.notes",
+               "k3core.format.scan", "k3core.format.tensor_sums", "k3core.io.codec", "k3core.io.pack",
+               "k3core.io.profile", "k3core.machine.checks", "k3core.machine.cost"},
+}
+WEB = ("fastapi", "gradio", "uvicorn", "starlette")
 
 
-def imports(path: Path) -> list[tuple[int, str]]:
-    """(line, absolute module) of every import in a file of the k3 tree (relative ones resolved)."""
-    package = path.relative_to(ROOT).with_suffix("").parts[:-1]
-    out = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = list(package[:len(package) - node.level + 1]) if node.level else []
-            module = ".".join(base + ([node.module] if node.module else []))
-            if node.module is None:
-                out += [(node.lineno, f"{module}.{a.name}") for a in node.names]
-            else:
-                out.append((node.lineno, module))
+def modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
 
 
-def files(folder: str):
-    return sorted((ROOT / folder).rglob("*.py"))
+MODULES = modules()
+API_NAMES = set(ast.literal_eval(next(
+    n.value for n in ast.parse((ROOT / "k3core" / "api.py").read_text()).body
+    if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "__all__")))
 
 
-@pytest.mark.parametrize("folder", ["ui", "wizard", "serve"])
-def test_ui_and_wizard_use_only_the_front_door_and_the_plugin_api(folder):
-    wrong = [f"{p.relative_to(ROOT)}:{line} imports {m}" for p in files(folder) for line, m in imports(p)
-             if m.startswith("k3core") and m not in ("k3core", "k3core.plugin_api")]
+def _type_checking_nodes(tree) -> set[int]:
+    return {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for n in ast.walk(node)}
+
+
+def _target(module: str, name: str | None) -> str | None:
+    """The module an import names: `module` itself, or its submodule `name`; k3core's lazy names go to the api."""
+    if name and f"{module}.{name}" in MODULES:
+        return f"{module}.{name}"
+    if module == "k3core" and name:
+        return {"_native": "k3core._native", "__version__": "k3core.__version__"}.get(
+            name, "k3core.api" if name in API_NAMES else "k3core")
+    return module
+
+
+def imports_of(module: str) -> list[tuple[int, str]]:
+    """(line, imported module) for every import in `module` that runs (relative ones resolved)."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text())
+    skip = _type_checking_nodes(tree)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            parts = package.split(".")
+            base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else [])) \
+                if node.level else node.module
+            out += [(node.lineno, t) for a in node.names if (t := _target(base, a.name))]
+    return out
+
+
+def edges() -> dict[str, set[str]]:
+    """module -> the modules of the four packages it imports (a name inside a module counts as the module)."""
+    def owner(name):
+        while name and name not in MODULES and name not in ("k3core._native", "k3core.__version__"):
+            name = name.rpartition(".")[0]
+        return name or None
+    return {m: {o for _, i in imports_of(m) if (o := owner(i)) and o != m} for m in MODULES}
+
+
+def room(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] != "k3core":
+        return parts[0]
+    if len(parts) == 1:
+        return "version"  # k3core/__init__.py: __version__ and the lazy front door
+    return {"_native": "native", "__version__": "version"}.get(parts[1], parts[1])
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = counter[0]; counter[0] += 1; stack.append(root); on.add(root)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter[0]; counter[0] += 1; stack.append(w); on.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop(); on.discard(w); component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def describe(component: list[str], graph) -> str:
+    inside = set(component)
+    return "cycle: " + "; ".join(f"{m} -> {', '.join(sorted(graph[m] & inside))}" for m in component)
+
+
+def test_no_import_cycle_anywhere():
+    graph = edges()
+    found = cycles(graph)
+    assert not found, "\n".join(describe(c, graph) for c in found)
+
+
+def test_the_cycle_finder_names_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert [describe(c, graph) for c in cycles(graph)] == ["cycle: a -> b; b -> c; c -> a"]
+
+
+def test_every_room_is_in_the_table_and_the_table_points_down():
+    rooms = {room(m) for m in MODULES if m.startswith("k3core")}
+    assert rooms <= set(ROOMS), f"rooms without a row in ROOMS: {sorted(rooms - set(ROOMS))}"
+    assert not cycles(ROOMS), "the table of rooms has a cycle"
+
+
+def test_rooms_import_only_the_rooms_below_them():
+    wrong = [f"{MODULES[m].relative_to(ROOT)}:{line} imports {i} ({room(m)} may not import {room(i)})"
+             for m in MODULES if m.startswith("k3core") for line, i in imports_of(m)
+             if i.startswith("k3core") and room(i) != room(m) and room(i) not in ROOMS[room(m)]]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("front_end", sorted(FRONT_ENDS))
+def test_front_ends_use_the_front_door_and_public_modules(front_end):
+    allowed = FRONT_DOOR | FRONT_ENDS[front_end]
+    wrong = [f"{MODULES[m].relative_to(ROOT)}:{line} imports {i}" for m in MODULES if m.split(".")[0] == front_end
+             for line, i in imports_of(m) if i.startswith("k3core") and i not in allowed
+             and not (i == "k3core.__version__" and front_end == "wizard")]
     assert not wrong, "\n".join(wrong)
 
 
 def test_the_core_knows_no_front_end_and_the_server_no_page():
-    wrong = [f"{p.relative_to(ROOT)}:{line} imports {m}" for p in files("k3core") for line, m in imports(p)
-             if m.split(".")[0] in ("ui", "wizard", "serve", "fastapi", "gradio", "uvicorn", "starlette")]
-    wrong += [f"{p.relative_to(ROOT)}:{line} imports {m}" for p in files("serve") for line, m in imports(p)
-              if m.split(".")[0] in ("ui", "wizard", "gradio")]
+    wrong = [f"{MODULES[m].relative_to(ROOT)}:{line} imports {i}" for m in MODULES if m.startswith("k3core")
+             for line, i in imports_of(m) if i.split(".")[0] in ("ui", "wizard", "serve", *WEB)]
+    wrong += [f"{MODULES[m].relative_to(ROOT)}:{line} imports {i}" for m in MODULES if m.startswith("serve")
+              for line, i in imports_of(m) if i.split(".")[0] in ("ui", "wizard", "gradio")]
     assert not wrong, "\n".join(wrong)
 
 
-def test_builtin_plugins_see_only_the_plugin_api():
-    wrong = [f"{p.relative_to(ROOT)}:{line} imports {m}" for p in files("k3core/plugins") if p.name != "__init__.py"
-             for line, m in imports(p) if m.startswith("k3core") and m != "k3core.plugin_api"]
+def test_builtin_plugins_see_only_the_plugin_api_and_the_manager_imports_none():
+    graph = edges()
+    wrong = [f"{m} imports {i}" for m in MODULES if m.startswith("k3core.plugins.")
+             for i in graph[m] if i.startswith("k3core") and i != "k3core.plugin_api"]
+    wrong += [f"{m} imports {i}" for m in MODULES if not m.startswith("k3core.plugins")
+              for i in graph[m] if i.startswith("k3core.plugins")]
     assert not wrong, "\n".join(wrong)
 
 
-def test_no_core_module_names_a_builtin_plugin():
-    wrong = [f"{p.relative_to(ROOT)}:{line} imports {m}" for p in files("k3core")
-             if "plugins" not in p.relative_to(ROOT / "k3core").parts and p.name != "plugin_manager.py"
-             for line, m in imports(p) if m.startswith("k3core.plugins")]
-    assert not wrong, "\n".join(wrong)
+def test_importing_the_front_door_loads_no_parser_web_framework_cli_or_plugin():
+    code = ("import sys, json, k3core; from k3core import open_engine, ChatSession, EngineConfig; "
+            "print(json.dumps(sorted(sys.modules)))")
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                       cwd=ROOT).stdout)
+    bad = [m for m in loaded if m.split(".")[0] in ("argparse", "tqdm", *WEB)
+           or m.startswith(("k3core.cli", "k3core.plugins", "k3core.testing"))]
+    assert not bad and "k3core.api" in loaded, bad
 
 
 def test_no_argparse_namespace_configures_the_ui():
-    hits = [f"{p.relative_to(ROOT)}" for p in files("ui") if "Namespace" in p.read_text()]
+    hits = [f"{p.relative_to(ROOT)}" for p in sorted((ROOT / "ui").rglob("*.py")) if "Namespace" in p.read_text()]
     assert not hits
     text = (ROOT / "ui" / "host.py").read_text() + (ROOT / "ui" / "app.py").read_text()
     assert "args" not in {n.id for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Name)}
 
 
 def test_each_room_says_what_lives_there():
-    for folder in ("model", "io", "text", "cli", "plugins", "testing"):
+    folders = sorted(p.parent.name for p in (ROOT / "k3core").glob("*/__init__.py"))
+    assert {"cli", "files", "format", "io", "machine", "model", "plan", "plugins", "report", "testing", "testmodel",
+            "text"} <= set(folders)
+    for folder in folders:
         doc = ast.get_docstring(ast.parse((ROOT / "k3core" / folder / "__init__.py").read_text()))
         assert doc and len(doc) > 60, folder
+    unpackaged = sorted({p.parent.relative_to(ROOT).as_posix() for p in (ROOT / "k3core").rglob("*.py")
+                         if not (p.parent / "__init__.py").exists()})
+    assert not unpackaged, f"folders without __init__.py (not packaged): {unpackaged}"

@@ -127,12 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     from .sim_cache import add_parser as add_sim_cache
     from .doctor import add_parser as add_doctor
     from .pack import add_parser as add_pack
-    from ..plugin_manager import add_subcommands
+    from ..plugin_manager import get_plugin_manager
     add_pack(sub)
     add_doctor(sub)
     add_bench(sub)
     add_sim_cache(sub)
-    add_subcommands(sub)
+    get_plugin_manager().hook.k3_subcommands(subparsers=sub)  # the wizard's, the UI's, a third party's
     return p
 
 
