@@ -297,6 +297,50 @@ def _write_coded(pieces, length: int, starts, fd, at: int, pool, chunk: int, blo
     return {"sha256": restored.hexdigest(), "stored": written, "stored_sha256": stored_h.hexdigest(), "blocks": blocks}
 
 
+def _write_runs(out: Path, fp, plan, plan_sha: str, done: list, kept: int, total: int, *, mover, sources, codec: str,
+                encoders, window: int, block_bytes: int, progress) -> tuple[list, int]:
+    """Write the runs `done` lacks into the partial file after its first `kept` bytes (those check), each run
+    fsynced, dropped from the page cache and recorded in the state file before the next; the file then ends at
+    its final size. Returns (every run's record, that size)."""
+    fd = os.open(out / PARTIAL, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.ftruncate(fd, kept)
+        _save_state(out / STATE, fp, plan_sha, done)
+        moved, start = 0, time.perf_counter()
+        in_place, run_bytes = sum(d["length"] for d in done), sum(r.length for r in plan)
+
+        def tick(n, finished=False):
+            nonlocal moved, in_place
+            moved, in_place = moved + n, in_place + n
+            if progress:
+                progress(Progress(run.key, len(done), len(plan), in_place, run_bytes, moved,
+                                  time.perf_counter() - start, finished))
+
+        at = _align(kept, ALIGN)
+        for run in plan[len(done):]:
+            if codec == RAW:
+                at = run.offset
+                sha, sums = mover.stream(sources.pieces(run), fd, at, tick)
+                record = {"sha256": sha, "block_sums": sums}
+                end = at + run.length
+            else:
+                record = _write_coded(sources.pieces(run), run.length, [t["offset"] for t in run.tensors], fd, at,
+                                      encoders, window, block_bytes, tick)
+                end = at + record["stored"]
+            os.fsync(fd)
+            _drop_cache(fd, at, end - at)
+            done = done + [{"key": run.key, "offset": at, "length": run.length, **record}]
+            _save_state(out / STATE, fp, plan_sha, done)
+            tick(0, finished=True)
+            at = _align(end, ALIGN)
+        size = total if codec == RAW else at
+        os.ftruncate(fd, size)                       # zero padding: every run's aligned span is in the file
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return done, size
+
+
 def pack(model, trunk_dir, *, progress=None, say=None, chunk_bytes: int = CHUNK, codec: str = RAW,
          block_bytes: int = BLOCK) -> PackResult:
     """Pack `model` (a directory or Checkpoint) into trunk_dir with `codec` (io/codec.py; coded runs in
@@ -336,41 +380,10 @@ def pack(model, trunk_dir, *, progress=None, say=None, chunk_bytes: int = CHUNK,
             say(f"{out} holds a pack that does not match this checkpoint; replacing it")
         for stale in [out / MANIFEST, trunk] + [*out.glob(f".{MANIFEST}.*.tmp"), *out.glob(f".{STATE}.*.tmp")]:
             stale.unlink(missing_ok=True)
-        fd = os.open(out / PARTIAL, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            os.ftruncate(fd, kept)
-            _save_state(out / STATE, fp, plan_sha, done)
-            moved, start, copied = 0, time.perf_counter(), plan[len(done):]
-            in_place, run_bytes = sum(d["length"] for d in done), sum(r.length for r in plan)
-
-            def tick(n, finished=False):
-                nonlocal moved, in_place
-                moved, in_place = moved + n, in_place + n
-                if progress:
-                    progress(Progress(run.key, len(done), len(plan), in_place, run_bytes, moved,
-                                      time.perf_counter() - start, finished))
-
-            at = _align(kept, ALIGN)
-            for run in copied:
-                if codec == RAW:
-                    at = run.offset
-                    sha, sums = mover.stream(sources.pieces(run), fd, at, tick)
-                    record = {"sha256": sha, "block_sums": sums}
-                    end = at + run.length
-                else:
-                    record = _write_coded(sources.pieces(run), run.length, [t["offset"] for t in run.tensors], fd, at, encoders, window, block_bytes, tick)
-                    end = at + record["stored"]
-                os.fsync(fd)
-                _drop_cache(fd, at, end - at)
-                done = done + [{"key": run.key, "offset": at, "length": run.length, **record}]
-                _save_state(out / STATE, fp, plan_sha, done)
-                tick(0, finished=True)
-                at = _align(end, ALIGN)
-            size = total if codec == RAW else at
-            os.ftruncate(fd, size)                       # zero padding: every run's aligned span is in the file
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        copied = plan[len(done):]
+        done, size = _write_runs(out, fp, plan, plan_sha, done, kept, total, mover=mover, sources=sources,
+                                 codec=codec, encoders=encoders, window=window, block_bytes=block_bytes,
+                                 progress=progress)
         # manifest first: a kill before the rename leaves a state whose runs all check; the next pack finishes
         write_json_atomic(out / MANIFEST, _manifest(fp, plan, size, done, codec, block_bytes))
         os.replace(out / PARTIAL, trunk)
