@@ -12,11 +12,14 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
 from .errors import CheckpointError, UsageError
+
+if TYPE_CHECKING:
+    from .format.config import Config
 
 
 @dataclass(frozen=True)
@@ -249,7 +252,8 @@ class KernelBackend(ABC):
         """α = exp(lower_bound · σ(exp(A_log[h]) · (z + dt_bias))); z [T, heads, D]."""
 
     @abstractmethod
-    def kda_recurrence(self, q, k, v, alpha, beta, state, scale) -> tuple[np.ndarray, np.ndarray]:
+    def kda_recurrence(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, alpha: np.ndarray, beta: np.ndarray,
+                       state: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
         """The delta-rule recurrence over T steps; q,k,v,alpha [T, heads, D], beta [T, heads],
         state [heads, D, D]. Returns (o [T, heads, D], new state); `state` itself is left unchanged."""
 
@@ -280,23 +284,23 @@ class AttentionBackend(ABC):
     name: ClassVar[str]
 
     @abstractmethod
-    def tensor_specs(self, config, layer: int) -> list[TensorSpec]:
+    def tensor_specs(self, config: Config, layer: int) -> list[TensorSpec]:
         """Tensors this backend reads, named relative to `layers.{layer}.`."""
 
     @abstractmethod
-    def new_state(self, config, layer: int) -> Any:
+    def new_state(self, config: Config, layer: int) -> Any:
         """The empty decode state of a layer (it must support copy.deepcopy)."""
 
     @abstractmethod
-    def state_bytes(self, config, layer: int, context: int) -> int:
+    def state_bytes(self, config: Config, layer: int, context: int) -> int:
         """Bytes the decode state of `layer` holds after `context` positions (for the memory plan)."""
 
     @abstractmethod
-    def forward(self, w: Weights, x: np.ndarray, state: Any, config, kernels: KernelBackend) -> np.ndarray:
+    def forward(self, w: Weights, x: np.ndarray, state: Any, config: Config, kernels: KernelBackend) -> np.ndarray:
         """Consume T new tokens x [T, H] (already input_layernorm-ed), advancing `state` (the engine calls this
         when a pass carries one sequence, forward_batch when it carries several)."""
 
-    def forward_batch(self, w: Weights, x: np.ndarray, segments: Sequence[tuple[int, int, Any]], config,
+    def forward_batch(self, w: Weights, x: np.ndarray, segments: Sequence[tuple[int, int, Any]], config: Config,
                       kernels: KernelBackend) -> np.ndarray:
         """Several sequences in one pass: `segments` lists (start, stop, state), the rows of x [T, H] each
         sequence owns, in order and covering x. Returns [T, H], each segment's rows exactly what `forward`
@@ -310,12 +314,12 @@ class AttentionBackend(ABC):
         raise NotImplementedError(f"attention backend {self.name!r} cannot roll back its decode state, which "
                                   "speculative decoding (--speculate) needs")
 
-    def rollback(self, state: Any, kept: int, config, kernels: KernelBackend) -> None:
+    def rollback(self, state: Any, kept: int, config: Config, kernels: KernelBackend) -> None:
         """Make `state` hold the marked position plus the first `kept` positions forwarded since, bit for bit
         as if only those had been forwarded; the mark is then gone (`kept` = all of them just drops it)."""
         raise NotImplementedError(f"attention backend {self.name!r} cannot roll back its decode state")
 
-    def rollback_bytes(self, config, layer: int, positions: int) -> int:
+    def rollback_bytes(self, config: Config, layer: int, positions: int) -> int:
         """Bytes a mark holds while `positions` positions are forwarded after it (for the memory plan)."""
         raise NotImplementedError(f"attention backend {self.name!r} cannot roll back its decode state")
 
@@ -323,7 +327,7 @@ class AttentionBackend(ABC):
         """The state as named arrays, for state files (chat /save)."""
         raise NotImplementedError(f"attention backend {self.name!r} cannot save its decode state")
 
-    def state_from_arrays(self, config, layer: int, arrays: Mapping[str, np.ndarray]) -> Any:
+    def state_from_arrays(self, config: Config, layer: int, arrays: Mapping[str, np.ndarray]) -> Any:
         """The inverse of state_arrays."""
         raise NotImplementedError(f"attention backend {self.name!r} cannot load a decode state")
 
@@ -460,7 +464,7 @@ class TrunkPlacer(ABC):
         """Rows `ids` of the embedding, float32 [T, H] (gathered, never multiplied)."""
 
     @abstractmethod
-    def head_blocks(self):
+    def head_blocks(self) -> Iterable[tuple[int, Param]]:
         """lm_head as (first row, Param of consecutive rows) blocks in row order. Rows are
         independent, so blocking never changes a bit."""
 

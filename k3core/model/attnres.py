@@ -5,10 +5,15 @@ current partial sum; this module holds that bookkeeping for one forward pass.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
+if TYPE_CHECKING:
+    from ..interfaces import KernelBackend, Weights
 
-def fold(w, name: str) -> np.ndarray:
+
+def fold(w: Weights, name: str) -> np.ndarray:
     """w_norm ⊙ w_proj as one float64 vector (`name` is e.g. "mlp_res")."""
     return w.vec(f"{name}_norm.weight").astype(np.float64) * w.vec(f"{name}_proj.weight").reshape(-1)
 
@@ -16,17 +21,17 @@ def fold(w, name: str) -> np.ndarray:
 class Residual:
     """The stream of one forward pass: `blocks` (snapshots) and `prefix` (sum since the last one)."""
 
-    def __init__(self, h: np.ndarray):
+    def __init__(self, h: np.ndarray) -> None:
         self.blocks: list[np.ndarray] = []
         self.prefix: np.ndarray | None = h
 
-    def mix(self, kr, fold_vector, eps) -> np.ndarray:
+    def mix(self, kr: KernelBackend, fold_vector: np.ndarray, eps: float) -> np.ndarray:
         """AttnRes over blocks + [prefix]: values are the RAW sources."""
         return kr.attnres(self.blocks + [self.prefix], fold_vector, eps)
 
-    def close_block(self):
+    def close_block(self) -> None:
         self.blocks.append(self.prefix)
         self.prefix = None
 
-    def add(self, x: np.ndarray):
+    def add(self, x: np.ndarray) -> None:
         self.prefix = x if self.prefix is None else self.prefix + x

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -19,6 +19,12 @@ from ..plan.engine_config import EngineConfig, resolve
 from .finite import BindCheck, check_embed_rows, head_error, output_error
 from .mlp import dense_mlp
 from .moe import latent_moe, prefetch_guess
+
+if TYPE_CHECKING:
+    from ..format.config import Config
+    from ..interfaces import AttentionBackend, ExpertStore, KernelBackend, TrunkPlacer, Weights
+    from ..plan.budget import Plan
+    from ..plugin_manager import K3PluginManager
 
 
 class Observer:
@@ -60,8 +66,13 @@ class Engine:
     Built by `k3core.open_engine(EngineConfig(...))`: the memory plan is made, shown to `on_plan` and
     checked before any weight is loaded."""
 
-    def __init__(self, config: EngineConfig, *, pm=None, on_plan: Callable | None = None,
-                 available: int | None = None):
+    config: Config              # the checkpoint's config.json (config_in: the EngineConfig it was opened with)
+    kernels: KernelBackend
+    placer: TrunkPlacer
+    store: ExpertStore
+
+    def __init__(self, config: EngineConfig, *, pm: K3PluginManager | None = None,
+                 on_plan: Callable[[Plan], object] | None = None, available: int | None = None) -> None:
         r = resolve(config, pm)
         try:
             self.config_in, self.checkpoint, self.kernels = config, r.checkpoint, r.kernels
@@ -87,7 +98,7 @@ class Engine:
         self.tokens_forwarded = self.forward_passes = 0
         self._bound = BindCheck()  # what the placer hands out, checked for NaN and infinity (model/finite.py)
 
-    def attention_for(self, layer: int):
+    def attention_for(self, layer: int) -> AttentionBackend:
         return self._attention[self.config.attention_kind(layer)]
 
     def new_state(self) -> DecodeState:
@@ -152,7 +163,7 @@ class Engine:
             at += len(r)
         return out
 
-    def _check_batch(self, batch) -> None:
+    def _check_batch(self, batch: Sequence[tuple[Sequence[int], DecodeState]]) -> None:
         if not batch:
             raise InputError("nothing to forward: the batch is empty")
         if len(batch) > self.sequences:
@@ -192,19 +203,21 @@ class Engine:
         return {**self.placer.stats(), **self.store.stats(), "tokens_forwarded": self.tokens_forwarded,
                 "forward_passes": self.forward_passes}
 
-    def close(self):
+    def close(self) -> None:
         self.store.close()
         self.placer.close()
         self.checkpoint.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Engine:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def decoder_layer(L: int, w, stream: Residual, segments, c, kr, attention, store, observers=()) -> None:
+def decoder_layer(L: int, w: Weights, stream: Residual, segments: Sequence[tuple[int, int, Any]], c: Config,
+                  kr: KernelBackend, attention: AttentionBackend, store: ExpertStore,
+                  observers: Sequence[Observer] = ()) -> None:
     """One layer (SPEC §4.1): AttnRes in, attention, AttnRes, MLP or latent MoE; updates `stream`.
     `segments`: (start, stop, layer state) of each sequence's rows; only attention tells them apart."""
     h = stream.mix(kr, fold(w, "self_attention_res"), c.rms_norm_eps) if stream.blocks else stream.prefix

@@ -4,12 +4,17 @@ SiTU-GLU itself is a kernel (docs/NUMERICS.md); this is the three projections ar
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ..interfaces import KernelBackend, Weights
 
+if TYPE_CHECKING:
+    from ..format.config import Config
 
-def dense_mlp(w: Weights, x: np.ndarray, c, kr: KernelBackend, prefix: str = "mlp.") -> np.ndarray:
+
+def dense_mlp(w: Weights, x: np.ndarray, c: Config, kr: KernelBackend, prefix: str = "mlp.") -> np.ndarray:
     """W_down · SiTU-GLU(W_gate x, W_up x)."""
     g = kr.linear(w[prefix + "gate_proj.weight"], x)
     u = kr.linear(w[prefix + "up_proj.weight"], x)

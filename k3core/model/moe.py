@@ -5,22 +5,28 @@ is normed once; the shared experts see the original x and are added unweighted.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Sequence
+
 import numpy as np
 
 from ..interfaces import ExpertStore, KernelBackend, Weights
 from .mlp import dense_mlp
 
+if TYPE_CHECKING:
+    from ..format.config import Config
+    from .engine import Observer
+
 P = "block_sparse_moe."
 
 
-def route(w: Weights, x: np.ndarray, c, kr: KernelBackend) -> tuple[np.ndarray, np.ndarray]:
+def route(w: Weights, x: np.ndarray, c: Config, kr: KernelBackend) -> tuple[np.ndarray, np.ndarray]:
     """(expert ids [T, k] in rank order, combine weights [T, k]) for x [T, H]."""
     logits = kr.linear(w[P + "gate.weight"], x)  # the router reads the FULL hidden width
     bias = w.vec(P + "gate.e_score_correction_bias")  # selection only; weights stay unbiased
     return kr.router(logits, bias, c.num_experts_per_token, c.moe_renormalize, c.routed_scaling_factor)
 
 
-def prefetch_guess(w: Weights, h: np.ndarray, layer: int, c, kr: KernelBackend, store: ExpertStore) -> None:
+def prefetch_guess(w: Weights, h: np.ndarray, layer: int, c: Config, kr: KernelBackend, store: ExpertStore) -> None:
     """Tell the store which experts this layer will probably route to, from the residual mix `h` before
     the attention (the router reads the mix after it). Only a read hint: nothing computed here reaches
     the stream, and a fetch serves the same bytes whether the guess was right or not."""
@@ -33,8 +39,8 @@ def prefetch_guess(w: Weights, h: np.ndarray, layer: int, c, kr: KernelBackend, 
     store.prefetch(layer, list(guess)[:room])
 
 
-def latent_moe(w: Weights, x: np.ndarray, layer: int, c, kr: KernelBackend, store: ExpertStore,
-               observers=()) -> np.ndarray:
+def latent_moe(w: Weights, x: np.ndarray, layer: int, c: Config, kr: KernelBackend, store: ExpertStore,
+               observers: Sequence[Observer] = ()) -> np.ndarray:
     ids, weights = route(w, x, c, kr)
     for o in observers:
         o.on_route(layer, ids)

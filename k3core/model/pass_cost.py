@@ -15,23 +15,27 @@ cost(T) = touched(T) + READ_WEIGHT × read(T): a byte from disk counts as READ_W
 from __future__ import annotations
 
 import weakref
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from ..format.checkpoint import EXPERT_PARTS, VISION_PREFIXES, expert_prefix
-from .engine import Observer
+from .engine import Engine, Observer
+
+if TYPE_CHECKING:
+    from ..format.checkpoint import Checkpoint
 
 READ_WEIGHT = 4.0  # a byte read from disk, in bytes touched in RAM
 
 
-def trunk_bytes_per_pass(checkpoint) -> int:
+def trunk_bytes_per_pass(checkpoint: Checkpoint) -> int:
     """Weight bytes a pass touches besides the routed experts: every tensor but those, the embedding (one row
     per id) and the vision tower."""
     return sum(checkpoint.index[n].nbytes for n in checkpoint.index.names()
                if ".experts." not in n and "embed_tokens" not in n and not n.startswith(VISION_PREFIXES))
 
 
-def expert_bytes(checkpoint) -> int:
+def expert_bytes(checkpoint: Checkpoint) -> int:
     """One routed expert's bytes (0 for a model without MoE layers)."""
     c = checkpoint.config
     if c.first_k_dense_replace >= c.num_hidden_layers:
@@ -40,20 +44,20 @@ def expert_bytes(checkpoint) -> int:
 
 
 class PassCost(Observer):
-    _known: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+    _known: "weakref.WeakKeyDictionary[Engine, PassCost]" = weakref.WeakKeyDictionary()
 
     def __init__(self, trunk_bytes: float, expert_bytes: float, moe_layers: int, experts: int, per_token: int,
-                 stats=None):
+                 stats: Callable[[], dict] | None = None) -> None:
         self.trunk_bytes, self.expert_bytes, self.moe_layers = trunk_bytes, expert_bytes, moe_layers
         self.experts, self.per_token = experts, per_token
         self.stats = stats  # () -> the engine's cumulative stats, or None: nothing read is known
         self.unions: dict[int, list[float]] = {}  # rows -> [sum of distinct experts per layer, layers counted]
         self.trunk_read = [0.0, 0]                # [trunk bytes read, passes]
         self.expert_read = [0.0, 0]               # [expert bytes read, experts routed]
-        self._open = None                         # the pass under way: [rows, experts routed, stats before]
+        self._open: list[Any] | None = None       # the pass under way: [rows, experts routed, stats before]
 
     @classmethod
-    def of(cls, engine) -> "PassCost":
+    def of(cls, engine: Engine) -> "PassCost":
         """The engine's cost model, one per engine (what it learns is kept across generations)."""
         cost = cls._known.get(engine)
         if cost is None:
@@ -61,7 +65,7 @@ class PassCost(Observer):
         return cost
 
     @classmethod
-    def of_checkpoint(cls, checkpoint, stats=None) -> "PassCost":
+    def of_checkpoint(cls, checkpoint: Checkpoint, stats: Callable[[], dict] | None = None) -> "PassCost":
         c = checkpoint.config
         moe_layers = c.num_hidden_layers - min(c.first_k_dense_replace, c.num_hidden_layers)
         return cls(float(trunk_bytes_per_pass(checkpoint)), float(expert_bytes(checkpoint)), moe_layers,

@@ -20,7 +20,7 @@ most SCORED_LOGITS_BYTES of logits (102 ids on K3's vocabulary), within the plan
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from ..errors import UsageError
 from .generate import DraftLength, Speculation, check_speculation, checked_prompt, pick, proposals, tell_draft
 from ..model.pass_cost import PassCost
 from .sampling import Sampler
+
+if TYPE_CHECKING:
+    from ..model.engine import DecodeState, Engine, Observer
 
 SCORED_LOGITS_BYTES = 64 << 20  # the float32 logits of one scored prompt chunk, at most
 
@@ -41,7 +44,7 @@ class Emitted(NamedTuple):
 
 @dataclass
 class _Sequence:
-    state: object
+    state: DecodeState
     sampler: Sampler
     history: list[int]
     pending: list[int] = field(default_factory=list)  # ids to forward before the next pick
@@ -58,13 +61,14 @@ class BatchGenerator:
     done (stopped, finished or cancelled: the state then holds all ids but the last one used, as with
     generate_ids)."""
 
-    def __init__(self, engine, observers: Sequence = ()):
+    def __init__(self, engine: Engine, observers: Sequence[Observer] = ()) -> None:
         self.engine, self.observers = engine, tuple(observers)
-        self.cost = None  # once a sequence speculates with auto: its pass cost, learning from every pass
+        # once a sequence speculates with auto: its pass cost, learning from every pass
+        self.cost: PassCost | None = None
         self.sequences: dict[int, _Sequence] = {}
         self._next = 0
 
-    def add(self, prompt: Sequence[int], state, sampler: Sampler | None = None,
+    def add(self, prompt: Sequence[int], state: DecodeState, sampler: Sampler | None = None,
             speculation: Speculation | None = None, prompt_rows: Callable[[np.ndarray], None] | None = None) -> int:
         """A sequence joins: `state` holds a prefix of `prompt` (a fresh state, or a kept conversation's).
         `speculation` (a fresh one per sequence: draft sources keep per-generation state) verifies drafts.
@@ -88,7 +92,7 @@ class BatchGenerator:
                                            prompt_rows=prompt_rows)
         return handle
 
-    def remove(self, handle: int, used: int | None = None):
+    def remove(self, handle: int, used: int | None = None) -> DecodeState | None:
         """The sequence leaves the batch; returns its decode state (None for a handle not in the batch).
         `used`: how many of the ids its last step emitted the consumer kept (default all); the state then
         holds every id before the last one kept."""
@@ -162,7 +166,7 @@ class BatchGenerator:
             self.engine.mark(seq.state)
         return seq.drafted
 
-    def _emit(self, handle: int, seq: _Sequence, rows) -> list[Emitted]:
+    def _emit(self, handle: int, seq: _Sequence, rows: np.ndarray) -> list[Emitted]:
         out, drafted = [], seq.drafted
         for i in range(rows.shape[0]):
             token = pick(seq.sampler, rows[i], seq.history, self.observers)

@@ -5,7 +5,7 @@ state (SPEC §4.5) even when a reply would re-render differently from how it was
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NoReturn, Sequence
 
 from ..model.state_file import StateFileError
 from .chat import CLOSE, EOM, FIELDS, MODES, SEP, Conversation, render
@@ -14,9 +14,14 @@ from .sampling import SamplingParams
 from .channels import Event
 from .session import Session
 
+if TYPE_CHECKING:
+    from ..model.engine import DecodeState, Engine, Observer
+    from .generate import Speculation
+    from .tokenizer import Tokenizer
+
 
 class ChatSession:
-    def __init__(self, engine, tokenizer, mode: str = "instruct", system: str | None = None):
+    def __init__(self, engine: Engine, tokenizer: Tokenizer, mode: str = "instruct", system: str | None = None) -> None:
         self.engine, self.tokenizer = engine, tokenizer
         self.system = system
         self.conv = Conversation(tokenizer, mode, system)
@@ -50,7 +55,7 @@ class ChatSession:
         return self.history + full[len(before):]
 
     def ask(self, text: str, params: SamplingParams, cancelled: Callable[[], bool] = lambda: False,
-            observers=(), speculation=None) -> Iterator[Event]:
+            observers: Sequence[Observer] = (), speculation: Speculation | None = None) -> Iterator[Event]:
         """Add the user's message and stream the reply (text events, then "done"); `observers` watch
         the forward passes (k3core.Observer); `speculation` (a k3core.Speculation) drafts and verifies."""
         self.conv.add_user(text)
@@ -76,11 +81,11 @@ class ChatSession:
     def snapshot(self) -> dict:
         return {"mode": self.mode, "system": self.system, "messages": self.conv.messages, "history": self.history}
 
-    def check_snapshot(self, snap, where: str = "the conversation") -> None:
+    def check_snapshot(self, snap: Any, where: str = "the conversation") -> None:
         """Refuse (StateFileError, naming the key) a snapshot restore() could not continue from."""
         vocab = self.engine.config.vocab_size
 
-        def bad(what):
+        def bad(what: str) -> NoReturn:
             raise StateFileError(f"{where}: {what}")
 
         if not isinstance(snap, dict):
@@ -104,7 +109,7 @@ class ChatSession:
                                                     for x in history):
             bad(f"'history' must be a list of token ids in 0..{vocab - 1}")
 
-    def restore(self, snap: dict, state) -> None:
+    def restore(self, snap: dict, state: DecodeState) -> None:
         self.check_snapshot(snap)
         self.system = snap.get("system")
         self.conv = Conversation(self.tokenizer, snap["mode"], None)

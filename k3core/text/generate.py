@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Generator, Sequence
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from ..interfaces import DraftSource
 from ..plan.engine_config import MAX_SPECULATE
 from ..model.pass_cost import PassCost
 from .sampling import Sampler
+
+if TYPE_CHECKING:
+    from ..model.engine import DecodeState, Engine, Observer
 
 AUTO_K = 8          # the most ids an adaptive K (--speculate auto) drafts per pass
 AUTO_REST_MAX = 64  # steps an adaptive K rests at zero drafts, at most, between tries
@@ -46,7 +49,7 @@ class Speculation:
     k: int = 4
     adaptive: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not isinstance(self.draft, DraftSource):
             raise UsageError(f"speculation needs a DraftSource instance (k3core.plugin_api.DraftSource), got "
                              f"{type(self.draft).__name__}")
@@ -63,7 +66,7 @@ class DraftLength:
     one id to keep measuring, resting 1, 2, 4 … AUTO_REST_MAX steps between such tries while they fail, and at
     least long enough that they cost PROBE_SHARE of the passes."""
 
-    def __init__(self, k: int, adaptive: bool, cost=None):
+    def __init__(self, k: int, adaptive: bool, cost: PassCost | None = None) -> None:
         if adaptive and cost is None:
             raise UsageError("an adaptive draft length needs the pass cost (k3core.model.pass_cost.PassCost)")
         self.limit, self.adaptive, self.cost = k, adaptive, cost
@@ -103,9 +106,9 @@ class DraftLength:
             self.rest = min(AUTO_REST_MAX, max(2 ** (self.misses - 1), math.ceil(extra / PROBE_SHARE)))
 
 
-def generate_ids(engine, prompt: Sequence[int], state, sampler: Sampler | None = None, *, observers=(),
-                 full_recompute: bool = False, speculation: Speculation | None = None
-                 ) -> Iterator[tuple[int, np.ndarray]]:
+def generate_ids(engine: Engine, prompt: Sequence[int], state: DecodeState, sampler: Sampler | None = None, *,
+                 observers: Sequence[Observer] = (), full_recompute: bool = False,
+                 speculation: Speculation | None = None) -> Generator[tuple[int, np.ndarray], None, None]:
     """Yield (id, logits [V]) for each generated position, forever (the caller stops, then closes the
     generator: with speculation, closing is what rolls the state back to the stopping point).
 
@@ -141,7 +144,7 @@ def generate_ids(engine, prompt: Sequence[int], state, sampler: Sampler | None =
         logits = engine.forward([token], state, observers=observers)
 
 
-def checked_prompt(engine, prompt: Sequence[int], state) -> list[int]:
+def checked_prompt(engine: Engine, prompt: Sequence[int], state: DecodeState) -> list[int]:
     """`prompt` as a list of ints, refused if empty, over the context limit, or not extending `state`."""
     history = [int(t) for t in prompt]
     if not history:
@@ -156,14 +159,14 @@ def checked_prompt(engine, prompt: Sequence[int], state) -> list[int]:
     return history
 
 
-def pick(sampler, logits, history, observers) -> int:
+def pick(sampler: Sampler, logits: np.ndarray, history: Sequence[int], observers: Sequence[Observer]) -> int:
     token = sampler.pick(logits, history)
     for o in observers:
         o.on_token(token, logits)
     return token
 
 
-def check_speculation(engine, speculation: Speculation, full_recompute: bool) -> None:
+def check_speculation(engine: Engine, speculation: Speculation, full_recompute: bool) -> None:
     if full_recompute:
         raise UsageError("speculation and full recompute do not combine: full recompute forwards every id alone")
     if speculation.k > engine.speculate:
@@ -171,10 +174,12 @@ def check_speculation(engine, speculation: Speculation, full_recompute: bool) ->
                          f"{engine.speculate} drafted ids per pass (EngineConfig.speculate, --speculate when opening)")
 
 
-def speculative(engine, history, state, sampler, logits, spec: Speculation, observers):
+def speculative(engine: Engine, history: list[int], state: DecodeState, sampler: Sampler, logits: np.ndarray,
+                spec: Speculation, observers: Sequence[Observer]) -> Generator[tuple[int, np.ndarray], None, None]:
     """generate_ids after the prompt, with verify passes; `logits` are the prompt's last position's."""
     spec.draft.begin(tuple(history))
     length = DraftLength(spec.k, spec.adaptive, PassCost.of(engine) if spec.adaptive else None)
+    drafted: list[int]
     rows, drafted, generated, kept, agreed = logits[None], [], 0, 0, 0
     try:
         while True:
@@ -209,12 +214,12 @@ def speculative(engine, history, state, sampler, logits, spec: Speculation, obse
         spec.draft.end(tuple(history))
 
 
-def tell_draft(observers, drafted, accepted) -> None:
+def tell_draft(observers: Sequence[Observer], drafted: Sequence[int], accepted: int) -> None:
     for o in observers:
         o.on_draft(len(drafted), accepted)
 
 
-def proposals(draft: DraftSource, history, generated: int, k: int, vocab: int) -> list[int]:
+def proposals(draft: DraftSource, history: Sequence[int], generated: int, k: int, vocab: int) -> list[int]:
     """The draft source's ids for the next pass, checked: at most k token ids of this model."""
     ids = draft.propose(tuple(history), generated, k)
     try:
@@ -229,7 +234,7 @@ def proposals(draft: DraftSource, history, generated: int, k: int, vocab: int) -
     return [int(t) for t in ids]
 
 
-def prefill(engine, ids, state, observers=()) -> np.ndarray:
+def prefill(engine: Engine, ids: Sequence[int], state: DecodeState, observers: Sequence[Observer] = ()) -> np.ndarray:
     """Forward `ids` in chunks of `engine.prefill_chunk`; the logits of the last position."""
     step = engine.prefill_chunk
     for at in range(0, len(ids) - step, step):
@@ -237,7 +242,8 @@ def prefill(engine, ids, state, observers=()) -> np.ndarray:
     return engine.forward(ids[(len(ids) - 1) // step * step:], state, observers=observers)
 
 
-def greedy_ids(engine, prompt: Sequence[int], n: int, full_recompute: bool = False) -> tuple[list[int], np.ndarray]:
+def greedy_ids(engine: Engine, prompt: Sequence[int], n: int, full_recompute: bool = False
+               ) -> tuple[list[int], np.ndarray]:
     """Greedy decode of `n` ids from a fresh state: (ids, logits [n, V] float32)."""
     ids, rows = [], []
     for token, logits in generate_ids(engine, prompt, engine.new_state(), full_recompute=full_recompute):

@@ -49,7 +49,7 @@ def token_logprobs(logits: np.ndarray, token: int, top: int = 0) -> TokenLogprob
     m = x.max()
     log_s = det_log(math.fsum(det_exp(x - m).tolist()))
 
-    def logprob(i) -> float:
+    def logprob(i: int) -> float:
         return float((x[i] - m) - log_s)
 
     return TokenLogprob(int(token), logprob(token), tuple((int(i), logprob(i)) for i in top_ids(x, top)))

@@ -30,11 +30,12 @@ from __future__ import annotations
 import math
 import secrets
 from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from ..errors import K3Error, UsageError
-from .structured import schema_text
+from .structured import Constraint, schema_text
 
 MASK64 = (1 << 64) - 1
 _LN2_HI = 6.93147180369123816490e-01  # 0x3fe62e42fee00000: k * _LN2_HI is exact for |k| < 2**11
@@ -57,7 +58,7 @@ def det_exp(x: np.ndarray) -> np.ndarray:
 class SplitMix64:
     """splitmix64 (Steele, Lea, Flood 2014): state += golden gamma, then two xor-shift-multiplies."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int) -> None:
         self.state = seed & MASK64
 
     def next_u64(self) -> int:
@@ -72,11 +73,11 @@ class SplitMix64:
         return (self.next_u64() >> 11) * (1.0 / (1 << 53))
 
 
-def _is_int(v) -> bool:
+def _is_int(v: object) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
-def _is_num(v) -> bool:
+def _is_num(v: object) -> bool:
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -97,7 +98,7 @@ class SamplingParams:
     stop_strings: tuple[str, ...] = field(default=())
     json_schema: str | None = None  # the reply is JSON satisfying this schema (a dict is kept as its JSON text)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "stop_ids", tuple(self.stop_ids))
         object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
         problems = []
@@ -135,7 +136,7 @@ class SamplingParams:
         return self.temperature == 0
 
     @classmethod
-    def suggested(cls, mode: str, **overrides) -> "SamplingParams":
+    def suggested(cls, mode: str, **overrides: Any) -> "SamplingParams":
         """SPEC §7's suggestion: instruct temperature 0.6; thinking temperature 1.0, top-p 1.0."""
         base = {"instruct": {"temperature": 0.6}, "thinking": {"temperature": 1.0, "top_p": 1.0}}
         if mode not in base:
@@ -147,13 +148,13 @@ class Sampler:
     """Picks ids under fixed SamplingParams; holds the PRNG (and the constraint's matcher), so one Sampler per
     generation. `constraint`: a structured.Constraint the picks obey, or None."""
 
-    def __init__(self, params: SamplingParams | None = None, constraint=None):
+    def __init__(self, params: SamplingParams | None = None, constraint: Constraint | None = None) -> None:
         self.params = params or SamplingParams()
         self.seed = self.params.seed if self.params.seed is not None else secrets.randbits(64)
         self.rng = SplitMix64(self.seed)
         self.constraint = constraint
 
-    def pick(self, logits: np.ndarray, history=()) -> int:
+    def pick(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         """The next id; `history` holds the ids the repetition penalty applies to (caller's choice)."""
         x = self._checked(logits, history)
         if self.params.greedy:
@@ -171,7 +172,7 @@ class Sampler:
         """Drafted ids worth verifying next: all of them, or under a constraint what it allows or forces."""
         return ids if self.constraint is None else self.constraint.drafts(ids, k)
 
-    def distribution(self, logits: np.ndarray, history=()) -> tuple[np.ndarray, np.ndarray]:
+    def distribution(self, logits: np.ndarray, history: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
         """(ids in candidate order, their probabilities) after every filter; draws nothing.
         Greedy: the argmax alone, with probability 1."""
         x = self._checked(logits, history)
@@ -180,7 +181,7 @@ class Sampler:
         ids, w = self._candidates(x)
         return ids, w / np.cumsum(w)[-1]
 
-    def _checked(self, logits, history):
+    def _checked(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
         logits = np.asarray(logits)
         if logits.ndim != 1 or logits.size == 0:
             raise K3Error(f"the sampler needs one non-empty row of logits, got shape {logits.shape}")
@@ -190,7 +191,7 @@ class Sampler:
         x = penalise(logits, history, r) if r != 1.0 and len(history) else logits
         return x if self.constraint is None else self.constraint.apply(x)
 
-    def _candidates(self, x):
+    def _candidates(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Steps 2-6: kept ids in candidate order and their unnormalised float64 weights."""
         p = self.params
         x = np.asarray(x, np.float64) / p.temperature
@@ -207,7 +208,7 @@ class Sampler:
         return order[keep], w[keep]
 
 
-def penalise(logits: np.ndarray, history, r: float) -> np.ndarray:
+def penalise(logits: np.ndarray, history: Sequence[int], r: float) -> np.ndarray:
     """Repetition penalty in float64 on the distinct ids of `history` (see the module docstring)."""
     x = np.asarray(logits, np.float64).copy()
     ids = np.unique(np.asarray(list(history), np.int64))
@@ -227,7 +228,7 @@ class StopMatcher:
     `flush()` returns what is still held back (call it when generation ends for another reason).
     """
 
-    def __init__(self, stop_strings):
+    def __init__(self, stop_strings: Iterable[str]) -> None:
         self.stops = tuple(s for s in stop_strings if s)
         self.held = ""
         self.stop: str | None = None

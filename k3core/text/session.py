@@ -11,7 +11,7 @@ Used by `k3 run --prompt`, `k3 chat` and the browser UI.
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from ..errors import K3Error, UsageError
 from ..model.engine import Observer
@@ -19,6 +19,12 @@ from .channels import Event, TextStream
 from .generate import Speculation, generate_ids
 from .sampling import Sampler, SamplingParams
 from .structured import Grammar, reply_grammar
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..model.engine import Engine
+    from .tokenizer import Tokenizer
 
 
 class Cancelled(K3Error):
@@ -30,36 +36,36 @@ class CancelBetweenLayers(Observer):
     takes one layer's time, not a whole prompt's; the half-advanced decode state is then dropped. Once
     ids are generated, a stop waits for the token under way, so the state stays whole and reusable."""
 
-    def __init__(self, cancelled):
+    def __init__(self, cancelled: Callable[[], bool]) -> None:
         self.cancelled, self.prefilling = cancelled, True
 
-    def on_layer(self, layer, layers):
+    def on_layer(self, layer: int, layers: int) -> None:
         if self.prefilling and self.cancelled():
             raise Cancelled("stopped")
 
-    def on_token(self, token, logits):
+    def on_token(self, token: int, logits: np.ndarray) -> None:
         self.prefilling = False
 
 
 class DraftTally(Observer):
     """Counts the drafted ids verify passes checked and the ones the model agreed with."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.drafted = self.accepted = 0
 
-    def on_draft(self, drafted, accepted):
+    def on_draft(self, drafted: int, accepted: int) -> None:
         self.drafted += drafted
         self.accepted += accepted
 
 
-def bytes_read(engine) -> int:
+def bytes_read(engine: Engine) -> int:
     """Trunk and expert bytes the engine has read from disk so far."""
     s = engine.stats()
     return s.get("trunk_bytes_read", 0) + s.get("expert_bytes_read", 0)
 
 
 class Session:
-    def __init__(self, engine, tokenizer=None):
+    def __init__(self, engine: Engine, tokenizer: Tokenizer | None = None) -> None:
         self.engine, self.tokenizer = engine, tokenizer
         self.state = engine.new_state()
 
@@ -85,9 +91,9 @@ class Session:
         return prompt
 
     def generate(self, prompt: Sequence[int], params: SamplingParams, *, stop_ids: Sequence[int] = (),
-                 channel: str | None = None, cancelled: Callable[[], bool] = lambda: False, observers=(),
-                 full_recompute: bool = False, speculation: Speculation | None = None,
-                 grammar: Grammar | None = None) -> Iterator[Event]:
+                 channel: str | None = None, cancelled: Callable[[], bool] = lambda: False,
+                 observers: Sequence[Observer] = (), full_recompute: bool = False,
+                 speculation: Speculation | None = None, grammar: Grammar | None = None) -> Iterator[Event]:
         """Stream the reply to `prompt`: text events, then one "done" event with the ids and stats.
         `channel`: the XTML channel the prompt's generation prefix opened (chat mode), or None for raw
         text. Without a tokenizer only the "done" event comes. `full_recompute` forwards the whole
@@ -104,6 +110,8 @@ class Session:
                              full_recompute=full_recompute, speculation=speculation)
         text = TextStream(self.tokenizer, params.stop_strings, channel) if self.tokenizer is not None else None
         stop_set = set(stop_ids) | set(params.stop_ids) | set(grammar.stop_ids if grammar else ())
+        generated: list[int]
+        stamps: list[float]
         generated, reason, stamps = [], "max tokens", []
         forwarded_before, passes_before, read_before = engine.tokens_forwarded, engine.forward_passes, bytes_read(engine)
         started = time.perf_counter()
