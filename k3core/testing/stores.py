@@ -5,6 +5,7 @@ generated models at several budgets."""
 from __future__ import annotations
 
 import shutil
+from functools import partial
 
 import numpy as np
 
@@ -62,152 +63,166 @@ def own_bytes(checkpoint, got, layer, asked, where: str) -> None:
                                   "bytes (a stale or shared slot?)")
 
 
-def store_checks(cls, options=None) -> list[Check]:
-    """Every check of expert store class `cls` (with its `options`, a mapping or cls.Options)."""
-    who = f"expert store {cls.name!r}"
-
-    def serves_own_bytes():
-        ckpt = open_checkpoint(models.model("tiny"))
-        try:
-            for gb in BUDGETS:
-                store = build(cls, ckpt, gb, options)
-                try:
-                    for i, (layer, asked) in enumerate(request_patterns(ckpt.config, store.capacity())):
-                        got = store.fetch(layer, asked)
-                        own_bytes(ckpt, got, layer, asked, f"cache {gb:g} GB, fetch {i}")
-                finally:
-                    store.close()
-        finally:
-            ckpt.close()
-
-    def short_read_is_unsound():
-        for gb in (1.0, 0.0):  # every expert cached; the floor, where a store may take prefetch hints
-            model = shutil.copytree(models.model("tiny"), models.scratch(f"store-{cls.name}") / f"m{gb:g}")
-            ckpt = open_checkpoint(model)
+def serves_own_bytes(cls, options) -> None:
+    ckpt = open_checkpoint(models.model("tiny"))
+    try:
+        for gb in BUDGETS:
+            store = build(cls, ckpt, gb, options)
             try:
-                store = build(cls, ckpt, gb, options)
-                try:
-                    c = ckpt.config
-                    layer, last = c.num_hidden_layers - 1, c.num_experts - 1
-                    tail = ckpt.index[expert_prefix(layer, last) + EXPERT_PARTS[-1]]
-                    with open(tail.file, "r+b") as f:  # the shard shrinks after it was indexed
-                        f.truncate(tail.offset + 1)
-                    if store.prefetch_capacity():
-                        store.prefetch(layer, [last])  # the hinted read fails too: the fetch must not hide it
-                    try:
-                        got = store.fetch(layer, [last])
-                    except UnsoundRunError:
-                        pass
-                    else:
-                        raise CheckFailed(f"cache {gb:g} GB: a fetch from a shard cut short returned {len(got)} "
-                                          "expert(s) instead of raising UnsoundRunError")
-                    # the bytes come back (same file, same inode): the store must read them, not keep junk
-                    shutil.copyfile(models.model("tiny") / tail.file.name, tail.file)
-                    own_bytes(ckpt, store.fetch(layer, [last]), layer, [last],
-                              f"cache {gb:g} GB, after a failed read of the same expert")
-                finally:
-                    store.close()
+                for i, (layer, asked) in enumerate(request_patterns(ckpt.config, store.capacity())):
+                    got = store.fetch(layer, asked)
+                    own_bytes(ckpt, got, layer, asked, f"cache {gb:g} GB, fetch {i}")
             finally:
-                ckpt.close()
+                store.close()
+    finally:
+        ckpt.close()
 
-    def capacity_serves_a_whole_fetch():
-        ckpt = open_checkpoint(models.model("small"))
-        try:
-            c = ckpt.config
-            for gb in (0.0, 1.0):
-                store = build(cls, ckpt, gb, options)
-                try:
-                    cap = store.capacity()
-                    expect(isinstance(cap, int) and cap >= c.num_experts_per_token,
-                           f"capacity() is {cap!r}: it must be an int >= the router's top-k ({c.num_experts_per_token})")
-                    layer, asked = c.num_hidden_layers - 1, list(range(min(cap, c.num_experts)))[::-1]
-                    own_bytes(ckpt, store.fetch(layer, asked), layer, asked, f"one fetch of {len(asked)} experts")
-                finally:
-                    store.close()
-        finally:
-            ckpt.close()
 
-    def plan_rows_are_sound():
-        ckpt = open_checkpoint(models.model("tiny"))
-        try:
-            ctx = PluginContext(ckpt, Budget(cache_gb=0.0002), cls.Options.build(options, who))
-            rows = cls.plan(ctx)
-            expect(isinstance(rows, list) and all(len(r) == 3 and isinstance(r[0], str) and isinstance(r[1], int)
-                                                  and r[1] >= 0 and isinstance(r[2], str) for r in rows),
-                   f"plan() must return (item, bytes >= 0, detail) rows, got {rows!r}")
-        finally:
-            ckpt.close()
 
-    def counters_are_honest():
-        ckpt = open_checkpoint(models.model("tiny"))
+def short_read_is_unsound(cls, options) -> None:
+    for gb in (1.0, 0.0):  # every expert cached; the floor, where a store may take prefetch hints
+        model = shutil.copytree(models.model("tiny"), models.scratch(f"store-{cls.name}") / f"m{gb:g}")
+        ckpt = open_checkpoint(model)
         try:
-            store = build(cls, ckpt, 0.0002, options)
+            store = build(cls, ckpt, gb, options)
             try:
-                requests = request_patterns(ckpt.config, 1, seed=1)[6:]  # single-expert fetches
-                for layer, asked in requests:
-                    store.fetch(layer, asked)
-                s = store.stats()
-                wrong = [f"{k} ({s.get(k)!r})" for k, kind in STATS_TYPES.items()
-                         if not isinstance(s.get(k), kind) or isinstance(s.get(k), bool) or s.get(k) < 0]
-                expect(not wrong, f"stats() lacks or mistypes {', '.join(wrong)} (see plugin_api.STORE_STATS)")
-                n = sum(len(a) for _, a in requests)
-                expect(s["expert_requests"] == n, f"expert_requests is {s['expert_requests']}, {n} were asked for")
-                expect(s["expert_hits"] <= n, f"expert_hits {s['expert_hits']} > requests {n}")
-                policy = cls.cache_policy(s["expert_slots"], store.options)
-                if policy is not None:
-                    hits = sum(bool(policy.access((L, e))[0]) for L, asked in requests for e in asked)
-                    expect(hits == s["expert_hits"], f"cache_policy({s.get('expert_slots')}) replays the same requests "
-                           f"with {hits} hits, the store counted {s['expert_hits']}: `k3 sim-cache` would report "
-                           "another store")
+                c = ckpt.config
+                layer, last = c.num_hidden_layers - 1, c.num_experts - 1
+                tail = ckpt.index[expert_prefix(layer, last) + EXPERT_PARTS[-1]]
+                with open(tail.file, "r+b") as f:  # the shard shrinks after it was indexed
+                    f.truncate(tail.offset + 1)
+                if store.prefetch_capacity():
+                    store.prefetch(layer, [last])  # the hinted read fails too: the fetch must not hide it
+                try:
+                    got = store.fetch(layer, [last])
+                except UnsoundRunError:
+                    pass
+                else:
+                    raise CheckFailed(f"cache {gb:g} GB: a fetch from a shard cut short returned {len(got)} "
+                                      "expert(s) instead of raising UnsoundRunError")
+                # the bytes come back (same file, same inode): the store must read them, not keep junk
+                shutil.copyfile(models.model("tiny") / tail.file.name, tail.file)
+                own_bytes(ckpt, store.fetch(layer, [last]), layer, [last],
+                          f"cache {gb:g} GB, after a failed read of the same expert")
             finally:
                 store.close()
         finally:
             ckpt.close()
 
-    def prefetch_is_only_a_hint():
-        ckpt = open_checkpoint(models.model("tiny"))
+
+
+def capacity_serves_a_whole_fetch(cls, options) -> None:
+    ckpt = open_checkpoint(models.model("small"))
+    try:
+        c = ckpt.config
+        for gb in (0.0, 1.0):
+            store = build(cls, ckpt, gb, options)
+            try:
+                cap = store.capacity()
+                expect(isinstance(cap, int) and cap >= c.num_experts_per_token,
+                       f"capacity() is {cap!r}: it must be an int >= the router's top-k ({c.num_experts_per_token})")
+                layer, asked = c.num_hidden_layers - 1, list(range(min(cap, c.num_experts)))[::-1]
+                own_bytes(ckpt, store.fetch(layer, asked), layer, asked, f"one fetch of {len(asked)} experts")
+            finally:
+                store.close()
+    finally:
+        ckpt.close()
+
+
+
+def plan_rows_are_sound(cls, options) -> None:
+    ckpt = open_checkpoint(models.model("tiny"))
+    try:
+        ctx = PluginContext(ckpt, Budget(cache_gb=0.0002), cls.Options.build(options, f"expert store {cls.name!r}"))
+        rows = cls.plan(ctx)
+        expect(isinstance(rows, list) and all(len(r) == 3 and isinstance(r[0], str) and isinstance(r[1], int)
+                                              and r[1] >= 0 and isinstance(r[2], str) for r in rows),
+               f"plan() must return (item, bytes >= 0, detail) rows, got {rows!r}")
+    finally:
+        ckpt.close()
+
+
+
+def counters_are_honest(cls, options) -> None:
+    ckpt = open_checkpoint(models.model("tiny"))
+    try:
+        store = build(cls, ckpt, 0.0002, options)
         try:
-            for gb in BUDGETS:
-                hinted, plain = build(cls, ckpt, gb, options), build(cls, ckpt, gb, options)
-                try:
-                    room = hinted.prefetch_capacity()
-                    r = np.random.default_rng(2)
-                    E = ckpt.config.num_experts
-                    for i, (layer, asked) in enumerate(request_patterns(ckpt.config, hinted.capacity(), seed=3)):
-                        if room and i % 4 != 3:  # right, half right, wrong, and (every fourth) no guess at all
-                            wrong = [int(e) for e in r.permutation(E) if e not in asked]
-                            guess = [asked, asked[::2] + wrong, wrong][i % 4 if i % 4 < 3 else 0]
-                            hinted.prefetch(layer, list(dict.fromkeys(guess))[:room])
-                        own_bytes(ckpt, hinted.fetch(layer, asked), layer, asked, f"cache {gb:g} GB, fetch {i} after "
-                                  "a prefetch hint")
-                        plain.fetch(layer, asked)
-                    a, b = hinted.stats(), plain.stats()
-                    expect(a["expert_hits"] == b["expert_hits"], f"cache {gb:g} GB: {a['expert_hits']} TRUE hits with "
-                           f"prefetch hints, {b['expert_hits']} without: a hint must not change what the cache keeps")
-                finally:
-                    hinted.close()
-                    plain.close()
+            requests = request_patterns(ckpt.config, 1, seed=1)[6:]  # single-expert fetches
+            for layer, asked in requests:
+                store.fetch(layer, asked)
+            s = store.stats()
+            wrong = [f"{k} ({s.get(k)!r})" for k, kind in STATS_TYPES.items()
+                     if not isinstance(s.get(k), kind) or isinstance(s.get(k), bool) or s.get(k) < 0]
+            expect(not wrong, f"stats() lacks or mistypes {', '.join(wrong)} (see plugin_api.STORE_STATS)")
+            n = sum(len(a) for _, a in requests)
+            expect(s["expert_requests"] == n, f"expert_requests is {s['expert_requests']}, {n} were asked for")
+            expect(s["expert_hits"] <= n, f"expert_hits {s['expert_hits']} > requests {n}")
+            policy = cls.cache_policy(s["expert_slots"], store.options)
+            if policy is not None:
+                hits = sum(bool(policy.access((L, e))[0]) for L, asked in requests for e in asked)
+                expect(hits == s["expert_hits"], f"cache_policy({s.get('expert_slots')}) replays the same requests "
+                       f"with {hits} hits, the store counted {s['expert_hits']}: `k3 sim-cache` would report "
+                       "another store")
         finally:
-            ckpt.close()
+            store.close()
+    finally:
+        ckpt.close()
 
-    def same_ids_as_lru():
-        for shape in ("tiny", "small"):
-            for gb in BUDGETS:
-                want = greedy_run(models.model(shape), expert_store="lru", cache_gb=gb)
-                got = greedy_run(models.model(shape), plugins=[offering(cls)], expert_store=cls.name, cache_gb=gb,
-                                 store_options=options)
-                expect(got[0] == want[0], f"{shape} model, cache {gb:g} GB: ids {got[0]} instead of the lru store's "
-                       f"{want[0]}")
-                expect(got[1] == want[1], f"{shape} model, cache {gb:g} GB: the logit bytes differ from the lru store's")
 
+
+def prefetch_is_only_a_hint(cls, options) -> None:
+    ckpt = open_checkpoint(models.model("tiny"))
+    try:
+        for gb in BUDGETS:
+            hinted, plain = build(cls, ckpt, gb, options), build(cls, ckpt, gb, options)
+            try:
+                room = hinted.prefetch_capacity()
+                r = np.random.default_rng(2)
+                E = ckpt.config.num_experts
+                for i, (layer, asked) in enumerate(request_patterns(ckpt.config, hinted.capacity(), seed=3)):
+                    if room and i % 4 != 3:  # right, half right, wrong, and (every fourth) no guess at all
+                        wrong = [int(e) for e in r.permutation(E) if e not in asked]
+                        guess = [asked, asked[::2] + wrong, wrong][i % 4 if i % 4 < 3 else 0]
+                        hinted.prefetch(layer, list(dict.fromkeys(guess))[:room])
+                    own_bytes(ckpt, hinted.fetch(layer, asked), layer, asked, f"cache {gb:g} GB, fetch {i} after "
+                              "a prefetch hint")
+                    plain.fetch(layer, asked)
+                a, b = hinted.stats(), plain.stats()
+                expect(a["expert_hits"] == b["expert_hits"], f"cache {gb:g} GB: {a['expert_hits']} TRUE hits with "
+                       f"prefetch hints, {b['expert_hits']} without: a hint must not change what the cache keeps")
+            finally:
+                hinted.close()
+                plain.close()
+    finally:
+        ckpt.close()
+
+
+
+def same_ids_as_lru(cls, options) -> None:
+    for shape in ("tiny", "small"):
+        for gb in BUDGETS:
+            want = greedy_run(models.model(shape), expert_store="lru", cache_gb=gb)
+            got = greedy_run(models.model(shape), plugins=[offering(cls)], expert_store=cls.name, cache_gb=gb,
+                             store_options=options)
+            expect(got[0] == want[0], f"{shape} model, cache {gb:g} GB: ids {got[0]} instead of the lru store's "
+                   f"{want[0]}")
+            expect(got[1] == want[1], f"{shape} model, cache {gb:g} GB: the logit bytes differ from the lru store's")
+
+
+def store_checks(cls, options=None) -> list[Check]:
+    """Every check of expert store class `cls` (with its `options`, a mapping or cls.Options)."""
+    who = f"expert store {cls.name!r}"
     return [Check(f"{who}: serves each expert's own bytes, in the order asked, for every request pattern",
-                  serves_own_bytes),
-            Check(f"{who}: a short read raises UnsoundRunError and is never served later", short_read_is_unsound),
-            Check(f"{who}: capacity() covers top-k and a fetch of that many is served", capacity_serves_a_whole_fetch),
-            Check(f"{who}: plan() returns memory-plan rows", plan_rows_are_sound),
+                  partial(serves_own_bytes, cls, options)),
+            Check(f"{who}: a short read raises UnsoundRunError and is never served later",
+                  partial(short_read_is_unsound, cls, options)),
+            Check(f"{who}: capacity() covers top-k and a fetch of that many is served",
+                  partial(capacity_serves_a_whole_fetch, cls, options)),
+            Check(f"{who}: plan() returns memory-plan rows", partial(plan_rows_are_sound, cls, options)),
             Check(f"{who}: stats() has the STORE_STATS counters and its cache_policy replays its hits",
-                  counters_are_honest),
+                  partial(counters_are_honest, cls, options)),
             Check(f"{who}: prefetch hints (right, partly right, wrong) change neither the bytes served nor the hits",
-                  prefetch_is_only_a_hint),
+                  partial(prefetch_is_only_a_hint, cls, options)),
             Check(f"{who}: ids and logit bytes identical to the lru store at cache 0, 0.0002 and 1 GB",
-                  same_ids_as_lru)]
+                  partial(same_ids_as_lru, cls, options))]
