@@ -1,7 +1,7 @@
 """Benchmark ShardIndex.open on a synthetic checkpoint laid out like the released Kimi K3.
 
 Builds 96 sparse shards -- headers written as the safetensors library writes them, data regions
-left as holes by truncate -- with the tensor names, shapes and dtypes of SPEC §3/§6 (497,220 tensors,
+left as holes by truncate -- with the tensor names, shapes and dtypes of MODEL.md §3/§6 (497,220 tensors,
 ~76 MB of header JSON; vision tensors made up; shard sizes follow from the spans, close to but not
 equal to k3-shard-sizes.txt) plus a model.safetensors.index.json in the HF layout (indent 2, sorted).
 Then times ShardIndex.open, best of N: cold (each file's pages dropped with posix_fadvise before each
@@ -30,7 +30,7 @@ EXPERT_TENSORS = [(f"w{w}.{kind}", (rows, cols // div))            # w1/w3 = [30
 
 
 def _dt(name, shape):
-    """BF16 for large matrices, F32 for vectors, conv kernels and [1, H] projections (SPEC §3)."""
+    """BF16 for large matrices, F32 for vectors, conv kernels and [1, H] projections (MODEL.md §3)."""
     return "BF16" if len(shape) == 2 and min(shape) > 1 else "F32"
 
 

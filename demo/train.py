@@ -3,7 +3,7 @@ then export it in the real checkpoint format (BF16 trunk, F32 vectors, MXFP4 rou
 
     /work/torch-venv/bin/python demo/train.py --out DIR [--steps N | --minutes M] [--seed 0]
 
-The forward pass is this file's own PyTorch (float32) code written from SPEC §4 — KDA with short
+The forward pass is this file's own PyTorch (float32) code written from MODEL.md §4 — KDA with short
 convolutions and the delta rule (chunked, checked against the token-by-token recurrence by
 --selftest), gated MLA without rotation, AttnRes over blocks, a dense SiTU-GLU layer 0, latent MoE
 with a sigmoid router whose selection bias is tuned by aux-loss-free load balancing, a shared
@@ -147,7 +147,7 @@ E2M1_MID = (E2M1_MAG[:-1] + E2M1_MAG[1:]) / 2
 
 
 def mxfp4_values(w: torch.Tensor) -> torch.Tensor:
-    """What k3core.format.mxfp4.quantize + decode give for w [..., rows, in] (SPEC §5), in float32."""
+    """What k3core.format.mxfp4.quantize + decode give for w [..., rows, in] (MODEL.md §5), in float32."""
     shape = w.shape
     g = w.detach().reshape(*shape[:-1], shape[-1] // 32, 32)
     peak = g.abs().amax(-1)
@@ -181,7 +181,7 @@ def situ_glu(g, u, beta, lin):
 
 
 def delta_rule_chunked(q, k, v, g, beta, chunk: int = 16):
-    """KDA recurrence (SPEC §4.2 step 5) for q, k, v, g = log α: [B, h, T, D], beta [B, h, T].
+    """KDA recurrence (MODEL.md §4.2 step 5) for q, k, v, g = log α: [B, h, T, D], beta [B, h, T].
 
     Per step: S ← diag(α) S; u = Sᵀk; S ← S + k (β(v − u))ᵀ; o = Sᵀq. Within a chunk the deltas
     w_t = β_t(v_t − u_t) solve a unit lower-triangular system; the state passes between chunks."""

@@ -74,7 +74,7 @@ class Weights(Mapping[str, Param]):
         return len(self._params)
 
     def vec(self, name: str) -> np.ndarray:
-        """A small tensor widened to float32 (SPEC §3: widen small vectors at load)."""
+        """A small tensor widened to float32 (MODEL.md §3: widen small vectors at load)."""
         return self[name].f32()
 
     @property

@@ -189,7 +189,7 @@ def test_conversation_history_strictly_extends(tok, mode, reply):
     conv.add_reply(generated)
     conv.add_user("Hi")
     second = conv.prompt()
-    assert second[:len(first) + len(generated)] == first + generated  # SPEC §4.5: state can be reused
+    assert second[:len(first) + len(generated)] == first + generated  # MODEL.md §4.5: state can be reused
     assert conv.stop_ids == {E}
     if mode == "thinking":
         assert second == render(TWO_TURNS, TOK, "thinking")

@@ -1,4 +1,4 @@
-"""config.json: both layouts, every problem listed at once, SPEC §2 rules, the bad fixtures."""
+"""config.json: both layouts, every problem listed at once, MODEL.md §2 rules, the bad fixtures."""
 import json
 
 import pytest

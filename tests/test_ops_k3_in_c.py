@@ -33,7 +33,7 @@ def load(name):
 
 def fixture_config() -> Config:
     # The fixtures' config has moe_intermediate_size 48, which our validation refuses for MXFP4
-    # experts (SPEC §2); these cases use float experts, so the dataclass is built directly.
+    # experts (MODEL.md §2); these cases use float experts, so the dataclass is built directly.
     raw = {k: v for k, v in MANIFEST["config"].items() if k in Config.__dataclass_fields__}
     return Config(**{**raw, "full_attn_layers": tuple(raw["full_attn_layers"])})
 

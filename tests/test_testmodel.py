@@ -1,5 +1,5 @@
 """The test-model generator: real format (names, dtypes, shards, index json, MXFP4 layout),
-deterministic bytes, both config layouts, and weights that exercise SPEC §9's traps."""
+deterministic bytes, both config layouts, and weights that exercise MODEL.md §9's traps."""
 import hashlib
 import json
 

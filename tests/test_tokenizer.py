@@ -16,7 +16,7 @@ from k3core.errors import InputError, TokenizerError
 from k3core.testmodel.make import BPE_CORPUS, SPECIAL_TOKENS, _tokenizer_files, shape_config
 from k3core.text.tokenizer import PAT_STR, StreamDecoder, load_tokenizer
 
-# SPEC §7's eight alternatives, written out again here rather than imported.
+# MODEL.md §7's eight alternatives, written out again here rather than imported.
 SPEC_ALTERNATIVES = [
     r"""[\p{Han}]+""",
     r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",  # noqa: E501
@@ -310,11 +310,11 @@ def test_bad_files_are_refused_with_the_file_named(small_dir, case):
 
 
 def test_tokenizer_of_the_tiny_fixture_is_untouched(tiny_model, tmp_path):
-    """The pinned tiny files load; a copy without tokenization_kimi.py uses SPEC's pattern."""
+    """The pinned tiny files load; a copy without tokenization_kimi.py uses the pattern of MODEL.md §7."""
     shutil.copy(tiny_model / "tiktoken.model", tmp_path)
     shutil.copy(tiny_model / "tokenizer_config.json", tmp_path)
     tok = load_tokenizer(tmp_path)
-    assert tok.pat_source == "SPEC §7" and tok.vocab_size == 256
+    assert tok.pat_source == "MODEL.md §7" and tok.vocab_size == 256
     assert tok.encode("DON'T") == list(b"DON'T")
 
 

@@ -1,4 +1,4 @@
-"""Each SPEC trap, broken on purpose, makes a gate fail: the gates can tell a model that talks
+"""Each trap of docs/MODEL.md, broken on purpose, makes a gate fail: the gates can tell a model that talks
 from a model that is right. The engine's own code is untouched; the breakage lives here."""
 import numpy as np
 import pytest

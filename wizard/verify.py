@@ -22,7 +22,7 @@ from .progress import human
 from .state import DONE, PENDING, VERIFIED, SetupState, StateError, read_state
 
 CHUNK = 8 << 20
-OFFICIAL_VISION = ("model-00095-of-000096.safetensors", "model-00096-of-000096.safetensors")  # SPEC §6
+OFFICIAL_VISION = ("model-00095-of-000096.safetensors", "model-00096-of-000096.safetensors")  # MODEL.md §6
 
 
 class Digest:
@@ -116,7 +116,7 @@ def check_files(dest: Path, records: dict[str, dict], jobs: int = 4, stream=None
 
 
 def published_sizes() -> dict[str, int]:
-    """The released checkpoint's shard sizes (SPEC §6), as shipped in wizard/data/k3-shard-sizes.txt."""
+    """The released checkpoint's shard sizes (MODEL.md §6), as shipped in wizard/data/k3-shard-sizes.txt."""
     text = resources.files("wizard").joinpath("data/k3-shard-sizes.txt").read_text()
     return {name: int(size) for name, size in (line.split() for line in text.splitlines() if line.strip())}
 
@@ -216,7 +216,7 @@ def cmd_verify(args) -> int:
     if args.deep and not bad:
         found = _deep(dest)
         bad.update({f"(weights) {name}": f"{n} NaN or infinite value(s)" for name, n in found["non_finite"]})
-        warnings = [f"WARN {name}: {n} scale byte(s) of 255 (SPEC §5: those groups read as zeros)"
+        warnings = [f"WARN {name}: {n} scale byte(s) of 255 (MODEL.md §5: those groups read as zeros)"
                     for name, n in found["scale_255"]]
         basis += "; every weight read (--deep)"
     for line in warnings:

@@ -13,7 +13,7 @@ A loglikelihood task needs a tokenizer on lm-eval's side (to find where the cont
 prompt); k3 serves no tokenizer endpoint (/tokenizer_info, /tokenize: lm-eval's "remote" backend) and takes a
 prompt as one string, not ids, so lm-eval loads the checkpoint's tiktoken.model through transformers
 (`tokenizer=`) and sends text (`tokenized_requests=False`). transformers builds that tokenizer with its own
-pre-tokenizer pattern, not SPEC §7's, so first every string lm-eval will encode is checked to give the ids k3's
+pre-tokenizer pattern, not MODEL.md §7's, so first every string lm-eval will encode is checked to give the ids k3's
 own tokenizer gives; a difference stops the check before any server starts.
 
 The two budgets (the same engine flags `k3 run` takes): `resident` is the default plan (the whole trunk in RAM,

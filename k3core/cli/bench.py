@@ -50,7 +50,7 @@ def make_inputs(s: Shapes, seed=0):
 
     def mx(rows, cols):
         packed = np.frombuffer(rng.bytes(rows * cols // 2), np.uint8).reshape(rows, cols // 2)
-        return packed, rng.integers(120, 123, (rows, cols // 32), dtype=np.uint8)  # SPEC §5 scales
+        return packed, rng.integers(120, 123, (rows, cols // 32), dtype=np.uint8)  # MODEL.md §5 scales
 
     experts = [(*mx(s.inter, s.latent), *mx(s.latent, s.inter), *mx(s.inter, s.latent))
                for _ in range(s.experts)]  # (w1p, w1s, w2p, w2s, w3p, w3s), w2 = down
@@ -251,7 +251,7 @@ def cmd_kernels(args) -> int:
 
 
 KERNELS_HELP = f"""\
-Time the native matrix kernels on real K3 shapes (SPEC §1/§3/§5), all in one run:
+Time the native matrix kernels on real K3 shapes (MODEL.md §1/§3/§5), all in one run:
   memory-read probe  numpy sum of a 256 MiB uint64 buffer (8x a 32 MiB LLC), one slice per thread:
                      how fast plain streaming code reads DRAM here; the yardstick for bf16
   bf16 GEMV          KDA q_proj 12288x7168 BF16 (176 MB), T=1: weight GB/s, % of the probe

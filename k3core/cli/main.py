@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write a test checkpoint in the real format: sharded safetensors with an index json,\n"
                     "BF16/F32 trunk, MXFP4 experts, config.json, tiktoken.model and tokenizer_config.json.\n"
                     "The same shape and seed always give the same bytes. The size is printed before writing.\n\n"
-                    "shapes: tiny  = SPEC §9's 13-layer oracle shape (~1 MB)\n"
+                    "shapes: tiny  = MODEL.md §9's 13-layer oracle shape (~1 MB)\n"
                     "        small = a second shape where every count differs (~3 MB)\n"
                     "        medium = 25 layers, 16 of 64 experts: for streaming tests (~52 MB)\n"
                     "        wide  = real K3 widths, 4 layers, 32 experts (~6.6 GB, for benchmarks)",

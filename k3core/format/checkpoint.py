@@ -78,7 +78,7 @@ def moe_trunk_specs(c: Config) -> list[TensorSpec]:
 
 
 def expert_specs(c: Config) -> list[TensorSpec]:
-    """One routed expert's six MXFP4 tensors, relative to `...experts.{E}.` (SPEC §3 order)."""
+    """One routed expert's six MXFP4 tensors, relative to `...experts.{E}.` (MODEL.md §3 order)."""
     Z, F = c.routed_expert_hidden_size, c.moe_intermediate_size
     return [TensorSpec("w1.weight_packed", (F, Z // 2), ("U8",)), TensorSpec("w1.weight_scale", (F, Z // 32), ("U8",)),
             TensorSpec("w2.weight_packed", (Z, F // 2), ("U8",)), TensorSpec("w2.weight_scale", (Z, F // 32), ("U8",)),

@@ -1,7 +1,7 @@
 """The model config: read config.json (nested or flat layout) into a frozen, validated Config.
 
 Every missing or ill-typed field is reported in one ConfigError; nothing is ever defaulted
-except the three optional booleans SPEC §2 names. Validation rules are SPEC §2's.
+except the three optional booleans MODEL.md §2 names. Validation rules are MODEL.md §2's.
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ _REQUIRED = [
     ("situ_beta", ("activation_situ_beta",), "situ_beta", float),
     ("situ_linear_beta", ("activation_situ_linear_beta",), "situ_linear_beta", float),
 ]
-# Optional booleans, default true (SPEC §2).
+# Optional booleans, default true (MODEL.md §2).
 _OPTIONAL_BOOLS = [
     ("mla_use_output_gate", ("mla_use_output_gate",), "mla_use_output_gate"),
     ("moe_renormalize", ("moe_renormalize",), "moe_renormalize"),
@@ -195,7 +195,7 @@ def _duplicates(values) -> list[int]:
 
 
 def partition_problems(c: Config, kda_layers: list[int], shown: str) -> list[str]:
-    """The optional kda_layers list (SPEC §2: the complement of full_attn_layers) against full_attn_layers:
+    """The optional kda_layers list (MODEL.md §2: the complement of full_attn_layers) against full_attn_layers:
     together they must name every ONE-based layer 1..num_hidden_layers exactly once. Work and message are
     bounded by the lists' lengths, never by num_hidden_layers."""
     n, kda, mla = c.num_hidden_layers, set(kda_layers), set(c.full_attn_layers)
@@ -219,7 +219,7 @@ def _kind_name(kind) -> str:
 
 
 def validate(c: Config) -> list[str]:
-    """SPEC §2 validation rules, and every number finite and in range; returns every broken rule."""
+    """MODEL.md §2 validation rules, and every number finite and in range; returns every broken rule."""
     problems = []
     for f in fields(c):
         value = getattr(c, f.name)

@@ -1,4 +1,4 @@
-"""MXFP4 (SPEC §5): E2M1 nibbles, one E8M0 scale byte per 32 inputs; decode and quantise.
+"""MXFP4 (MODEL.md §5): E2M1 nibbles, one E8M0 scale byte per 32 inputs; decode and quantise.
 
 Decoding whole tensors is for tests and tools; the engine multiplies from packed bytes.
 """
@@ -35,7 +35,7 @@ def count_nan_scales(scale: np.ndarray) -> int:
 
 
 def quantize(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """SPEC §5 recipe: per group e = floor(log2(max|w|)) − 2, nibble = nearest E2M1 of w/2^e.
+    """MODEL.md §5 recipe: per group e = floor(log2(max|w|)) − 2, nibble = nearest E2M1 of w/2^e.
 
     Ties go to the smaller magnitude. An all-zero group gets scale byte 127 and zero codes."""
     rows, cols = w.shape

@@ -1,7 +1,7 @@
-"""Header-only index of a directory of safetensors shards (SPEC §6): name → file, dtype, shape, span.
+"""Header-only index of a directory of safetensors shards (MODEL.md §6): name → file, dtype, shape, span.
 
 `open` reads each shard's 8-byte length and JSON header (never tensor data) and raises CheckpointError
-naming file and tensor for every SPEC §6 rule; it neither converts dtypes (BF16 stays uint16 bits) nor
+naming file and tensor for every MODEL.md §6 rule; it neither converts dtypes (BF16 stays uint16 bits) nor
 caches tensors. Headers and index json as the safetensors/HF writers lay them out are checked in place
 with numpy, anything else by json.loads (the reference); tests/test_safetensors_index.py checks both.
 """

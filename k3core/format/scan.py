@@ -22,7 +22,7 @@ def record_tensor_sums(model_dir, progress=None, jobs: int = 4, known: dict | No
 def scan_weights(model_dir, progress=None) -> dict:
     """Read every tensor of a checkpoint: {"non_finite": [(tensor, count)], "scale_255": [(tensor, count)]} —
     BF16/F16/F32 values that are NaN or infinite (a damaged checkpoint), and E8M0 scale bytes of 255 (legal:
-    SPEC §5 reads such a group as zeros; worth knowing). `progress(done_bytes, total_bytes, name)` if given."""
+    MODEL.md §5 reads such a group as zeros; worth knowing). `progress(done_bytes, total_bytes, name)` if given."""
     checkpoint = open_checkpoint(model_dir)
     index, out = checkpoint.index, {"non_finite": [], "scale_255": []}
     try:

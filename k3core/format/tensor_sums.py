@@ -28,7 +28,7 @@ from ..files.limits import INDEX_FILE_BYTES, loads_limited, read_limited
 from .safetensors_index import shard_spans
 
 FILE, MAGIC, FORMAT, VERSION = "k3-tensor-sums.bin", b"K3SUMS\0\0", "k3-tensor-sums", 1
-SCALE, NAN_SCALE = ".weight_scale", 255  # MXFP4 scale tensors, and the byte SPEC §5 reads as a zero group
+SCALE, NAN_SCALE = ".weight_scale", 255  # MXFP4 scale tensors, and the byte MODEL.md §5 reads as a zero group
 CHUNK = 64 << 20          # bytes read at a time while recording (a multiple of 8: the checksum's word)
 MASK = (1 << 64) - 1
 RECORD = "`k3 verify MODEL_DIR` records them again (it reads every shard once)"
@@ -72,7 +72,7 @@ class RunningSum:
 class ShardSums:
     """The checksums of one shard's tensors, from its bytes as a hash pass reads them: every byte from offset 0,
     in order, in pieces of any size (`update`); `result()` once the whole file went through. Also counts each
-    MXFP4 scale tensor's bytes of 255 (SPEC §5: such a group reads as zero, and is counted)."""
+    MXFP4 scale tensor's bytes of 255 (MODEL.md §5: such a group reads as zero, and is counted)."""
 
     def __init__(self, path):
         self.shard, self.starts, self.ends, names = shard_spans(path)
@@ -196,7 +196,7 @@ class TensorSums:
         return int(shard.sums[i])
 
     def scale_255(self, info) -> int:
-        """Bytes of 255 recorded in the MXFP4 scale tensor `info` (groups SPEC §5 reads as zero)."""
+        """Bytes of 255 recorded in the MXFP4 scale tensor `info` (groups MODEL.md §5 reads as zero)."""
         shard = self._shards.get(str(info.file))
         return 0 if shard is None else shard.scale_255.get(info.offset, 0)
 

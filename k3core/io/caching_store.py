@@ -178,7 +178,7 @@ class CachingStore(ExpertStore):
 
 
 def nan_scales(reader) -> list[list[int]]:
-    """[layer, expert, scale bytes of 255] of each expert read that has any (SPEC §5: zero groups, counted)."""
+    """[layer, expert, scale bytes of 255] of each expert read that has any (MODEL.md §5: zero groups, counted)."""
     return [[layer, expert, n] for (layer, expert), n in sorted(reader.nan_scales.items())]
 
 

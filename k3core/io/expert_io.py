@@ -51,7 +51,7 @@ class ExpertReader:
         self._clock = BusyClock()  # reads may come from two threads (the fetch and the prefetch)
 
     def layout(self, layer: int, expert: int) -> tuple[Piece, ...]:
-        """One piece when the six tensors form one gap-free run (SPEC §3), else one per tensor."""
+        """One piece when the six tensors form one gap-free run (MODEL.md §3), else one per tensor."""
         key = (layer, expert)
         if key not in self._layouts:
             infos = [self.index[expert_prefix(layer, expert) + p] for p in EXPERT_PARTS]
@@ -107,7 +107,7 @@ class ExpertReader:
         return [self._weights(layer, expert, buf) for layer, expert, buf in requests]
 
     def _count_nan_scales(self, requests) -> None:
-        """Experts read whose scale bytes of 255 (recorded with their checksums) SPEC §5 reads as zero groups."""
+        """Experts read whose scale bytes of 255 (recorded with their checksums) MODEL.md §5 reads as zero groups."""
         for layer, expert, _ in requests:
             if (layer, expert) not in self.nan_scales:
                 n = sum(self.sums.scale_255(info) for piece in self.layout(layer, expert) for *_, info in piece.parts)

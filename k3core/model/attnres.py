@@ -1,4 +1,4 @@
-"""Attention Residuals (SPEC §4.1): the residual stream as attention over depth.
+"""Attention Residuals (MODEL.md §4.1): the residual stream as attention over depth.
 
 A layer's input is not a running sum but a softmax-weighted mix of block snapshots and the
 current partial sum; this module holds that bookkeeping for one forward pass.

@@ -1,4 +1,4 @@
-"""The engine: the Kimi K3 forward pass over the layers (SPEC §4) on a decode state.
+"""The engine: the Kimi K3 forward pass over the layers (MODEL.md §4) on a decode state.
 
 Placement, expert reads, attention and kernels are plugins (chosen by engine_config.resolve); this file
 only wires the residual stream (AttnRes), the layer order and the decode state together. Whoever wants
@@ -218,7 +218,7 @@ class Engine:
 def decoder_layer(L: int, w: Weights, stream: Residual, segments: Sequence[tuple[int, int, Any]], c: Config,
                   kr: KernelBackend, attention: AttentionBackend, store: ExpertStore,
                   observers: Sequence[Observer] = ()) -> None:
-    """One layer (SPEC §4.1): AttnRes in, attention, AttnRes, MLP or latent MoE; updates `stream`.
+    """One layer (MODEL.md §4.1): AttnRes in, attention, AttnRes, MLP or latent MoE; updates `stream`.
     `segments`: (start, stop, layer state) of each sequence's rows; only attention tells them apart."""
     h = stream.mix(kr, fold(w, "self_attention_res"), c.rms_norm_eps) if stream.blocks else stream.prefix
     if L % c.attn_res_block_size == 0:

@@ -4,7 +4,8 @@ CheckpointError (exit 2) naming the tensor, raised before any token it would cha
 Small float tensors (F32/F16: norms, A_log, dt_bias, conv weights, biases) are checked whenever the engine
 takes Weights it has not checked — a pinned layer once, a streamed one on every read — and embedding rows as
 they are gathered. BF16 matrices are too large to scan per read: `output_error` names the first that holds a
-NaN or an infinity once a layer's output is not finite, and `head_error` the lm_head rows whose logits are not. E8M0 scale bytes of 255 are not non-finite (SPEC §5).
+NaN or an infinity once a layer's output is not finite, and `head_error` the lm_head rows whose logits are not.
+E8M0 scale bytes of 255 are not non-finite (MODEL.md §5).
 """
 from __future__ import annotations
 

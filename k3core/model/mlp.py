@@ -1,4 +1,4 @@
-"""The dense SiTU-GLU MLP (SPEC §4): layer 0's MLP and the fused shared experts.
+"""The dense SiTU-GLU MLP (MODEL.md §4): layer 0's MLP and the fused shared experts.
 
 SiTU-GLU itself is a kernel (docs/NUMERICS.md); this is the three projections around it.
 """

@@ -1,4 +1,4 @@
-"""The latent mixture of experts (SPEC §4.4): router, experts in the latent, shared experts.
+"""The latent mixture of experts (MODEL.md §4.4): router, experts in the latent, shared experts.
 
 Router on the full hidden width; experts run in a 3584-wide latent; the weighted aggregate
 is normed once; the shared experts see the original x and are added unweighted.

@@ -1,4 +1,4 @@
-"""Kimi Delta Attention (SPEC §4.2): linear attention with a fixed D×D state per head.
+"""Kimi Delta Attention (MODEL.md §4.2): linear attention with a fixed D×D state per head.
 
 Per token: ShortConv'd q, k, v; per-head L2 norm of q, k; a per-channel decay α from one
 shared low-rank pair; the delta-rule recurrence; head-wise RMSNorm, then the output gate.

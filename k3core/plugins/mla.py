@@ -1,4 +1,4 @@
-"""Gated multi-head latent attention (SPEC §4.3), NoPE, with a compact latent cache.
+"""Gated multi-head latent attention (MODEL.md §4.3), NoPE, with a compact latent cache.
 
 The cache keeps per position the normed 512-latent and the shared 64 k_rope (576 floats per
 layer); attention runs in latent space by absorbing k_nope's projection into the query and

@@ -92,13 +92,13 @@ def report_text(r: dict) -> str:
 
 
 def _nan_scale_line(s: dict) -> list[str]:
-    """The experts read whose MXFP4 scale bytes of 255 SPEC §5 reads as zero groups, named and counted."""
+    """The experts read whose MXFP4 scale bytes of 255 MODEL.md §5 reads as zero groups, named and counted."""
     if not (found := s.get("expert_nan_scales")):
         return []
     named = ", ".join(f"layer {L} expert {e} ({n})" for L, e, n in found[:8]) + (
         f" and {len(found) - 8} more" if len(found) > 8 else "")
     return [f"MXFP4 scale byte 255 (NaN in the OCP spec) in {sum(n for *_, n in found)} group(s) of {len(found)} "
-            f"expert(s) read, each group read as zero (SPEC §5): {named}"]
+            f"expert(s) read, each group read as zero (MODEL.md §5): {named}"]
 
 
 def _unchecked_line(s: dict) -> list[str]:

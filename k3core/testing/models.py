@@ -1,4 +1,4 @@
-"""The generated checkpoints the conformance checks run on: the `tiny` (SPEC §9) and `small` test
+"""The generated checkpoints the conformance checks run on: the `tiny` (MODEL.md §9) and `small` test
 models, and a packed trunk of each, written once per process into a temporary directory (or
 K3_TESTING_DIR, kept between runs) and reused."""
 from __future__ import annotations

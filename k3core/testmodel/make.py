@@ -1,7 +1,7 @@
-"""Generate small checkpoints in the real Kimi K3 format (SPEC §9), written by io/writer.py: names,
+"""Generate small checkpoints in the real Kimi K3 format (MODEL.md §9), written by io/writer.py: names,
 dtypes, sharding, index json, MXFP4 experts, nested or flat config, tokenizer files.
 
-Weights are random but deliberately shaped so every SPEC trap changes the output; the same
+Weights are random but deliberately shaped so every trap of docs/MODEL.md changes the output; the same
 shape and seed always give the same bytes. Not a model that knows anything.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ MARKER = TEST_MODEL_MARKER
 GENERATOR_VERSION = 2
 
 SHAPES = {
-    # SPEC §9's standard oracle shape.
+    # MODEL.md §9's standard oracle shape.
     "tiny": dict(hidden_size=128, num_hidden_layers=13, vocab_size=256, kda_num_heads=4, kda_head_dim=16,
                  short_conv_kernel_size=4, num_attention_heads=4, q_lora_rank=64, kv_lora_rank=32,
                  qk_nope_head_dim=24, qk_rope_head_dim=8, v_head_dim=16, num_experts=8, num_experts_per_token=2,

@@ -1,4 +1,4 @@
-"""Writing checkpoints in the real Kimi K3 format (SPEC §3, §6): every tensor the config implies, named
+"""Writing checkpoints in the real Kimi K3 format (MODEL.md §3, §6): every tensor the config implies, named
 and typed as the released model stores them (BF16 matrices, F32 vectors, MXFP4 experts), in shards of
 one layer each plus one of model-level tensors (and a vision stub), with the index json, a nested or
 flat config.json, the tokenizer files and every tensor's checksum (io/tensor_sums.py) — written into a
@@ -51,7 +51,7 @@ def _dtype_for(allowed: tuple) -> str:
 
 def plan_shards(c: Config) -> list[tuple[str, list[Planned]]]:
     """(file name, tensors in data order) per shard: layer L in shard L+1, then model-level, then vision.
-    Each expert's six tensors form one gap-free run (SPEC §3)."""
+    Each expert's six tensors form one gap-free run (MODEL.md §3)."""
     pm = plugin_manager.get_plugin_manager()  # the real format: the built-in backends' tensors, by name
     attention = {kind: plugin_manager.choose_attention(pm, kind, kind) for kind in c.attention_kinds}
 

@@ -1,5 +1,5 @@
 """A plain byte-pair trainer for small tokenizers in the K3 format (test models, the demo model): the
-256 single bytes are always there; merges are learned inside the pieces SPEC §7's pat_str splits text
+256 single bytes are always there; merges are learned inside the pieces MODEL.md §7's pat_str splits text
 into, so tiktoken (which splits the same way) reproduces them. Not a tokenizer for the real model,
 which ships its own 163,584 ranks."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Chat: messages -> prompt ids in K3's XTML structure (SPEC §7), and a generated reply -> its parts.
+"""Chat: messages -> prompt ids in K3's XTML structure (MODEL.md §7), and a generated reply -> its parts.
 
 An element is `<|open|>tag attrs<|sep|>body<|close|>tag<|sep|>` (the four markers are special
 tokens); every message is its elements followed by `<|end_of_msg|>`. system / user messages are
@@ -20,7 +20,7 @@ channel: `<|open|>response<|sep|>` (instruct) or `<|open|>think<|sep|>` (thinkin
 and the model continues `4 is…<|close|>think<|sep|><|open|>response<|sep|>4<|close|>response<|sep|><|end_of_msg|>`.
 A past assistant turn is rendered from what the message holds, whatever the current mode: keep
 its `thinking` and the history re-renders exactly as it was generated (so §4.5 state reuse
-works); drop it and it is not shown. No `[BOS]`: SPEC §7 adds none to raw prompts, and the opening
+works); drop it and it is not shown. No `[BOS]`: MODEL.md §7 adds none to raw prompts, and the opening
 `<|open|>` already marks the start (a checkpoint template may still emit `bos_token`).
 
 Two paths, same ids. With `chat_template` in tokenizer_config.json, it is rendered in a jinja2

@@ -1,7 +1,7 @@
 """A conversation on an engine: each turn streams its reply, and the next turn forwards only its
 own new tokens. The session keeps the exact ids the model has seen (prompts, generated replies,
 and the markup that closes a reply cut short), so a new turn always strictly extends the decode
-state (SPEC §4.5) even when a reply would re-render differently from how it was generated.
+state (MODEL.md §4.5) even when a reply would re-render differently from how it was generated.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ state and yields (id, logits) one step at a time, picking each id with the sampl
 telling the observers it is given. It knows no text: detokenising, stop strings and chat channels are
 the text layer's (session.py), stop ids and limits the caller's (stop iterating).
 
-The decode state reuse rule (SPEC §4.5) lives here: `state` must hold a prefix of `prompt`; only the
+The decode state reuse rule (MODEL.md §4.5) lives here: `state` must hold a prefix of `prompt`; only the
 rest is forwarded, in chunks of at most `engine.prefill_chunk` ids (the bits do not depend on the
 chunking; the working memory does). An id is forwarded only when the next one is asked for, so after
 the caller stops, `state` holds every id but the last one yielded. Prompt and generated ids together

@@ -137,7 +137,7 @@ class SamplingParams:
 
     @classmethod
     def suggested(cls, mode: str, **overrides: Any) -> "SamplingParams":
-        """SPEC §7's suggestion: instruct temperature 0.6; thinking temperature 1.0, top-p 1.0."""
+        """MODEL.md §7's suggestion: instruct temperature 0.6; thinking temperature 1.0, top-p 1.0."""
         base = {"instruct": {"temperature": 0.6}, "thinking": {"temperature": 1.0, "top_p": 1.0}}
         if mode not in base:
             raise UsageError(f"mode must be 'instruct' or 'thinking', got {mode!r}")

@@ -1,6 +1,6 @@
 """A generation session, the upper of the two generation layers: prompt ids in, text events out. The
 decode state is kept between calls and reused whenever a new prompt strictly extends what was already
-consumed (SPEC §4.5), so a follow-up chat turn forwards only its new tokens.
+consumed (MODEL.md §4.5), so a follow-up chat turn forwards only its new tokens.
 
 Ids come from generate_ids (generate.py); TextStream (channels.py) turns them into text. Stop ids, max
 tokens and cancellation are checked between tokens; while the prompt is forwarded, cancellation also

@@ -1,4 +1,4 @@
-"""Kept decode states, so a follow-up request forwards only its new ids (SPEC §4.5).
+"""Kept decode states, so a follow-up request forwards only its new ids (MODEL.md §4.5).
 
 A bounded LRU of DecodeStates, each keyed by the ids it has consumed. `take(prompt)` hands out (and
 removes) the state holding the longest strict prefix of `prompt`; the caller advances it and `put`s it

@@ -1,5 +1,5 @@
-"""Kimi K3's tokenizer (SPEC §7): a tiktoken BPE over `tiktoken.model`, plus the added tokens of
-`tokenizer_config.json`, split by SPEC's pat_str or by a shipped `tokenization_kimi.py`'s (read, never run).
+"""Kimi K3's tokenizer (MODEL.md §7): a tiktoken BPE over `tiktoken.model`, plus the added tokens of
+`tokenizer_config.json`, split by the pat_str of §7 or by a shipped `tokenization_kimi.py`'s (read, never run).
 Raw text only: no BOS is added and chat markup is rendered elsewhere. Checked token for token
 against a tiktoken Encoding built independently from the same files (tests/test_tokenizer.py).
 """
@@ -224,7 +224,7 @@ def load_tokenizer(directory) -> Tokenizer:
     ranks = read_ranks(directory / RANKS_FILE)
     config, added, special_ids = read_tokenizer_config(directory / CONFIG_FILE, len(ranks))
     kimi = directory / KIMI_FILE
-    pat_str, source = (pat_str_from_source(kimi), str(kimi)) if kimi.exists() else (PAT_STR, "SPEC §7")
+    pat_str, source = (pat_str_from_source(kimi), str(kimi)) if kimi.exists() else (PAT_STR, "MODEL.md §7")
     try:
         encoding = tiktoken.Encoding(f"k3:{directory.name}", pat_str=pat_str, mergeable_ranks=ranks,
                                      special_tokens=added)

@@ -194,7 +194,7 @@ def test_sums_from_a_hash_pass_equal_sums_from_reading_each_tensor(tiny_model, t
 
 
 def test_experts_with_scale_bytes_of_255_are_counted_and_named(tiny_model):
-    """SPEC §5: a scale byte of 255 reads its group as zero, and is counted: recorded with the checksums, named in
+    """MODEL.md §5: a scale byte of 255 reads its group as zero, and is counted: recorded with the checksums, named in
     the run report for each expert read that has one (the test model plants one in expert 1's w2)."""
     from k3core.files.aligned_io import aligned_buffer
     from k3core.io.expert_io import ExpertReader, expert_slot_bytes
@@ -214,7 +214,7 @@ def test_experts_with_scale_bytes_of_255_are_counted_and_named(tiny_model):
         ckpt.close()
     assert _nan_scale_line({"expert_nan_scales": [[layer, 1, 1]]}) == [
         f"MXFP4 scale byte 255 (NaN in the OCP spec) in 1 group(s) of 1 expert(s) read, each group read as zero "
-        f"(SPEC §5): layer {layer} expert 1 (1)"]
+        f"(MODEL.md §5): layer {layer} expert 1 (1)"]
 
 
 def test_sums_from_a_hash_pass_are_used_whatever_the_path_given(tiny_model, tmp_path, monkeypatch):

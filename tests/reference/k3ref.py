@@ -1,4 +1,5 @@
-"""Independent float64 reference of the Kimi K3 language model, written from SPEC.md alone.
+"""Independent float64 reference of the Kimi K3 language model, written from the model's
+specification alone (SPEC.md, kept outside this repository; docs/MODEL.md restates it).
 
 It exists to produce oracle fixtures (tests/fixtures/oracles) and to be checked against the
 kimi-k3-in-c op fixtures; it shares no code with k3core and never imports it. It is slow on
@@ -54,7 +55,7 @@ class RefConfig:
     latent_norm: bool = True
 
     def is_mla(self, L: int) -> bool:
-        return (L + 1) in self.full_attn_layers  # SPEC trap: the list is ONE-based
+        return (L + 1) in self.full_attn_layers  # MODEL.md trap: the list is ONE-based
 
     @staticmethod
     def from_dict(raw: dict) -> "RefConfig":
@@ -129,7 +130,7 @@ def rmsnorm(x, w, eps):
 
 
 def situ_glu(g, u, beta, linear_beta):
-    """β·tanh(g/β)·σ(g) · λ·tanh(u/λ). SPEC trap: the sigmoid takes the UNCAPPED g."""
+    """β·tanh(g/β)·σ(g) · λ·tanh(u/λ). MODEL.md trap: the sigmoid takes the UNCAPPED g."""
     return beta * torch.tanh(g / beta) * torch.sigmoid(g) * linear_beta * torch.tanh(u / linear_beta)
 
 
@@ -164,7 +165,7 @@ def l2norm(x):
 
 def kda_decay(z, A_log, dt_bias, heads, lower_bound):
     """g[h,d] = lower_bound · σ(exp(A_log[h]) · (z + dt_bias)[h,d]); α = exp(g).
-    z = f_b(f_a x) [T, P] before dt_bias. SPEC trap: A_log is per HEAD (first `heads` entries).
+    z = f_b(f_a x) [T, P] before dt_bias. MODEL.md trap: A_log is per HEAD (first `heads` entries).
     Returns g [T, heads, D]."""
     T, P = z.shape
     zz = (z + dt_bias).reshape(T, heads, P // heads)
@@ -174,7 +175,7 @@ def kda_decay(z, A_log, dt_bias, heads, lower_bound):
 def kda_recurrence(q, k, v, alpha, beta, state=None):
     """Gated delta rule, one token at a time. q, k [T, h, Dk] (q already scaled by Dk^-½),
     v [T, h, Dv], alpha [T, h, Dk], beta [T, h], state [h, Dk, Dv] (zeros if None).
-    Order (SPEC trap): decay rows → u = Sᵀk → S += k(β(v−u))ᵀ → o = Sᵀq on the UPDATED S."""
+    Order (MODEL.md trap): decay rows → u = Sᵀk → S += k(β(v−u))ᵀ → o = Sᵀq on the UPDATED S."""
     T, h, Dk = k.shape
     Dv = v.shape[-1]
     S = torch.zeros(h, Dk, Dv, dtype=q.dtype) if state is None else state.clone()
@@ -218,7 +219,7 @@ def mla(cfg, W, x, trace=None):
     q = q.reshape(T, nh, nope + rope)  # per head [nope | rope]
     c = x @ W["kv_a_proj_with_mqa.weight"].T  # [T, r + rope]
     latent = rmsnorm(c[:, :r], W["kv_a_layernorm.weight"], cfg.eps)
-    k_rope = c[:, r:]  # [T, rope]: ONE key shared by all heads, never rotated (SPEC trap)
+    k_rope = c[:, r:]  # [T, rope]: ONE key shared by all heads, never rotated (MODEL.md trap)
     kv = (latent @ W["kv_b_proj.weight"].T).reshape(T, nh, nope + dv)
     k = torch.cat([kv[:, :, :nope], k_rope[:, None, :].expand(T, nh, rope)], dim=-1)  # [T, nh, nope+rope]
     v = kv[:, :, nope:]  # [T, nh, dv]
@@ -285,7 +286,7 @@ def attn_res(sources, fold, eps):
 
 
 def decoder_layer(cfg, L, W, h, blocks, trace=None):
-    """SPEC §4.1. h [T, H] = the previous layer's output (the running prefix); blocks: list
+    """MODEL.md §4.1. h [T, H] = the previous layer's output (the running prefix); blocks: list
     of [T, H] snapshots. W: names relative to `layers.{L}.`. Returns (prefix, blocks)."""
     fold_attn = W["self_attention_res_norm.weight"] * W["self_attention_res_proj.weight"].reshape(-1)
     fold_mlp = W["mlp_res_norm.weight"] * W["mlp_res_proj.weight"].reshape(-1)

@@ -4,7 +4,7 @@
 
 OUT.npz: prompt_ids, tf_ids, tf_logits, greedy_ids, greedy_logits, tf_top2_gap,
 greedy_top2_gap, min_top2_gap. OUT.json: provenance (hashes, torch version, command line), the
-teacher-forcing rule, a SPEC §3 check of the checkpoint and how hard its weights hit each trap.
+teacher-forcing rule, a MODEL.md §3 check of the checkpoint and how hard its weights hit each trap.
 Everything is full recomputation; no caches, no k3core.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ def top2_gap(logits: np.ndarray) -> np.ndarray:
 
 
 def expected_tensors(cfg: k3ref.RefConfig) -> dict:
-    """SPEC §3 names (without `language_model.model.`) → (shape, dtype or None = any float)."""
+    """MODEL.md §3 names (without `language_model.model.`) → (shape, dtype or None = any float)."""
     H, V, P, D = cfg.hidden, cfg.vocab, cfg.kda_heads * cfg.kda_dim, cfg.kda_dim
     BF, F32, U8 = "BF16", "F32", "U8"
     e = {"embed_tokens.weight": ([V, H], BF), "norm.weight": ([H], None),
@@ -93,7 +93,7 @@ def expected_tensors(cfg: k3ref.RefConfig) -> dict:
 
 
 def check_checkpoint(model_dir: Path, cfg: k3ref.RefConfig) -> dict:
-    """Names, shapes and dtypes against SPEC §3, read from the headers only."""
+    """Names, shapes and dtypes against MODEL.md §3, read from the headers only."""
     from safetensors import safe_open
     found = {}
     for f in sorted(model_dir.glob("*.safetensors")):
@@ -115,11 +115,11 @@ def check_checkpoint(model_dir: Path, cfg: k3ref.RefConfig) -> dict:
             continue
         got_shape, got_dtype, _ = short[n]
         if shape is not None and got_shape != shape:
-            problems.append(f"{n}: shape {got_shape}, SPEC {shape}")
+            problems.append(f"{n}: shape {got_shape}, expected {shape}")
         if dtype is not None and got_dtype != dtype:
-            problems.append(f"{n}: dtype {got_dtype}, SPEC {dtype}")
+            problems.append(f"{n}: dtype {got_dtype}, expected {dtype}")
         if n.endswith("A_log") and (len(got_shape) != 1 or got_shape[0] < cfg.kda_heads):
-            problems.append(f"{n}: shape {got_shape}, SPEC a vector of >= heads floats")
+            problems.append(f"{n}: shape {got_shape}, expected a vector of >= heads floats")
     dtypes = {}
     for n, (_, dt, _) in short.items():
         kind = n.split(".")[-2] if n.endswith(".weight") else n.split(".")[-1]
@@ -133,7 +133,7 @@ def check_checkpoint(model_dir: Path, cfg: k3ref.RefConfig) -> dict:
 
 
 def trap_report(model: k3ref.RefModel, ids: list) -> dict:
-    """How hard the checkpoint's weights exercise the SPEC traps, measured on one pass."""
+    """How hard the checkpoint's weights exercise the MODEL.md traps, measured on one pass."""
     cfg, W = model.cfg, model.W
     trace = {}
     model.logits(ids, trace)
@@ -191,7 +191,7 @@ def router_min_margin(model: k3ref.RefModel, ids: list) -> float:
 def fp32_check(model: k3ref.RefModel, tf_ids: list, tf_logits: np.ndarray, prompt: list,
                greedy_ids: list, greedy_logits: np.ndarray) -> dict:
     """The same reference in float32: how far plain fp32 arithmetic lands from the oracle,
-    i.e. how well-conditioned this checkpoint is against SPEC §8's 5.1e-4 × max|ref|."""
+    i.e. how well-conditioned this checkpoint is against MODEL.md §8's 5.1e-4 × max|ref|."""
     m32 = k3ref.RefModel(model.cfg, {k: v.float() for k, v in model.W.items()})
     l32 = m32.logits(tf_ids).double().numpy()
     g32 = m32.logits(prompt + greedy_ids[:-1]).double().numpy()[len(prompt) - 1:]  # same prefixes

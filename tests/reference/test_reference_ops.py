@@ -165,7 +165,7 @@ CASES = {
 # moe.out is a sum of a shared-MLP term of magnitude ~180 and a routed term of ~6; one of
 # its 384 elements is -0.0219 after cancellation, where the fixture's own fp32 noise (~4e-5,
 # measured by running this reference in fp32) exceeds abs 1e-5 + rel 1e-4·|x|. For that
-# tensor alone the relative part is taken against max|expected| (as SPEC §8 does for logits).
+# tensor alone the relative part is taken against max|expected| (as MODEL.md §8 does for logits).
 SCALE_RELATIVE = {("moe", "out")}
 
 

@@ -65,7 +65,7 @@ def test_verify_against_the_published_table(k3, tmp_path):
     dest = tmp_path / "released"
     dest.mkdir()
     sizes = published_sizes()
-    assert len(sizes) == 96 and sum(sizes.values()) == 1_560_936_091_448       # SPEC §1
+    assert len(sizes) == 96 and sum(sizes.values()) == 1_560_936_091_448       # MODEL.md §1
     wrong = "model-00042-of-000096.safetensors"
     for name, size in sizes.items():
         with open(dest / name, "wb") as f:                                       # sparse: no disk used
