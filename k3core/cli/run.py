@@ -208,13 +208,9 @@ def check_outputs(args) -> None:
         raise UsageError(f"--dump-trace {args.dump_trace}: not a directory (the trace is two files written into DIR)")
 
 
-def cmd_run(args) -> int:
-    from ..api import Session, load_tokenizer
-    from ..report.run import report_text, run_report
-
-    settle_positionals(args, sys.stdin)
-    config = engine_config_from_args(args)
-    kind, prompt = prompt_source(args)
+def checked_params(args, kind: str):
+    """The sampling parameters the flags ask for, once every flag that does not fit the prompt's kind (text or
+    ids) or another flag is refused, and every output path checked, before anything loads."""
     if (args.chat or args.thinking or args.system) and kind != "text":
         raise UsageError("--chat, --thinking and --system need a text prompt (--prompt or --prompt-file)")
     if args.thinking and not args.chat:
@@ -227,6 +223,37 @@ def cmd_run(args) -> int:
         params = replace(params, json_schema=read_schema(args.json_schema))
     if args.full_recompute and args.speculate:
         raise UsageError("--speculate and --full-recompute do not combine: full recompute forwards every id alone")
+    return params
+
+
+def print_events(events, kind: str):
+    """Print a generation as it streams — the reply on stdout, thinking on stderr, ids as one line at the end for an
+    ids prompt — and return its "done" event."""
+    thought, done = False, None
+    for event in events:
+        if event.kind == "text" and kind == "text":
+            out = sys.stderr if event.channel == "think" else sys.stdout
+            if thought and out is sys.stdout:  # the thinking (stderr) ends on its own line
+                print(file=sys.stderr, flush=True)
+            thought = event.channel == "think"
+            print(visible(event.text) if out.isatty() else event.text, end="", flush=True, file=out)
+        elif event.kind == "done":
+            done = event
+    if kind == "ids":
+        print(" ".join(str(t) for t in done.ids), flush=True)
+    else:
+        print(flush=True)
+    return done
+
+
+def cmd_run(args) -> int:
+    from ..api import Session, load_tokenizer
+    from ..report.run import report_text, run_report
+
+    settle_positionals(args, sys.stdin)
+    config = engine_config_from_args(args)
+    kind, prompt = prompt_source(args)
+    params = checked_params(args, kind)
     speculate = speculation_from_args(args)
     start = time.perf_counter()
     with open_engine(config) as engine:
@@ -241,21 +268,8 @@ def cmd_run(args) -> int:
         events = session.generate(ids, params, stop_ids=stop_ids, channel=channel, full_recompute=args.full_recompute,
                                   observers=[logits, disks] + ([trace] if trace else []), speculation=speculate,
                                   grammar=grammar)
-        thought = False
-        for event in events:
-            if event.kind == "text" and kind == "text":
-                out = sys.stderr if event.channel == "think" else sys.stdout
-                if thought and out is sys.stdout:  # the thinking (stderr) ends on its own line
-                    print(file=sys.stderr, flush=True)
-                thought = event.channel == "think"
-                print(visible(event.text) if out.isatty() else event.text, end="", flush=True, file=out)
-            elif event.kind == "done":
-                done = event
+        done = print_events(events, kind)
         generated = done.ids
-        if kind == "ids":
-            print(" ".join(str(t) for t in generated), flush=True)
-        else:
-            print(flush=True)
         report = run_report(engine, ids, generated, done.stats, load_seconds,
                             "full-recompute" if args.full_recompute else "incremental")
         report.update(disks.report(), threads=args.threads, stop_reason=done.reason, seed=done.stats["seed"],
