@@ -9,33 +9,20 @@ from __future__ import annotations
 
 import hmac
 import json
-import re
 import secrets
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from .anthropic_schema import messages_request
-from .app import Api, ToolCallWatch, _events_or_cancel, _reply, guarded, read_json, whole_reply
-from .schema import ApiError, ChatRequest
+from .api import Api, ToolCallWatch, chat_job, chat_reply, events_or_cancel, guarded, read_json, whole_reply
+from .schema import ApiError
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                413: "request_too_large", 429: "overloaded_error", 500: "api_error", 503: "overloaded_error"}
 OVERLOADED = 529  # Anthropic's status for "try again later": the queue is full (429 in the OpenAI dialect)
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}  # else end_turn, or stop_sequence
 BLOCKS = {"think": "thinking", "response": "text"}  # the XTML channel -> the content block it fills
-
-
-def chat_job(api: Api, req: ChatRequest, places: list[str]):
-    """chat completions' job for `req`; an error in a rendered message names where the body holds it."""
-    try:
-        return api.chat_job(req)
-    except ApiError as err:
-        at = re.match(r"messages\[(\d+)\]", err.param or "")
-        if at:
-            err.param = places[int(at[1])]
-            err.message = f"{err.param}: {err.message.partition(': ')[2]}"
-        raise
 
 
 # ---- the reply --------------------------------------------------------------------------------------------
@@ -60,7 +47,7 @@ class Reply:
     def __init__(self, api: Api, job, mode: str):
         self.api, self.job, self.mode = api, job, mode
         self.content: list[dict] = []
-        self.texts: dict[str, list[str]] = {}   # by channel, as chat completions' _reply reads them
+        self.texts: dict[str, list[str]] = {}   # by channel, as chat completions' chat_reply reads them
         self.calls = ToolCallWatch(api, job, mode)  # a tool call becomes a block as soon as its element closes
         self.open: str | None = None            # the kind of the block still open (thinking, text)
         self.stop_reason = self.stop_sequence = None
@@ -111,7 +98,7 @@ class Reply:
         return [_event("content_block_stop", index=len(self.content) - 1)]
 
     def _done(self, reason: str, stats: dict) -> list[bytes]:
-        message, finish = _reply(self.api, self.job, self.mode, stats, reason, self.texts)
+        message, finish = chat_reply(self.api, self.job, self.mode, stats, reason, self.texts)
         out = self._tool_uses(self.calls.rest(message)) + self._close()
         matched = self.job.text.stops.stop if self.job.text is not None else None
         self.stop_reason = STOP_REASONS.get(finish) or ("stop_sequence" if matched is not None else "end_turn")
@@ -126,7 +113,7 @@ async def _stream(request, events, job, reply: Reply, head: dict):
     yield _event("message_start", message={**head, "content": [], "stop_reason": None, "stop_sequence": None,
                                            "usage": {"input_tokens": len(job.prompt), "output_tokens": 0}})
     yield _event("ping")
-    async for event in _events_or_cancel(request, events, job):
+    async for event in events_or_cancel(request, events, job):
         if event[0] == "error":
             yield _event("error", error=_error(event[1]))
         for chunk in reply.feed(event):

@@ -38,9 +38,9 @@ def _stream(url: str, model: str, topic: str, max_tokens: int) -> tuple[str, int
 def run_bench(config, concurrent: int, max_tokens: int) -> dict:
     from k3core import load_tokenizer, open_engine
 
-    from .app import ApiOptions
+    from .api import ApiOptions
+    from .app import build_app
     from .http import listen, model_id
-    from .plugin import build_app
     from .worker import EngineSlot, Worker
 
     engine = open_engine(config.replace(sequences=max(concurrent, config.sequences), kept_states=0))

@@ -1,6 +1,8 @@
-"""Where `k3 serve` listens and who may call it: 127.0.0.1 by default; any other address only with an API
-key (--api-key or K3_API_KEY), else it refuses to start. The key is never printed or logged. How long a
-client may take to send a request (`Timeouts`, enforced by serve/deadlines.py); `k3 ui` listens the same way."""
+"""Where `k3 serve` and `k3 ui` listen and who may call them. One host policy (`check_host`): 127.0.0.1 by
+default, any loopback address always, any other only when the command's guard is present — for `k3 serve` an
+API key (--api-key or K3_API_KEY), for `k3 ui` its --i-know-this-exposes-the-model — else it refuses to start,
+naming the guard. The key is never printed or logged. How long a client may take to send a request (`Timeouts`,
+enforced by serve/deadlines.py). The server flags both commands take (`add_server_arguments`)."""
 from __future__ import annotations
 
 import argparse
@@ -41,14 +43,18 @@ def api_key(given: str | None) -> str | None:
     return key
 
 
-def check_host(host: str | None, key: str | None) -> str:
-    """The address to bind: loopback, or another address when an API key guards it."""
+KEY_GUARD = "an API key"  # what `k3 serve` needs to listen beyond loopback, and how to give it:
+HOW_TO_SET_A_KEY = f"Set {KEY_ENV} (or --api-key) to a secret; clients then send `Authorization: Bearer KEY`"
+
+
+def check_host(host: str | None, guarded: bool, guard: str, how_to_allow: str) -> str:
+    """The address to bind (None: 127.0.0.1): a loopback address always; any other only when the caller's
+    guard is present (`guarded`), else a UsageError naming the guard (`guard`) and how to add it."""
     host = host or "127.0.0.1"
-    if is_loopback(host) or key is not None:
+    if is_loopback(host) or guarded:
         return host
-    raise UsageError(f"refusing to listen on {host} without an API key: anyone who can reach it could use the model. "
-                     f"Set {KEY_ENV} (or --api-key) to a secret; clients then send `Authorization: Bearer KEY`. The "
-                     "default, 127.0.0.1, is this machine only")
+    raise UsageError(f"refusing to listen on {host} without {guard}: anyone who can reach it could use the model. "
+                     f"{how_to_allow}. The default, 127.0.0.1, is this machine only")
 
 
 @dataclass(frozen=True)
@@ -82,8 +88,25 @@ def seconds(text: str) -> float:
     return value
 
 
-def add_listening_arguments(group, default_port: int) -> None:
-    """--port and the two request timeouts, as `k3 serve` and `k3 ui` take them."""
+def positive_int(text: str) -> int:
+    """An argparse type: a count of at least 1 (a server-only count: the engine's own flags are checked by
+    EngineConfig, named as flags)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_server_arguments(group, default_port: int, host_guard: str, keep_states_help: str) -> None:
+    """The server flags `k3 serve` and `k3 ui` both take: --host (any address but loopback also needs
+    `host_guard`, as check_host refuses it), --port, the two request timeouts, --api-key (for the /v1 routes),
+    --queue-size and --keep-states (what the kept decode states serve: `keep_states_help`). --access-log is
+    k3core's (add_logging_arguments); each command adds its own flags to `group` after these."""
+    group.add_argument("--host", metavar="ADDR",
+                       help=f"address to listen on (default 127.0.0.1); any other needs {host_guard}")
     group.add_argument("--port", type=port_number, default=default_port, metavar="N",
                        help=f"port, 1..65535 (default {default_port})")
     group.add_argument("--header-timeout", type=seconds, default=Timeouts.header, metavar="S",
@@ -93,6 +116,14 @@ def add_listening_arguments(group, default_port: int) -> None:
     group.add_argument("--body-timeout", type=seconds, default=Timeouts.body, metavar="S",
                        help=f"a request's body must arrive whole within S seconds of its headers; slower clients get "
                             f"408 and are disconnected (default {Timeouts.body:g})")
+    group.add_argument("--api-key", metavar="KEY",
+                       help=f"the /v1 routes ask for `Authorization: Bearer KEY` (prefer {KEY_ENV}: a flag shows in "
+                            f"the process list); at least {MIN_KEY_CHARS} characters. Without one, /v1 is served on "
+                            "loopback only")
+    group.add_argument("--queue-size", type=positive_int, default=16, metavar="N",
+                       help="requests that may wait for the engine (default 16); more are turned away (429 with "
+                            "Retry-After on /v1)")
+    group.add_argument("--keep-states", type=int, default=2, metavar="N", help=keep_states_help)
 
 
 def timeouts_from_args(args) -> Timeouts:

@@ -12,7 +12,7 @@ from k3core.cli.options import (EXIT_CODES, add_engine_arguments, add_logging_ar
 from k3core.report.logs import configure_logging
 from k3core.plugin_api import hookimpl
 
-from .http import KEY_ENV, Timeouts, add_listening_arguments, timeouts_from_args
+from .http import KEY_ENV, KEY_GUARD, Timeouts, add_server_arguments, positive_int, timeouts_from_args
 
 
 @dataclass(frozen=True)
@@ -30,37 +30,16 @@ class ServeOptions:
     timeouts: Timeouts = Timeouts()  # for a request's headers, then its body
 
 
-def build_app(worker, api_options):
-    """The FastAPI app `k3 serve` runs: the API routes, and OpenAI-shaped 404/405 for anything else."""
-    import fastapi
-    from fastapi.responses import JSONResponse
-    from starlette.exceptions import HTTPException
-
-    from .app import api_router
-    from .schema import ApiError
-
-    app = fastapi.FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
-    app.include_router(api_router(worker, api_options))
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request, exc):
-        status = exc.status_code
-        message = f"no route {request.method} {request.url.path}" if status in (404, 405) else str(exc.detail)
-        return JSONResponse(ApiError(status, message, code="unknown_url" if status == 404 else None).body(),
-                            status_code=status)
-
-    return app
-
-
 def serve(config, opts: ServeOptions, speculation=lambda: None) -> int:
     from k3core import load_tokenizer, open_engine
 
-    from .app import ApiOptions
-    from .http import api_key, check_host, is_loopback, listen, model_id, warn_exposed
+    from .api import ApiOptions
+    from .app import build_app
+    from .http import HOW_TO_SET_A_KEY, api_key, check_host, is_loopback, listen, model_id, warn_exposed
     from .worker import EngineSlot, Worker
 
     key = api_key(opts.api_key)
-    host = check_host(opts.host, key)  # refused before the model loads
+    host = check_host(opts.host, key is not None, KEY_GUARD, HOW_TO_SET_A_KEY)  # refused before the model loads
     engine = open_engine(config, on_plan=lambda plan: print(plan.text(), file=sys.stderr))
     try:
         slot = EngineSlot(engine, load_tokenizer(config.tokenizer or config.model))
@@ -103,17 +82,6 @@ def cmd_serve(args) -> int:
                  speculation=lambda: speculation_from_args(args))
 
 
-def _positive(text: str) -> int:
-    """A server-only count (the engine's own flags are checked by EngineConfig, named as flags)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "serve", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -132,28 +100,22 @@ def add_parser(sub) -> argparse.ArgumentParser:
                "       k3 serve /models/K3 --trunk /models/K3-trunk --host 0.0.0.0\n\n" + EXIT_CODES)
     add_engine_arguments(p)
     g = p.add_argument_group("server")
-    g.add_argument("--host", metavar="ADDR", help="address to listen on (default 127.0.0.1); any other needs an API key")
-    add_listening_arguments(g, default_port=8000)
-    g.add_argument("--api-key", metavar="KEY", help=f"require `Authorization: Bearer KEY` (prefer {KEY_ENV}: a flag "
-                   "shows in the process list); at least 16 characters")
+    add_server_arguments(g, default_port=8000, host_guard=KEY_GUARD,
+                         keep_states_help="decode states kept so follow-up turns forward only their new tokens "
+                                          "(default 2; the memory plan counts them)")
     g.add_argument("--sequences", type=int, default=4, metavar="N",
                    help="requests advanced together in one forward pass (default 4; the memory plan holds a decode "
                         "state for each)")
-    g.add_argument("--queue-size", type=_positive, default=16, metavar="N",
-                   help="requests that may wait for a place (default 16); more get 429 with Retry-After")
-    g.add_argument("--keep-states", type=int, default=2, metavar="N",
-                   help="decode states kept so follow-up turns forward only their new tokens (default 2; the memory "
-                        "plan counts them)")
-    g.add_argument("--max-tokens", type=_positive, default=1024, metavar="N",
+    g.add_argument("--max-tokens", type=positive_int, default=1024, metavar="N",
                    help="reply length for a request that names no max_tokens (default 1024; never past the context)")
-    g.add_argument("--max-body-bytes", type=_positive, default=4 << 20, metavar="N",
+    g.add_argument("--max-body-bytes", type=positive_int, default=4 << 20, metavar="N",
                    help="larger request bodies get 413 (default 4 MiB)")
     add_speculation_arguments(p)
     g = p.add_argument_group("benchmark (instead of serving clients)")
-    g.add_argument("--bench", type=_positive, metavar="N", help="serve N streaming chat requests one after another, "
+    g.add_argument("--bench", type=positive_int, metavar="N", help="serve N streaming chat requests one after another, "
                    "then all at once, on a loopback port; print the aggregate tokens/s of each and whether every "
                    "reply was the same")
-    g.add_argument("--bench-tokens", type=_positive, default=32, metavar="N", help="tokens per reply (default 32)")
+    g.add_argument("--bench-tokens", type=positive_int, default=32, metavar="N", help="tokens per reply (default 32)")
     g.add_argument("--json", action="store_true", help="print the benchmark as JSON")
     add_logging_arguments(p, access_log=True)
     p.set_defaults(func=cmd_serve)

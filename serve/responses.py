@@ -21,8 +21,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from k3core.text.channels import Channels
 from k3core.text.chat import tool_call_markup
 
-from .anthropic import chat_job
-from .app import Api, ToolCallWatch, _events_or_cancel, _reply, check_key, guarded, read_json, whole_reply
+from .api import (Api, ToolCallWatch, chat_job, chat_reply, check_key, events_or_cancel, guarded, read_json,
+                  whole_reply)
 from .logprobs import chat_logprobs
 from .responses_schema import Conversation, responses_request
 from .schema import ApiError, _bad, _bool
@@ -110,7 +110,7 @@ class Output:
         self.api, self.job, self.mode, self.head = api, job, mode, head
         self.conversation, self.stored = conversation, stored
         self.items: list[dict] = []
-        self.texts: dict[str, list[str]] = {}   # by channel, as chat completions' _reply reads them
+        self.texts: dict[str, list[str]] = {}   # by channel, as chat completions' chat_reply reads them
         self.calls = ToolCallWatch(api, job, mode)  # a tool call becomes an item as soon as its element closes
         self.logprobs = AnswerLogprobs(api, job)    # none come unless the job computes them
         self.open: str | None = None            # the channel of the item still open (think, response)
@@ -194,7 +194,7 @@ class Output:
         return out
 
     def _done(self, reason: str, stats: dict) -> list[dict]:
-        message, finish = _reply(self.api, self.job, self.mode, stats, reason, self.texts)
+        message, finish = chat_reply(self.api, self.job, self.mode, stats, reason, self.texts)
         cut = finish == "length"
         out = self._close("incomplete" if cut else "completed")
         out += self._calls(self.calls.rest(message))
@@ -248,7 +248,7 @@ async def _stream(request, events, job, output: Output):
 
     yield frame({"type": "response.created", "response": output.response()})
     yield frame({"type": "response.in_progress", "response": output.response()})
-    async for event in _events_or_cancel(request, events, job):
+    async for event in events_or_cancel(request, events, job):
         if event[0] == "error":
             err = event[1]
             yield frame({"type": "error", "code": err.code, "message": err.message, "param": err.param})

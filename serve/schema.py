@@ -5,18 +5,14 @@ naming it (`param`). Text is the only content kind: a non-text part is refused b
 """
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
-from k3core import LimitError, SchemaError
-from k3core.files.limits import loads_limited
-from k3core.text.chat import tool_call_markup
+from k3core import SchemaError
+from k3core.text.openai_messages import TOOL_NAME, MessageError, k3_messages, tool_arguments
 from k3core.text.structured import schema_text
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
-TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_STOP = 4  # stop sequences per request, as OpenAI allows
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI allows
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' logprobs, as OpenAI allows
@@ -115,17 +111,17 @@ def _string(block: dict, key: str, path: str) -> str:
     return value
 
 
+def _invalid(exc: MessageError) -> ApiError:
+    """k3core's reading of a field refused: a 400 naming the field."""
+    return ApiError(400, str(exc), param=exc.param, code="invalid_value")
+
+
 def _arguments(text, param: str) -> dict:
     """A tool call's arguments: a JSON object given as a string (within the JSON limits), or a 400 naming `param`."""
     try:
-        parsed = loads_limited(text, param) if isinstance(text, str) else None
-    except json.JSONDecodeError:
-        parsed = None
-    except LimitError as exc:
-        raise ApiError(400, str(exc), param=param, code="invalid_value") from None
-    if not isinstance(parsed, dict):
-        raise _bad(param, "must be a JSON object, as a string")
-    return parsed
+        return tool_arguments(text, param)
+    except MessageError as exc:
+        raise _invalid(exc) from None
 
 
 def _bool(body: dict, name: str, default: bool = False) -> bool:
@@ -215,35 +211,6 @@ def _include_usage(body: dict) -> bool:
     return _bool(opts, "include_usage") if "include_usage" in opts else False
 
 
-def _text(content, where: str) -> str:
-    """A message's content: a string, null, or a list of text parts joined."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        out = []
-        for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise _bad(f"{where}.content[{j}]", f"only text parts are served, got {kind!r}")
-            out.append(part["text"])
-        return "".join(out)
-    raise _bad(f"{where}.content", f"must be a string or a list of text parts, got {type(content).__name__}")
-
-
-def _tool_calls(calls, where: str) -> list[tuple[str, dict]]:
-    if not isinstance(calls, list):
-        raise _bad(f"{where}.tool_calls", "must be a list")
-    out = []
-    for j, call in enumerate(calls):
-        fn = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not TOOL_NAME.match(fn["name"]):
-            raise _bad(f"{where}.tool_calls[{j}].function.name", "must be a tool name (letters, digits, _ and -)")
-        out.append((fn["name"], _arguments(fn.get("arguments") or "{}", f"{where}.tool_calls[{j}].function.arguments")))
-    return out
-
-
 K3_NAMES = {"thinking": "reasoning_content", "tools": "tool_calls"}  # an assistant's fields: k3's name -> OpenAI's
 
 
@@ -254,41 +221,11 @@ def request_param(param: str) -> str:
 
 
 def _messages(body: dict) -> tuple[dict, ...]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _bad("messages", "must be a non-empty list of messages")
-    out, names = [], {}  # tool_call_id -> the tool's name, from the assistant turns before
-    for i, m in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise _bad(where, "must be an object with role and content")
-        role = m.get("role")
-        if role == "developer":
-            role = "system"
-        if role in ("system", "user"):
-            out.append({"role": role, "content": _text(m.get("content"), where)})
-        elif role == "assistant":
-            msg = {"role": "assistant", "content": _text(m.get("content"), where)}
-            thinking = m.get("reasoning_content")
-            if thinking is not None:
-                if not isinstance(thinking, str):
-                    raise _bad(f"{where}.reasoning_content", "must be a string")
-                msg["thinking"] = thinking
-            if m.get("tool_calls"):
-                calls = _tool_calls(m["tool_calls"], where)
-                msg["tools"] = tool_call_markup(calls)
-                for call, (name, _) in zip(m["tool_calls"], calls):
-                    if isinstance(call.get("id"), str):
-                        names[call["id"]] = name
-            out.append(msg)
-        elif role == "tool":
-            name = m.get("name") or names.get(m.get("tool_call_id"))
-            if name is not None and (not isinstance(name, str) or not TOOL_NAME.match(name)):
-                raise _bad(f"{where}.name", "must be a tool name (letters, digits, _ and -)")
-            out.append({"role": "tool", "content": _text(m.get("content"), where), "name": name})
-        else:
-            raise _bad(f"{where}.role", f"must be system, developer, user, assistant or tool, got {role!r}")
-    return tuple(out)
+    """The request's messages as k3's (k3core/text/openai_messages.py, the one reading of them)."""
+    try:
+        return tuple(k3_messages(body.get("messages")))
+    except MessageError as exc:
+        raise _invalid(exc) from None
 
 
 def _tools(body: dict) -> tuple[tuple[dict, ...], str | None]:

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from k3core import load_tokenizer
-from k3core.cli.bench_transcripts import acceptance, k3_messages, pass_cost, read_conversations, scored_turns
+from k3core.cli.bench_transcripts import acceptance, pass_cost, read_conversations, scored_turns
 from k3core.cli.main import main
 from k3core.plugin_api import DraftSource
+from k3core.text.chat import tool_call_markup
+from k3core.text.openai_messages import MessageError, k3_messages
 
 DEMO = Path(__file__).resolve().parents[1] / "wizard" / "data" / "demo-model"
 CALL = {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "notes.txt"}'}}
@@ -75,11 +77,31 @@ def test_turns_are_the_assistant_messages_as_rendered(turns, tokenizer):
     assert tokenizer.decode(turns[3].reply).startswith("Hello! How can I help?<|close|>response")
 
 
-def test_messages_are_read_as_the_server_reads_them():
-    from serve.schema import chat_request
+def test_messages_are_read_by_the_one_converter_the_server_uses_too(transcripts):
+    """k3core.text.openai_messages reads OpenAI chat messages into k3's (developer is system, text parts joined,
+    reasoning_content is thinking, tool_calls k3's markup, a tool message named after its call); a transcript
+    line and a chat request get exactly that, and a refusal names the field in both (the server's 400 too)."""
+    from serve.schema import ApiError, chat_request
 
-    for c in CONVERSATIONS:
-        assert tuple(k3_messages(c["messages"])) == chat_request({"model": "m", "messages": c["messages"]}, 64).messages
+    want = [{"role": "system", "content": "You can call read_file(path)."},
+            {"role": "user", "content": "What is in notes.txt?"},
+            {"role": "assistant", "content": "", "tools": tool_call_markup([("read_file", {"path": "notes.txt"})])},
+            {"role": "tool", "content": '{"text": "buy milk, call Ann"}', "name": "read_file"},
+            {"role": "assistant", "content": 'It says: "buy milk, call Ann".'}]
+    assert k3_messages(CONVERSATIONS[1]["messages"]) == want
+    assert read_conversations(transcripts)[1].messages == want
+    assert chat_request({"model": "m", "messages": CONVERSATIONS[1]["messages"]}, 64).messages == tuple(want)
+    parts = [{"role": "developer", "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}]},
+             {"role": "assistant", "content": None, "reasoning_content": "Hm."}]
+    assert k3_messages(parts) == [{"role": "system", "content": "Be brief."},
+                                  {"role": "assistant", "content": "", "thinking": "Hm."}]
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    with pytest.raises(MessageError) as refused:
+        k3_messages(image)
+    assert str(refused.value) == "messages[0].content[0]: only text parts are served, got 'image_url'"
+    with pytest.raises(ApiError) as api:
+        chat_request({"model": "m", "messages": image}, 64)
+    assert (api.value.status, api.value.param, api.value.message) == (400, refused.value.param, str(refused.value))
 
 
 @pytest.mark.parametrize("k", [1, 2, 4])

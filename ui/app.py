@@ -15,11 +15,11 @@ from k3core.format.notes import model_note
 from k3core.units import human
 
 from .chat import Chats
-from .server import session_key
 from .engine_panel import Monitor
 from .guard import Guard
 from .host import EngineHost
 from .messages import turn_note
+from .session import session_key
 from .setup_tab import setup_tab
 from .tabs import memory_tab, plugins_markdown, plugins_tab
 

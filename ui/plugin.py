@@ -11,7 +11,7 @@ from k3core.cli.options import (EXIT_CODES, add_engine_arguments, add_logging_ar
 from k3core.report.logs import configure_logging
 from k3core.plugin_api import hookimpl
 
-from serve.http import add_listening_arguments, timeouts_from_args
+from serve.http import add_server_arguments, timeouts_from_args
 
 from .guard import ADMIN_FLAG
 from .server import EXPOSE_FLAG, ServerOptions
@@ -46,9 +46,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                f"  k3 ui /models/K3 --host 0.0.0.0 {EXPOSE_FLAG} --auth me:secret\n\n" + EXIT_CODES)
     add_engine_arguments(p)
     g = p.add_argument_group("server")
-    add_listening_arguments(g, default_port=7860)
-    g.add_argument("--host", metavar="ADDR", help="address to listen on (default 127.0.0.1); anything but loopback "
-                   f"also needs {EXPOSE_FLAG}")
+    add_server_arguments(g, default_port=7860, host_guard=EXPOSE_FLAG,
+                         keep_states_help="browser sessions whose decode state stays in memory (default 2; about "
+                                          "0.69 GB each on the real model, counted in the memory plan); others "
+                                          "recompute their history on their next turn")
     g.add_argument(EXPOSE_FLAG, dest="expose", action="store_true",
                    help="allow --host to be a non-loopback address (prints a warning)")
     g.add_argument("--auth", metavar="USER:PASSWORD", help="require this login (or set K3_UI_AUTH); the password "
@@ -58,14 +59,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "actions that write files or change what every session sees (implied by --auth)")
     g.add_argument("--models-root", metavar="DIR", help="the only directory the Setup tab may write under "
                    "(default: the directory k3 ui starts in)")
-    g.add_argument("--api-key", metavar="KEY", help="the OpenAI API this page also serves under /v1 asks for "
-                   "`Authorization: Bearer KEY` (prefer K3_API_KEY); without one it is served on loopback only")
-    g.add_argument("--queue-size", type=int, default=16, metavar="N",
-                   help="requests that may wait for the engine at once (default 16); more are turned away")
-    g.add_argument("--keep-states", type=int, default=2, metavar="N",
-                   help="browser sessions whose decode state stays in memory (default 2; about 0.69 GB each on "
-                        "the real model, counted in the memory plan); others recompute their history on their next "
-                        "turn")
     g = p.add_argument_group("chat")
     g.add_argument("--tok", metavar="DIR", help="tokenizer directory (default: MODEL_DIR)")
     add_speculation_arguments(p)

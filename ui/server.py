@@ -3,14 +3,15 @@ with --host AND --i-know-this-exposes-the-model, and then with a printed warning
 K3_UI_AUTH) adds a login whose password is never printed; never a public share link.
 
 The page is served by our own FastAPI app (Gradio mounted at /) under uvicorn, so that every browser
-gets a server-issued, unguessable session cookie: a conversation belongs to the cookie that started it
-(and the tab), never to an id a client chooses. Checked by tests/ui/test_server.py.
+gets a server-issued, unguessable session cookie (ui/session.py): a conversation belongs to the cookie that
+started it (and the tab), never to an id a client chooses. This module assembles: it builds the page
+(ui/app.py) and the OpenAI routes (serve/app.py) over one engine and serves them. Checked by
+tests/ui/test_server.py.
 """
 from __future__ import annotations
 
 import logging
 import os
-import secrets
 import sys
 import time
 from dataclasses import dataclass
@@ -18,11 +19,13 @@ from pathlib import Path
 
 from k3core import EngineConfig, UsageError
 
-from serve.http import api_key as read_api_key
 from serve.http import Listening, Timeouts, is_loopback, listen
+from serve.http import api_key as read_api_key
+from serve.http import check_host as check_listening_host
 
 from .guard import Guard
 from .host import EngineHost
+from .session import session_cookie_middleware
 
 EXPOSE_FLAG = "--i-know-this-exposes-the-model"
 log = logging.getLogger("k3.ui")
@@ -46,15 +49,10 @@ class ServerOptions:
 
 
 def check_host(host: str | None, expose: bool) -> str:
-    """The address to bind: loopback unless exposing was asked for explicitly."""
-    host = host or "127.0.0.1"
-    if is_loopback(host):
-        return host
-    if not expose:
-        raise UsageError(f"refusing to listen on {host}: anyone who can reach it could use the model and this "
-                         f"machine. Add {EXPOSE_FLAG} if you mean it (and --auth USER:PASSWORD); the default is "
-                         "127.0.0.1, this machine only")
-    return host
+    """The address to bind, by serve/http.py's one host policy with `k3 ui`'s guard: loopback, or another
+    address when exposing it was asked for explicitly (EXPOSE_FLAG)."""
+    return check_listening_host(host, expose, EXPOSE_FLAG,
+                                f"Add {EXPOSE_FLAG} if you mean it (and --auth USER:PASSWORD)")
 
 
 def parse_auth(text: str | None) -> tuple[str, str] | None:
@@ -64,34 +62,6 @@ def parse_auth(text: str | None) -> tuple[str, str] | None:
     if not sep or not user or not password:
         raise UsageError("--auth takes USER:PASSWORD (both non-empty); K3_UI_AUTH takes the same")
     return user, password
-
-
-SESSION_COOKIE = "k3_session"
-
-
-def session_cookie_middleware(app) -> None:
-    """Give every client without one a random session cookie (HttpOnly, SameSite=Strict); the request that
-    sets it already carries it, so its first event has a session too."""
-
-    @app.middleware("http")
-    async def issue(request, call_next):
-        if request.cookies.get(SESSION_COOKIE) is None:
-            token = secrets.token_urlsafe(24)
-            cookie = f"{SESSION_COOKIE}={token}".encode()
-            headers = [(k, v) for k, v in request.scope["headers"] if k != b"cookie"]
-            old = request.headers.get("cookie")
-            request.scope["headers"] = headers + [(b"cookie", cookie + (b"; " + old.encode() if old else b""))]
-            response = await call_next(request)
-            response.set_cookie(SESSION_COOKIE, token, httponly=True, samesite="strict", path="/")
-            return response
-        return await call_next(request)
-
-
-def session_key(request) -> str:
-    """Whose conversation an event belongs to: the server-issued cookie, then the tab. Without the cookie
-    (a client that drops cookies) the event gets a conversation of its own that nobody else can reach."""
-    cookie = request.cookies.get(SESSION_COOKIE) if request is not None else None
-    return f"{cookie or secrets.token_urlsafe(24)}/{getattr(request, 'session_hash', None) or '-'}"
 
 
 def launch(demo, host: str, port: int, auth: tuple[str, str] | None = None, block: bool = True,
@@ -142,7 +112,8 @@ def openai_routes(host: EngineHost, opts: ServerOptions, key: str | None):
     turns, between passes. They keep no decode state between requests — the page's sessions hold the
     --keep-states the plan counts; `k3 serve` is the one for clients whose follow-ups should reuse theirs.
     Returns (the worker, the APIRouter)."""
-    from serve.app import ApiOptions, api_router
+    from serve.api import ApiOptions
+    from serve.app import api_router
     from serve.worker import Worker
 
     worker = Worker(host, queue_size=opts.queue_size, keep_states=0, speculation=host.speculation)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -31,15 +30,15 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from ..errors import UsageError
+from ..text.openai_messages import MessageError, k3_messages
 
 KS = ("1", "2", "4", "8", "auto")
 DEFAULT_SOURCES = "ngram,suffix"
 TRANSCRIPTS_BYTES = 64 << 20  # a transcripts file is read whole
-TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as the server accepts a tool call's name
 UNLABELLED = "unlabelled"  # the kind of a conversation without one
 
 
-# ---- reading: JSONL -> k3 chat messages ----------------------------------------------------------------------
+# ---- reading: JSONL -> k3 chat messages, as the server reads a request's (k3core/text/openai_messages.py) ---
 
 @dataclass(frozen=True)
 class Conversation:
@@ -83,82 +82,10 @@ def parsed_line(path, number: int, doc) -> Conversation:
     kind = doc.get("kind", UNLABELLED)
     if not isinstance(kind, str) or not kind:
         raise BadLine(path, number, "kind", "must be a non-empty string")
-    messages = doc.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadLine(path, number, "messages", "must be a non-empty list of messages")
     try:
-        return Conversation(number, kind, k3_messages(messages))
-    except FieldError as exc:
-        raise BadLine(path, number, exc.field, exc.problem) from None
-
-
-class FieldError(Exception):
-    def __init__(self, field: str, problem: str):
-        super().__init__(f"{field}: {problem}")
-        self.field, self.problem = field, problem
-
-
-def k3_messages(messages: list) -> list[dict]:
-    """OpenAI chat messages as the server reads them into k3's: developer is system, text parts are joined,
-    tool_calls become k3's call markup, a tool message is named after the call it answers."""
-    from ..text.chat import tool_call_markup
-
-    out, names = [], {}  # tool_call_id -> the tool's name
-    for i, m in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise FieldError(where, "must be an object with role and content")
-        role = "system" if m.get("role") == "developer" else m.get("role")
-        if role in ("system", "user"):
-            out.append({"role": role, "content": content_text(m.get("content"), where)})
-        elif role == "assistant":
-            msg = {"role": "assistant", "content": content_text(m.get("content"), where)}
-            if m.get("reasoning_content") is not None:
-                if not isinstance(m["reasoning_content"], str):
-                    raise FieldError(f"{where}.reasoning_content", "must be a string")
-                msg["thinking"] = m["reasoning_content"]
-            if m.get("tool_calls"):
-                calls = tool_calls(m["tool_calls"], where)
-                msg["tools"] = tool_call_markup(calls)
-                names.update((c["id"], name) for c, (name, _) in zip(m["tool_calls"], calls)
-                             if isinstance(c.get("id"), str))
-            out.append(msg)
-        elif role == "tool":
-            name = m.get("name") or names.get(m.get("tool_call_id"))
-            if name is not None and not (isinstance(name, str) and TOOL_NAME.match(name)):
-                raise FieldError(f"{where}.name", "must be a tool name (letters, digits, _ and -)")
-            out.append({"role": "tool", "content": content_text(m.get("content"), where), "name": name})
-        else:
-            raise FieldError(f"{where}.role", f"must be system, developer, user, assistant or tool, got {role!r}")
-    return out
-
-
-def content_text(content, where: str) -> str:
-    """A message's content: a string, null, or a list of text parts joined."""
-    if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                         and isinstance(p.get("text"), str) for p in content):
-        return "".join(p["text"] for p in content)
-    raise FieldError(f"{where}.content", "must be a string, null or a list of text parts")
-
-
-def tool_calls(calls, where: str) -> list[tuple[str, dict]]:
-    if not isinstance(calls, list):
-        raise FieldError(f"{where}.tool_calls", "must be a list")
-    out = []
-    for j, call in enumerate(calls):
-        fn = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not TOOL_NAME.match(fn["name"]):
-            raise FieldError(f"{where}.tool_calls[{j}].function.name", "must be a tool name (letters, digits, _ and -)")
-        try:
-            arguments = json.loads(fn.get("arguments") or "{}")
-        except (TypeError, json.JSONDecodeError):
-            arguments = None
-        if not isinstance(arguments, dict):
-            raise FieldError(f"{where}.tool_calls[{j}].function.arguments", "must be a JSON object, as a string")
-        out.append((fn["name"], arguments))
-    return out
+        return Conversation(number, kind, k3_messages(doc.get("messages")))
+    except MessageError as exc:
+        raise BadLine(path, number, exc.param, exc.problem) from None
 
 
 # ---- rendering: the scored turns -------------------------------------------------------------------------------

@@ -309,8 +309,8 @@ def serve_client(engine, tiny_model):
     from fastapi.testclient import TestClient
 
     from k3core import load_tokenizer
-    from serve.app import ApiOptions
-    from serve.plugin import build_app
+    from serve.api import ApiOptions
+    from serve.app import build_app
     from serve.worker import EngineSlot, Worker
 
     worker = Worker(EngineSlot(engine, load_tokenizer(tiny_model)), queue_size=4, keep_states=0)

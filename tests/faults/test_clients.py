@@ -19,9 +19,9 @@ import pytest
 from k3core import EngineConfig, load_tokenizer, open_engine
 from k3core.text.chat import render as render_chat
 from k3core.cli.main import main
-from serve.app import ApiOptions, api_router
+from serve.api import ApiOptions
+from serve.app import api_router, build_app
 from serve.http import Timeouts, listen
-from serve.plugin import build_app
 from serve.worker import EngineSlot, Worker
 
 from ..conftest import DEMO_MODEL

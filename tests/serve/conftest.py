@@ -7,9 +7,9 @@ import openai
 import pytest
 
 from k3core import EngineConfig, load_tokenizer, open_engine
-from serve.app import ApiOptions
+from serve.api import ApiOptions
+from serve.app import build_app
 from serve.http import listen
-from serve.plugin import build_app
 from serve.worker import EngineSlot, Worker
 
 from ..conftest import DEMO_MODEL
