@@ -1,14 +1,19 @@
 """`k3 chat` driven through a pseudo-terminal, as a person would: two turns where the second
 forwards only its new tokens; /save + /load continue identically; another model's state file is
-refused; Ctrl-C stops a reply and the chat goes on."""
+refused; Ctrl-C stops a reply and the chat goes on. And what a person reads, exactly, on the trained demo
+model: a thinking reply labelled apart from its answer (terminal and pipe alike), /stats whose numbers add
+up as printed, in decimal units, and each bad use of a command answered with its usage."""
 import os
 import pty
 import re
 import select
+import subprocess
 import sys
 import time
 
 import pytest
+
+from .conftest import DEMO_MODEL
 
 
 class Terminal:
@@ -46,7 +51,8 @@ class Terminal:
 
 
 def stats(text: bytes) -> dict:
-    m = re.search(rb"prompt (\d+) tokens, (\d+) reused from the decode state, (\d+) forwarded, (\d+) generated", text)
+    m = re.search(rb"prompt +(\d+) tokens = (\d+) reused from the decode state \+ \d+ new\r\n"
+                  rb"  forwarded +(\d+) tokens = .*?\r\n  generated +(\d+) tokens", text)
     return dict(zip(("prompt", "reused", "forwarded", "generated"), map(int, m.groups())))
 
 
@@ -124,3 +130,102 @@ def test_ctrl_c_stops_a_reply_and_the_chat_goes_on(small_model):
         assert b"generated" in t.turn("/stats")
     finally:
         assert t.close() == 0
+
+
+# --- what a person reads, exactly: the trained demo model, its answers known ---
+
+SIX_AND_SEVEN = "thinking:\nI work out 6 + 7: the result is 13.\n\nanswer:\n6 + 7 = 13.\n"
+RSS = r"peak RSS \d+(\.\d+)? [kMG]B"  # k3core.units.human, decimal, as the page says it
+
+
+def piped(*lines, flags=("--thinking",)) -> list[str]:
+    """k3 chat on the demo model, its input and output pipes (stderr merged in order): what came back after
+    each line, as the user sees it."""
+    run = subprocess.run([sys.executable, "-m", "k3core", "chat", str(DEMO_MODEL), "--max-tokens", "80", *flags],
+                         input="".join(f"{line}\n" for line in lines), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert run.returncode == 0, run.stdout
+    after = run.stdout.split("Ctrl-D to leave.\n", 1)[1]
+    answers = re.split(r"(?m)^> ", after)[1:]
+    assert answers.pop() == "\n" and len(answers) == len(lines), after  # Ctrl-D (the pipe's end) leaves
+    return answers
+
+
+def test_a_thinking_reply_on_a_pipe_is_labelled_apart_from_its_answer():
+    assert piped("what is 6 + 7?") == [SIX_AND_SEVEN]
+
+
+def test_a_thinking_reply_on_a_terminal_reads_apart_without_its_colour():
+    t = Terminal(DEMO_MODEL, "--thinking", "--max-tokens", "80")
+    try:
+        t.read_until(rb"\n> $")
+        shown = reply_of(t.turn("what is 6 + 7?"))
+        assert shown == (b"thinking:\r\n\x1b[2mI work out 6 + 7: the result is 13.\x1b[0m\r\n\r\n"
+                         b"answer:\r\n6 + 7 = 13.\x1b[0m")
+        assert re.sub(rb"\x1b\[\d+m", b"", shown).replace(b"\r\n", b"\n") + b"\n" == SIX_AND_SEVEN.encode()
+    finally:
+        assert t.close() == 0
+
+
+def test_an_instruct_reply_has_no_labels():
+    assert piped("hello", flags=()) == ["Hello! How can I help?\n"]
+
+
+def test_stats_add_up_as_printed_in_decimal_units():
+    first, stats_1, second, stats_2 = piped("what is 6 + 7?", "/stats", "and 2 + 3?", "/stats")
+    assert (first, second) == (SIX_AND_SEVEN, SIX_AND_SEVEN.replace("6 + 7", "2 + 3").replace("13", "5"))
+    forwarded = "  forwarded  50 tokens = 18 new + 32 generated (each generated token but the last)"
+    for shown, lines in ((stats_1, ["last turn (stop id):",
+                                    "  prompt     18 tokens = 0 reused from the decode state + 18 new", forwarded]),
+                         (stats_2, ["last turn (stop id):",
+                                    "  prompt     68 tokens = 50 reused from the decode state + 18 new", forwarded])):
+        assert shown.splitlines()[:3] == lines
+        assert re.fullmatch(r"  generated  33 tokens; first token after \d+\.\d\d s, then \d+\.\d{3} s/token",
+                            shown.splitlines()[3])
+    assert re.fullmatch(rf"session: 50 tokens forwarded in all; {RSS}\n", stats_1.split("\n", 4)[4])
+    assert re.fullmatch(rf"session: 100 tokens forwarded in all; {RSS}\n", stats_2.split("\n", 4)[4])
+    for shown in (stats_1, stats_2):  # the arithmetic printed is the arithmetic that holds
+        n = [int(x) for x in re.findall(r"\d+", "".join(shown.splitlines()[1:3]))]
+        prompt, reused, new, forwarded, new_again, fed_back = n
+        assert prompt == reused + new and forwarded == new_again + fed_back and new == new_again
+
+
+def test_stats_with_speculation_name_the_drafts_not_kept():
+    shown = piped("what is 6 + 7?", "/stats", flags=("--thinking", "--speculate", "4"))[1].splitlines()
+    m = re.fullmatch(r"  forwarded  (\d+) tokens = 18 new \+ 32 generated \(each generated token but the last\) "
+                     r"\+ (\d+) drafted, not kept", shown[2])
+    assert m and int(m[1]) == 18 + 32 + int(m[2]) and int(m[2]) > 0, shown
+
+
+def test_stats_after_load_are_the_loaded_conversations(tmp_path):
+    state = tmp_path / "s.npz"
+    answers = piped("what is 6 + 7?", "/stats", f"/save {state}", f"/load {state}", "/stats")
+    assert answers[1].startswith("last turn (stop id):\n")  # the turn before, until the /load
+    assert answers[2:4] == [f"(saved 51 tokens of conversation to {state})\n",
+                            f"(loaded {state}: 2 messages, 50 tokens of decode state)\n"]
+    assert re.fullmatch(rf"no turn since /load yet: the next one reuses the 50 tokens of decode state loaded\n"
+                        rf"session: 50 tokens forwarded in all; {RSS}\n", answers[4])
+
+
+def test_stats_before_any_turn():
+    assert re.fullmatch(rf"no turn yet\nsession: 0 tokens forwarded in all; {RSS}\n", piped("/stats")[0])
+
+
+@pytest.mark.parametrize("line, says", [
+    ("/save", "k3: usage: /save FILE — the file to save to"),
+    ("/load", "k3: usage: /load FILE — a file /save wrote"),
+    ("/load {tmp}/missing.npz", "k3: /load {tmp}/missing.npz: the file does not exist"),
+    ("/load {tmp}", "k3: /load {tmp}: is a directory; give a file /save wrote"),
+    ("/load {tmp}/file/s.npz", "k3: /load {tmp}/file/s.npz: cannot read: Not a directory"),
+    ("/mode", "k3: usage: /mode instruct|thinking — the mode now is thinking"),
+    ("/mode foo", "k3: usage: /mode instruct|thinking — 'foo' is not a mode"),
+    ("/mode thinking please", "k3: usage: /mode instruct|thinking — 'thinking please' is not a mode"),
+    ("/reset now", "k3: usage: /reset — it takes no argument, got 'now'"),
+    ("/stats now", "k3: usage: /stats — it takes no argument, got 'now'"),
+    ("/quit now", "k3: usage: /quit — it takes no argument, got 'now'"),
+    ("/exit now", "k3: usage: /quit — it takes no argument, got 'now'"),
+], ids=lambda v: v if v.startswith("/") else None)
+def test_each_bad_use_of_a_command_says_its_usage(line, says, tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    fill = {"tmp": tmp_path}
+    assert piped(line.format(**fill)) == [says.format(**fill) + "\n"]  # and the chat goes on

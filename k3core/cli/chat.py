@@ -12,16 +12,29 @@ import time
 from .options import (EXIT_CODES, add_engine_arguments, add_sampling_arguments, add_speculation_arguments, engine_config_from_args, open_engine,
                      sampling_params_from_args, speculation_from_args)
 from ..api import K3Error
+from ..errors import UsageError
+from ..text.chat import MODES
+from ..units import human
 from ..text.channels import visible
 
-HELP = """commands:
-  /reset         start a new conversation (forget the decode state)
-  /save FILE     save the conversation and its decode state
-  /load FILE     continue a saved conversation (same model only)
-  /mode instruct|thinking
-  /stats         tokens reused, forwarded and generated in the last turn; speed; memory
-  /help          this text
-  /quit          leave (Ctrl-D too); Ctrl-C stops a reply, not the chat"""
+# each command: its synopsis (what /help and a bad use print) and what it does
+COMMANDS = {
+    "/reset": ("/reset", "start a new conversation (forget the decode state)"),
+    "/save": ("/save FILE", "save the conversation and its decode state"),
+    "/load": ("/load FILE", "continue a saved conversation (same model only)"),
+    "/mode": ("/mode instruct|thinking", "answer at once, or think first (under 'thinking:', then 'answer:')"),
+    "/stats": ("/stats", "the last turn's tokens (prompt, reused, forwarded, generated), speed; memory"),
+    "/help": ("/help", "this text"),
+    "/quit": ("/quit", "leave (Ctrl-D too); Ctrl-C stops a reply, not the chat"),
+}
+HELP = "commands:\n" + "\n".join(f"  {synopsis:<14} {what}" if len(synopsis) < 15 else
+                                  f"  {synopsis}\n  {'':<14} {what}" for synopsis, what in COMMANDS.values())
+LABELS = {"think": "thinking:", "response": "answer:", "tools": "tool call:"}  # a reply that thinks, read apart
+
+
+def usage(name: str, why: str) -> UsageError:
+    """A bad use of a command: its synopsis and what was wrong (printed as `k3: usage: ...`)."""
+    return UsageError(f"usage: {COMMANDS[name][0]} — {why}")
 
 
 class Interrupt:
@@ -43,40 +56,71 @@ class Interrupt:
 
 
 def _show(event, tty: bool, state: dict) -> None:
+    """Print a reply's text as it streams. A reply that thinks reads apart without colour: a 'thinking:' line
+    over the reasoning, a blank line, an 'answer:' line over the answer (on a terminal the reasoning is also
+    dimmed)."""
     if event.channel != state.get("channel"):
         state["channel"] = event.channel
-        if event.channel == "think":
-            print("[thinking] " if not tty else "\x1b[2m", end="")
-        elif tty:
-            print("\x1b[0m", end="")
-        elif state.get("seen_think"):
-            print("\n[answer] ", end="")
-        state["seen_think"] = state.get("seen_think") or event.channel == "think"
-    print(visible(event.text) if tty else event.text, end="", flush=True)
+        state["thought"] = state.get("thought") or event.channel == "think"
+        if state["thought"]:
+            ends = state.get("ends")  # newlines the printed text ends with (None: nothing printed yet)
+            between = "" if ends is None else "\x1b[0m" * tty + "\n" * max(0, 2 - ends)  # a blank line
+            print(between + LABELS.get(event.channel, f"{event.channel}:"),
+                  end="\n\x1b[2m" if tty and event.channel == "think" else "\n")
+            state["ends"], state["fresh"] = 1, True
+    text = visible(event.text) if tty else event.text
+    if state.get("fresh"):  # the first text under a label starts on the label's next line, not below a gap
+        text = text.lstrip("\n")
+        state["fresh"] = not text
+    if text:
+        stripped = text.rstrip("\n")
+        state["ends"] = len(text) - len(stripped) if stripped else (state.get("ends") or 0) + len(text)
+    print(text, end="", flush=True)
 
 
 def _stats(chat, engine) -> str:
+    """/stats: the last turn's token counts, printed so they add up, its speed; the session's memory."""
     from ..report.run import peak_rss_bytes
 
+    session = f"session: {engine.tokens_forwarded} tokens forwarded in all; peak RSS {human(peak_rss_bytes())}"
     last = chat.last
+    if not last and chat.history:
+        return (f"no turn since /load yet: the next one reuses the {len(chat.session.state.ids)} tokens of decode "
+                f"state loaded\n{session}")
     if not last:
-        return "no turn yet"
+        return f"no turn yet\n{session}"
+    prompt, reused, forwarded, generated = (last[k] for k in ("prompt_tokens", "reused_tokens", "forwarded_tokens",
+                                                              "generated_tokens"))
+    new = prompt - reused
+    fed_back = max(generated - 1, 0)  # every generated token but the last is forwarded (the last, next turn)
+    extra = forwarded - new - fed_back
+    if extra < 0:  # stopped while the prompt was being forwarded
+        how = f"{forwarded} of the {new} new (stopped before the prompt was all forwarded)"
+    else:
+        how = f"{new} new + {fed_back} generated (each generated token but the last)"
+        if extra:
+            how += f" + {extra} drafted, not kept" if last.get("draft_proposed") else f" + {extra} other"
     spt = last.get("seconds_per_token")
-    return (f"last turn: prompt {last['prompt_tokens']} tokens, {last['reused_tokens']} reused from the decode state, "
-            f"{last['forwarded_tokens']} forwarded, {last['generated_tokens']} generated ({last['reason']}); "
-            f"first token {last['prefill_seconds']:.2f} s, {spt:.3f} s/token" if spt else
-            f"last turn: prompt {last['prompt_tokens']} tokens, {last['reused_tokens']} reused, "
-            f"{last['forwarded_tokens']} forwarded, {last['generated_tokens']} generated ({last['reason']})") + \
-        f"\nsession: {engine.tokens_forwarded} tokens forwarded in all; peak RSS {peak_rss_bytes() / 2**20:.0f} MiB"
+    speed = f"; first token after {last['prefill_seconds']:.2f} s" + (f", then {spt:.3f} s/token" if spt else "")
+    return (f"last turn ({last['reason']}):\n"
+            f"  prompt     {prompt} tokens = {reused} reused from the decode state + {new} new\n"
+            f"  forwarded  {forwarded} tokens = {how}\n"
+            f"  generated  {generated} tokens{speed if generated else ''}\n{session}")
 
 
 def _command(line: str, chat, engine) -> bool:
-    """Run a /command; False means leave."""
+    """Run a /command; False means leave. A bad use raises UsageError with the command's usage."""
     from ..api import load_state, save_state
 
     name, _, arg = line.strip().partition(" ")
     arg = arg.strip()
-    if name in ("/quit", "/exit"):
+    if name == "/exit":
+        name = "/quit"
+    if name in ("/reset", "/stats", "/quit") and arg:
+        raise usage(name, f"it takes no argument, got {arg!r}")
+    if name in ("/save", "/load") and not arg:
+        raise usage(name, "the file to save to" if name == "/save" else "a file /save wrote")
+    if name == "/quit":
         return False
     if name == "/help":
         print(HELP)
@@ -85,13 +129,24 @@ def _command(line: str, chat, engine) -> bool:
         print("(new conversation)")
     elif name == "/stats":
         print(_stats(chat, engine))
-    elif name == "/mode" and arg:
+    elif name == "/mode":
+        if arg not in MODES:
+            raise usage(name, f"{arg!r} is not a mode" if arg else f"the mode now is {chat.mode}")
         chat.set_mode(arg)
         print(f"(mode {arg})")
-    elif name == "/save" and arg:
+    elif name == "/save":
         save_state(arg, engine, chat.session.state, extra={"conversation": chat.snapshot()}, what="/save")
         print(f"(saved {len(chat.history)} tokens of conversation to {arg})")
-    elif name == "/load" and arg:
+    elif name == "/load":
+        try:  # a file that is not there is not a bad state file: say what the system says
+            with open(arg, "rb"):
+                pass
+        except FileNotFoundError:
+            raise UsageError(f"/load {arg}: the file does not exist") from None
+        except IsADirectoryError:
+            raise UsageError(f"/load {arg}: is a directory; give a file /save wrote") from None
+        except OSError as exc:
+            raise UsageError(f"/load {arg}: cannot read: {exc.strerror}") from None
         state, extra = load_state(arg, engine)  # the whole file is checked before the conversation is touched
         chat.check_snapshot(extra.get("conversation"), f"{arg}: its conversation")
         chat.restore(extra["conversation"], state)
@@ -200,7 +255,8 @@ def add_parser(sub) -> None:
     add_engine_arguments(p)
     g = p.add_argument_group("chat")
     g.add_argument("--tok", metavar="DIR", help="tokenizer directory (default: MODEL_DIR)")
-    g.add_argument("--thinking", action="store_true", help="thinking mode (shown dimmed before the answer)")
+    g.add_argument("--thinking", action="store_true",
+                   help="thinking mode (the reasoning under a 'thinking:' line, then the reply under 'answer:')")
     g.add_argument("--system", metavar="TEXT", help="a system message")
     g.add_argument("--verbose", action="store_true", help="print /stats after every reply")
     add_sampling_arguments(p, default_max=512)

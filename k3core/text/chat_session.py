@@ -116,4 +116,5 @@ class ChatSession:
         self.conv.messages = list(snap["messages"])
         self.history = [int(t) for t in snap["history"]]
         self.session.state = state
+        self.last = {}  # the last turn's stats were another conversation's
 
