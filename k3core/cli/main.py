@@ -11,8 +11,10 @@ from . import interrupt
 _importing = interrupt.exit_at_once()  # Ctrl-C while the modules below import: one line, exit 130, at once
 
 import argparse
+import difflib
 import json
 import os
+import re
 import sys
 
 from .. import __version__
@@ -70,9 +72,57 @@ def cmd_make_model(args) -> int:
     return 0
 
 
+class Parser(argparse.ArgumentParser):
+    """Every parser of `k3`, its subcommands' (plugins' too: `add_subparsers` makes each subcommand's parser of
+    its parent's class) and theirs: no prefix abbreviations (`--max-token` is refused, not taken for
+    `--max-tokens`), and an unknown option refused by the (sub)command that got it, with its own usage line and
+    the closest of its options (`did you mean --temperature?`), exit 2. The usage line of an error is short;
+    --help gives the whole one."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False  # whatever a plugin asks: an abbreviation would silently mean another flag
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extra = super().parse_known_args(args, namespace)
+        unknown = [a for a in extra if _option_like(a, self.prefix_chars)]
+        if unknown:  # extra words that are no option go up: `k3 run MODEL --chat "a question"` takes one
+            self.error("; ".join(self._unrecognized(a) for a in unknown))
+        return namespace, extra
+
+    def _unrecognized(self, arg: str) -> str:
+        name = arg.split("=", 1)[0]
+        close = difflib.get_close_matches(name, [s for a in self._actions for s in a.option_strings], n=1)
+        return f"unrecognized argument {arg}" + (f"; did you mean {close[0]}?" if close else "")
+
+    def format_usage(self) -> str:
+        formatter = self.formatter_class(prog=self.prog)
+        formatter.add_usage(self.usage, [a for a in self._actions if not a.option_strings], [])
+        line = formatter.format_help().strip()
+        if self.usage is None:
+            line = line.replace(f"usage: {self.prog}", f"usage: {self.prog} [options]", 1)
+        return f"{line}   (`{self.prog} --help` lists them)\n"
+
+
+def _command_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:
+    """The parser of the (sub)command `args` ran: `k3 bench stream`'s for `k3 bench stream …`."""
+    while True:
+        chosen = [a.choices.get(getattr(args, a.dest, None)) for a in parser._actions
+                  if isinstance(a, argparse._SubParsersAction)]
+        if not chosen or chosen[0] is None:
+            return parser
+        parser = chosen[0]
+
+
+def _option_like(arg: str, prefix_chars: str) -> bool:
+    """Whether argparse took `arg` for an option (not a negative number, a lone `-` or words with a space)."""
+    return (len(arg) > 1 and arg[0] in prefix_chars and " " not in arg and arg != "--"
+            and not re.fullmatch(r"-\d+|-\d*\.\d+", arg))
+
+
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="k3", formatter_class=fmt,
         description="Run Kimi K3 on one CPU machine, exactly: the same ids at every memory budget.",
         epilog="first time:\n"
@@ -164,7 +214,7 @@ def _command(argv) -> int:
     if extra and getattr(args, "text", "") is None and len(extra) == 1 and not extra[0].startswith("-"):
         args.text = extra[0]  # `k3 run MODEL --chat "a question"`: the prompt after an option
     elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

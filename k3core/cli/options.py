@@ -5,9 +5,12 @@ subcommand plugin imports it to take the same flags as `k3 run`. The exit-code t
 from __future__ import annotations
 
 import argparse
+import difflib
+import os
 import sys
+from pathlib import Path
 
-from ..errors import EXIT_CODES, UsageError
+from ..errors import EXIT_CODES, K3Error, UsageError
 from ..report.logs import LEVELS
 
 __all__ = ["EXIT_CODES", "add_engine_arguments", "add_logging_arguments", "add_sampling_arguments",
@@ -24,7 +27,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="kernel backend: avx512, avx2, neon, scalar (the same bits on each) or reference (numpy, "
                         "slow) (default: K3_KERNELS, else the best this CPU runs)")
     g.add_argument("--threads", type=int, metavar="N",
-                   help="kernel threads (default: the CPUs this process may use); never changes a bit")
+                   help="kernel threads, at most the CPUs this process may use (the default); never changes a bit")
     g = p.add_argument_group("memory (see docs/STREAMING.md)")
     g.add_argument("--trunk", metavar="DIR", help="a packed trunk (`k3 pack`): stream what does not fit --trunk-gb "
                    "through a ring of slots instead of holding the whole trunk in RAM")
@@ -180,6 +183,9 @@ def engine_config_from_args(args):
                   tokenizer=getattr(args, "tok", None), speculate=speculate_k(args),
                   sequences=getattr(args, "sequences", 1), kept_states=getattr(args, "keep_states", 0),
                   draft_memory_gb=draft_memory_gb(args) if hasattr(args, "speculate") else 0.0)
+    check_threads(args.threads)
+    if args.model:
+        check_model_dir(args.model)
     try:
         return EngineConfig(args.model, **fields) if args.model else config_from_profile(**fields)
     except UsageError as exc:  # name the flags, not the fields
@@ -187,6 +193,97 @@ def engine_config_from_args(args):
         for name in fields:
             text = text.replace(f"  - {name} ", f"  - --{FLAGS.get(name, name.replace('_', '-'))} ")
         raise UsageError(text) from None
+
+
+def check_threads(threads) -> None:
+    """Refuse --threads above the CPUs this process may use (its affinity): more threads never change a bit,
+    only crowd the CPUs, so the number is a mistake."""
+    from ..interfaces import default_threads
+
+    cpus = default_threads()
+    if threads is not None and threads > cpus:
+        raise UsageError(f"--threads {threads}: this process may use {cpus} CPU{'s' if cpus > 1 else ''}; give "
+                         f"--threads 1..{cpus}, or leave it out to use {'all ' if cpus > 1 else ''}{cpus}")
+
+
+def check_model_dir(model) -> None:
+    """Refuse a MODEL_DIR that is no checkpoint directory, saying what it is instead: missing (with the close
+    names beside it), a file, k3's demo training folder or a source folder (with where the demo model is)."""
+    root = Path(model)
+    if not root.is_dir():
+        raise UsageError(missing_model_dir(model))
+    if (root / "config.json").exists():
+        return
+    if _demo_training_folder(root):
+        raise UsageError(f"MODEL_DIR {model}: not a model but k3's demo training folder (its train.py trains the "
+                         f"demo model); {demo_model_hint()}")
+    if sources := _source_files(root):
+        raise UsageError(f"MODEL_DIR {model}: not a model but a source folder ({', '.join(sources)}; no "
+                         f"config.json); a model directory holds config.json and safetensors shards. "
+                         f"{demo_model_hint()}")
+
+
+def missing_model_dir(model) -> str:
+    """What is wrong with a MODEL_DIR that is no directory; for a missing one, the directory names beside it
+    that are close to it (`did you mean demo-model?`)."""
+    root = Path(model)
+    if root.exists():
+        return f"MODEL_DIR {model}: not a directory"
+    try:
+        with os.scandir(root.parent) as entries:
+            names = [e.name for _, e in zip(range(10_000), entries) if e.is_dir()]
+    except OSError:
+        names = []
+    close = [str(root.parent / n) for n in difflib.get_close_matches(root.name, names, n=3)]
+    return f"MODEL_DIR {model}: no such directory" + (f"; did you mean {' or '.join(close)}?" if close else "")
+
+
+def _demo_training_folder(root: Path) -> bool:
+    """demo/ of a k3 clone: its train.py writes the demo model's marker."""
+    from ..format.notes import DEMO_MARKER
+
+    try:
+        with open(root / "train.py", "rb") as f:
+            return DEMO_MARKER.encode() in f.read(1 << 20)
+    except OSError:
+        return False
+
+
+SOURCE_SUFFIXES = (".py", ".c", ".cc", ".cpp", ".h", ".rs", ".go", ".js", ".ts", ".sh", ".ipynb")
+SOURCE_NAMES = ("pyproject.toml", "setup.py", "Makefile", "CMakeLists.txt", "Cargo.toml", "package.json", ".git")
+
+
+def _source_files(root: Path) -> list[str]:
+    """Up to three source files a folder without config.json holds (none if it holds safetensors shards)."""
+    try:
+        with os.scandir(root) as entries:
+            names = sorted(e.name for _, e in zip(range(10_000), entries))
+    except OSError:
+        return []
+    if any(n.endswith(".safetensors") for n in names):
+        return []
+    found = [n for n in names if n in SOURCE_NAMES or n.endswith(SOURCE_SUFFIXES)]
+    return found[:3] + (["…"] if len(found) > 3 else [])
+
+
+def demo_model_hint() -> str:
+    """Where the demo model is: the saved profile's when `k3 setup --source demo` made it, else how to install
+    it, and the copy that ships with k3 (wizard/data/demo-model, a path: k3core imports no wizard)."""
+    from ..format.notes import DEMO_MARKER
+    from ..io.profile import load_profile
+
+    try:
+        profile = load_profile()
+    except K3Error:
+        profile = None
+    if profile and (profile.source == "demo" or (Path(profile.model) / DEMO_MARKER).is_file()):
+        return f"the demo model is {profile.model}, the saved profile's: leave MODEL_DIR out to use it"
+    text = "`k3 setup --source demo --yes` installs the demo model and saves it as the profile"
+    shipped = Path(__file__).resolve().parents[2] / "wizard" / "data" / "demo-model"
+    if (shipped / DEMO_MARKER).is_file():
+        relative = os.path.relpath(shipped)
+        text += f", or give its shipped copy, {shipped if relative.startswith('..') else relative}, as MODEL_DIR"
+    return text
 
 
 FLAGS = {"tokenizer": "tok", "kept_states": "keep-states", "draft_memory_gb": "draft-memory"}  # fields whose flag is not the field's name with dashes

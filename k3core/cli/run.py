@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from dataclasses import replace
@@ -19,7 +20,7 @@ from ..files.atomic import output_target, write_output
 from ..files.limits import read_limited
 from ..format.checkpoint import EXPERT_PARTS, expert_prefix
 from .options import (EXIT_CODES, add_engine_arguments, add_sampling_arguments, add_speculation_arguments, engine_config_from_args, open_engine,
-                     parse_ids, sampling_params_from_args, speculation_from_args)
+                     missing_model_dir, parse_ids, sampling_params_from_args, speculation_from_args)
 
 
 
@@ -67,9 +68,11 @@ def settle_positionals(args, stdin) -> None:
     flags = [args.prompt, args.prompt_file, args.ids, args.ids_file]
     if args.model and not Path(args.model).is_dir():
         if any(f is not None for f in flags) or args.text is not None or _looks_like_a_path(args.model):
-            hint = "" if _looks_like_a_path(args.model) else "; did you mean --prompt?"
-            raise UsageError(f"MODEL_DIR {args.model}: {'not a directory' if Path(args.model).exists() else 'no such directory'}"
-                             f"{hint}")
+            problem = missing_model_dir(args.model)  # with the close directory names, if any
+            if "did you mean" not in problem and not _looks_like_a_path(args.model) and all(f is None for f in flags):
+                words = shlex.join([f"{args.model} {args.text}"])  # `k3 run hello world`: one prompt, unquoted
+                problem += f"; a prompt of several words is one argument: quote it (k3 run {words})"
+            raise UsageError(problem)
         args.model, args.text = None, args.model
     if args.text is not None:
         if any(f is not None for f in flags):
@@ -124,6 +127,23 @@ class TraceRecorder(Observer):
         meta = {"tokens": engine.tokens_forwarded, "expert_bytes": expert_bytes, "requests": len(self.pairs),
                 "model": str(engine.checkpoint.root), "top_k": c.num_experts_per_token}
         write_output(out / "trace.json", (json.dumps(meta, indent=1) + "\n").encode(), "--dump-trace")
+
+
+def chats(tokenizer) -> bool:
+    """Whether the model is a chat model: a chat_template in tokenizer_config.json, or the chat markup's tokens."""
+    from ..text.chat import CLOSE, EOM, OPEN, SEP, chat_template
+
+    return chat_template(tokenizer) is not None or all(m in tokenizer.added_tokens for m in (OPEN, SEP, CLOSE, EOM))
+
+
+def chat_hint(args, text: str) -> str:
+    """The line that tells a raw completion of a chat model how to ask for an answer instead."""
+    model = f" {shlex.quote(str(args.model))}" if args.model else ""
+    if args.prompt_file is not None:
+        prompt = f"--prompt-file {shlex.quote(args.prompt_file)}"
+    else:
+        prompt = shlex.quote(text) if len(text) <= 60 and text.isprintable() else '"…"'
+    return f"k3: this model chats; for an answer try: k3 run{model} --chat {prompt}  (or k3 chat{model})"
 
 
 def _text_prompt(args, tokenizer, text):
@@ -258,6 +278,8 @@ def cmd_run(args) -> int:
     start = time.perf_counter()
     with open_engine(config) as engine:
         tokenizer = load_tokenizer(config.tokenizer or config.model) if kind == "text" else None
+        if kind == "text" and not args.chat and not args.quiet and chats(tokenizer):
+            print(chat_hint(args, prompt), file=sys.stderr, flush=True)  # before the raw completion streams
         ids, stop_ids, channel = _text_prompt(args, tokenizer, prompt) if kind == "text" else (prompt, (), None)
         engine.check_ids(ids)
         trace, logits = TraceRecorder() if args.dump_trace else None, LogitsRecorder()
@@ -342,5 +364,5 @@ def add_parser(sub) -> None:
     g.add_argument("--disk-floor", type=float, metavar="S", nargs="?", const=2.0,
                    help="after the run, probe the disk's O_DIRECT rate for S seconds (default 2) and report the disk "
                         "floor: bytes read per generated id ÷ that rate, and s/token as a multiple of it")
-    g.add_argument("--quiet", action="store_true", help="no run report")
+    g.add_argument("--quiet", action="store_true", help="no run report (nor the hint to add --chat)")
     run.set_defaults(func=cmd_run)
