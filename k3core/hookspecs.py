@@ -4,9 +4,11 @@ Built-ins in k3core/plugins/ implement these exactly as a third-party package wo
 the entry-point group "k3". Hooks only ever gain optional parameters.
 
 Each hook returns a list of implementations; call order is pluggy's (later-registered
-plugins first, `trylast` built-ins at the end). Where k3 picks one implementation without
-being told a name, it takes the first available one in that order, so an installed plugin
-wins over the built-in it replaces (trunk placers are the exception: see k3_trunk_placers).
+plugins first, `trylast` built-ins at the end). Where k3 picks a kernel backend, expert store or
+attention backend without being told a name, it takes the first available one in that order, so an
+installed plugin wins over the built-in it replaces. Trunk placers and draft sources are the
+exceptions: k3 names the built-in it wants (see k3_trunk_placers, k3_draft_sources), so an installed
+one is used only when named.
 """
 import pluggy
 
@@ -55,9 +57,10 @@ def k3_draft_sources():
     """Return a list of DraftSource classes (k3core.plugin_api), each with a `name`.
 
     Used when speculative decoding is asked for (--speculate): `--draft NAME[:ARGUMENT]` picks one by
-    name and builds it with the argument (e.g. replay:PATH); the default is the first returned (the
-    built-in `ngram` unless a plugin comes first). A draft only proposes ids: the engine verifies them
-    all in one pass and keeps what it would have produced itself, so a draft changes speed, never ids.
+    name and builds it with the argument (e.g. replay:PATH); without --draft it is the built-in `ngram`,
+    whatever is installed. Each must subclass DraftSource. A draft only proposes ids: the engine
+    verifies them all in one pass and keeps what it would have produced itself, so a draft changes
+    speed, never ids.
     """
 
 

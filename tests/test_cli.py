@@ -215,13 +215,14 @@ def test_speculate_gives_the_serial_ids_and_logits_and_reports_the_drafts(capsys
     assert run_k3(capsys, *base, "--json", tmp_path / "serial.json", "--dump-logits", tmp_path / "a.f32")[0] == 0
     serial = json.loads((tmp_path / "serial.json").read_text())
     (tmp_path / "oracle.txt").write_text(" ".join(map(str, serial["generated_ids"])))
-    for flags in (["--speculate", "4", "--draft", f"replay:{tmp_path / 'oracle.txt'}"], ["--speculate", "auto"]):
+    for flags, source in ((["--speculate", "4", "--draft", f"replay:{tmp_path / 'oracle.txt'}"], "replay"),
+                          (["--speculate", "auto"], "ngram")):
         code, _, err = run_k3(capsys, *base, *flags, "--json", tmp_path / "spec.json", "--dump-logits", tmp_path / "b.f32")
         assert code == 0, err
         spec = json.loads((tmp_path / "spec.json").read_text())
         assert spec["generated_ids"] == serial["generated_ids"]
         assert (tmp_path / "b.f32").read_bytes() == (tmp_path / "a.f32").read_bytes()
-        assert "drafts:" in err and "accepted" in err and "forward passes" in err
+        assert f"drafts from {source}: " in err and "accepted" in err and "forward passes" in err
     assert spec["speculate"] == "auto" and spec["draft"] == "ngram"
     code, _, _ = run_k3(capsys, *base, "--speculate", "4", "--draft", f"replay:{tmp_path / 'oracle.txt'}",
                         "--json", tmp_path / "oracle.json")

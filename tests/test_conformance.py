@@ -7,8 +7,9 @@ import pytest
 
 from k3core import plugin_manager as plugins
 from k3core.cli.main import main
-from k3core.plugin_api import hookimpl
-from k3core.testing import draft_source_checks, expert_store_checks, kernel_backend_checks, trunk_placer_checks
+from k3core.plugin_api import CachePolicy, CachingStore, hookimpl
+from k3core.testing import (CheckFailed, draft_source_checks, expert_store_checks, kernel_backend_checks,
+                            trunk_placer_checks)
 
 PM = plugins.get_plugin_manager()
 CHECKS = ([c for k in plugins.kernel_backends(PM) if k.available() for c in kernel_backend_checks(k)]
@@ -51,3 +52,83 @@ def test_plugins_check_prints_each_check_and_fails_naming_it(capsys, monkeypatch
 def test_plugins_check_with_an_unknown_name_lists_what_is_installed(capsys):
     assert main(["plugins", "--check", "nope"]) == 2
     assert "installed: " in capsys.readouterr().err
+
+
+def test_the_first_draft_check_fails_a_class_that_is_not_a_draft_source_subclass():
+    class Duck:  # every method a DraftSource has, but not the base class: speculation refuses it
+        name, description, memory_bytes = "duck", "", 0
+
+        def __init__(self, argument=None):
+            self.argument = argument
+
+        @classmethod
+        def example_argument(cls, directory):
+            return None
+
+        @classmethod
+        def reserve(cls, memory_bytes):
+            pass
+
+        def begin(self, prompt):
+            pass
+
+        def end(self, history):
+            pass
+
+        def propose(self, history, generated, k):
+            return []
+
+    first = draft_source_checks(Duck)[0]
+    assert "DraftSource subclass" in first.name
+    with pytest.raises(CheckFailed, match=r"is not a DraftSource subclass.*`class Duck\(DraftSource\)` with `from "
+                                          r"k3core.plugin_api import DraftSource`"):
+        first()
+
+
+class Fifo(CachePolicy):
+    """First in, first out, and (unless `counts`) forgetting to count what it evicts."""
+
+    counts = False
+
+    def __init__(self, slots):
+        super().__init__(slots)
+        self.order = {}
+
+    def access(self, key, keep=()):
+        if key in self.order:
+            return True, None
+        evicted = None
+        if len(self.order) >= self.slots:
+            evicted = next(k for k in self.order if k not in keep)
+            del self.order[evicted]
+            self.evictions += self.counts
+        self.order[key] = None
+        return False, evicted
+
+    def discard(self, key):
+        self.order.pop(key, None)
+
+
+class CountedFifo(Fifo):
+    counts = True
+
+
+def counters_check(rule):
+    """The kit's counters check of a CachingStore kept by the CachePolicy class `rule`."""
+    class Store(CachingStore):
+        name = rule.__name__.lower()
+
+        @classmethod
+        def policy(cls, slots, options):
+            return rule(slots)
+
+    return next(c for c in expert_store_checks(Store) if "STORE_STATS counters" in c.name)
+
+
+def test_the_kit_fails_a_cache_policy_that_does_not_count_its_evictions():
+    check = counters_check(Fifo)
+    assert "counts its evictions" in check.name
+    with pytest.raises(CheckFailed, match=r"cache_policy\(16\)\.evictions is 0 after a replay that evicted \d+ keys: "
+                                          r"count each eviction"):
+        check()
+    counters_check(CountedFifo)()  # the same policy counting them passes

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -38,6 +40,19 @@ def test_both_examples_pass_the_conformance_kit():
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"{kind} {name!r} ({dist} 0.1.0)" in r.stdout and "FAIL" not in r.stdout
         assert "0 failed" in r.stdout
+
+
+def test_each_readme_states_the_number_of_checks_the_kit_runs():
+    from k3_counting_kernels import CountingKernels
+    from k3_store_2q import TwoQStore
+    from k3core.testing import expert_store_checks, kernel_backend_checks
+
+    kit = {"k3-store-2q": len(expert_store_checks(TwoQStore)),
+           "k3-counting-kernels": len(kernel_backend_checks(CountingKernels()))}
+    for dist, count in kit.items():
+        readme = (Path(__file__).parent.parent / "examples" / dist / "README.md").read_text(encoding="utf-8")
+        stated = [int(n) for n in re.findall(r"the conformance kit: (\d+) checks", readme)]
+        assert stated == [count], f"examples/{dist}/README.md states {stated} conformance checks; the kit runs {count}"
 
 
 def test_installed_they_are_the_defaults_say_so_and_change_no_bit(tiny_model, tmp_path):

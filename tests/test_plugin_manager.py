@@ -152,3 +152,46 @@ def test_unknown_names_list_what_is_installed():
     pm = plugins.new_plugin_manager()
     with pytest.raises(PluginError, match=r"installed: direct, lru"):
         plugins.choose_expert_store(pm, "lru-typo")
+
+
+def test_an_installed_trunk_placer_or_draft_source_is_used_only_when_named(tmp_path, monkeypatch, tiny_model, capsys):
+    install_dist(tmp_path, monkeypatch, """
+        from k3core.plugin_api import hookimpl
+        from k3core.plugins.drafts import NgramDraft
+        from k3core.plugins.resident import ResidentPlacer
+
+        class TheirPlacer(ResidentPlacer):
+            name, built = "theirs", 0
+
+            def __init__(self, ctx):
+                super().__init__(ctx)
+                TheirPlacer.built += 1
+
+        class TheirDraft(NgramDraft):
+            name, built = "theirs", 0
+
+            def __init__(self, argument=None):
+                super().__init__(argument)
+                TheirDraft.built += 1
+
+        @hookimpl
+        def k3_trunk_placers():
+            return [TheirPlacer]
+
+        @hookimpl
+        def k3_draft_sources():
+            return [TheirDraft]
+    """, name="theirdraft")
+    monkeypatch.setenv("K3_PLUGINS", "theirdraft")
+    from k3core.cli.main import main
+
+    base = ["run", str(tiny_model), "--ids", "3,1,4,1,5,9,2,6", "--gen", "6", "--speculate", "2"]
+    assert main(base) == 0
+    err = capsys.readouterr().err
+    assert "trunk placer resident" in err and "drafts from ngram: " in err and "k3: using" not in err
+    import theirdraft
+    assert (theirdraft.TheirPlacer.built, theirdraft.TheirDraft.built) == (0, 0)  # first in call order, yet unused
+    assert main([*base, "--trunk-placer", "theirs", "--draft", "theirs"]) == 0
+    err = capsys.readouterr().err
+    assert "trunk placer theirs" in err and "drafts from theirs: " in err
+    assert theirdraft.TheirPlacer.built == 1 and theirdraft.TheirDraft.built >= 1

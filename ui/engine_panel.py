@@ -190,6 +190,7 @@ def render(host, snap: dict) -> str:
     rows += _live_rows(live) if live else _last_rows(last) if last else []
     rss, pinned, b = peak_rss_bytes(), stats.get("pinned_layers"), host.budget
     ring = f", ring of {stats['ring_slots']} slots" if stats.get("ring_slots") else ""
+    draft = getattr(host, "draft", None)  # the draft source speculation uses (k3 ui --speculate), else None
     rows += [
         ("peak RSS", f"{human(rss)} of {human(plan.total)} planned ({100 * rss / plan.total:.0f} %), "
                      f"{human(plan.available)} available", "rss"),
@@ -199,8 +200,8 @@ def render(host, snap: dict) -> str:
         ("budget", f"{b['preset']}: " + (f"trunk {b['trunk_gb']:g} GB, " if b["trunk"] and b["trunk_gb"] else
                                           "trunk held whole, " if not b["trunk"] else "")
          + f"expert cache {b['cache_gb']:g} GB", "budget"),
-        ("engine plugins", f"{engine.kernels.name} kernels · {engine.placer.name} placer · {engine.store.name} store",
-         "plugins"),
+        ("engine plugins", f"{engine.kernels.name} kernels · {engine.placer.name} placer · {engine.store.name} store"
+         + (f" · {draft} drafts" if draft else ""), "plugins"),
     ]
     cells = []
     for name, value, elem in rows:

@@ -18,6 +18,8 @@ class EngineHost:
         self.lock = threading.Lock()
         self.config = config
         self.speculation = speculation  # a fresh k3core.Speculation for each turn, or None (k3 ui --speculate)
+        spec = speculation()
+        self.draft = spec.draft.name if spec is not None else None  # the draft source's name, for the panel
         self.engine = open_engine(config)
         self.tokenizer = load_tokenizer(config.tokenizer or config.model)
         self.generation = 0  # bumped by reload(): decode states of an older generation are void

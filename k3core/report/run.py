@@ -85,10 +85,17 @@ def report_text(r: dict) -> str:
         f"{_pct(r['expert_retention'])}, read {r['expert_bytes_read'] / 1e9:.3f} GB at {gbps(r['expert_read_rate'])}"
         + _prefetch_part(r["stats"]) + f"; I/O {_pct(r['io_share_of_wall'])} of wall time",
         f"{r['forward_passes']} forward passes; {_per_token(r['bytes_read_per_token'])} read per generated id after "
-        "the first" + (f"; drafts: {r['draft_accepted']} of {r['draft_proposed']} accepted "
-                       f"({_pct(r['draft_accepted'] / r['draft_proposed'] if r['draft_proposed'] else None)})"
-                       if r.get("speculate") else ""),
+        "the first" + _drafts_part(r),
     ] + _unchecked_line(r["stats"]) + _nan_scale_line(r["stats"]) + _disk_lines(r) + _floor_line(r))
+
+
+def _drafts_part(r: dict) -> str:
+    """With speculation: which draft source proposed (its name from --draft), and how much of it was kept."""
+    if not r.get("speculate"):
+        return ""
+    source = f" from {r['draft'].partition(':')[0]}" if r.get("draft") else ""
+    share = _pct(r["draft_accepted"] / r["draft_proposed"] if r["draft_proposed"] else None)
+    return f"; drafts{source}: {r['draft_accepted']} of {r['draft_proposed']} accepted ({share})"
 
 
 def _nan_scale_line(s: dict) -> list[str]:

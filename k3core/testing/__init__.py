@@ -10,13 +10,15 @@ ones `k3 plugins --check` runs on every installed plugin and `make test` runs on
 
 - `expert_store_checks(cls, options=None)`: own bytes for every request pattern (a stale slot
   fails), a short read raised and not served later, capacity, plan rows, counters and cache
-  policy, ids and logit bytes identical to the built-in `lru` store at several budgets;
+  policy (its hits and evictions), ids and logit bytes identical to the built-in `lru` store at
+  several budgets;
 - `kernel_backend_checks(backend)`: the scalar backend's bits on the kernel table at several
   thread counts, batch rows equal single rows, identical ids and logits;
 - `trunk_placer_checks(cls, options=None)`: the checkpoint's own bytes for every tensor handed out,
   plan rows and counters, identical ids and logits to the `resident` placer at several budgets;
-- `draft_source_checks(cls)`: proposals are at most k token ids, and speculative decoding with the
-  source gives the serial ids, logit bytes and decode state (greedy, seeded sampling, fixed K, auto).
+- `draft_source_checks(cls)`: a DraftSource subclass whose proposals are at most k token ids, and
+  speculative decoding with the source gives the serial ids, logit bytes and decode state (greedy,
+  seeded sampling, fixed K, auto).
 
 Each check is a `Check` (a name and a callable raising CheckFailed); `run_checks` runs a list into
 results without raising. Checks run on generated test checkpoints written once per process (set

@@ -1,8 +1,10 @@
-"""Conformance checks of a draft source (speculative decoding): what it proposes is well-formed, and
+"""Conformance checks of a draft source (speculative decoding): it is a DraftSource subclass, what it proposes is
+well-formed, and
 generating with it gives exactly the serial ids, logits and decode state — greedy and seeded sampling,
 fixed K and adaptive, on generated models. Proposals may be as wrong as they like; only time may change."""
 from __future__ import annotations
 
+from ..interfaces import DraftSource
 from ..model.engine import Engine
 from ..plan.engine_config import EngineConfig
 from ..testmodel.make import shape_config
@@ -19,12 +21,16 @@ PARAMS = (("greedy", SamplingParams()), ("seeded sampling", SamplingParams(tempe
 
 def draft_checks(cls) -> list[Check]:
     """Every check of the draft source class `cls` (built as cls(cls.example_argument(directory)))."""
-    who = f"draft source {cls.name!r}"
+    who = f"draft source {getattr(cls, 'name', cls)!r}"
 
     def build():
         return cls(cls.example_argument(models.scratch(f"draft-{cls.name}")))
 
     def proposals_are_token_ids():
+        if not (isinstance(cls, type) and issubclass(cls, DraftSource)):
+            raise CheckFailed(f"{cls!r} is not a DraftSource subclass, and speculation refuses anything else: declare "
+                              f"it `class {getattr(cls, '__name__', 'MyDraft')}(DraftSource)` with `from "
+                              "k3core.plugin_api import DraftSource`")
         draft, vocab = build(), shape_config("tiny").vocab_size
         for prompt in PROMPTS:
             draft.begin(prompt)
@@ -54,6 +60,7 @@ def draft_checks(cls) -> list[Check]:
             finally:
                 engine.close()
 
-    return [Check(f"{who}: proposes at most k token ids of the model", proposals_are_token_ids),
+    return [Check(f"{who}: a DraftSource subclass that proposes at most k token ids of the model",
+                  proposals_are_token_ids),
             Check(f"{who}: speculation with it gives the serial ids, logit bytes and decode state (greedy, seeded "
                   "sampling; K=4 and auto)", speculation_gives_serial_output)]

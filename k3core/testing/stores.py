@@ -1,7 +1,7 @@
 """Conformance checks of an expert store class: the right bytes for every request pattern (so a stale
 slot is caught), a short read raised and never cached, a capacity it can serve, honest counters and
-a policy that replays its decisions, and ids and logit bytes identical to the built-in `lru` store on
-generated models at several budgets."""
+a policy that replays its decisions and counts its evictions, and ids and logit bytes identical to
+the built-in `lru` store on generated models at several budgets."""
 from __future__ import annotations
 
 import shutil
@@ -158,12 +158,24 @@ def counters_are_honest(cls, options) -> None:
             n = sum(len(a) for _, a in requests)
             expect(s["expert_requests"] == n, f"expert_requests is {s['expert_requests']}, {n} were asked for")
             expect(s["expert_hits"] <= n, f"expert_hits {s['expert_hits']} > requests {n}")
-            policy = cls.cache_policy(s["expert_slots"], store.options)
+            slots = s["expert_slots"]
+            policy = cls.cache_policy(slots, store.options)
             if policy is not None:
-                hits = sum(bool(policy.access((L, e))[0]) for L, asked in requests for e in asked)
-                expect(hits == s["expert_hits"], f"cache_policy({s.get('expert_slots')}) replays the same requests "
+                answers = [policy.access((L, e)) for L, asked in requests for e in asked]
+                hits, left = sum(bool(hit) for hit, _ in answers), sum(out is not None for _, out in answers)
+                expect(hits == s["expert_hits"], f"cache_policy({slots}) replays the same requests "
                        f"with {hits} hits, the store counted {s['expert_hits']}: `k3 sim-cache` would report "
                        "another store")
+                # every miss is admitted, so once the slots are full each miss evicts exactly one key
+                must = max(0, n - hits - slots)
+                counted = getattr(policy, "evictions", None)
+                expect(left == must, f"cache_policy({slots}) evicted {left} keys on {n - hits} misses into {slots} "
+                       f"slots: every miss becomes resident and evicts one key once the slots are full ({must})")
+                expect(counted == must, f"cache_policy({slots}).evictions is {counted!r} after a replay that evicted "
+                       f"{must} keys: count each eviction (self.evictions += 1 in access, CachePolicy) — the run "
+                       "report's retention and `k3 sim-cache` read it")
+                expect(s["expert_evictions"] == must, f"stats() expert_evictions is {s['expert_evictions']}, its "
+                       f"cache_policy evicted {must} keys on the same requests")
         finally:
             store.close()
     finally:
@@ -220,7 +232,8 @@ def store_checks(cls, options=None) -> list[Check]:
             Check(f"{who}: capacity() covers top-k and a fetch of that many is served",
                   partial(capacity_serves_a_whole_fetch, cls, options)),
             Check(f"{who}: plan() returns memory-plan rows", partial(plan_rows_are_sound, cls, options)),
-            Check(f"{who}: stats() has the STORE_STATS counters and its cache_policy replays its hits",
+            Check(f"{who}: stats() has the STORE_STATS counters and its cache_policy replays its hits and counts "
+                  "its evictions",
                   partial(counters_are_honest, cls, options)),
             Check(f"{who}: prefetch hints (right, partly right, wrong) change neither the bytes served nor the hits",
                   partial(prefetch_is_only_a_hint, cls, options)),

@@ -41,6 +41,7 @@ def test_a_reply_streams_and_equals_a_fresh_chat_session(host, reference):
     assert [m["role"] for m in done.messages] == ["user", "assistant"]
     assert done.messages[0]["content"] == "hello there"
     assert answer_of(done) == visible(reference(["hello there"])[0][1])
+    assert host.draft is None and "store</td>" in chats.monitor.render()  # no speculation: no draft source named
 
 
 def test_the_second_turn_forwards_only_its_new_tokens(host, reference):
@@ -218,5 +219,6 @@ def test_with_speculation_the_reply_is_the_same_and_the_panel_shows_acceptance(s
         assert answer_of(done) == visible(reference(["hello there"])[0][1])
         assert any('id="k3-drafts"' in html for html in seen)  # live, while the reply runs
         assert 'id="k3-drafts"' in monitor.render() and "passes for the prompt and 6 tokens" in monitor.render()
+        assert "store · ngram drafts</td>" in monitor.render()  # the engine plugins row names the draft source
     finally:
         host.close()
