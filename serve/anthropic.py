@@ -19,7 +19,8 @@ from .api import Api, ToolCallWatch, chat_job, chat_reply, events_or_cancel, gua
 from .schema import ApiError
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               413: "request_too_large", 429: "overloaded_error", 500: "api_error", 503: "overloaded_error"}
+               405: "invalid_request_error", 413: "request_too_large", 429: "overloaded_error", 500: "api_error",
+               503: "overloaded_error"}
 OVERLOADED = 529  # Anthropic's status for "try again later": the queue is full (429 in the OpenAI dialect)
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}  # else end_turn, or stop_sequence
 BLOCKS = {"think": "thinking", "response": "text"}  # the XTML channel -> the content block it fills

@@ -11,7 +11,7 @@ import hmac
 import json
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -135,6 +135,8 @@ class Api:
             raise ApiError(400, str(exc), param="messages", code="invalid_value") from None
         prompt += forced
         params = self.params(req.sampling, mode, len(prompt))
+        if forced:  # the reply is the calls alone, ended by their grammar: no text for a stop string to end, and a
+            params = replace(params, stop_strings=())  # stop string matched in their arguments would cut them
         stops = frozenset({self.tokenizer.id_of(EOM), *(grammar.stop_ids if grammar else ())})
         return Job(prompt, params, emit=None, channel=channel, forced=forced, grammar=grammar, stop_ids=stops,
                    logprobs=req.logprobs), mode

@@ -22,8 +22,8 @@ class ApiError(Exception):
     """An error the client gets as {"error": {"message", "type", "param", "code"}} with `status`."""
 
     TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-             408: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
-             503: "server_error"}
+             405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
+             429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  headers: dict | None = None):
@@ -174,7 +174,15 @@ def _not_served(body: dict) -> None:
     for name in ("frequency_penalty", "presence_penalty"):
         v = body.get(name)
         if v not in (None, 0, 0.0):
-            raise _bad(name, "not served; k3's `repetition_penalty` (a request field, > 0, 1 = off) is")
+            raise _bad(name, f"not served, got {v!r} (only 0 is accepted); send k3's own `repetition_penalty` field "
+                       "instead, which makes every id already in the context less likely (a number > 0, 1 = off).")
+
+
+def _only_one(body: dict, name: str, why: str) -> None:
+    """`n`, `best_of`: k3 generates one sequence per request, so 1 (or absent) is the only value served."""
+    v = body.get(name)
+    if v is not None and (isinstance(v, bool) or v != 1):
+        raise _bad(name, f"only {name} = 1 is served ({why}), got {v!r}")
 
 
 def _sampling(body: dict, max_tokens_limit: int) -> Sampling:
@@ -190,9 +198,7 @@ def _sampling(body: dict, max_tokens_limit: int) -> Sampling:
             raise _bad("stop", f"at most {MAX_STOP} stop sequences, got {len(stop)}")
     else:
         raise _bad("stop", f"must be a string or a list of strings, got {stop!r}")
-    n = body.get("n")
-    if n is not None and n != 1:
-        raise _bad("n", f"only n = 1 is served (one choice per request), got {n!r}")
+    _only_one(body, "n", "one choice per request")
     given = [k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None]
     max_tokens = _integer(body, given[0], 1, max_tokens_limit) if given else None
     return Sampling(temperature=_number(body, "temperature", 0.0, 2.0),
@@ -310,6 +316,7 @@ def completion_request(body: Any, max_tokens_limit: int) -> CompletionRequest:
     prompt = _prompt(body.get("prompt"))
     if body.get("suffix") is not None:
         raise _bad("suffix", "insertion (suffix) is not served")
+    _only_one(body, "best_of", "one completion generated per request, none to choose among")
     return CompletionRequest(model=_model(body), prompt=prompt, sampling=_sampling(body, max_tokens_limit),
                              stream=_bool(body, "stream"), include_usage=_include_usage(body),
                              echo=_bool(body, "echo"), logprobs=_integer(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS))

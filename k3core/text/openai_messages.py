@@ -2,10 +2,12 @@
 used by the server's chat completions (serve/schema.py) and `k3 bench drafts --transcripts`
 (k3core/cli/bench_transcripts.py), so a recorded conversation is scored as the server would have rendered it.
 
-developer is system; content is a string, null or a list of text parts joined (any other part is refused by
-name); an assistant's reasoning_content is its thinking and its tool_calls k3's call markup; a tool message is
-named by its `name`, else after the call its tool_call_id answers. Anything else is a MessageError naming the
-field as the request names it ("messages[2].tool_calls[0].function.arguments").
+developer is system; content is a string or a list of text parts joined (any other part is refused by name);
+null or absent only on an assistant turn (one that only called tools, as OpenAI takes it, or only thought): a
+system, user or tool message without content is refused; an assistant's reasoning_content is its thinking and its
+tool_calls k3's call markup; a tool message is named by its `name`, else after the call its tool_call_id answers.
+Anything else is a MessageError naming the field as the request names it
+("messages[2].tool_calls[0].function.arguments").
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ def k3_messages(messages) -> list[dict]:
         if role == "developer":
             role = "system"
         if role in ("system", "user"):
-            out.append({"role": role, "content": content_text(m.get("content"), where)})
+            out.append({"role": role, "content": content_text(_given(m, where), where)})
         elif role == "assistant":
             msg = {"role": "assistant", "content": content_text(m.get("content"), where)}
             thinking = m.get("reasoning_content")
@@ -59,14 +61,22 @@ def k3_messages(messages) -> list[dict]:
             name = m.get("name") or names.get(m.get("tool_call_id"))
             if name is not None and (not isinstance(name, str) or not TOOL_NAME.match(name)):
                 raise MessageError(f"{where}.name", "must be a tool name (letters, digits, _ and -)")
-            out.append({"role": "tool", "content": content_text(m.get("content"), where), "name": name})
+            out.append({"role": "tool", "content": content_text(_given(m, where), where), "name": name})
         else:
             raise MessageError(f"{where}.role", f"must be system, developer, user, assistant or tool, got {role!r}")
     return out
 
 
+def _given(message: dict, where: str):
+    """The content of a system, user or tool message, which must have one (null is an assistant's alone)."""
+    if message.get("content") is None:
+        problem = "must be a string or a list of text parts, got null" if "content" in message else "required"
+        raise MessageError(f"{where}.content", f"{problem} (only an assistant message may have no content)")
+    return message["content"]
+
+
 def content_text(content, where: str) -> str:
-    """A message's content: a string, null, or a list of text parts joined."""
+    """A message's content: a string, null (an assistant's: see _given), or a list of text parts joined."""
     if content is None:
         return ""
     if isinstance(content, str):
