@@ -10,11 +10,13 @@ DEMO_DIR ?= demo-model
 .PHONY: test demo install bench-index clean
 
 $(PY):
+	@echo "k3: creating $(VENV) (a Python virtual environment for k3 and its packages)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
 # Reinstall (and rebuild the C++ extension) whenever the build inputs change.
 $(STAMP): $(PY) pyproject.toml CMakeLists.txt $(wildcard native/*)
+	@echo "k3: installing k3's packages and compiling its C++ kernels into $(VENV) (a minute or two the first time)"
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
@@ -37,7 +39,8 @@ demo: export K3_PLUGINS = none
 demo: $(STAMP)
 	$(VENV)/bin/k3 setup --source demo --dest $(DEMO_DIR) --yes
 	$(VENV)/bin/k3 run --chat "What is the capital of France?" --max-tokens 40 --quiet
-	$(VENV)/bin/k3 ui  # the chat page on the same profile: prints its URL (127.0.0.1:7860); Ctrl-C stops it
+	@echo "$(VENV)/bin/k3 ui   # the chat page on the same profile; Ctrl-C stops it"
+	@trap : INT; $(VENV)/bin/k3 ui || [ $$? -eq 130 ]  # Ctrl-C (exit 130) ends the demo quietly, no make error
 
 # The fuzz targets of tests/fuzz run long (`make test` runs each a bounded number of times): about ten
 # minutes on two cores. A crash prints its input: add it to tests/fuzz/corpus/<target>/ so it is replayed.

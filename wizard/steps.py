@@ -8,6 +8,7 @@ from __future__ import annotations
 import getpass
 import logging
 import shlex
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -312,7 +313,10 @@ class Setup:
                      "packs losslessly in ~0.67x the bytes)")
             return "raw"
         choice = choose_trunk_codec(disk)
-        self.say(f"      codec {choice.codec}: {choice.why} (--codec raw|planes to choose yourself)")
+        size = sum(r["size"] for r in self.st.files.values()) if self.st.files else demo_bytes()
+        fits = (f"; this model ({human(size)}) fits in RAM, so nothing of it streams and the codec changes only the "
+                "trunk file's size" if machine.Target(str(self.src), size, size).in_ram else "")
+        self.say(f"      codec {choice.codec}: {choice.why}{fits} (--codec raw|planes to choose yourself)")
         return choice.codec
 
     def step_profile(self) -> str:
@@ -330,7 +334,27 @@ class Setup:
         return f"preset {preset} ({why}); saved {path}"
 
     def step_next(self) -> str:
-        self.say("      k3 chat                                              # talk to it (uses the saved profile)")
-        self.say('      k3 run --chat "What is the capital of France?"          # one question, one answer')
-        self.say(f"      k3 verify {self.dest}   # re-check every file, any time")
-        return "k3 chat"
+        k3, activate = k3_command()
+        self.say(f"      {k3} chat                                              # talk to it (uses the saved profile)")
+        self.say(f'      {k3} run --chat "What is the capital of France?"          # one question, one answer')
+        self.say(f"      {k3} verify {self.dest}   # re-check every file, any time")
+        if activate:
+            self.say(f"      (`k3` alone is not on this shell's PATH: `source {activate}` puts it there)")
+        return f"{k3} chat"
+
+
+def k3_command() -> tuple[str, str | None]:
+    """How this shell starts this install's k3: `k3` when the PATH finds this very one, else its path (relative
+    when it lies under the current directory, as `.venv/bin/k3` after `make demo`); and the activate script that
+    would put it on the PATH, when there is one to name."""
+    mine = Path(sys.executable).parent / "k3"
+    found = shutil.which("k3")
+    if found and Path(found).resolve() == mine.resolve():
+        return "k3", None
+    try:
+        shown = str(mine.relative_to(Path.cwd()))
+    except ValueError:
+        shown = str(mine)
+    activate = mine.with_name("activate")
+    return shlex.quote(shown), (shlex.quote(str(activate.relative_to(Path.cwd()) if activate.is_relative_to(Path.cwd())
+                                                else activate)) if activate.is_file() else None)

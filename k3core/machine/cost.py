@@ -156,7 +156,7 @@ def choose_codec(disk: float, cores: int, decode_per_core: float, compute_per_co
     planes = projection(PLANES_RATIO, decode_per_core, compute_per_core, 1.0, cores, disk)["seconds_per_token"]
     codec = "planes" if planes < raw else "raw"
     why = (f"disk {disk / 1e9:.2f} GB/s, {cores} cores restoring {decode_per_core / 1e9:.2f} GB/s each and computing "
-           f"{compute_per_core / 1e9:.1f} GB/s each: streaming the whole trunk projects {raw:.1f} s/token raw, "
+           f"{compute_per_core / 1e9:.1f} GB/s each: streaming the released Kimi K3's whole trunk projects {raw:.1f} s/token raw, "
            f"{planes:.1f} s/token planes")
     return CodecChoice(codec, raw, planes, why)
 

@@ -1,0 +1,73 @@
+"""Issue 28, getting started: setup's last step prints the commands the way this shell runs them; the codec
+line says whose projection it prints and that a model in RAM streams nothing; `make demo` ends quietly on Ctrl-C."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from wizard import steps
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_next_command_is_k3_when_the_path_finds_this_install(monkeypatch):
+    mine = Path(sys.executable).parent / "k3"
+    monkeypatch.setattr(steps.shutil, "which", lambda name: str(mine))
+    assert steps.k3_command() == ("k3", None)
+
+
+def test_the_next_command_is_this_install_s_path_when_k3_is_not_on_the_path(monkeypatch, tmp_path):
+    monkeypatch.setattr(steps.shutil, "which", lambda name: None)
+    venv = tmp_path / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "activate").write_text("")
+    monkeypatch.setattr(steps.sys, "executable", str(venv / "python"))
+    monkeypatch.chdir(tmp_path)
+    assert steps.k3_command() == (".venv/bin/k3", ".venv/bin/activate")
+    monkeypatch.chdir(ROOT)  # elsewhere: the whole path
+    assert steps.k3_command() == (str(venv / "k3"), str(venv / "activate"))
+
+
+def test_setup_prints_runnable_commands_and_labels_the_projection(k3, tmp_path, monkeypatch):
+    monkeypatch.setattr(steps.shutil, "which", lambda name: None)
+    rc, out, err = k3("setup", "--source", "demo", "--dest", tmp_path / "demo", "--yes", "--read-mb", "1")
+    assert rc == 0, err
+    shown = steps.k3_command()[0]  # .venv/bin/k3 from the repository's root
+    assert shown != "k3" and re.search(rf"^      {re.escape(shown)} chat +# talk to it", out, re.M), out
+    assert "`k3` alone is not on this shell's PATH: `source " in out
+    codec = next(line for line in out.splitlines() if line.strip().startswith("codec "))
+    assert "streaming the released Kimi K3's whole trunk projects" in codec
+    assert re.search(r"this model \(\d[\d.]* [kM]B\) fits in RAM, so nothing of it streams", codec), codec
+
+
+def test_make_demo_ends_quietly_on_ctrl_c(tmp_path):
+    """The demo's last recipe line, as the Makefile has it, with a stand-in `k3` that exits 130 on Ctrl-C as k3 ui
+    does: make prints no error line."""
+    recipe = [line for line in (ROOT / "Makefile").read_text().splitlines()
+              if line.startswith("\t") and "bin/k3 ui" in line and "echo" not in line]
+    assert len(recipe) == 1, recipe
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "k3").write_text(f"#!{sys.executable}\nimport sys, time\nprint('serving', flush=True)\n"
+                                "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n"
+                                "    print('stopped', flush=True)\n    sys.exit(130)\n")
+    (bin_dir / "k3").chmod(0o755)
+    (tmp_path / "Makefile").write_text(f"VENV := {tmp_path / 'venv'}\ndemo:\n{recipe[0]}\n")
+
+    def session():
+        os.setsid()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    make = subprocess.Popen(["make", "-s", "demo"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, preexec_fn=session)
+    deadline = time.monotonic() + 20
+    while "serving" not in (make.stdout.readline() or "") and time.monotonic() < deadline:
+        pass
+    os.killpg(make.pid, signal.SIGINT)  # Ctrl-C reaches the terminal's whole foreground group
+    rest, _ = make.communicate(timeout=20)
+    assert "stopped" in rest and "make:" not in rest, rest
