@@ -248,14 +248,16 @@ def checked_params(args, kind: str):
 
 def print_events(events, kind: str):
     """Print a generation as it streams — the reply on stdout, thinking on stderr, ids as one line at the end for an
-    ids prompt — and return its "done" event."""
-    thought, done = False, None
+    ids prompt — and return its "done" event. Thinking reads apart from the answer without colour: a 'thinking:'
+    line over it and, once the answer starts, a blank line and 'answer:' (both on stderr, so stdout is the answer)."""
+    label, done = None, None  # the label printed last
     for event in events:
         if event.kind == "text" and kind == "text":
-            out = sys.stderr if event.channel == "think" else sys.stdout
-            if thought and out is sys.stdout:  # the thinking (stderr) ends on its own line
-                print(file=sys.stderr, flush=True)
-            thought = event.channel == "think"
+            think = event.channel == "think"
+            if (think and label != "thinking:") or (not think and label == "thinking:"):
+                print(("\n\n" if label else "") + ("thinking:" if think else "answer:"), file=sys.stderr, flush=True)
+                label = "thinking:" if think else "answer:"
+            out = sys.stderr if think else sys.stdout
             print(visible(event.text) if out.isatty() else event.text, end="", flush=True, file=out)
         elif event.kind == "done":
             done = event
