@@ -78,7 +78,7 @@ def report_text(r: dict) -> str:
     return "\n".join([
         f"prompt {len(r['prompt_ids'])} ids, generated {len(r['generated_ids'])} ({r['mode']}); load "
         f"{r['load_seconds']:.2f} s, prefill {r['prefill_seconds']:.3f} s, decode {r['seconds_per_token']:.3f} "
-        f"s/token; peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB",
+        f"s/token; peak RSS {human(r['peak_rss_bytes'])}",
         f"kernels {r['kernels']}, trunk placer {r['trunk_placer']}, expert store {r['expert_store']}",
         f"trunk read {r['trunk_bytes_read'] / 1e9:.3f} GB at {gbps(r['trunk_read_rate'])}; experts: "
         f"{r['expert_requests']} requests, TRUE hits {_pct(r['expert_true_hit_rate'])}, retention "
