@@ -1,6 +1,7 @@
 """What `k3 run` prints. With `--chat --thinking` the reasoning and the answer read apart without colour — a
-'thinking:' line over the reasoning and, once the answer starts, a blank line and 'answer:', both on stderr, so stdout holds the answer alone.
-Its report counts memory in the decimal units of k3core.units.human, as `k3 chat` and the page do."""
+'thinking:' line over the reasoning and, once the answer starts, a blank line and 'answer:', both on stderr, so
+stdout holds the answer alone. Its report counts memory in the decimal units of k3core.units.human, as `k3 chat`
+and the page do."""
 from __future__ import annotations
 
 import re
