@@ -247,3 +247,55 @@ def test_speculate_gives_the_serial_ids_and_logits_and_reports_the_drafts(capsys
 def test_bad_speculation_flags_are_refused(capsys, tiny_model, tmp_path, flags, needle):
     assert_refused(capsys, ["run", tiny_model, "--ids", "1,2", "--json", tmp_path / "r.json", *flags], needle,
                    tmp_path / "r.json")
+
+
+def command_plugin(plugin_name, *commands):
+    """An in-process plugin (a module named `plugin_name`) adding `commands`, each printing who ran it."""
+    import types
+
+    from k3core.hookspecs import hookimpl
+
+    @hookimpl
+    def k3_subcommands(subparsers):
+        for command in commands:
+            p = subparsers.add_parser(command, help=f"{plugin_name}'s {command}")
+            p.add_argument("--flag")
+            p.set_defaults(func=lambda args, c=command: print(f"{plugin_name} ran {c} {args.flag}") or 0)
+
+    plugin = types.ModuleType(plugin_name)
+    plugin.k3_subcommands = k3_subcommands
+    return plugin
+
+
+def test_two_plugins_adding_one_subcommand_name_it_and_leave_the_rest_working(capsys, monkeypatch):
+    from k3core import plugin_manager as plugins
+
+    pm = plugins.new_plugin_manager([command_plugin("alpha", "greet", "wave"), command_plugin("beta", "greet", "bow")])
+    monkeypatch.setattr(plugins, "get_plugin_manager", lambda: pm)
+    for argv in (["greet", "--flag", "x"], ["greet", "--help"], ["greet"]):
+        code, out, err = run_k3(capsys, *argv)
+        assert (code, out) == (2, "")
+        assert err == ("k3: error: the plugins 'beta' and 'alpha' both add the subcommand 'greet', so `k3 greet` runs "
+                       "neither: uninstall one of them, or load only one with K3_PLUGINS (`k3 plugins` lists each "
+                       "plugin's commands)\n")
+    assert run_k3(capsys, "wave", "--flag", "1")[:2] == (0, "alpha ran wave 1\n")
+    assert run_k3(capsys, "bow", "--flag", "2")[:2] == (0, "beta ran bow 2\n")   # beta's other command is there
+    assert run_k3(capsys, "presets", "--json")[0] == 0
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "wave" in out and "bow" in out and "setup" in out
+    assert "unavailable: the plugins 'beta' and 'alpha' both add it (`k3 greet` says what to do)" in " ".join(out.split())
+
+
+def test_a_plugin_taking_a_name_of_k3s_own_is_named(capsys, monkeypatch):
+    from k3core import plugin_manager as plugins
+
+    pm = plugins.new_plugin_manager([command_plugin("gamma", "presets")])
+    monkeypatch.setattr(plugins, "get_plugin_manager", lambda: pm)
+    code, out, err = run_k3(capsys, "presets")
+    assert (code, out) == (2, "")
+    assert err == ("k3: error: the plugin 'gamma' adds the subcommand 'presets', which is k3's own, so `k3 presets` "
+                   "runs neither: uninstall the plugin, or leave it out with K3_PLUGINS (`k3 plugins` lists each "
+                   "plugin's commands)\n")
+    assert run_k3(capsys, "plugins")[0] == 0

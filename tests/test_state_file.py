@@ -138,3 +138,22 @@ def test_a_bad_file_on_chat_load_leaves_the_conversation_as_it_was(small_model, 
             with pytest.raises(StateFileError, match=says):
                 _command(f"/load {tmp_path / name}.npz", chat, engine)
             assert (chat.conv.messages, chat.history, chat.session.state.ids) == before
+
+
+def test_a_missing_file_a_directory_or_an_unreadable_file_is_named_as_such(tiny_model, tmp_path):
+    import os
+
+    (tmp_path / "afile").write_bytes(b"x")
+    locked = tmp_path / "locked.npz"
+    locked.write_bytes(b"PK\x05\x06" + bytes(18))
+    locked.chmod(0)
+    cases = [(tmp_path / "nowhere.npz", "the file does not exist"), (tmp_path, "is a directory"),
+             (tmp_path / "afile" / "s.npz", "cannot read: Not a directory")]
+    if os.geteuid() != 0:  # root reads it anyway
+        cases.append((locked, "cannot read: Permission denied"))
+    with open_engine(EngineConfig(tiny_model)) as engine:
+        for path, says in cases:
+            with pytest.raises(StateFileError) as e:
+                load_state(path, engine)
+            assert str(e.value) == f"{path}: {says}" and e.value.exit_code == 2
+    locked.chmod(0o600)

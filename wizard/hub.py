@@ -29,6 +29,15 @@ class HubError(K3Error):
     exit_code = 2
 
 
+class UnreachableError(HubError):
+    """No answer from the Hub at all: the network or the endpoint is down, or HF_HUB_OFFLINE is set. `reason` says
+    which, in a few words (what --dry-run prints for what it could not check)."""
+
+    def __init__(self, message: str, reason: str, offline_mode: bool = False):
+        super().__init__(message)
+        self.reason, self.offline_mode = reason, offline_mode
+
+
 class AuthError(HubError):
     """401/403: a token is missing, wrong, or lacks access to the repository."""
 
@@ -114,11 +123,13 @@ class Hub:
                                    "name (hf://OWNER/NAME[@REVISION]) and HF_ENDPOINT") from None
                 raise HubError(f"{self.repo}: {what}: the Hub answered HTTP {status}; try again later") from None
             except OfflineModeIsEnabled:
-                raise HubError("HF_HUB_OFFLINE is set, so nothing can be downloaded: unset it, or set up from a "
-                               "local directory (--source DIR)") from None
+                raise UnreachableError("HF_HUB_OFFLINE is set, so nothing can be downloaded: unset it, or set up "
+                                       "from a local directory (--source DIR)", "HF_HUB_OFFLINE is set",
+                                       offline_mode=True) from None
             except httpx2.TransportError as exc:
-                raise HubError(f"cannot reach {self.endpoint} ({type(exc).__name__}: {exc}); check the network, "
-                               "or HF_ENDPOINT if you use a mirror") from None
+                reason = f"cannot reach {self.endpoint} ({type(exc).__name__}: {exc})"
+                raise UnreachableError(f"{reason}; check the network, or HF_ENDPOINT if you use a mirror",
+                                       reason) from None
 
     # ---- metadata -----------------------------------------------------------------------------
     def resolve(self, revision: str) -> str:
@@ -164,10 +175,12 @@ class Hub:
                             break
                     return bytes(out[want - n:want])
             except OfflineModeIsEnabled:
-                raise HubError("HF_HUB_OFFLINE is set, so nothing can be downloaded: unset it") from None
+                raise UnreachableError("HF_HUB_OFFLINE is set, so nothing can be downloaded: unset it",
+                                       "HF_HUB_OFFLINE is set", offline_mode=True) from None
             except httpx2.TransportError as exc:
-                raise HubError(f"{self.repo}/{path}: reading bytes {start}+{n} failed ({type(exc).__name__}: {exc})") \
-                    from None
+                reason = f"reading {self.endpoint}/{self.repo}/{path} failed ({type(exc).__name__}: {exc})"
+                raise UnreachableError(f"{self.repo}/{path}: reading bytes {start}+{n} failed "
+                                       f"({type(exc).__name__}: {exc})", reason) from None
 
     def read_header(self, path: str, sha: str) -> dict:
         """A remote shard's safetensors header (two ranged reads; no tensor data)."""

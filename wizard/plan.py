@@ -118,6 +118,18 @@ def plan_hub(hub, sha: str, vision: bool, jobs: int = 4) -> Plan:
     return Plan(out, trunk, official, vision_names, [f.path for f in skipped], vision_bytes=vision_bytes)
 
 
+def plan_published(vision: bool) -> Plan:
+    """The released checkpoint's weight shards by the published size table k3 ships, without the Hub: what an
+    offline `--dry-run` plans with. The config and tokenizer files are not in the table (a few MB)."""
+    out, vision_bytes = {}, 0
+    for name, size in published_sizes().items():
+        is_vision = name in OFFICIAL_VISION
+        vision_bytes += size if is_vision else 0
+        if vision or not is_vision:
+            out[name] = record(name, size, kind="vision" if is_vision else "weights")
+    return Plan(out, int(RELEASED_TRUNK_BYTES), official=True, vision=list(OFFICIAL_VISION), vision_bytes=vision_bytes)
+
+
 # ---- a local directory, the demo --------------------------------------------------------------------
 def plan_local(directory: Path) -> Plan:
     """Use a checkpoint in place: k3core must open it; sizes come from disk, hashes are measured."""

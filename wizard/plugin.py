@@ -48,9 +48,10 @@ examples:
   k3 setup --source demo --dest demo-model --yes      # the demo model, then `k3 chat`
 
 exit codes:
-  0    done (or, with --dry-run, it would fit)
+  0    done (or, with --dry-run, it would fit; offline: by the sizes it could plan with)
   1    a download or runtime failure: finished work is kept, run the same command to resume
-  2    bad usage, not enough space (refused before downloading), a token problem, a bad file
+  2    bad usage, not enough space (refused before downloading), a token problem, a bad file, the Hub
+       unreachable when the setup starts (with --dry-run: only when it has no sizes to plan with)
   130  interrupted: run the same command to resume"""
 
 
@@ -90,7 +91,9 @@ def k3_subcommands(subparsers):
     p.add_argument("--jobs", type=int, default=4, metavar="N", help="files downloaded / hashed in parallel (4)")
     p.add_argument("--yes", action="store_true", help="ask nothing: take the defaults and the flags given")
     p.add_argument("--dry-run", action="store_true", help="print the plan (files, bytes, disk needed, time from "
-                   "measured network and disk rates) and stop; exit 2 if it would not fit")
+                   "measured network and disk rates) and stop; exit 2 if it would not fit. Offline it plans with the "
+                   "sizes the last run recorded in --dest, else (moonshotai/Kimi-K3) the published shard sizes k3 "
+                   "ships, and says what it could not check; with neither, exit 2")
     p.add_argument("--no-pack", action="store_true", help="skip packing (the whole trunk is then held in RAM)")
     p.add_argument("--codec", default="auto", choices=["auto", *TRUNK_CODECS],
                    help="how the packed trunk stores its bytes: raw, planes (lossless, ~0.67x the bytes, restored on "

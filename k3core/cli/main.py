@@ -120,6 +120,81 @@ def _option_like(arg: str, prefix_chars: str) -> bool:
             and not re.fullmatch(r"-\d+|-\d*\.\d+", arg))
 
 
+class _Contested(Parser):
+    """A subcommand name two plugins (or a plugin and k3 itself) add: `k3 NAME …` takes any arguments and exits 2
+    with the PluginError naming them; every other command works."""
+
+    def __init__(self, prog: str, refusal: Exception):
+        super().__init__(prog=prog, add_help=False)
+        self.refusal = refusal
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace = namespace if namespace is not None else argparse.Namespace()
+        namespace.func = self.refuse
+        return namespace, []
+
+    def refuse(self, args) -> int:
+        raise self.refusal
+
+
+def add_plugin_subcommands(sub, pm) -> None:
+    """Call each plugin's k3_subcommands (in pluggy's call order), watching the names it adds. A name already taken
+    (by k3 or an earlier plugin) is not argparse's `conflicting subparser` on every command: the later plugin gets a
+    detached parser, so the rest of its commands are added, and the name becomes a command that refuses with one
+    PluginError line naming the plugins that add it."""
+    from ..errors import PluginError
+
+    owners = {name: [None] for name in sub.choices}        # None: k3's own command
+    add = sub.add_parser
+    for impl in reversed(pm.hook.k3_subcommands.get_hookimpls()):
+        plugin = impl.plugin_name
+
+        def add_parser(name, **kwargs):
+            names = [name, *kwargs.get("aliases", ())]
+            taken = [n for n in names if n in owners]
+            for n in taken:
+                owners[n].append(plugin)
+            if taken:
+                for key in ("aliases", "help", "deprecated"):   # add_parser's own, not ArgumentParser's
+                    kwargs.pop(key, None)
+                kwargs.setdefault("prog", f"{sub._prog_prefix} {name}")
+                return sub._parser_class(**kwargs)
+            for n in names:
+                owners[n] = [plugin]
+            return add(name, **kwargs)
+
+        sub.add_parser = add_parser          # this plugin's calls go through the check (instance attribute)
+        try:
+            impl.function(*[{"subparsers": sub}[a] for a in impl.argnames])
+        except argparse.ArgumentError as exc:
+            raise PluginError(f"the plugin {plugin!r} could not add its subcommands: {exc}") from None
+        finally:
+            del sub.add_parser
+    for name, who in owners.items():
+        if len(who) < 2:
+            continue
+        plugins = [repr(w) for w in who if w is not None]
+        listed = plugins[0] if len(plugins) == 1 else ", ".join(plugins[:-1]) + f" and {plugins[-1]}"
+        fix = "(`k3 plugins` lists each plugin's commands)"
+        if None in who:
+            one = len(plugins) == 1
+            text = (f"the plugin{'' if one else 's'} {listed} add{'s' if one else ''} the subcommand {name!r}, which is "
+                    f"k3's own, so `k3 {name}` runs neither: uninstall the plugin{'' if one else 's'}, or leave "
+                    f"{'it' if one else 'them'} out with K3_PLUGINS {fix}")
+            short = f"unavailable: the plugin{'' if one else 's'} {listed} add{'s' if one else ''} it too"
+        else:
+            both = "both" if len(plugins) == 2 else "all"
+            text = (f"the plugins {listed} {both} add the subcommand {name!r}, so `k3 {name}` runs neither: "
+                    f"uninstall one of them, or load only one with K3_PLUGINS {fix}")
+            short = f"unavailable: the plugins {listed} {both} add it"
+        sub.choices[name] = _Contested(f"{sub._prog_prefix} {name}", PluginError(text))
+        pseudo = [a for a in sub._choices_actions if a.dest == name]
+        if pseudo:
+            pseudo[0].help = f"{short} (`k3 {name}` says what to do)"
+        else:
+            sub._choices_actions.append(sub._ChoicesPseudoAction(name, (), f"{short} (`k3 {name}` says what to do)"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
     p = Parser(
@@ -182,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_doctor(sub)
     add_bench(sub)
     add_sim_cache(sub)
-    get_plugin_manager().hook.k3_subcommands(subparsers=sub)  # the wizard's, the UI's, a third party's
+    add_plugin_subcommands(sub, get_plugin_manager())  # the wizard's, the UI's, a third party's
     return p
 
 

@@ -51,20 +51,31 @@ MAX_STATE_BYTES = 64 << 30  # a state file larger than this is refused before it
 
 
 def _read_arrays(path) -> dict:
-    """Every array of the npz, read with pickles refused; anything unreadable is StateFileError."""
+    """Every array of the npz, read with pickles refused; anything unreadable is StateFileError: a missing file, a
+    directory or a file that cannot be opened named as such, and "not a k3 state file" only for a file that opens."""
     import zipfile
 
     try:
-        with zipfile.ZipFile(path) as z:
-            size = sum(i.file_size for i in z.infolist())
-            if size > MAX_STATE_BYTES:
-                raise StateFileError(f"{path}: {size:,} bytes unpacked, over the limit of {MAX_STATE_BYTES:,}")
-            if any(i.filename == "meta.npy" and i.file_size > SMALL_FILE_BYTES for i in z.infolist()):
-                raise too_large(f"{path}: its 'meta' member", SMALL_FILE_BYTES, "a state file's metadata")
-            if bad := z.testzip():
-                raise StateFileError(f"{path}: the member {bad!r} is damaged (its CRC does not match)")
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise StateFileError(f"{path}: the file does not exist") from None
+    except IsADirectoryError:
+        raise StateFileError(f"{path}: is a directory") from None
+    except OSError as exc:
+        raise StateFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        with f:
+            with zipfile.ZipFile(f) as z:   # a file object given is left open
+                size = sum(i.file_size for i in z.infolist())
+                if size > MAX_STATE_BYTES:
+                    raise StateFileError(f"{path}: {size:,} bytes unpacked, over the limit of {MAX_STATE_BYTES:,}")
+                if any(i.filename == "meta.npy" and i.file_size > SMALL_FILE_BYTES for i in z.infolist()):
+                    raise too_large(f"{path}: its 'meta' member", SMALL_FILE_BYTES, "a state file's metadata")
+                if bad := z.testzip():
+                    raise StateFileError(f"{path}: the member {bad!r} is damaged (its CRC does not match)")
+            f.seek(0)
+            with np.load(f, allow_pickle=False) as data:
+                return {k: data[k] for k in data.files}
     except StateFileError:
         raise
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, RuntimeError) as exc:
