@@ -29,12 +29,20 @@ FREE = {"concurrency_limit": None}                               # never waits f
 CSS = """
 #k3-title h1 { margin-bottom: 0; }
 #k3-note { min-height: 1.5em; font-size: 0.85em; opacity: 0.8; }
+.k3-panel, .k3-panel tr { border: none !important; }
 .k3-panel { width: 100%; font-size: 0.86em; border-collapse: collapse; }
 .k3-panel th, .k3-panel td { border: none !important; border-bottom: 1px solid var(--border-color-primary) !important;
   padding: 4px 8px 4px 0 !important; text-align: left; vertical-align: top; background: none !important; }
 .k3-panel th { font-weight: 600; white-space: nowrap; width: 9.5em; }
 .k3-panel td { font-variant-numeric: tabular-nums; }
 .k3-panel progress { width: 100%; height: 0.7em; }
+.k3-off { font-size: 0.85em; opacity: 0.85; }
+#k3-chat .placeholder-content { padding: 0 1em; }
+/* the memory plan's lines are long: wrapped in a narrow window, never cut off behind a scroll bar */
+#k3-plan pre, #k3-plan pre code { white-space: pre-wrap !important; overflow-wrap: anywhere; }
+/* table cells break between words, never inside one ("versio|n") */
+#k3-plugins-tab td, #k3-plugins-tab th, #k3-presets td, #k3-presets th, #k3-setup-steps td, #k3-setup-steps th {
+  word-break: normal !important; overflow-wrap: normal !important; }
 """
 
 
@@ -84,6 +92,11 @@ def build(host: EngineHost, keep_states: int = 2, guard: Guard | None = None) ->
                 controls, current = memory_tab(host, chats, guard)
             with gr.Tab("Plugins", id="plugins") as plugins:
                 listing = plugins_tab(host)
+
+        def redraw_title():  # built once; the model may have changed since (Setup's "use the saved profile")
+            return header(host)
+
+        demo.load(redraw_title, None, title, api_visibility="private", concurrency_limit=None)
         # the engine may have been reopened since the page loaded: show what is in force now
         memory.select(current, None, controls, api_visibility="private", concurrency_limit=None)
         plugins.select(lambda: plugins_markdown(host), None, listing, api_visibility="private",
@@ -99,15 +112,16 @@ def chat_tab(demo: gr.Blocks, chats: Chats, monitor: Monitor) -> None:
                                  placeholder="Ask anything. Replies stream token by token; Stop halts the "
                                              "engine at the next token.")
             note = gr.Markdown(elem_id="k3-note")
-            with gr.Row():
-                box = gr.Textbox(show_label=False, placeholder="Message Kimi K3 (Enter to send)", scale=8,
-                                 autofocus=True, elem_id="k3-input")
-                send = gr.Button("Send", variant="primary", scale=1, elem_id="k3-send")
-                stop = gr.Button("Stop", variant="stop", scale=1, elem_id="k3-stop")
-            with gr.Row():
-                retry = gr.Button("↻ Retry", size="sm", elem_id="k3-retry")
-                undo = gr.Button("↶ Undo", size="sm", elem_id="k3-undo")
-                clear = gr.Button("✕ Clear", size="sm", elem_id="k3-clear")
+            # the box spans the column; its buttons go in rows below it, none wider than it at any width
+            box = gr.Textbox(show_label=False, placeholder="Message Kimi K3 (Enter to send)", autofocus=True,
+                             elem_id="k3-input")
+            with gr.Row(elem_id="k3-send-row"):
+                send = gr.Button("Send", variant="primary", scale=2, min_width=80, elem_id="k3-send")
+                stop = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id="k3-stop")
+            with gr.Row(elem_id="k3-edit-row"):
+                retry = gr.Button("↻ Retry", size="sm", min_width=80, elem_id="k3-retry")
+                undo = gr.Button("↶ Undo", size="sm", min_width=80, elem_id="k3-undo")
+                clear = gr.Button("✕ Clear", size="sm", min_width=80, elem_id="k3-clear")
         with gr.Column(scale=2):
             gr.Markdown("### Engine")
             panel = gr.HTML(monitor.render(), elem_id="k3-panel")

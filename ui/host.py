@@ -46,6 +46,12 @@ class EngineHost:
         return self.config.replace(preset=None, trunk_gb=float(trunk_gb) if self.config.trunk and trunk_gb else None,
                                    cache_gb=None if cache_gb in (None, "") else float(cache_gb))  # 0 / blank: not given
 
+    def budget_of(self, preset: str | None, trunk_gb=None, cache_gb=None) -> dict:
+        """The budgets these choices give, as `budget` says them (auto resolved now, from MemAvailable; trunk_gb
+        None without a packed trunk), without opening anything."""
+        b = self._with(preset, trunk_gb, cache_gb).budget()
+        return {"preset": b.preset, "trunk_gb": b.trunk_gb, "cache_gb": b.cache_gb}
+
     def preview(self, preset: str | None, trunk_gb=None, cache_gb=None):
         """The memory plan these budgets would give, without loading anything. The running engine's own
         memory counts as used in `available`."""

@@ -139,10 +139,14 @@ def setup_tab(host, chats, title, header, tab, guard) -> None:
                                 info="auto: planes (lossless, ~0.67× the bytes) where this machine's cores restore "
                                      "faster than its disk saves; else raw")
             jobs = gr.Slider(1, 16, value=4, step=1, label="Files in parallel")
-            with gr.Row():
-                show = gr.Button("Show progress", size="sm")
-                run = gr.Button("Run / resume", variant="primary", elem_id="k3-setup-run")
-            use = gr.Button("Use the saved profile now (reopens the engine)", elem_id="k3-setup-use")
+            show = gr.Button("Show progress", elem_id="k3-setup-show")
+            run = gr.Button("Run / resume", variant="primary", elem_id="k3-setup-run", interactive=guard.admin)
+            use = gr.Button("Use the saved profile now (reopens the engine)", elem_id="k3-setup-use",
+                            interactive=guard.admin)
+            if not guard.admin:  # the buttons are greyed out: say why beside them, and how to allow them
+                gr.Markdown(f"Run / resume and Use are off: Setup writes files and opening a model changes what "
+                            f"every session sees. Start `k3 ui {ADMIN_FLAG}` (or with `--auth USER:PASSWORD`) to "
+                            f"allow them.", elem_id="k3-setup-why", elem_classes="k3-off")
         with gr.Column(scale=2):
             status = gr.Markdown(elem_id="k3-setup-status")
             table = gr.Markdown(steps_table(guard, default_dest), elem_id="k3-setup-steps")  # what is there now

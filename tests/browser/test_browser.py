@@ -1,7 +1,9 @@
 """The chat page in a real headless browser (Debian's chromium driven by Playwright), as a person
 uses it: type a prompt, watch tokens stream and the per-layer progress of a slow first token, press
 Stop (the engine stops, the next turn works), see thinking collapsed, run the Setup tab on the demo
-source, look at Memory and Plugins. Screenshots go to build/screenshots/ (or $K3_SCREENSHOTS)."""
+source, look at Memory and Plugins; then every tab at 1280 and 800 px wide: nothing wider than the window, the
+message box as wide as its button rows, a preset filling the memory fields. Screenshots go to build/screenshots/
+(or $K3_SCREENSHOTS)."""
 from __future__ import annotations
 
 import json
@@ -277,16 +279,22 @@ def test_another_browser_cannot_reach_a_conversation_or_steer_the_page(page, sma
         stranger.wait_for_selector("#k3-input textarea", timeout=60_000)
         stranger.get_by_role("tab", name="Setup").click()
         stranger.wait_for_selector("#k3-setup-off")
-        stranger.click("#k3-setup-run")
-        stranger.wait_for_function("document.querySelector('#k3-setup-status')?.innerText.includes('off on this page')",
-                                   timeout=30_000)
         engine = app.host.engine
-        stranger.click("#k3-setup-use")
-        stranger.wait_for_function("(document.querySelector('#k3-setup-status')?.innerText.match(/off on this page/g)"
-                                   " || []).length >= 1 && document.querySelector('#k3-setup-status').innerText"
-                                   ".includes('profile')", timeout=30_000)
+        for button in ("#k3-setup-run", "#k3-setup-use"):  # greyed out, and a line beside them says why and how
+            assert stranger.locator(button).is_disabled(), button
+            stranger.locator(button).click(force=True)  # a click on it anyway does nothing
+        why = stranger.inner_text("#k3-setup-why")
+        assert "k3 ui --allow-admin" in why and "--auth USER:PASSWORD" in why and "every session" in why
+        stranger.get_by_role("tab", name="Memory").click()
+        assert stranger.locator("#k3-plan-apply").is_disabled() and "--allow-admin" in stranger.inner_text(
+            "#k3-memory-off")
+        stranger.get_by_role("tab", name="Setup").click()
+        time.sleep(1.0)
+        assert stranger.inner_text("#k3-setup-status").strip() == ""  # no event ran
         assert app.host.engine is engine and list(tmp_path.iterdir()) == []
         shot(stranger, "14-setup-off")
+        stranger.set_viewport_size({"width": 800, "height": 900})
+        shot(stranger, "14-setup-off-800")
     finally:
         running.close()
         stranger.context.close()
@@ -325,3 +333,66 @@ def test_the_demo_model_answers_on_the_page(page, tmp_path):
         pg.context.close()
         running.close()
         host.close()
+
+
+TABS = {"Chat": "#k3-input textarea", "Setup": "#k3-setup-steps", "Memory": "#k3-plan", "Plugins": "#k3-plugins-tab table"}
+
+OFF_SCREEN = """() => {  // what of the open tab is not wholly inside the window's width, or cut off inside its box
+    const width = document.documentElement.clientWidth, out = [];
+    const panel = [...document.querySelectorAll('[role=tabpanel]')].find(p => p.offsetParent !== null);
+    for (const el of panel.querySelectorAll('button, input, textarea, table, pre, label, h1, h2, h3, p')) {
+        const r = el.getBoundingClientRect();
+        if (!r.width || !r.height) continue;
+        if (r.left < -0.5 || r.right > width + 0.5) out.push(`${el.tagName}#${el.id} ${el.innerText?.slice(0, 30)} at ${r.left}..${r.right}`);
+        if (['PRE', 'TABLE'].includes(el.tagName) && el.scrollWidth > el.clientWidth + 1)
+            out.push(`${el.tagName} cut off: ${el.scrollWidth} > ${el.clientWidth}`);
+    }
+    if (document.documentElement.scrollWidth > width) out.push(`page scrolls sideways: ${document.documentElement.scrollWidth}`);
+    return out; }"""
+
+
+def boxes(pg, selector) -> list[dict]:
+    return [pg.locator(selector).nth(i).bounding_box() for i in range(pg.locator(selector).count())]
+
+
+@pytest.mark.parametrize("width", [1280, 800])
+def test_every_tab_fits_the_window(page, width):
+    """Each tab at a desktop and a narrow window: nothing off screen or cut off; the message box at least as wide as
+    the rows of buttons under it, each row on one line; choosing a memory preset fills its fields."""
+    pg = page[0].context.browser.new_context(viewport={"width": width, "height": 900}).new_page()
+    try:
+        pg.goto(page[0].k3_url)
+        pg.wait_for_selector("#k3-input textarea", timeout=60_000)
+        model = page[1].host.model.name  # the header names the model serving now (Setup's test switched it)
+        pg.wait_for_function(f"document.querySelector('#k3-title')?.innerText.includes('{model} ·')")
+        for tab, ready in TABS.items():
+            pg.get_by_role("tab", name=tab).click()
+            pg.wait_for_selector(ready, state="visible")
+            time.sleep(0.5)  # let the tab's select event redraw it
+            assert pg.evaluate(OFF_SCREEN) == [], (width, tab)
+            if tab == "Chat":
+                box = pg.locator("#k3-input").bounding_box()
+                for row in ("#k3-send-row", "#k3-edit-row"):
+                    r = pg.locator(row).bounding_box()
+                    assert box["width"] >= r["width"] - 0.5 and box["x"] <= r["x"] + 0.5, (width, row, box, r)
+                    tops = {round(b["y"]) for b in boxes(pg, f"{row} button")}
+                    assert len(tops) == 1, f"{row}'s buttons wrapped onto {len(tops)} lines at {width} px"
+            if tab == "Memory":
+                preset_filled(pg)
+            shot(pg, f"{width}-{tab.lower()}")
+    finally:
+        pg.context.close()
+
+
+def preset_filled(pg):
+    """Choosing desktop puts its budgets in the fields and previews them; editing a field makes it custom."""
+    pg.locator("#k3-preset input").click()
+    pg.get_by_role("option", name="desktop", exact=True).click()
+    pg.wait_for_function("document.querySelector('#k3-memory-status')?.innerText.includes('desktop: ')")
+    assert pg.input_value("#k3-cache-gb input") == "10"
+    if not pg.locator("#k3-trunk-gb input").is_disabled():  # a packed trunk: its budget is the preset's too
+        assert pg.input_value("#k3-trunk-gb input") == "16"
+    assert "expert cache 10 GB" in pg.inner_text("#k3-memory-status")
+    pg.fill("#k3-cache-gb input", "2")
+    pg.wait_for_function("document.querySelector('#k3-memory-status')?.innerText.includes('custom: ')")
+    assert pg.input_value("#k3-preset input") == "custom" and "expert cache 2 GB" in pg.inner_text("#k3-memory-status")

@@ -56,6 +56,29 @@ def test_the_openai_api_is_served_beside_the_page_by_the_same_engine(served, hos
     assert Client(url, verbose=False).predict(api_name="/session") is not None  # and the page still answers
 
 
+@pytest.mark.parametrize("method, path", [("GET", "v1/chat/completions"), ("GET", "v1/messages"),
+                                          ("POST", "v1/models"), ("DELETE", "v1/completions"), ("GET", "v1/nowhere"),
+                                          ("PUT", "health")])
+def test_the_openai_api_beside_the_page_answers_a_wrong_method_or_path_as_k3_serve_does(served, method, path):
+    """The page is mounted at /, yet GET /v1/chat/completions is 405 with Allow: POST and an invalid_request_error
+    (not the page's 404 {"detail": "Not Found"}), exactly as `k3 serve` answers it."""
+    import httpx
+    from fastapi.testclient import TestClient
+
+    from serve.api import ApiOptions
+    from serve.app import build_app
+
+    _, url = served
+    mine = httpx.request(method, url + path, timeout=30)
+    serve = TestClient(build_app(None, ApiOptions())).request(method, "/" + path)  # errors before any engine work
+    assert (mine.status_code, mine.headers.get("allow"), mine.json()) == \
+        (serve.status_code, serve.headers.get("allow"), serve.json())
+    if path == "v1/chat/completions":
+        assert mine.status_code == 405 and mine.headers["allow"] == "POST"
+        assert mine.json()["error"]["type"] == "invalid_request_error"
+    assert httpx.get(url, timeout=30).status_code == 200  # and the page is still at /
+
+
 def send(client, text, max_tokens=6, **kw):
     return client.submit(text, "instruct", "", 0.0, 1.0, 0, max_tokens, "", api_name="/send", **kw)
 

@@ -28,11 +28,14 @@ def test_anything_else_needs_the_explicit_flag(host):
 
 
 def test_the_command_refuses_before_opening_anything(tmp_path):
-    missing = tmp_path / "no-such-model"  # the refusal must come before the engine is even looked for
-    out = subprocess.run([sys.executable, "-m", "k3core", "ui", str(missing), "--host", "0.0.0.0"],
+    # a directory that is no model: the refusal must come before the engine is even looked for (a MODEL_DIR that
+    # does not exist at all is the parser's own error, before either)
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()
+    out = subprocess.run([sys.executable, "-m", "k3core", "ui", str(empty), "--host", "0.0.0.0"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
-    assert "refusing to listen on 0.0.0.0" in out.stderr and "no-such-model" not in out.stderr
+    assert "refusing to listen on 0.0.0.0" in out.stderr and "not-a-model" not in out.stderr
 
 
 def test_without_a_model_or_a_profile_it_says_how_to_get_one(tmp_path):
