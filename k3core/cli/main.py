@@ -270,7 +270,7 @@ def main(argv=None) -> int:
         sys.unraisablehook = interrupt.redeliver_dropped
     try:
         return _command(argv)
-    except KeyboardInterrupt:  # also while build_parser imports the commands' modules (numpy, the extension)
+    except KeyboardInterrupt:  # while parsing or running; main(argv) also while build_parser imports
         print(interrupt.LINE, file=sys.stderr)
         return interrupt.EXIT_CODE
     finally:
@@ -280,11 +280,17 @@ def main(argv=None) -> int:
 
 def _command(argv) -> int:
     """Parse argv and run its command; every error becomes its exit code (a Ctrl-C is main's to report)."""
+    # the `k3` process exits at once on a Ctrl-C while the commands' modules import: one landing inside numpy's
+    # import of its C extension would come out as numpy's ImportError, not as KeyboardInterrupt
+    importing = interrupt.exit_at_once() if argv is None else None
     try:
         parser = build_parser()
     except K3Error as exc:  # a broken plugin: say which, no traceback
         print(f"k3: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    finally:
+        if importing is not None:
+            interrupt.restore(importing)
     args, extra = parser.parse_known_args(argv)
     if extra and getattr(args, "text", "") is None and len(extra) == 1 and not extra[0].startswith("-"):
         args.text = extra[0]  # `k3 run MODEL --chat "a question"`: the prompt after an option
