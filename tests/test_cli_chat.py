@@ -215,7 +215,7 @@ def test_stats_before_any_turn():
     ("/save", "k3: usage: /save FILE — the file to save to"),
     ("/load", "k3: usage: /load FILE — a file /save wrote"),
     ("/load {tmp}/missing.npz", "k3: /load {tmp}/missing.npz: the file does not exist"),
-    ("/load {tmp}", "k3: /load {tmp}: is a directory; give a file /save wrote"),
+    ("/load {tmp}", "k3: /load {tmp}: is a directory"),
     ("/load {tmp}/file/s.npz", "k3: /load {tmp}/file/s.npz: cannot read: Not a directory"),
     ("/mode", "k3: usage: /mode instruct|thinking — the mode now is thinking"),
     ("/mode foo", "k3: usage: /mode instruct|thinking — 'foo' is not a mode"),

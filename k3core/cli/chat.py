@@ -11,7 +11,7 @@ import time
 
 from .options import (EXIT_CODES, add_engine_arguments, add_sampling_arguments, add_speculation_arguments, engine_config_from_args, open_engine,
                      sampling_params_from_args, speculation_from_args)
-from ..api import K3Error
+from ..api import K3Error, StateFileError
 from ..errors import UsageError
 from ..text.chat import MODES
 from ..units import human
@@ -138,16 +138,10 @@ def _command(line: str, chat, engine) -> bool:
         save_state(arg, engine, chat.session.state, extra={"conversation": chat.snapshot()}, what="/save")
         print(f"(saved {len(chat.history)} tokens of conversation to {arg})")
     elif name == "/load":
-        try:  # a file that is not there is not a bad state file: say what the system says
-            with open(arg, "rb"):
-                pass
-        except FileNotFoundError:
-            raise UsageError(f"/load {arg}: the file does not exist") from None
-        except IsADirectoryError:
-            raise UsageError(f"/load {arg}: is a directory; give a file /save wrote") from None
-        except OSError as exc:
-            raise UsageError(f"/load {arg}: cannot read: {exc.strerror}") from None
-        state, extra = load_state(arg, engine)  # the whole file is checked before the conversation is touched
+        try:  # the whole file is checked before the conversation is touched
+            state, extra = load_state(arg, engine)
+        except StateFileError as exc:  # names a missing file, a directory, an unreadable one or a bad one
+            raise StateFileError(f"/load {exc}") from None
         chat.check_snapshot(extra.get("conversation"), f"{arg}: its conversation")
         chat.restore(extra["conversation"], state)
         print(f"(loaded {arg}: {len(chat.conv.messages)} messages, {len(state.ids)} tokens of decode state)")
