@@ -62,8 +62,14 @@ def route_error(request, exc: HTTPException):
 
 def build_app(worker: Worker, api_options: ApiOptions) -> fastapi.FastAPI:
     """The FastAPI app `k3 serve` runs: the API routes, and `route_error` for anything else."""
+    return app_of(api_router(worker, api_options))
+
+
+def app_of(router: APIRouter) -> fastapi.FastAPI:
+    """An app of `router`'s routes that answers as `k3 serve` does: `route_error` for a path no route serves (404)
+    and a method its route does not take (405 with `Allow`), in the path's dialect. k3 ui serves its /v1 with it."""
     app = fastapi.FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
-    app.include_router(api_router(worker, api_options))
+    app.include_router(router)
 
     @app.exception_handler(HTTPException)
     async def http_error(request, exc):

@@ -6,7 +6,7 @@ The page is served by our own FastAPI app (Gradio mounted at /) under uvicorn, s
 gets a server-issued, unguessable session cookie (ui/session.py): a conversation belongs to the cookie that
 started it (and the tab), never to an id a client chooses. This module assembles: it builds the page
 (ui/app.py) and the OpenAI routes (serve/app.py) over one engine and serves them, /v1 answered as `k3 serve`
-answers it (errors included: `api_app`). Checked by tests/ui/test_server.py and tests/ui/test_app.py.
+answers it (errors included: serve.app's `app_of`). Checked by tests/ui/test_server.py and tests/ui/test_app.py.
 """
 from __future__ import annotations
 
@@ -67,17 +67,19 @@ def parse_auth(text: str | None) -> tuple[str, str] | None:
 def launch(demo, host: str, port: int, auth: tuple[str, str] | None = None, block: bool = True,
            quiet: bool = False, access_log: bool = False, api=None, timeouts: Timeouts = Timeouts()) -> Listening:
     """Serve the app on host:port (already checked), with `api` (an APIRouter: the OpenAI routes, served by
-    `api_app` under /v1) beside the page when given, clients held to `timeouts`. Returns when it listens
+    serve.app's `app_of` under /v1) beside the page when given, clients held to `timeouts`. Returns when it listens
     (block=False) or when it stops."""
     import fastapi
     import gradio as gr
+
+    from serve.app import app_of
 
     app = fastapi.FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     session_cookie_middleware(app)
     gr.mount_gradio_app(app, demo, path="/", auth=auth, server_name=host, server_port=port, show_error=True,
                         ssr_mode=False, mcp_server=False, enable_monitoring=False, footer_links=["api", "settings"],
                         **_look())
-    listening = listen(app if api is None else beside(app, api_app(api), api), host, port, access_log, timeouts)
+    listening = listen(app if api is None else beside(app, app_of(api), api), host, port, access_log, timeouts)
     url = listening.url = listening.url + "/"
     log.info("listening on %s%s", url, " with a login" if auth else "")
     if not quiet:
@@ -92,27 +94,6 @@ def launch(demo, host: str, port: int, auth: tuple[str, str] | None = None, bloc
             listening.close()
             raise
     return listening
-
-
-def api_app(api):
-    """The OpenAI routes (an APIRouter) as an app of their own that answers as `k3 serve` does (serve/app.py's
-    build_app): `route_error` for a path no route serves (404) and a method its route does not take (405 with
-    `Allow`), in the path's dialect. Apart from the page's app because the page is mounted at /: that mount takes
-    every path, so inside one app GET /v1/chat/completions would reach Gradio (its 404 {"detail": "Not Found"}) and
-    the methods a path takes would count the mount's."""
-    import fastapi
-    from starlette.exceptions import HTTPException
-
-    from serve.app import route_error
-
-    app = fastapi.FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
-    app.include_router(api)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request, exc):
-        return route_error(request, exc)
-
-    return app
 
 
 def beside(page, api, router):
