@@ -183,7 +183,8 @@ class Setup:
     def step_check(self) -> str:
         target = machine.RELEASED  # the doctor sizes RAM, disk and streaming for what is being set up
         if self.src.kind == "demo":
-            target = machine.Target("demo model", demo_bytes(), demo_bytes())
+            size = demo_bytes()
+            target = machine.Target("demo model", size, size)
         checks = [c for c in machine.run_checks(str(self.dest), self.opts.read_mb, target) if c.name != "disk space"]
         width = max(len(c.name) for c in checks)
         for c in checks:
