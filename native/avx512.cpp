@@ -254,8 +254,21 @@ void mxfp4(const uint8_t* packed, const uint8_t* scale, size_t in, const float* 
     for_tiles(r0, r1, tokens, tile);
 }
 
+uint64_t fma_probe(size_t rounds) {
+    __m512d acc[kProbeChains];
+    for (int k = 0; k < kProbeChains; ++k) acc[k] = _mm512_set1_pd(k);
+    const __m512d m = _mm512_set1_pd(1.0000001), c = _mm512_set1_pd(1e-9);
+    for (size_t i = 0; i < rounds; ++i)
+#pragma GCC unroll 12
+        for (int k = 0; k < kProbeChains; ++k) acc[k] = _mm512_fmadd_pd(acc[k], m, c);
+    for (int k = 1; k < kProbeChains; ++k) acc[0] = _mm512_add_pd(acc[0], acc[k]);
+    volatile double sink = _mm512_reduce_add_pd(acc[0]);
+    (void)sink;
+    return rounds * kProbeChains * 8;
+}
+
 }  // namespace
 
-const MatrixKernels kAvx512 = {"avx512", linear, mxfp4};
+const MatrixKernels kAvx512 = {"avx512", linear, mxfp4, fma_probe};
 
 }  // namespace k3

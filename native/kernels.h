@@ -34,7 +34,13 @@ struct MatrixKernels {
                    float* y, size_t out, size_t r0, size_t r1);
     void (*mxfp4)(const uint8_t* packed, const uint8_t* scale, size_t in, const float* x, size_t tokens,
                   float* y, size_t out, size_t r0, size_t r1);
+    // The FMA bound the products above can reach: `rounds` rounds of 12 independent chains of this backend's
+    // widest double multiply-add (enough chains to cover its latency on every core k3 has met). Returns the
+    // number of double multiply-adds done; timing it gives this core's ceiling (`k3 bench kernels`, %FMA).
+    uint64_t (*fma_probe)(size_t rounds);
 };
+
+constexpr int kProbeChains = 12;
 
 extern const MatrixKernels kScalar;
 extern const MatrixKernels kAvx2;    // native/avx2.cpp: AVX2 + FMA

@@ -502,6 +502,11 @@ PYBIND11_MODULE(_native, m) {
         return d;
     }, "Compiler and floating-point flags the module was built with.");
     m.def("available_backends", &available_backends, "Backends this CPU runs, best first.");
+    m.def("fma_probe", [](const std::string& backend, size_t rounds) {
+        const MatrixKernels* k = matrix_kernels(backend);
+        py::gil_scoped_release released;
+        return k->fma_probe(rounds);
+    }, "Run `rounds` rounds of the backend's FMA-bound loop on this thread; returns the double multiply-adds done.");
     m.def("planes_checksum", [](py::buffer data) {
         const py::buffer_info b = data.request();
         if (b.itemsize != 1 || b.ndim != 1) throw std::invalid_argument("planes_checksum wants a 1-D byte buffer");

@@ -222,6 +222,19 @@ void mxfp4(const uint8_t* packed, const uint8_t* scale, size_t in, const float* 
 
 }  // namespace
 
-const MatrixKernels kNeon = {"neon", linear, mxfp4};
+const MatrixKernels kNeon = {"neon", linear, mxfp4, fma_probe};
+
+uint64_t fma_probe(size_t rounds) {
+    float64x2_t acc[kProbeChains];
+    for (int k = 0; k < kProbeChains; ++k) acc[k] = vdupq_n_f64(k);
+    const float64x2_t m = vdupq_n_f64(1.0000001), c = vdupq_n_f64(1e-9);
+    for (size_t i = 0; i < rounds; ++i)
+#pragma GCC unroll 12
+        for (int k = 0; k < kProbeChains; ++k) acc[k] = vfmaq_f64(c, acc[k], m);
+    for (int k = 1; k < kProbeChains; ++k) acc[0] = vaddq_f64(acc[0], acc[k]);
+    volatile double sink = vgetq_lane_f64(acc[0], 0);
+    (void)sink;
+    return rounds * kProbeChains * 2;
+}
 
 }  // namespace k3

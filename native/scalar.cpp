@@ -55,8 +55,20 @@ void mxfp4(const uint8_t* packed, const uint8_t* scale, size_t in, const float* 
     }
 }
 
+// The scalar products round a*b and then the sum (no FMA, -ffp-contract=off), so their bound is this loop's.
+uint64_t fma_probe(size_t rounds) {
+    double acc[kProbeChains];
+    for (int k = 0; k < kProbeChains; ++k) acc[k] = k;
+    const double m = 1.0000001, c = 1e-9;
+    for (size_t i = 0; i < rounds; ++i)
+        for (int k = 0; k < kProbeChains; ++k) acc[k] = acc[k] * m + c;
+    volatile double sink = lane_dot_f64(acc, acc, kProbeChains);
+    (void)sink;
+    return rounds * kProbeChains;
+}
+
 }  // namespace
 
-const MatrixKernels kScalar = {"scalar", linear, mxfp4};
+const MatrixKernels kScalar = {"scalar", linear, mxfp4, fma_probe};
 
 }  // namespace k3

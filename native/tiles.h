@@ -1,5 +1,5 @@
-// The tile walk the SIMD backends share: which (rows, tokens) tiles a call runs, in what order. It only
-// schedules work; every tile computes its own rows' and tokens' lanes, so the order never changes a bit.
+// The tile walk the AVX-512 and NEON backends share: which (rows, tokens) tiles a call runs, in what order.
+// It only schedules work; every tile computes its own rows' and tokens' lanes, so the order never changes a bit.
 #pragma once
 
 #include <cstddef>
