@@ -262,7 +262,9 @@ uint64_t fma_probe(size_t rounds) {
 #pragma GCC unroll 12
         for (int k = 0; k < kProbeChains; ++k) acc[k] = _mm512_fmadd_pd(acc[k], m, c);
     for (int k = 1; k < kProbeChains; ++k) acc[0] = _mm512_add_pd(acc[0], acc[k]);
-    volatile double sink = _mm512_reduce_add_pd(acc[0]);
+    alignas(64) double lanes[8];
+    _mm512_store_pd(lanes, acc[0]);
+    volatile double sink = lanes[0];
     (void)sink;
     return rounds * kProbeChains * 8;
 }

@@ -220,10 +220,6 @@ void mxfp4(const uint8_t* packed, const uint8_t* scale, size_t in, const float* 
     });
 }
 
-}  // namespace
-
-const MatrixKernels kNeon = {"neon", linear, mxfp4, fma_probe};
-
 uint64_t fma_probe(size_t rounds) {
     float64x2_t acc[kProbeChains];
     for (int k = 0; k < kProbeChains; ++k) acc[k] = vdupq_n_f64(k);
@@ -236,5 +232,9 @@ uint64_t fma_probe(size_t rounds) {
     (void)sink;
     return rounds * kProbeChains * 2;
 }
+
+}  // namespace
+
+const MatrixKernels kNeon = {"neon", linear, mxfp4, fma_probe};
 
 }  // namespace k3

@@ -31,13 +31,14 @@ def test_quick_json_has_every_cell_and_only_positive_numbers(capsys):
     backends, threads = doc["settings"]["backends"], doc["settings"]["threads"]
     assert backends == m["backends"] and threads[0] == 1 and doc["settings"]["quick"] is True
     assert [p["threads"] for p in doc["probe"]["rows"]] == threads
+    assert [(f["backend"], f["threads"]) for f in doc["fma_probe"]["rows"]] == [(b, t) for b in backends for t in threads]
     assert set(doc["benches"]) == BENCHES
     for key in BENCHES:
         rows = [r for r in doc["results"] if r["bench"] == key]
         assert [(r["backend"], r["threads"]) for r in rows] == [("numpy", None)] + [
             (b, t) for b in backends for t in threads]
         for r in rows[1:]:
-            assert {"gbps", "gbps_per_core", "tokens_per_s", "vs_numpy", "vs_probe", "median_s", "min_s"} <= set(r)
+            assert {"gbps", "gbps_per_core", "tokens_per_s", "vs_numpy", "vs_probe", "vs_fma", "median_s", "min_s"} <= set(r)
             assert r["min_s"] <= r["median_s"] and r["reps"] >= 3
             if key in ("bf16_t1", "mxfp4_t1"):
                 assert len(r["targets"]) == 2 and all(isinstance(v, bool) for v in r["targets"].values())
@@ -50,6 +51,7 @@ def test_quick_table_prints_targets_beside_the_numbers(capsys):
     out = capsys.readouterr().out
     assert "memory-read probe" in out and "MXFP4 GEMV T=1" in out and "16-expert" not in out
     assert "GB/s/core>=10" in out and "probe>=60%" in out and "numpy>=3x" in out
+    assert "FMA probe" in out and "%FMA" in out
 
 
 def test_bad_usage_exits_2(capsys):

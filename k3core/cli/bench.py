@@ -87,6 +87,7 @@ class Work:
     title: str
     tokens: int
     bytes: int      # bytes one call counts: bf16 weight, MXFP4 packed, expert batch packed + scale
+    macs: int       # weight x token products one call adds up: one double multiply-add each
     native: object  # Kernels -> a zero-argument call
     numpy: object   # a zero-argument call doing the same work in numpy
 
@@ -106,16 +107,17 @@ def works(s: Shapes, bf16, experts, xs):
     def bf16_work(t):
         x, kind = xs[s.hidden, t], "GEMV" if t == 1 else "GEMM"
         return Work(f"bf16_t{t}", f"bf16 {kind} T={t}: q_proj {s.proj}x{s.hidden} ({size(bf16.nbytes)})", t,
-                    bf16.nbytes, lambda k: lambda: k.linear(bf16, "BF16", x), lambda: numpy_bf16(bf16, x, f32))
+                    bf16.nbytes, bf16.size * t, lambda k: lambda: k.linear(bf16, "BF16", x), lambda: numpy_bf16(bf16, x, f32))
 
     def mx_work(t):
         args = [(p, sc, xs[p.shape[1] * 2, t]) for p, sc in mats]
         return Work(f"mxfp4_t{t}", f"MXFP4 {'GEMV' if t == 1 else 'GEMM'} T={t}: {mx_set}", t, mats[0][0].nbytes,
-                    lambda k: cycled(k.mxfp4_linear, args), cycled(lambda *a: numpy_mxfp4(*a, bufs), args))
+                    mats[0][0].size * 2 * t, lambda k: cycled(k.mxfp4_linear, args), cycled(lambda *a: numpy_mxfp4(*a, bufs), args))
 
     z, batch_bytes = xs[s.latent, 1], sum(a.nbytes for e in experts for a in e)
     batch = Work("experts", f"{s.experts}-expert batch T=1: Kernels.expert on one latent vector "
                  f"({size(batch_bytes)} packed+scale)", 1, batch_bytes,
+                 sum(e[i].size * 2 for e in experts for i in (0, 2, 4)),
                  lambda k: lambda: [k.expert(*e, z, 4.0, 25.0) for e in experts],
                  lambda: [numpy_expert(e, z, bufs) for e in experts])
     return [bf16_work(1), mx_work(1), batch, *map(bf16_work, GEMM_TOKENS), *map(mx_work, GEMM_TOKENS)]
@@ -138,15 +140,31 @@ def measure_probe(s: Shapes, threads, seconds):
     return rows, small.nbytes * 64 / m["median_s"] / 1e9
 
 
-def row(work, backend, threads, m, probe, numpy_row=None):
+def measure_fma(backends, threads, seconds):
+    """Each backend's FMA bound: its probe loop (12 independent chains of its widest double multiply-add)
+    on `threads` threads at once; multiply-adds per second, all threads together."""
+    from .. import _native
+    rows = []
+    for name, t in itertools.product(backends, threads):
+        rounds = 20_000 if name == "scalar" else 200_000
+        with ThreadPoolExecutor(t) as pool:
+            macs = _native.fma_probe(name, rounds) * t
+            m = timed(lambda: list(pool.map(lambda _: _native.fma_probe(name, rounds), range(t))), seconds / 4)
+        rows.append(dict(backend=name, threads=t, **m, macs_per_s=macs / m["median_s"]))
+    return rows
+
+
+def row(work, backend, threads, m, probe, numpy_row=None, fma=None):
     """One table row; native rows (threads set) also get per-core, probe and numpy ratios and targets."""
     gbps = work.bytes / m["median_s"] / 1e9
     r = dict(bench=work.key, backend=backend, threads=threads, tokens=work.tokens, bytes=work.bytes, **m,
              gbps=gbps, best_gbps=work.bytes / m["min_s"] / 1e9, tokens_per_s=work.tokens / m["median_s"])
     if not threads:
         return r
+    bound = (fma or {}).get((backend, threads))
     r.update(gbps_per_core=gbps / threads, vs_probe=gbps / probe[threads] if threads in probe else None,
-             vs_numpy=gbps / numpy_row["gbps"], targets={})
+             vs_numpy=gbps / numpy_row["gbps"], vs_fma=work.macs / m["median_s"] / bound if bound else None,
+             targets={})
     if work.key in ("bf16_t1", "mxfp4_t1"):
         r["targets"][f"numpy>={TARGET_VS_NUMPY:g}x"] = r["vs_numpy"] >= TARGET_VS_NUMPY
     if work.key == "mxfp4_t1":
@@ -161,12 +179,15 @@ def run_kernels(backends, threads, seconds, quick, log=lambda *_: None):
     s = QUICK if quick else REAL
     probe_rows, in_cache = measure_probe(s, threads, seconds)
     probe = {p["threads"]: p["gbps"] for p in probe_rows}
+    log("FMA probe")
+    fma_rows = measure_fma(backends, threads, seconds)
+    fma = {(f["backend"], f["threads"]): f["macs_per_s"] for f in fma_rows}
     ws, results = works(s, *make_inputs(s)), []
     for w in ws:
         log(w.title)
         base = row(w, "numpy", None, timed(w.numpy, seconds), probe)
         results.append(base)
-        results += [row(w, name, t, timed(w.native(_native.Kernels(name, t)), seconds), probe, base)
+        results += [row(w, name, t, timed(w.native(_native.Kernels(name, t)), seconds), probe, base, fma)
                     for name, t in itertools.product(backends, threads)]
     for r in results:  # a batch's tokens/s against one token's, same backend and threads
         single = next((o for o in results if o["bench"] == r["bench"].rsplit("_t", 1)[0] + "_t1"
@@ -177,6 +198,8 @@ def run_kernels(backends, threads, seconds, quick, log=lambda *_: None):
                                                      quick=quick, shapes=s.__dict__),
                 probe=dict(method="numpy uint64 add.reduce, one slice per thread", rows=probe_rows,
                            in_cache_gbps=in_cache),
+                fma_probe=dict(method="the backend's widest double FMA, 12 independent chains per thread",
+                               rows=fma_rows),
                 benches={w.key: w.title for w in ws}, results=results)
 
 
@@ -203,17 +226,22 @@ def format_table(doc) -> str:
            f"(the same loop in L2: {pr['in_cache_gbps']:.1f} GB/s)", "  threads  GB/s median  GB/s best    bg"]
     out += [f"  {p['threads']:>7}  {p['gbps']:>11.1f}  {p['best_gbps']:>9.1f} {_num(p['background_cores'], '5.2f'):>5}"
             for p in pr["rows"]]
+    out += ["", f"FMA probe: {doc['fma_probe']['method']}; the bound of every product below (%FMA: its weight x "
+            "token multiply-adds per second against this)", "  backend  thr  G mul-add/s    bg"]
+    out += [f"  {f['backend']:<8} {f['threads']:>3}  {f['macs_per_s'] / 1e9:>11.2f} "
+            f"{_num(f['background_cores'], '5.2f'):>5}" for f in doc["fma_probe"]["rows"]]
     head = (f"  {'backend':<8} {'thr':>3} {'median ms':>10} {'min ms':>9} {'GB/s':>7} {'GB/s/core':>9} "
-            f"{'tok/s':>9} {'xT=1':>6} {'xnumpy':>7} {'%probe':>6}    bg  targets")
+            f"{'tok/s':>9} {'xT=1':>6} {'xnumpy':>7} {'%probe':>6} {'%FMA':>5}    bg  targets")
     for key, title in doc["benches"].items():
         out += ["", title, head]
         for r in (r for r in doc["results"] if r["bench"] == key):
             marks = "  ".join(("✓ " if ok else "✗ ") + name for name, ok in r.get("targets", {}).items())
             pct = None if r.get("vs_probe") is None else 100 * r["vs_probe"]
+            fma_pct = None if r.get("vs_fma") is None else 100 * r["vs_fma"]
             out.append(f"  {r['backend']:<8} {r['threads'] or '-':>3} {r['median_s'] * 1e3:>10.2f} "
                        f"{r['min_s'] * 1e3:>9.2f} {r['gbps']:>7.2f} {_num(r.get('gbps_per_core'), '.2f'):>9} "
                        f"{r['tokens_per_s']:>9.1f} {_num(r.get('vs_t1'), '.2f', 'x'):>6} "
-                       f"{_num(r.get('vs_numpy'), '.2f', 'x'):>7} {_num(pct, '.1f'):>6} "
+                       f"{_num(r.get('vs_numpy'), '.2f', 'x'):>7} {_num(pct, '.1f'):>6} {_num(fma_pct, '.0f'):>5} "
                        f"{_num(r['background_cores'], '.2f'):>5}  {marks}".rstrip())
     return "\n".join(out)
 
@@ -254,6 +282,10 @@ KERNELS_HELP = f"""\
 Time the native matrix kernels on real K3 shapes (MODEL.md §1/§3/§5), all in one run:
   memory-read probe  numpy sum of a 256 MiB uint64 buffer (8x a 32 MiB LLC), one slice per thread:
                      how fast plain streaming code reads DRAM here; the yardstick for bf16
+  FMA probe          each backend's widest double multiply-add in 12 independent chains per thread:
+                     the most any product can do here, as the contract adds every weight x token
+                     product in double (docs/NUMERICS.md); %FMA = a kernel's products per second
+                     against it, so the gap to this core's limit is on screen
   bf16 GEMV          KDA q_proj 12288x7168 BF16 (176 MB), T=1: weight GB/s, % of the probe
   MXFP4 GEMV         expert w1/w3 3072x3584 and w2 3584x3072, 16 experts cycled (~281 MB, so every
                      call reads DRAM): PACKED GB/s, total and per core (= per thread)
