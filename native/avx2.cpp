@@ -64,9 +64,10 @@ inline void widen8(__m256 f, __m256d& a, __m256d& b) {
 
 struct Bf16 {
     using Elem = uint16_t;
-    static void eight(const Elem* p, __m256d& a, __m256d& b) {  // bf16 -> f32 is a 16-bit shift
-        const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-        widen8(_mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)), a, b);
+    static void eight(const Elem* p, __m256d& a, __m256d& b) {  // bf16 is the high half of its float32
+        const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+        a = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), bits)));
+        b = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_unpackhi_epi16(_mm_setzero_si128(), bits)));
     }
 };
 
