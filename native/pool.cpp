@@ -19,7 +19,7 @@ void Pool::start(unsigned threads) {
     threads_ = std::max(1u, threads);
     quit_ = false;
     // a new worker has seen every job so far: it must not wake for the last one, long finished
-    for (unsigned i = 1; i < threads_; ++i) workers_.emplace_back(&Pool::work, this, i, generation_);
+    for (unsigned i = 1; i < threads_; ++i) workers_.emplace_back(&Pool::work, this, i, generation_.load());
 }
 
 void Pool::stop() {
@@ -32,21 +32,46 @@ void Pool::stop() {
     workers_.clear();
 }
 
+namespace {
+
+// Spins until done() or kSpin has passed; true if done() became true.
+template <class Done>
+bool spin_until(Done done, std::chrono::microseconds limit) {
+    const auto start = std::chrono::steady_clock::now();
+    for (unsigned i = 1;; ++i) {
+        if (done()) return true;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        asm volatile("yield");
+#endif
+        if (i % 64 == 0 && std::chrono::steady_clock::now() - start > limit) return done();
+    }
+}
+
+}  // namespace
+
 void Pool::work(unsigned index, unsigned long seen) {
     for (;;) {
+        const auto news = [&] { return quit_.load() || generation_.load() != seen; };
+        if (!spin_until(news, kSpin)) {
+            std::unique_lock<std::mutex> lock(mutex_);
+            wake_.wait(lock, news);
+        }
         const std::function<void(size_t, size_t)>* job;
         size_t rows;
         unsigned parts;
         {
-            std::unique_lock<std::mutex> lock(mutex_);
-            wake_.wait(lock, [&] { return quit_ || generation_ != seen; });
+            std::lock_guard<std::mutex> lock(mutex_);
             if (quit_) return;
             seen = generation_;
             job = job_, rows = rows_, parts = parts_;
         }
         if (index < parts) (*job)(rows * index / parts, rows * (index + 1) / parts);
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (--pending_ == 0) done_.notify_one();
+        if (pending_.fetch_sub(1) == 1) {
+            std::lock_guard<std::mutex> lock(mutex_);
+            done_.notify_one();
+        }
     }
 }
 
@@ -66,8 +91,11 @@ void Pool::parallel_rows(size_t rows, size_t min_rows, const std::function<void(
     }
     wake_.notify_all();
     fn(0, rows / parts);
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return pending_ == 0; });
+    const auto finished = [&] { return pending_.load() == 0; };
+    if (!spin_until(finished, kSpin)) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        done_.wait(lock, finished);
+    }
 }
 
 }  // namespace k3

@@ -1,7 +1,12 @@
 // A fixed pool of worker threads that splits a kernel's independent output rows into contiguous
 // parts, one per thread. It never splits a reduction, so the thread count never changes a bit.
+// Between jobs a worker (and the caller, waiting for the workers) spins for up to kSpin before it
+// sleeps: a decode step makes hundreds of kernel calls a few microseconds of Python apart, and waking
+// a sleeping thread costs more than many of those calls' parts.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
@@ -28,6 +33,8 @@ class Pool {
     void stop();
     void work(unsigned index, unsigned long seen);
 
+    static constexpr std::chrono::microseconds kSpin{200};
+
     unsigned threads_ = 1;
     std::vector<std::thread> workers_;
     std::mutex call_;  // one job at a time, whichever Python thread asks
@@ -35,9 +42,10 @@ class Pool {
     std::condition_variable wake_, done_;
     const std::function<void(size_t, size_t)>* job_ = nullptr;
     size_t rows_ = 0;
-    unsigned parts_ = 0, pending_ = 0;
-    unsigned long generation_ = 0;
-    bool quit_ = false;
+    unsigned parts_ = 0;
+    std::atomic<unsigned> pending_{0};
+    std::atomic<unsigned long> generation_{0};  // changed under mutex_, so a sleeper never misses it
+    std::atomic<bool> quit_{false};
 };
 
 }  // namespace k3
