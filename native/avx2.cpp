@@ -156,7 +156,8 @@ void linear_direct(const typename W::Elem* w, size_t in, const double* xd, size_
     auto step = [&](size_t i, auto eight) {
         if (i * sizeof(typename W::Elem) % 64 == 0)  // stream every row 2 KB ahead, a line at a time
 #pragma GCC unroll 8
-            for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(row + r * in + i) + 2048, _MM_HINT_T1);
+            for (int r = 0; r < R; ++r)
+                _mm_prefetch(reinterpret_cast<const char*>(row + r * in + i) + 2048, _MM_HINT_T1);
 #pragma GCC unroll 2
         for (int h = 0; h < 2; ++h) {
             __m256d a[R], b[R];
@@ -205,15 +206,17 @@ void mxfp4_direct(const uint8_t* packed, const uint8_t* scale, size_t in, const 
     const uint8_t* p = packed + o * row_bytes;
     const uint8_t* s = scale + o * groups;
     for (size_t g = 0; g < groups; ++g, p += 16, s += 1) {
-        if (g % 4 == 0)  // stream every row 1 KB ahead, a line at a time
+        if (g % 4 == 0)  // stream every row 2 KB ahead, a line at a time (1 KB: 1.3x slower from DRAM)
 #pragma GCC unroll 8
-            for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(p + r * row_bytes) + 1024, _MM_HINT_T0);
+            for (int r = 0; r < R; ++r)
+                _mm_prefetch(reinterpret_cast<const char*>(p + r * row_bytes) + 2048, _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int q = 0; q < 4; ++q) {  // elements 8q..8q+7 of the group: lanes 8h..8h+7, h = q % 2
             const int h = q % 2;
             __m256d a[R], b[R];
 #pragma GCC unroll 8
-            for (int r = 0; r < R; ++r) eight_codes(p + r * row_bytes + 4 * q, kHighHalves.v[s[r * groups]], a[r], b[r]);
+            for (int r = 0; r < R; ++r)
+                eight_codes(p + r * row_bytes + 4 * q, kHighHalves.v[s[r * groups]], a[r], b[r]);
 #pragma GCC unroll 4
             for (int t = 0; t < TT; ++t) {
                 const double* xq = xd + t * stride + kGroup * g + 8 * q;
@@ -318,8 +321,8 @@ void gemm(const Widen& widen, size_t columns, size_t stride, const double* xd, s
                 const size_t tt = tokens - t < kTileTokens ? tokens - t : kTileTokens;
                 for (size_t r = 0; r < rows; r += kTileRows) {
                     const size_t rr = rows - r < kTileRows ? rows - r : kTileRows;
-                    dot_tile(rr, tt, buf + r * kChunk, n, xd + t * stride + c, stride, lanes + (r * tokens + t) * kLanes,
-                             tokens);
+                    dot_tile(rr, tt, buf + r * kChunk, n, xd + t * stride + c, stride,
+                             lanes + (r * tokens + t) * kLanes, tokens);
                 }
             }
         }
