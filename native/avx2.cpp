@@ -109,7 +109,7 @@ inline void eight_at(const typename W::Elem* row, size_t in, size_t k, __m256d& 
 // ---- MXFP4: 8 weights (one packed dword) at a time -------------------------------------------------------
 
 // A weight E2M1[c] * 2^(s - 127) is a double whose low 32 bits are zero, so a table of the high halves,
-// 8 magnitudes per scale byte, holds every weight exactly (scale byte 255: +0.0), and widening is an
+// 8 magnitudes per scale byte, holds every weight exactly (scale byte 255: ±0.0), and widening is an
 // interleave with zeros, no float conversion. The dword's 8 codes: shifting it right by the lane's shift
 // leaves a code in bits 3..0; vpermd looks its magnitude up from bits 2..0; the entry for magnitude m is
 // stored XOR (m << 28), so XOR with (lane << 28) -- the code in bits 31..28 -- cancels those bits again
