@@ -141,7 +141,38 @@ inline void eight_codes(const uint8_t* bytes, const uint32_t* table, __m256d& a,
     b = _mm256_castsi256_pd(_mm256_unpackhi_epi32(_mm256_setzero_si256(), high));
 }
 
-// ---- one token: R rows, weights widened into registers -------------------------------------------------
+// ---- 1-3 tokens: R rows x TT tokens, the weights widened into registers ----------------------------------
+
+// 8 widened weights of each of R rows (a: lanes 8h..8h+3, b: 8h+4..8h+7) times the x of TT tokens at
+// column `at` (token t's x at xd + t * stride), into each (row, token)'s lanes.
+template <int R, int TT>
+inline void accumulate8(__m256d (&acc)[R][TT][4], const __m256d (&a)[R], const __m256d (&b)[R], int h,
+                        const double* xd, size_t stride, size_t at) {
+#pragma GCC unroll 4
+    for (int t = 0; t < TT; ++t) {
+        const double* xt = xd + t * stride + at;
+        const __m256d x0 = _mm256_loadu_pd(xt), x1 = _mm256_loadu_pd(xt + 4);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+            acc[r][t][2 * h] = _mm256_fmadd_pd(a[r], x0, acc[r][t][2 * h]);
+            acc[r][t][2 * h + 1] = _mm256_fmadd_pd(b[r], x1, acc[r][t][2 * h + 1]);
+        }
+    }
+}
+
+template <int R, int TT>
+inline void zero(__m256d (&acc)[R][TT][4]) {
+#pragma GCC unroll 32
+    for (int k = 0; k < R * TT * 4; ++k) acc[k / (4 * TT)][k / 4 % TT][k % 4] = _mm256_setzero_pd();
+}
+
+template <int R, int TT>
+inline void fold_into(const __m256d (&acc)[R][TT][4], float* y, size_t out, size_t o) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int t = 0; t < TT; ++t) y[t * out + o + r] = fold(acc[r][t]);
+}
 
 // Rows o..o+R-1 of y for tokens 0..TT-1 (x of token t at xd + t * stride), 16 columns (a block of lanes) a
 // step, the weights widened straight into registers once for all TT tokens.
@@ -149,8 +180,7 @@ template <class W, int R, int TT>
 void linear_direct(const typename W::Elem* w, size_t in, const double* xd, size_t stride, float* y, size_t out,
                    size_t o) {
     __m256d acc[R][TT][4];
-#pragma GCC unroll 32
-    for (int k = 0; k < R * TT * 4; ++k) acc[k / (4 * TT)][k / 4 % TT][k % 4] = _mm256_setzero_pd();
+    zero<R, TT>(acc);
     const typename W::Elem* row = w + o * in;
     // Columns i..i+15; eight(r, k, a, b) widens columns k..k+7 of row r.
     auto step = [&](size_t i, auto eight) {
@@ -163,16 +193,7 @@ void linear_direct(const typename W::Elem* w, size_t in, const double* xd, size_
             __m256d a[R], b[R];
 #pragma GCC unroll 8
             for (int r = 0; r < R; ++r) eight(r, i + 8 * h, a[r], b[r]);
-#pragma GCC unroll 4
-            for (int t = 0; t < TT; ++t) {
-                const double* xt = xd + t * stride + i + 8 * h;
-                const __m256d x0 = _mm256_loadu_pd(xt), x1 = _mm256_loadu_pd(xt + 4);
-#pragma GCC unroll 8
-                for (int r = 0; r < R; ++r) {
-                    acc[r][t][2 * h] = _mm256_fmadd_pd(a[r], x0, acc[r][t][2 * h]);
-                    acc[r][t][2 * h + 1] = _mm256_fmadd_pd(b[r], x1, acc[r][t][2 * h + 1]);
-                }
-            }
+            accumulate8<R, TT>(acc, a, b, h, xd, stride, i + 8 * h);
         }
     };
     // The tail's zero padding lives apart from the main loop: inside it, GCC keeps the accumulators in memory.
@@ -180,10 +201,7 @@ void linear_direct(const typename W::Elem* w, size_t in, const double* xd, size_
     for (size_t i = 0; i < full; i += kLanes)
         step(i, [&](int r, size_t k, __m256d& a, __m256d& b) { W::eight(row + r * in + k, a, b); });
     if (full < in) step(full, [&](int r, size_t k, __m256d& a, __m256d& b) { eight_at<W>(row + r * in, in, k, a, b); });
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-        for (int t = 0; t < TT; ++t) y[t * out + o + r] = fold(acc[r][t]);
+    fold_into<R, TT>(acc, y, out, o);
 }
 
 template <class W, int R, int TT>
@@ -200,8 +218,7 @@ template <int R, int TT>
 void mxfp4_direct(const uint8_t* packed, const uint8_t* scale, size_t in, const double* xd, size_t stride, float* y,
                   size_t out, size_t o) {
     __m256d acc[R][TT][4];
-#pragma GCC unroll 32
-    for (int k = 0; k < R * TT * 4; ++k) acc[k / (4 * TT)][k / 4 % TT][k % 4] = _mm256_setzero_pd();
+    zero<R, TT>(acc);
     const size_t groups = in / kGroup, row_bytes = in / 2;
     const uint8_t* p = packed + o * row_bytes;
     const uint8_t* s = scale + o * groups;
@@ -217,22 +234,10 @@ void mxfp4_direct(const uint8_t* packed, const uint8_t* scale, size_t in, const 
 #pragma GCC unroll 8
             for (int r = 0; r < R; ++r)
                 eight_codes(p + r * row_bytes + 4 * q, kHighHalves.v[s[r * groups]], a[r], b[r]);
-#pragma GCC unroll 4
-            for (int t = 0; t < TT; ++t) {
-                const double* xq = xd + t * stride + kGroup * g + 8 * q;
-                const __m256d x0 = _mm256_loadu_pd(xq), x1 = _mm256_loadu_pd(xq + 4);
-#pragma GCC unroll 8
-                for (int r = 0; r < R; ++r) {
-                    acc[r][t][2 * h] = _mm256_fmadd_pd(a[r], x0, acc[r][t][2 * h]);
-                    acc[r][t][2 * h + 1] = _mm256_fmadd_pd(b[r], x1, acc[r][t][2 * h + 1]);
-                }
-            }
+            accumulate8<R, TT>(acc, a, b, h, xd, stride, kGroup * g + 8 * q);
         }
     }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-        for (int t = 0; t < TT; ++t) y[t * out + o + r] = fold(acc[r][t]);
+    fold_into<R, TT>(acc, y, out, o);
 }
 
 // Rows [r0, r1) for TT tokens, R rows at a time.
