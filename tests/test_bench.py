@@ -32,14 +32,16 @@ def test_quick_json_has_every_cell_and_only_positive_numbers(capsys):
     backends, threads = doc["settings"]["backends"], doc["settings"]["threads"]
     assert backends == m["backends"] and threads[0] == 1 and doc["settings"]["quick"] is True
     assert [p["threads"] for p in doc["probe"]["rows"]] == threads
-    assert [(f["backend"], f["threads"]) for f in doc["fma_probe"]["rows"]] == [(b, t) for b in backends for t in threads]
+    fma_cells = [(f["backend"], f["threads"]) for f in doc["fma_probe"]["rows"]]
+    assert fma_cells == [(b, t) for b in backends for t in threads]
     assert set(doc["benches"]) == BENCHES
     for key in BENCHES:
         rows = [r for r in doc["results"] if r["bench"] == key]
         baseline = [] if key.endswith("_hot") else [("numpy", None)]  # in-cache cells have no numpy row
         assert [(r["backend"], r["threads"]) for r in rows] == baseline + [(b, t) for b in backends for t in threads]
         for r in rows[len(baseline):]:
-            assert {"gbps", "gbps_per_core", "tokens_per_s", "vs_numpy", "vs_probe", "vs_fma", "median_s", "min_s"} <= set(r)
+            assert {"gbps", "gbps_per_core", "tokens_per_s", "vs_numpy", "vs_probe", "vs_fma", "median_s",
+                    "min_s"} <= set(r)
             assert r["min_s"] <= r["median_s"] and r["reps"] >= 3
             if key in ("bf16_t1", "mxfp4_t1"):
                 assert len(r["targets"]) == 2 and all(isinstance(v, bool) for v in r["targets"].values())

@@ -18,7 +18,7 @@ from ..machine.rates import machine_info, timed
 
 MB = 1e6
 GEMM_TOKENS = (2, 4, 8, 16, 64)  # the small batches of speculation and batched sequences, and a prefill chunk
-HOT_ROWS = 64  # rows of the in-cache GEMVs: 917 kB of bf16 q_proj, 458 kB of MXFP4 w1 (x4 rows) fit L2 or L3
+HOT_ROWS = 64  # rows of the in-cache bf16 GEMV (917 kB of q_proj); the MXFP4 one takes 4x as many (458 kB of w1)
 TARGET_MX_PER_CORE, TARGET_BF16_PROBE, TARGET_VS_NUMPY = 10.0, 0.60, 3.0
 # byte b -> (E2M1 of its low nibble, E2M1 of its high nibble); scale byte -> 2^(b-127), 255 -> 0
 _E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float32)
@@ -108,12 +108,14 @@ def works(s: Shapes, bf16, experts, xs):
     def bf16_work(t):
         x, kind = xs[s.hidden, t], "GEMV" if t == 1 else "GEMM"
         return Work(f"bf16_t{t}", f"bf16 {kind} T={t}: q_proj {s.proj}x{s.hidden} ({size(bf16.nbytes)})", t,
-                    bf16.nbytes, bf16.size * t, lambda k: lambda: k.linear(bf16, "BF16", x), lambda: numpy_bf16(bf16, x, f32))
+                    bf16.nbytes, bf16.size * t, lambda k: lambda: k.linear(bf16, "BF16", x),
+                    lambda: numpy_bf16(bf16, x, f32))
 
     def mx_work(t):
         args = [(p, sc, xs[p.shape[1] * 2, t]) for p, sc in mats]
         return Work(f"mxfp4_t{t}", f"MXFP4 {'GEMV' if t == 1 else 'GEMM'} T={t}: {mx_set}", t, mats[0][0].nbytes,
-                    mats[0][0].size * 2 * t, lambda k: cycled(k.mxfp4_linear, args), cycled(lambda *a: numpy_mxfp4(*a, bufs), args))
+                    mats[0][0].size * 2 * t, lambda k: cycled(k.mxfp4_linear, args),
+                    cycled(lambda *a: numpy_mxfp4(*a, bufs), args))
 
     def hot_work(kind, w, title, call):  # the same few rows every call: what the kernel computes without DRAM
         return Work(f"{kind}_t1_hot", f"{title} ({size(w.nbytes)}), the same rows every call (in cache)", 1,
@@ -174,8 +176,8 @@ def row(work, backend, threads, m, probe, numpy_row=None, fma=None):
         return r
     bound = (fma or {}).get((backend, threads))
     r.update(gbps_per_core=gbps / threads, vs_probe=gbps / probe[threads] if threads in probe else None,
-             vs_numpy=gbps / numpy_row["gbps"] if numpy_row else None, vs_fma=work.macs / m["median_s"] / bound if bound else None,
-             targets={})
+             vs_numpy=gbps / numpy_row["gbps"] if numpy_row else None,
+             vs_fma=work.macs / m["median_s"] / bound if bound else None, targets={})
     if work.key in ("bf16_t1", "mxfp4_t1"):
         r["targets"][f"numpy>={TARGET_VS_NUMPY:g}x"] = r["vs_numpy"] >= TARGET_VS_NUMPY
     if work.key == "mxfp4_t1":
