@@ -93,10 +93,32 @@ void kda_decay(const float* z, size_t tokens, size_t heads, size_t d, const floa
         }
 }
 
+namespace {
+
+// out[j] = lane_dot over i of rows[i * d + j] * x[i], for every j at once: the rows are read in order (a column
+// walk would touch a cache line per element), and lanes[l * d + j] is column j's lane l, so each (j, lane)
+// adds the same products in the same order as lane_dot_f64, and the fold is lane_combine's.
+template <class Row>
+void lane_dot_columns(const Row* rows, const double* x, size_t d, double* lanes, double* out) {
+    std::fill(lanes, lanes + kLanes * d, 0.0);
+    for (size_t i = 0; i < d; ++i) {
+        double* lane = lanes + (i % kLanes) * d;
+        const Row* row = rows + i * d;
+        const double xi = x[i];
+        for (size_t j = 0; j < d; ++j) lane[j] += static_cast<double>(row[j]) * xi;
+    }
+    for (size_t w = kLanes / 2; w >= 1; w /= 2)
+        for (size_t l = 0; l < w; ++l)
+            for (size_t j = 0; j < d; ++j) lanes[l * d + j] += lanes[(l + w) * d + j];
+    std::copy(lanes, lanes + d, out);
+}
+
+}  // namespace
+
 void kda_recurrence(const float* q, const float* k, const float* v, const float* alpha, const float* beta,
                     size_t tokens, size_t heads, size_t d, float* state, double scale, float* o, size_t h0,
                     size_t h1) {
-    std::vector<double> S(d * d), u(d), kd(d), qd(d), col(d);
+    std::vector<double> S(d * d), u(d), kd(d), qd(d), lanes(kLanes * d), out(d);
     for (size_t h = h0; h < h1; ++h) {
         float* Sh = state + h * d * d;  // [i, j]: i over keys, j over values
         for (size_t t = 0; t < tokens; ++t) {
@@ -107,18 +129,13 @@ void kda_recurrence(const float* q, const float* k, const float* v, const float*
                 for (size_t j = 0; j < d; ++j)  // decay rows first
                     S[i * d + j] = static_cast<double>(Sh[i * d + j]) * static_cast<double>(alpha[base + i]);
             }
-            for (size_t j = 0; j < d; ++j) {  // u = Sᵀ k
-                for (size_t i = 0; i < d; ++i) col[i] = S[i * d + j];
-                u[j] = lane_dot_f64(col.data(), kd.data(), d);
-            }
+            lane_dot_columns(S.data(), kd.data(), d, lanes.data(), u.data());  // u = Sᵀ k
             const double b = beta[t * heads + h];
             for (size_t i = 0; i < d; ++i)
                 for (size_t j = 0; j < d; ++j)
                     Sh[i * d + j] = to_f32(S[i * d + j] + kd[i] * (b * (static_cast<double>(v[base + j]) - u[j])));
-            for (size_t j = 0; j < d; ++j) {  // o = Sᵀ q on the UPDATED, float32 state
-                for (size_t i = 0; i < d; ++i) col[i] = Sh[i * d + j];
-                o[base + j] = to_f32(lane_dot_f64(col.data(), qd.data(), d));
-            }
+            lane_dot_columns(Sh, qd.data(), d, lanes.data(), out.data());  // o = Sᵀ q on the UPDATED, float32 state
+            for (size_t j = 0; j < d; ++j) o[base + j] = to_f32(out[j]);
         }
     }
 }
