@@ -50,8 +50,22 @@ def test_run_prints_ids_and_writes_the_json_report(capsys, tiny_model, tmp_path)
     assert data["prompt_ids"] == [1, 2, 3] and len(data["generated_ids"]) == 4
     assert out.split()[:4] == [str(t) for t in data["generated_ids"]]
     assert data["seconds_per_token"] > 0 and data["peak_rss_bytes"] > 10 * 2**20
+    steps = data["decode_steps"]  # ids 2..4, each with the bytes it read
+    assert len(steps) == 3 and sum(s["seconds"] for s in steps) / 3 == pytest.approx(data["seconds_per_token"])
+    in_ram = [s["seconds"] for s in steps if s["bytes_read"] == 0]
+    assert data["steps_in_ram"] == len(in_ram)
+    assert data["seconds_per_token_in_ram"] == (pytest.approx(sum(in_ram) / len(in_ram)) if in_ram else None)
     code, out2, _ = run_k3(capsys, "run", tiny_model, "--ids", "1 2 3", "--gen", "4", "--full-recompute")
     assert out2.split()[:4] == out.split()[:4]
+
+
+def test_the_report_names_the_steps_that_read_nothing_only_beside_steps_that_did():
+    from k3core.report.run import _in_ram_part
+    steps = [{"seconds": 0.5, "bytes_read": 1}, {"seconds": 0.3, "bytes_read": 0}, {"seconds": 0.5, "bytes_read": 0}]
+    report = {"decode_steps": steps, "steps_in_ram": 2, "seconds_per_token_in_ram": 0.4}
+    assert _in_ram_part(report) == " (0.400 over the 2 of 3 steps that read nothing from disk)"
+    assert _in_ram_part({**report, "steps_in_ram": 0, "seconds_per_token_in_ram": None}) == ""
+    assert _in_ram_part({**report, "steps_in_ram": 3}) == ""  # every step: the mean says it already
 
 
 def test_ids_file_is_a_prompt_source(capsys, tiny_model, tmp_path):

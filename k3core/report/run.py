@@ -17,10 +17,15 @@ def per_second(nbytes, seconds):
 
 
 def run_report(engine, prompt, generated, stats, load_seconds, mode) -> dict:
-    """`stats`: a generation's "done" event stats (Session.generate): the token timestamps `stamps`, when it
-    `started`, its passes and draft counts."""
+    """`stats`: a generation's "done" event stats (Session.generate): the token timestamps `stamps`, the bytes
+    read from disk by each of them (`reads`), when it `started`, its passes and draft counts.
+
+    Each id after the first is a decode step; the steps that read nothing from disk (every weight they used was
+    in RAM) show what compute alone costs, apart from the steps that waited on an expert's first read."""
     s, stamps, started = engine.stats(), stats["stamps"], stats["started"]
     decode = [b - a for a, b in zip(stamps, stamps[1:])]
+    step_reads = [b - a for a, b in zip(stats["reads"], stats["reads"][1:])]
+    in_ram = [t for t, n in zip(decode, step_reads) if n == 0]
     wall = stamps[-1] - started
     requests = s.get("expert_requests", 0)
     io_seconds = s.get("trunk_wait_seconds", 0.0) + s.get("expert_wait_seconds", s.get("expert_read_seconds", 0.0))
@@ -32,6 +37,9 @@ def run_report(engine, prompt, generated, stats, load_seconds, mode) -> dict:
         "load_seconds": load_seconds,
         "prefill_seconds": stamps[0] - started,
         "seconds_per_token": sum(decode) / len(decode) if decode else stamps[0] - started,
+        "decode_steps": [{"seconds": t, "bytes_read": n} for t, n in zip(decode, step_reads)],
+        "steps_in_ram": len(in_ram),
+        "seconds_per_token_in_ram": sum(in_ram) / len(in_ram) if in_ram else None,
         "wall_seconds": wall,
         "peak_rss_bytes": peak_rss_bytes(),
         "kernels": engine.kernels.name,
@@ -78,7 +86,7 @@ def report_text(r: dict) -> str:
     return "\n".join([
         f"prompt {len(r['prompt_ids'])} ids, generated {len(r['generated_ids'])} ({r['mode']}); load "
         f"{r['load_seconds']:.2f} s, prefill {r['prefill_seconds']:.3f} s, decode {r['seconds_per_token']:.3f} "
-        f"s/token; peak RSS {human(r['peak_rss_bytes'])}",
+        f"s/token{_in_ram_part(r)}; peak RSS {human(r['peak_rss_bytes'])}",
         f"kernels {r['kernels']}, trunk placer {r['trunk_placer']}, expert store {r['expert_store']}",
         f"trunk read {r['trunk_bytes_read'] / 1e9:.3f} GB at {gbps(r['trunk_read_rate'])}; experts: "
         f"{r['expert_requests']} requests, TRUE hits {_pct(r['expert_true_hit_rate'])}, retention "
@@ -87,6 +95,14 @@ def report_text(r: dict) -> str:
         f"{r['forward_passes']} forward passes; {_per_token(r['bytes_read_per_token'])} read per generated id after "
         "the first" + _drafts_part(r),
     ] + _unchecked_line(r["stats"]) + _nan_scale_line(r["stats"]) + _disk_lines(r) + _floor_line(r))
+
+
+def _in_ram_part(r: dict) -> str:
+    """The decode steps that read nothing from disk, when some did and some did not."""
+    steps, n = len(r["decode_steps"]), r["steps_in_ram"]
+    if not 0 < n < steps:
+        return ""
+    return f" ({r['seconds_per_token_in_ram']:.3f} over the {n} of {steps} steps that read nothing from disk)"
 
 
 def _drafts_part(r: dict) -> str:

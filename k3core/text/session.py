@@ -112,7 +112,8 @@ class Session:
         stop_set = set(stop_ids) | set(params.stop_ids) | set(grammar.stop_ids if grammar else ())
         generated: list[int]
         stamps: list[float]
-        generated, reason, stamps = [], "max tokens", []
+        reads: list[int]  # bytes read from disk so far, at each stamp
+        generated, reason, stamps, reads = [], "max tokens", [], []
         forwarded_before, passes_before, read_before = engine.tokens_forwarded, engine.forward_passes, bytes_read(engine)
         started = time.perf_counter()
         try:
@@ -131,6 +132,7 @@ class Session:
                     break
                 token = step[0]
                 stamps.append(time.perf_counter())
+                reads.append(bytes_read(engine))
                 if len(stamps) == 1:
                     passes_first, read_first = engine.forward_passes, bytes_read(engine)
                 generated.append(token)
@@ -157,5 +159,5 @@ class Session:
             else None,
             "prefill_seconds": stamps[0] - started if stamps else 0.0,
             "seconds_per_token": (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else None,
-            "seed": sampler.seed, "started": started, "stamps": stamps,
+            "seed": sampler.seed, "started": started, "stamps": stamps, "reads": reads,
             "open_channel": text.open_channel if text is not None else None})
