@@ -33,19 +33,20 @@ constexpr size_t kTileTokens = 4;  // of the 16 ymm registers
 // the same L1 sets.
 size_t x_stride(size_t in) { return (in + kLanes - 1) / kLanes * kLanes + kLanes; }
 
-// Token t's row at xd + t * stride; elements past `in` are +0.0.
+// Token t's row at xd + t * stride; elements past `in` are +0.0. Line aligned, and stride is a multiple of 16, so
+// no load of x straddles two cache lines (with malloc's 16 bytes every other one did: docs/PERFORMANCE.md).
 const double* widen_x(const float* x, size_t in, size_t tokens, size_t stride) {
-    thread_local std::vector<double> buf;
-    buf.resize(tokens * stride);
+    thread_local std::vector<double> store;
+    double* buf = line_aligned(store, tokens * stride);
     for (size_t t = 0; t < tokens; ++t) {
         const float* xt = x + t * in;
-        double* dt = buf.data() + t * stride;
+        double* dt = buf + t * stride;
         size_t i = 0;
         for (; i + 4 <= in; i += 4) _mm256_storeu_pd(dt + i, _mm256_cvtps_pd(_mm_loadu_ps(xt + i)));
         for (; i < in; ++i) dt[i] = xt[i];
         for (; i < stride; ++i) dt[i] = 0.0;
     }
-    return buf.data();
+    return buf;
 }
 
 float fold(const __m256d lanes[4]) {
@@ -299,13 +300,6 @@ void dot_tile(size_t rows, size_t tokens, const double* w, size_t n, const doubl
     else dot_tile_rows<1>(tokens, w, n, x, stride, lanes, pitch);
 }
 
-// n doubles at a 32-byte boundary inside v.
-double* aligned(std::vector<double>& v, size_t n) {
-    v.resize(n + 3);
-    const auto address = reinterpret_cast<uintptr_t>(v.data());
-    return v.data() + (32 - address % 32) % 32 / sizeof(double);
-}
-
 // Rows [r0, r1) for every token, over `columns` (`in` rounded up to 16). widen(o, c, n, out) writes columns
 // [c, c + n) of row o as doubles, zero padded past `in`; n is a multiple of 16 (of 32 for MXFP4, whose rows
 // are). A block of kBlockRows rows goes a chunk of columns at a time; within a chunk each token tile's x
@@ -314,8 +308,8 @@ template <class Widen>
 void gemm(const Widen& widen, size_t columns, size_t stride, const double* xd, size_t tokens, float* y,
           size_t out, size_t r0, size_t r1) {
     thread_local std::vector<double> buf_store, lanes_store;
-    double* buf = aligned(buf_store, kBlockRows * kChunk);
-    double* lanes = aligned(lanes_store, kBlockRows * tokens * kLanes);
+    double* buf = line_aligned(buf_store, kBlockRows * kChunk);
+    double* lanes = line_aligned(lanes_store, kBlockRows * tokens * kLanes);
     for (size_t o0 = r0; o0 < r1; o0 += kBlockRows) {
         const size_t rows = r1 - o0 < kBlockRows ? r1 - o0 : kBlockRows;
         std::memset(lanes, 0, rows * tokens * kLanes * sizeof(double));  // +0.0

@@ -28,34 +28,34 @@ void run_tokens_dispatch(const Tile& tile, size_t o, size_t t, size_t tt) {
 // ---- x widened to double -------------------------------------------------------------------------------
 
 // Token t's row at xd + t * stride; elements past `in` are +0.0, and +0.0 * +0.0 added to a lane changes
-// no bit (a lane that starts at +0.0 is never -0.0).
+// no bit (a lane that starts at +0.0 is never -0.0). Line aligned: a 64-byte load of x never straddles two lines.
 const double* widen_x(const float* x, size_t in, size_t tokens, size_t stride) {
-    thread_local std::vector<double> buf;
-    buf.resize(tokens * stride);
+    thread_local std::vector<double> store;
+    double* buf = line_aligned(store, tokens * stride);
     for (size_t t = 0; t < tokens; ++t) {
         const float* xt = x + t * in;
-        double* dt = buf.data() + t * stride;
+        double* dt = buf + t * stride;
         size_t i = 0;
         for (; i + 8 <= in; i += 8) _mm512_storeu_pd(dt + i, _mm512_cvtps_pd(_mm256_loadu_ps(xt + i)));
         for (; i < in; ++i) dt[i] = xt[i];
         for (; i < stride; ++i) dt[i] = 0.0;
     }
-    return buf.data();
+    return buf;
 }
 
 // MXFP4 order, per group of 32: elements 0,2,..,14 | 1,3,..,15 | 16,18,..,30 | 17,19,..,31.
 const double* widen_x_even_odd(const float* x, size_t in, size_t tokens) {
-    thread_local std::vector<double> buf;
-    buf.resize(tokens * in);
+    thread_local std::vector<double> store;
+    double* buf = line_aligned(store, tokens * in);
     const __m512i even = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
     const __m512i odd = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
     for (size_t i = 0; i < tokens * in; i += kLanes) {
         const __m512d a = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
         const __m512d b = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8));
-        _mm512_storeu_pd(buf.data() + i, _mm512_permutex2var_pd(a, even, b));
-        _mm512_storeu_pd(buf.data() + i + 8, _mm512_permutex2var_pd(a, odd, b));
+        _mm512_storeu_pd(buf + i, _mm512_permutex2var_pd(a, even, b));
+        _mm512_storeu_pd(buf + i + 8, _mm512_permutex2var_pd(a, odd, b));
     }
-    return buf.data();
+    return buf;
 }
 
 // ---- the fold ----------------------------------------------------------------------------------------------

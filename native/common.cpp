@@ -58,4 +58,11 @@ double e8m0(uint8_t scale) {
     return scale == 255 ? 0.0 : std::ldexp(1.0, static_cast<int>(scale) - 127);
 }
 
+double* line_aligned(std::vector<double>& v, size_t n) {
+    constexpr size_t kLine = 64;
+    v.resize(n + kLine / sizeof(double) - 1);
+    const auto address = reinterpret_cast<uintptr_t>(v.data());
+    return v.data() + (kLine - address % kLine) % kLine / sizeof(double);
+}
+
 }  // namespace k3

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace k3 {
 
@@ -55,5 +56,9 @@ double bf16_to_f64(uint16_t bits);
 double f16_to_f64(uint16_t bits);
 double e2m1(uint8_t code);          // E2M1 value of a 4-bit code
 double e8m0(uint8_t scale);         // 2^(scale - 127); 255 gives 0.0
+
+// n doubles inside v starting at a 64-byte boundary (v grows as needed): a SIMD backend's x and scratch rows, so
+// that no vector load of them straddles two cache lines (malloc promises 16 bytes; a straddling load costs two).
+double* line_aligned(std::vector<double>& v, size_t n);
 
 }  // namespace k3
