@@ -134,7 +134,7 @@ class Session:
                 stamps.append(time.perf_counter())
                 reads.append(bytes_read(engine))
                 if len(stamps) == 1:
-                    passes_first, read_first = engine.forward_passes, bytes_read(engine)
+                    passes_first, read_first = engine.forward_passes, reads[0]
                 generated.append(token)
                 if token in stop_set:
                     reason = "stop id"
