@@ -2,7 +2,7 @@
 // lanes 0..3, 4..7, 8..11 and 12..15 in order, and the fold is the scalar one; x is widened to double once
 // per call, zero padded to a multiple of 16 (+0.0 * +0.0 added to a lane changes no bit: a lane that
 // starts at +0.0 is never -0.0). BF16/F16/F32 weights are widened 8 at a time through float32 (exact;
-// F16 with integer ops, as AVX2 does not promise F16C); MXFP4 weights straight to double (eight_codes).
+// F16 with integer ops, as AVX2 does not promise F16C); MXFP4 weights straight to double, two rows at once (pair_group).
 //
 // Two walks, chosen by the token count. Each only schedules work: every (row, token) adds the same products
 // in the same order (docs/NUMERICS.md, "The AVX2 kernels and the FMA bound").
@@ -45,6 +45,23 @@ const double* widen_x(const float* x, size_t in, size_t tokens, size_t stride) {
         for (; i + 4 <= in; i += 4) _mm256_storeu_pd(dt + i, _mm256_cvtps_pd(_mm_loadu_ps(xt + i)));
         for (; i < in; ++i) dt[i] = xt[i];
         for (; i < stride; ++i) dt[i] = 0.0;
+    }
+    return buf;
+}
+
+// The same x for mxfp4_pair, each pair of columns twice: token t's columns 2i, 2i+1 at xp + t * 2 * stride + 4i as
+// {x[2i], x[2i+1], x[2i], x[2i+1]}, one load for a pair of rows (a broadcast load costs Zen 1 an FP uop per half).
+const double* widen_x_pairs(const float* x, size_t in, size_t tokens, size_t stride) {
+    thread_local std::vector<double> store;
+    double* buf = line_aligned(store, tokens * 2 * stride);
+    for (size_t t = 0; t < tokens; ++t) {
+        const float* xt = x + t * in;
+        double* dt = buf + t * 2 * stride;
+        for (size_t i = 0; i < in; i += 2) {  // in is a multiple of 32 for MXFP4
+            dt[2 * i] = dt[2 * i + 2] = xt[i];
+            dt[2 * i + 1] = dt[2 * i + 3] = xt[i + 1];
+        }
+        for (size_t i = 2 * in; i < 2 * stride; ++i) dt[i] = 0.0;
     }
     return buf;
 }
@@ -107,39 +124,72 @@ inline void eight_at(const typename W::Elem* row, size_t in, size_t k, __m256d& 
     W::eight(buf, a, b);
 }
 
-// ---- MXFP4: 8 weights (one packed dword) at a time -------------------------------------------------------
+// ---- MXFP4: one group of two rows at a time -------------------------------------------------------------
 
-// A weight E2M1[c] * 2^(s - 127) is a double whose low 32 bits are zero, so a table of the high halves,
-// 8 magnitudes per scale byte, holds every weight exactly (scale byte 255: ±0.0), and widening is an
-// interleave with zeros, no float conversion. The dword's 8 codes: shifting it right by the lane's shift
-// leaves a code in bits 3..0; vpermd looks its magnitude up from bits 2..0; the entry for magnitude m is
-// stored XOR (m << 28), so XOR with (lane << 28) -- the code in bits 31..28 -- cancels those bits again
-// and sets the sign from bit 3. The shifts are in the order the interleaves take lanes (0, 1, 4, 5, then
-// 2, 3, 6, 7), so a holds elements 0..3 and b elements 4..7.
-struct HighHalves {
-    alignas(32) uint32_t v[256][8];
-    HighHalves() {
+// A weight E2M1[c] * 2^(s - 127) is a double with two significant bits and an exponent well inside double's
+// range, so its low 48 bits are zero: bytes 6 and 7 hold it exactly, and for one scale byte (255: +-0.0) they
+// are two 16-entry tables of the code, looked up 32 at a time by vpshufb (one uop a 128-bit lane on every AVX2
+// core; the vpermd of a table of 8 dwords takes three on Zen 1). No float32 step, no special case for scale
+// bytes 253 and 254, whose weights overflow float32.
+struct TopBytes {
+    alignas(16) uint8_t b6[256][16];
+    alignas(16) uint8_t b7[256][16];
+    TopBytes() {
         for (int s = 0; s < 256; ++s)
-            for (uint32_t m = 0; m < 8; ++m) {
-                const double w = e2m1(static_cast<uint8_t>(m)) * e8m0(static_cast<uint8_t>(s));
+            for (int c = 0; c < 16; ++c) {
+                const double w = e2m1(static_cast<uint8_t>(c)) * e8m0(static_cast<uint8_t>(s));
                 uint64_t bits;
                 std::memcpy(&bits, &w, sizeof bits);
-                v[s][m] = static_cast<uint32_t>(bits >> 32) ^ (m << 28);
+                b6[s][c] = static_cast<uint8_t>(bits >> 48);
+                b7[s][c] = static_cast<uint8_t>(bits >> 56);
             }
     }
 };
-const HighHalves kHighHalves;
+const TopBytes kTopBytes;
 
-inline void eight_codes(const uint8_t* bytes, const uint32_t* table, __m256d& a, __m256d& b) {
-    const __m256i shifts = _mm256_setr_epi32(0, 4, 16, 20, 8, 12, 24, 28);
-    uint32_t packed4;
-    std::memcpy(&packed4, bytes, sizeof packed4);
-    const __m256i idx = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(packed4)), shifts);
-    const __m256i high = _mm256_xor_si256(
-        _mm256_permutevar8x32_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(table)), idx),
-        _mm256_slli_epi32(idx, 28));
-    a = _mm256_castsi256_pd(_mm256_unpacklo_epi32(_mm256_setzero_si256(), high));
-    b = _mm256_castsi256_pd(_mm256_unpackhi_epi32(_mm256_setzero_si256(), high));
+inline __m256i two_lanes(const uint8_t* low, const uint8_t* high) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(low))),
+                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(high)), 1);
+}
+
+// One group (32 weights) of rows 0 and 1 (packed bytes p0, p1; scale bytes s0, s1), 2 weights of each row a
+// step: use(i, w) for i = 0..15 in order, w = {row 0: elements 2i, 2i+1; row 1: elements 2i, 2i+1} as doubles.
+// Elements 2i and 2i+1 belong to lanes 2i % 16 and 2i % 16 + 1. The 128-bit lanes never exchange data: row 0
+// is decoded in the low one and row 1 in the high one. Half = 0 or 1 gives only lanes 8 Half..8 Half + 7
+// (i % 8 in 4 Half..4 Half + 3), for callers with too many accumulators to hold all 16 lanes; -1 gives all.
+template <int Half, class Use>
+inline void pair_group(const uint8_t* p0, const uint8_t* p1, uint8_t s0, uint8_t s1, Use&& use) {
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    // bytes 6, 7 of the first double take word 2m of a lane, bytes 14, 15 of the second word 2m + 1; -1: zero
+    alignas(32) static const int8_t kPlace[4][32] = {
+        {-1, -1, -1, -1, -1, -1, 0, 1, -1, -1, -1, -1, -1, -1, 2, 3,
+         -1, -1, -1, -1, -1, -1, 0, 1, -1, -1, -1, -1, -1, -1, 2, 3},
+        {-1, -1, -1, -1, -1, -1, 4, 5, -1, -1, -1, -1, -1, -1, 6, 7,
+         -1, -1, -1, -1, -1, -1, 4, 5, -1, -1, -1, -1, -1, -1, 6, 7},
+        {-1, -1, -1, -1, -1, -1, 8, 9, -1, -1, -1, -1, -1, -1, 10, 11,
+         -1, -1, -1, -1, -1, -1, 8, 9, -1, -1, -1, -1, -1, -1, 10, 11},
+        {-1, -1, -1, -1, -1, -1, 12, 13, -1, -1, -1, -1, -1, -1, 14, 15,
+         -1, -1, -1, -1, -1, -1, 12, 13, -1, -1, -1, -1, -1, -1, 14, 15}};
+    const __m256i bytes = two_lanes(p0, p1);
+    const __m256i low = _mm256_and_si256(bytes, nibble);  // element 2k: the LOW nibble of byte k
+    const __m256i high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
+    const __m256i codes[2] = {_mm256_unpacklo_epi8(low, high), _mm256_unpackhi_epi8(low, high)};  // 0..15, 16..31
+    const __m256i b6 = two_lanes(kTopBytes.b6[s0], kTopBytes.b6[s1]);
+    const __m256i b7 = two_lanes(kTopBytes.b7[s0], kTopBytes.b7[s1]);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+        const __m256i l6 = _mm256_shuffle_epi8(b6, codes[h]), l7 = _mm256_shuffle_epi8(b7, codes[h]);
+        const __m256i words[2] = {_mm256_unpacklo_epi8(l6, l7), _mm256_unpackhi_epi8(l6, l7)};  // 8 elements each
+#pragma GCC unroll 2
+        for (int q = 0; q < 2; ++q) {
+            if (Half >= 0 && q != Half) continue;
+#pragma GCC unroll 4
+            for (int m = 0; m < 4; ++m) {
+                const __m256i place = _mm256_load_si256(reinterpret_cast<const __m256i*>(kPlace[m]));
+                use(8 * h + 4 * q + m, _mm256_castsi256_pd(_mm256_shuffle_epi8(words[q], place)));
+            }
+        }
+    }
 }
 
 // ---- 1-3 tokens: R rows x TT tokens, the weights widened into registers ----------------------------------
@@ -213,41 +263,71 @@ void linear_direct_rows(const typename W::Elem* w, size_t in, const double* xd, 
     for (; o < r1; ++o) linear_direct<W, 1, TT>(w, in, xd, stride, y, out, o);
 }
 
-// Rows o..o+R-1 of y for tokens 0..TT-1 (x of token t at xd + t * stride), the weights widened straight
-// into registers once for all TT tokens.
-template <int R, int TT>
-void mxfp4_direct(const uint8_t* packed, const uint8_t* scale, size_t in, const double* xd, size_t stride, float* y,
-                  size_t out, size_t o) {
-    __m256d acc[R][TT][4];
-    zero<R, TT>(acc);
-    const size_t groups = in / kGroup, row_bytes = in / 2;
-    const uint8_t* p = packed + o * row_bytes;
-    const uint8_t* s = scale + o * groups;
-    for (size_t g = 0; g < groups; ++g, p += 16, s += 1) {
-        if (g % 4 == 0)  // stream every row 2 KB ahead, a line at a time (1 KB: 1.3x slower from DRAM)
-#pragma GCC unroll 8
-            for (int r = 0; r < R; ++r)
-                _mm_prefetch(reinterpret_cast<const char*>(p + r * row_bytes) + 2048, _MM_HINT_T0);
-#pragma GCC unroll 4
-        for (int q = 0; q < 4; ++q) {  // elements 8q..8q+7 of the group: lanes 8h..8h+7, h = q % 2
-            const int h = q % 2;
-            __m256d a[R], b[R];
-#pragma GCC unroll 8
-            for (int r = 0; r < R; ++r)
-                eight_codes(p + r * row_bytes + 4 * q, kHighHalves.v[s[r * groups]], a[r], b[r]);
-            accumulate8<R, TT>(acc, a, b, h, xd, stride, kGroup * g + 8 * q);
+// Lanes of rows o0 and o1 (see pair_group for Half) for tokens 0..TT-1 (x of token t at xd + t * 2 * stride,
+// widen_x_pairs), the weights decoded straight into registers once for all TT tokens. Accumulator a holds lanes
+// 2a and 2a + 1 (a counted from 4 Half) of row o0 in its low half and of row o1 in its high half.
+template <int TT, int Half, int A = Half < 0 ? 8 : 4>
+void mxfp4_pair_lanes(const uint8_t* p0, const uint8_t* p1, const uint8_t* s0, const uint8_t* s1, size_t groups,
+                      const double* xd, size_t stride, __m256d (&acc)[TT][A]) {
+    constexpr int first = Half < 0 ? 0 : 4 * Half;
+#pragma GCC unroll 32
+    for (int k = 0; k < TT * A; ++k) acc[k / A][k % A] = _mm256_setzero_pd();
+    for (size_t g = 0; g < groups; ++g) {
+        if (g % 4 == 0) {  // stream both rows 2 KB ahead, a line at a time (1 KB: 1.3x slower from DRAM)
+            _mm_prefetch(reinterpret_cast<const char*>(p0 + 16 * g) + 2048, _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(p1 + 16 * g) + 2048, _MM_HINT_T0);
         }
+        const double* xg[TT];
+#pragma GCC unroll 4
+        for (int t = 0; t < TT; ++t) xg[t] = xd + 2 * (t * stride + kGroup * g);
+        pair_group<Half>(p0 + 16 * g, p1 + 16 * g, s0[g], s1[g], [&](int i, __m256d w) {
+#pragma GCC unroll 4
+            for (int t = 0; t < TT; ++t)
+                acc[t][i % 8 - first] = _mm256_fmadd_pd(w, _mm256_load_pd(xg[t] + 4 * i), acc[t][i % 8 - first]);
+        });
     }
-    fold_into<R, TT>(acc, y, out, o);
 }
 
-// Rows [r0, r1) for TT tokens, R rows at a time.
-template <int R, int TT>
-void mxfp4_direct_rows(const uint8_t* packed, const uint8_t* scale, size_t in, const double* xd, size_t stride,
-                       float* y, size_t out, size_t r0, size_t r1) {
-    size_t o = r0;
-    for (; o + R <= r1; o += R) mxfp4_direct<R, TT>(packed, scale, in, xd, stride, y, out, o);
-    for (; o < r1; ++o) mxfp4_direct<1, TT>(packed, scale, in, xd, stride, y, out, o);
+// Rows o0 and o1 of y (o1 == o0: one row alone) for TT tokens: all 16 lanes in one walk for one token, half of
+// them a walk for more (8 accumulators a token would leave no register for the decoding).
+template <int TT>
+void mxfp4_pair(const uint8_t* packed, const uint8_t* scale, size_t in, const double* xd, size_t stride, float* y,
+                size_t out, size_t o0, size_t o1) {
+    const size_t groups = in / kGroup, row_bytes = in / 2;
+    const uint8_t *p0 = packed + o0 * row_bytes, *p1 = packed + o1 * row_bytes;
+    const uint8_t *s0 = scale + o0 * groups, *s1 = scale + o1 * groups;
+    alignas(32) double halves[TT][8][4];
+    if (TT == 1) {
+        __m256d acc[TT][8];
+        mxfp4_pair_lanes<TT, -1>(p0, p1, s0, s1, groups, xd, stride, acc);
+        for (int a = 0; a < 8; ++a) _mm256_store_pd(halves[0][a], acc[0][a]);
+    } else {
+        for (int half = 0; half < 2; ++half) {
+            __m256d acc[TT][4];
+            if (half == 0) mxfp4_pair_lanes<TT, 0>(p0, p1, s0, s1, groups, xd, stride, acc);
+            else mxfp4_pair_lanes<TT, 1>(p0, p1, s0, s1, groups, xd, stride, acc);
+            for (int t = 0; t < TT; ++t)
+                for (int a = 0; a < 4; ++a) _mm256_store_pd(halves[t][4 * half + a], acc[t][a]);
+        }
+    }
+    for (int t = 0; t < TT; ++t) {
+        double lanes[2][kLanes];
+        for (int a = 0; a < 8; ++a)
+            for (int r = 0; r < 2; ++r) {
+                lanes[r][2 * a] = halves[t][a][2 * r];
+                lanes[r][2 * a + 1] = halves[t][a][2 * r + 1];
+            }
+        y[t * out + o0] = to_f32(lane_combine(lanes[0]));
+        if (o1 != o0) y[t * out + o1] = to_f32(lane_combine(lanes[1]));
+    }
+}
+
+// Rows [r0, r1) for TT tokens, two rows at a time.
+template <int TT>
+void mxfp4_pairs(const uint8_t* packed, const uint8_t* scale, size_t in, const double* xd, size_t stride, float* y,
+                 size_t out, size_t r0, size_t r1) {
+    for (size_t o = r0; o < r1; o += 2)
+        mxfp4_pair<TT>(packed, scale, in, xd, stride, y, out, o, o + 1 < r1 ? o + 1 : o);
 }
 
 // ---- several tokens: widen a chunk of a row once, then every token tile over it ----------------------------
@@ -300,9 +380,9 @@ void dot_tile(size_t rows, size_t tokens, const double* w, size_t n, const doubl
     else dot_tile_rows<1>(tokens, w, n, x, stride, lanes, pitch);
 }
 
-// Rows [r0, r1) for every token, over `columns` (`in` rounded up to 16). widen(o, c, n, out) writes columns
-// [c, c + n) of row o as doubles, zero padded past `in`; n is a multiple of 16 (of 32 for MXFP4, whose rows
-// are). A block of kBlockRows rows goes a chunk of columns at a time; within a chunk each token tile's x
+// Rows [r0, r1) for every token, over `columns` (`in` rounded up to 16). widen(o0, rows, c, n, buf) writes
+// columns [c, c + n) of rows o0..o0+rows-1 as doubles at buf + r * kChunk, zero padded past `in`; n is a
+// multiple of 16 (of 32 for MXFP4, whose rows are). A block of kBlockRows rows goes a chunk of columns at a time; within a chunk each token tile's x
 // serves the block's row tiles from L1.
 template <class Widen>
 void gemm(const Widen& widen, size_t columns, size_t stride, const double* xd, size_t tokens, float* y,
@@ -315,7 +395,7 @@ void gemm(const Widen& widen, size_t columns, size_t stride, const double* xd, s
         std::memset(lanes, 0, rows * tokens * kLanes * sizeof(double));  // +0.0
         for (size_t c = 0; c < columns; c += kChunk) {
             const size_t n = columns - c < kChunk ? columns - c : kChunk;
-            for (size_t r = 0; r < rows; ++r) widen(o0 + r, c, n, buf + r * kChunk);
+            widen(o0, rows, c, n, buf);
             for (size_t t = 0; t < tokens; t += kTileTokens) {
                 const size_t tt = tokens - t < kTileTokens ? tokens - t : kTileTokens;
                 for (size_t r = 0; r < rows; r += kTileRows) {
@@ -335,7 +415,7 @@ template <class W>
 struct WidenLinear {
     const typename W::Elem* w;
     size_t in;
-    void operator()(size_t o, size_t c, size_t n, double* out) const {
+    void row(size_t o, size_t c, size_t n, double* out) const {
         const typename W::Elem* row = w + o * in;
         for (size_t k = 0; k < n; k += 32)  // the row's chunks 2 KB ahead
             _mm_prefetch(reinterpret_cast<const char*>(row + c + k) + 2048, _MM_HINT_T0);
@@ -346,25 +426,35 @@ struct WidenLinear {
             _mm256_store_pd(out + k + 4, b);
         }
     }
+    void operator()(size_t o0, size_t rows, size_t c, size_t n, double* buf) const {
+        for (size_t r = 0; r < rows; ++r) row(o0 + r, c, n, buf + r * kChunk);
+    }
 };
 
 struct WidenMxfp4 {
     const uint8_t* packed;
     const uint8_t* scale;
     size_t in;
-    void operator()(size_t o, size_t c, size_t n, double* out) const {
-        const uint8_t* p = packed + o * (in / 2) + c / 2;
-        const uint8_t* s = scale + o * (in / kGroup) + c / kGroup;
-        for (size_t k = 0; k < n / 2; k += 64)  // the row's chunks 1 KB ahead, its scales 64 bytes ahead
-            _mm_prefetch(reinterpret_cast<const char*>(p + k) + 1024, _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(s) + 64, _MM_HINT_T0);
-        for (size_t g = 0; g < n / kGroup; ++g) {
-            for (int q = 0; q < 4; ++q) {
-                __m256d a, b;
-                eight_codes(p + 16 * g + 4 * q, kHighHalves.v[s[g]], a, b);
-                _mm256_store_pd(out + kGroup * g + 8 * q, a);
-                _mm256_store_pd(out + kGroup * g + 8 * q + 4, b);
-            }
+    // Rows o and o + 1 (o + 1 < rows_total) or o alone, into out0 and out1.
+    void pair(size_t o0, size_t o1, size_t c, size_t n, double* out0, double* out1) const {
+        const uint8_t *p0 = packed + o0 * (in / 2) + c / 2, *p1 = packed + o1 * (in / 2) + c / 2;
+        const uint8_t *s0 = scale + o0 * (in / kGroup) + c / kGroup, *s1 = scale + o1 * (in / kGroup) + c / kGroup;
+        for (size_t k = 0; k < n / 2; k += 64) {  // the rows' chunks 1 KB ahead, their scales 64 bytes ahead
+            _mm_prefetch(reinterpret_cast<const char*>(p0 + k) + 1024, _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(p1 + k) + 1024, _MM_HINT_T0);
+        }
+        _mm_prefetch(reinterpret_cast<const char*>(s0) + 64, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(s1) + 64, _MM_HINT_T0);
+        for (size_t g = 0; g < n / kGroup; ++g)
+            pair_group<-1>(p0 + 16 * g, p1 + 16 * g, s0[g], s1[g], [&](int i, __m256d w) {
+                _mm_store_pd(out0 + kGroup * g + 2 * i, _mm256_castpd256_pd128(w));
+                _mm_store_pd(out1 + kGroup * g + 2 * i, _mm256_extractf128_pd(w, 1));
+            });
+    }
+    void operator()(size_t o0, size_t rows, size_t c, size_t n, double* buf) const {
+        for (size_t r = 0; r < rows; r += 2) {
+            const size_t r1 = r + 1 < rows ? r + 1 : r;
+            pair(o0 + r, o0 + r1, c, n, buf + r * kChunk, buf + r1 * kChunk);
         }
     }
 };
@@ -395,12 +485,13 @@ void linear(WeightType type, const void* w, size_t in, const float* x, size_t to
 void mxfp4(const uint8_t* packed, const uint8_t* scale, size_t in, const float* x, size_t tokens, float* y,
            size_t out, size_t r0, size_t r1) {
     const size_t stride = x_stride(in);
-    const double* xd = widen_x(x, in, tokens, stride);
     switch (tokens) {
-        case 1: return mxfp4_direct_rows<2, 1>(packed, scale, in, xd, stride, y, out, r0, r1);
-        case 2: return mxfp4_direct_rows<1, 2>(packed, scale, in, xd, stride, y, out, r0, r1);
-        case 3: return mxfp4_direct_rows<1, 3>(packed, scale, in, xd, stride, y, out, r0, r1);
-        default: return gemm(WidenMxfp4{packed, scale, in}, in, stride, xd, tokens, y, out, r0, r1);
+        case 1: return mxfp4_pairs<1>(packed, scale, in, widen_x_pairs(x, in, 1, stride), stride, y, out, r0, r1);
+        case 2: return mxfp4_pairs<2>(packed, scale, in, widen_x_pairs(x, in, 2, stride), stride, y, out, r0, r1);
+        case 3: return mxfp4_pairs<3>(packed, scale, in, widen_x_pairs(x, in, 3, stride), stride, y, out, r0, r1);
+        default:
+            return gemm(WidenMxfp4{packed, scale, in}, in, stride, widen_x(x, in, tokens, stride), tokens, y, out, r0,
+                        r1);
     }
 }
 
