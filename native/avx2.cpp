@@ -2,7 +2,8 @@
 // lanes 0..3, 4..7, 8..11 and 12..15 in order, and the fold is the scalar one; x is widened to double once
 // per call, zero padded to a multiple of 16 (+0.0 * +0.0 added to a lane changes no bit: a lane that
 // starts at +0.0 is never -0.0). BF16/F16/F32 weights are widened 8 at a time through float32 (exact;
-// F16 with integer ops, as AVX2 does not promise F16C); MXFP4 weights straight to double, two rows at once (pair_group).
+// F16 with integer ops, as AVX2 does not promise F16C); MXFP4 weights straight to double by byte tables, two
+// rows at once (pair_group).
 //
 // Two walks, chosen by the token count. Each only schedules work: every (row, token) adds the same products
 // in the same order (docs/NUMERICS.md, "The AVX2 kernels and the FMA bound").
@@ -152,6 +153,18 @@ inline __m256i two_lanes(const uint8_t* low, const uint8_t* high) {
                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(high)), 1);
 }
 
+// vpshufb masks that put two 16-bit words at the top of two doubles: bytes 6, 7 of the first double take
+// word 2m of a 128-bit lane, bytes 14, 15 of the second word 2m + 1; -1 gives zero.
+alignas(32) const int8_t kPlace[4][32] = {
+    {-1, -1, -1, -1, -1, -1, 0, 1, -1, -1, -1, -1, -1, -1, 2, 3,
+     -1, -1, -1, -1, -1, -1, 0, 1, -1, -1, -1, -1, -1, -1, 2, 3},
+    {-1, -1, -1, -1, -1, -1, 4, 5, -1, -1, -1, -1, -1, -1, 6, 7,
+     -1, -1, -1, -1, -1, -1, 4, 5, -1, -1, -1, -1, -1, -1, 6, 7},
+    {-1, -1, -1, -1, -1, -1, 8, 9, -1, -1, -1, -1, -1, -1, 10, 11,
+     -1, -1, -1, -1, -1, -1, 8, 9, -1, -1, -1, -1, -1, -1, 10, 11},
+    {-1, -1, -1, -1, -1, -1, 12, 13, -1, -1, -1, -1, -1, -1, 14, 15,
+     -1, -1, -1, -1, -1, -1, 12, 13, -1, -1, -1, -1, -1, -1, 14, 15}};
+
 // One group (32 weights) of rows 0 and 1 (packed bytes p0, p1; scale bytes s0, s1), 2 weights of each row a
 // step: use(i, w) for i = 0..15 in order, w = {row 0: elements 2i, 2i+1; row 1: elements 2i, 2i+1} as doubles.
 // Elements 2i and 2i+1 belong to lanes 2i % 16 and 2i % 16 + 1. The 128-bit lanes never exchange data: row 0
@@ -160,16 +173,6 @@ inline __m256i two_lanes(const uint8_t* low, const uint8_t* high) {
 template <int Half, class Use>
 inline void pair_group(const uint8_t* p0, const uint8_t* p1, uint8_t s0, uint8_t s1, Use&& use) {
     const __m256i nibble = _mm256_set1_epi8(0x0F);
-    // bytes 6, 7 of the first double take word 2m of a lane, bytes 14, 15 of the second word 2m + 1; -1: zero
-    alignas(32) static const int8_t kPlace[4][32] = {
-        {-1, -1, -1, -1, -1, -1, 0, 1, -1, -1, -1, -1, -1, -1, 2, 3,
-         -1, -1, -1, -1, -1, -1, 0, 1, -1, -1, -1, -1, -1, -1, 2, 3},
-        {-1, -1, -1, -1, -1, -1, 4, 5, -1, -1, -1, -1, -1, -1, 6, 7,
-         -1, -1, -1, -1, -1, -1, 4, 5, -1, -1, -1, -1, -1, -1, 6, 7},
-        {-1, -1, -1, -1, -1, -1, 8, 9, -1, -1, -1, -1, -1, -1, 10, 11,
-         -1, -1, -1, -1, -1, -1, 8, 9, -1, -1, -1, -1, -1, -1, 10, 11},
-        {-1, -1, -1, -1, -1, -1, 12, 13, -1, -1, -1, -1, -1, -1, 14, 15,
-         -1, -1, -1, -1, -1, -1, 12, 13, -1, -1, -1, -1, -1, -1, 14, 15}};
     const __m256i bytes = two_lanes(p0, p1);
     const __m256i low = _mm256_and_si256(bytes, nibble);  // element 2k: the LOW nibble of byte k
     const __m256i high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
@@ -297,7 +300,7 @@ void mxfp4_pair(const uint8_t* packed, const uint8_t* scale, size_t in, const do
     const uint8_t *p0 = packed + o0 * row_bytes, *p1 = packed + o1 * row_bytes;
     const uint8_t *s0 = scale + o0 * groups, *s1 = scale + o1 * groups;
     alignas(32) double halves[TT][8][4];
-    if (TT == 1) {
+    if constexpr (TT == 1) {
         __m256d acc[TT][8];
         mxfp4_pair_lanes<TT, -1>(p0, p1, s0, s1, groups, xd, stride, acc);
         for (int a = 0; a < 8; ++a) _mm256_store_pd(halves[0][a], acc[0][a]);
@@ -382,8 +385,8 @@ void dot_tile(size_t rows, size_t tokens, const double* w, size_t n, const doubl
 
 // Rows [r0, r1) for every token, over `columns` (`in` rounded up to 16). widen(o0, rows, c, n, buf) writes
 // columns [c, c + n) of rows o0..o0+rows-1 as doubles at buf + r * kChunk, zero padded past `in`; n is a
-// multiple of 16 (of 32 for MXFP4, whose rows are). A block of kBlockRows rows goes a chunk of columns at a time; within a chunk each token tile's x
-// serves the block's row tiles from L1.
+// multiple of 16 (of 32 for MXFP4, whose rows are). A block of kBlockRows rows goes a chunk of columns at a
+// time; within a chunk each token tile's x serves the block's row tiles from L1.
 template <class Widen>
 void gemm(const Widen& widen, size_t columns, size_t stride, const double* xd, size_t tokens, float* y,
           size_t out, size_t r0, size_t r1) {
@@ -435,7 +438,7 @@ struct WidenMxfp4 {
     const uint8_t* packed;
     const uint8_t* scale;
     size_t in;
-    // Rows o and o + 1 (o + 1 < rows_total) or o alone, into out0 and out1.
+    // Rows o0 and o1 (o1 == o0: one row alone), into out0 and out1.
     void pair(size_t o0, size_t o1, size_t c, size_t n, double* out0, double* out1) const {
         const uint8_t *p0 = packed + o0 * (in / 2) + c / 2, *p1 = packed + o1 * (in / 2) + c / 2;
         const uint8_t *s0 = scale + o0 * (in / kGroup) + c / kGroup, *s1 = scale + o1 * (in / kGroup) + c / kGroup;
