@@ -8,7 +8,9 @@
 // Two walks, chosen by the token count. Each only schedules work: every (row, token) adds the same products
 // in the same order (docs/NUMERICS.md, "The AVX2 kernels and the FMA bound").
 //   1-3 tokens  R rows x TT tokens at once, the weights widened straight into registers and used by every
-//               token: 4 R TT independent FMA chains, and one load of x serves R rows.
+//               token: 4 R TT independent FMA chains, and one load of x serves R rows. MXFP4 holds two rows
+//               per ymm instead, lanes 2a and 2a + 1 of row 0 in the low half and of row 1 in the high one
+//               (mxfp4_pair), and folds them back into each row's 16 lanes in order.
 //   4+ tokens   a block of rows a chunk of columns at a time: each row's chunk is widened into an L1 buffer
 //               once, then tiles of 3 rows x 4 tokens run over it one quarter of the lanes at a time, so
 //               each load feeds 3 or 4 FMAs (at two loads per FMA the FMA units would wait on the loads).
