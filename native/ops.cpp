@@ -95,13 +95,13 @@ void kda_decay(const float* z, size_t tokens, size_t heads, size_t d, const floa
 
 namespace {
 
-// out[j] = lane_dot over i of rows[i * d + j] * x[i], for every j at once: the rows are read in order (a column
-// walk would touch a cache line per element), and lanes[l * d + j] is column j's lane l, so each (j, lane)
+// out[j] = lane_dot over i < n of rows[i * d + j] * x[i], for every j < d at once: the rows are read in order (a
+// column walk would touch a cache line per element), and lanes[l * d + j] is column j's lane l, so each (j, lane)
 // adds the same products in the same order as lane_dot_f64, and the fold is lane_combine's.
 template <class Row>
-void lane_dot_columns(const Row* rows, const double* x, size_t d, double* lanes, double* out) {
+void lane_dot_columns(const Row* rows, const double* x, size_t n, size_t d, double* lanes, double* out) {
     std::fill(lanes, lanes + kLanes * d, 0.0);
-    for (size_t i = 0; i < d; ++i) {
+    for (size_t i = 0; i < n; ++i) {
         double* lane = lanes + (i % kLanes) * d;
         const Row* row = rows + i * d;
         const double xi = x[i];
@@ -129,12 +129,12 @@ void kda_recurrence(const float* q, const float* k, const float* v, const float*
                 for (size_t j = 0; j < d; ++j)  // decay rows first
                     S[i * d + j] = static_cast<double>(Sh[i * d + j]) * static_cast<double>(alpha[base + i]);
             }
-            lane_dot_columns(S.data(), kd.data(), d, lanes.data(), u.data());  // u = Sᵀ k
+            lane_dot_columns(S.data(), kd.data(), d, d, lanes.data(), u.data());  // u = Sᵀ k
             const double b = beta[t * heads + h];
             for (size_t i = 0; i < d; ++i)
                 for (size_t j = 0; j < d; ++j)
                     Sh[i * d + j] = to_f32(S[i * d + j] + kd[i] * (b * (static_cast<double>(v[base + j]) - u[j])));
-            lane_dot_columns(Sh, qd.data(), d, lanes.data(), out.data());  // o = Sᵀ q on the UPDATED, float32 state
+            lane_dot_columns(Sh, qd.data(), d, d, lanes.data(), out.data());  // o = Sᵀ q on the UPDATED, float32 state
             for (size_t j = 0; j < d; ++j) o[base + j] = to_f32(out[j]);
         }
     }
@@ -142,7 +142,7 @@ void kda_recurrence(const float* q, const float* k, const float* v, const float*
 
 void mqa_attention(const float* q, size_t dk, const float* keys, size_t n, const float* values, size_t dv,
                    double scale, float* out, size_t h0, size_t h1) {
-    std::vector<double> e(n), ones(n, 1.0), p(n), col(n);
+    std::vector<double> e(n), ones(n, 1.0), p(n), lanes(kLanes * dv), ctx(dv);
     for (size_t h = h0; h < h1; ++h) {
         double top = -INFINITY;
         for (size_t m = 0; m < n; ++m) {
@@ -152,10 +152,8 @@ void mqa_attention(const float* q, size_t dk, const float* keys, size_t n, const
         for (size_t m = 0; m < n; ++m) e[m] = std::exp(e[m] - top);
         const double total = lane_dot_f64(e.data(), ones.data(), n);
         for (size_t m = 0; m < n; ++m) p[m] = e[m] / total;
-        for (size_t j = 0; j < dv; ++j) {
-            for (size_t m = 0; m < n; ++m) col[m] = values[m * dv + j];
-            out[h * dv + j] = to_f32(lane_dot_f64(p.data(), col.data(), n));
-        }
+        lane_dot_columns(values, p.data(), n, dv, lanes.data(), ctx.data());  // each j: lane_dot(p, values[:, j])
+        for (size_t j = 0; j < dv; ++j) out[h * dv + j] = to_f32(ctx[j]);
     }
 }
 

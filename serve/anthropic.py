@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import secrets
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from .anthropic_schema import messages_request
+from .anthropic_schema import IGNORED, messages_request, thinking_signature
 from .api import Api, ToolCallWatch, chat_job, chat_reply, events_or_cancel, guarded, read_json, whole_reply
 from .schema import ApiError
+
+log = logging.getLogger("k3.serve")
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                405: "invalid_request_error", 413: "request_too_large", 429: "overloaded_error", 500: "api_error",
@@ -45,12 +48,13 @@ class Reply:
     """A message's content blocks, built from a job's events in the order they come. `feed` returns the
     SSE events each job event makes: the stream sends them, a whole reply drops them, so both are one reply."""
 
-    def __init__(self, api: Api, job, mode: str):
-        self.api, self.job, self.mode = api, job, mode
+    def __init__(self, api: Api, job, mode: str, omit_thinking: bool = False):
+        self.api, self.job, self.mode, self.omit_thinking = api, job, mode, omit_thinking
         self.content: list[dict] = []
         self.texts: dict[str, list[str]] = {}   # by channel, as chat completions' chat_reply reads them
         self.calls = ToolCallWatch(api, job, mode)  # a tool call becomes a block as soon as its element closes
         self.open: str | None = None            # the kind of the block still open (thinking, text)
+        self.hidden = ""                        # the open thinking block's text, when the reply leaves it out
         self.stop_reason = self.stop_sequence = None
         self.usage: dict = {}
 
@@ -75,6 +79,9 @@ class Reply:
             self.content.append({"type": kind, kind: ""} | ({"signature": ""} if kind == "thinking" else {}))
             self.open = kind
             out.append(_event("content_block_start", index=len(self.content) - 1, content_block=self.content[-1]))
+        if kind == "thinking" and self.omit_thinking:  # thought, not shown: the signature carries it at the close
+            self.hidden += text
+            return out
         self.content[-1][kind] += text
         out.append(_event("content_block_delta", index=len(self.content) - 1,
                           delta={"type": f"{kind}_delta", kind: text}))
@@ -95,8 +102,14 @@ class Reply:
     def _close(self) -> list[bytes]:
         if self.open is None:
             return []
+        out, index = [], len(self.content) - 1
+        if self.open == "thinking" and self.omit_thinking:
+            self.content[-1]["signature"] = signature = thinking_signature(self.hidden)
+            self.hidden = ""
+            out.append(_event("content_block_delta", index=index, delta={"type": "signature_delta",
+                                                                         "signature": signature}))
         self.open = None
-        return [_event("content_block_stop", index=len(self.content) - 1)]
+        return out + [_event("content_block_stop", index=index)]
 
     def _done(self, reason: str, stats: dict) -> list[bytes]:
         message, finish = chat_reply(self.api, self.job, self.mode, stats, reason, self.texts)
@@ -136,20 +149,32 @@ def check_key(request, api_key: str | None) -> None:
                        code="invalid_api_key")
 
 
+_logged: set[str] = set()
+
+
+def log_ignored(name: str) -> None:
+    """One log line per field k3 passes over, the first time a request sends it (docs/SERVER.md)."""
+    if name not in _logged:
+        _logged.add(name)
+        log.info("/v1/messages: `%s` is accepted and not acted on: %s (logged once)", name, IGNORED[name])
+
+
 def add_routes(router, api: Api) -> None:
     """POST /v1/messages and /v1/messages/count_tokens on `router`; the `anthropic-version` header is accepted,
     whatever it says."""
 
     async def parsed(request: Request, counting: bool = False):
         check_key(request, api.opts.api_key)
-        req, places = messages_request(await read_json(request, api.opts.max_body_bytes), api.engine.max_context,
-                                       counting)
-        api.check_model(req.model)
-        return req, *chat_job(api, req, places)
+        read = messages_request(await read_json(request, api.opts.max_body_bytes), counting)
+        api.check_model(read.request.model)
+        for name in read.ignored:
+            log_ignored(name)
+        return read, *chat_job(api, read.request, read.places, counting)
 
     async def messages(request: Request):
-        req, job, mode = await parsed(request)
-        events, reply = api.start(job), Reply(api, job, mode)
+        read, job, mode = await parsed(request)
+        req = read.request
+        events, reply = api.start(job), Reply(api, job, mode, read.omit_thinking)
         head = {"id": f"msg_{secrets.token_hex(12)}", "type": "message", "role": "assistant", "model": api.model_id}
         if req.stream:
             return StreamingResponse(_stream(request, events, job, reply, head), media_type="text/event-stream",
@@ -157,7 +182,7 @@ def add_routes(router, api: Api) -> None:
         return await whole_reply(request, events, job, reply.feed, lambda: reply.message(head))
 
     async def count_tokens(request: Request):
-        _, job, _ = await parsed(request, counting=True)
+        _, job, _ = await parsed(request, counting=True)  # a count, not a generation: no room for a reply needed
         return JSONResponse({"input_tokens": len(job.prompt)})
 
     router.add_api_route("/v1/messages", guarded(messages, error_response), methods=["POST"])

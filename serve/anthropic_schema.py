@@ -2,37 +2,81 @@
 its field checks): `system` and content blocks become k3 chat messages, `tools` function declarations.
 
 A known field of the wrong type or out of range is a 400 naming it; images, documents and server tools are
-refused by name; unknown fields are ignored. Checked by tests/serve/test_anthropic_api.py.
+refused by name; fields the API defines that k3 cannot honour (`metadata`, `context_management`, an effort)
+are listed in `ignored` for the route to log, never refused; unknown fields are ignored. What Claude Code
+sends is read as it means it (docs/SERVER.md, "Claude Code"): `system`-role messages inside `messages` are
+folded into the system text in order, its per-request billing-header block is left out of the prompt, and
+`max_tokens` above what the context leaves is clamped by the route. Checked by
+tests/serve/test_anthropic_api.py and tests/serve/test_claude_code_shapes.py.
 """
 from __future__ import annotations
+
+import base64
+import binascii
+from typing import NamedTuple
 
 from k3core.text.chat import tool_call_markup
 
 from .schema import TOOL_NAME, ApiError, ChatRequest, Sampling, _bad, _bool, _integer, _model, _number, _string, json_format
 
 MAX_STOP_SEQUENCES = 16  # docs/LIMITS.md
+# Claude Code's first system block: `x-anthropic-billing-header: cc_version=…; cch=…;`, which changes on every
+# request; left in the prompt, no two requests would share a prefix past its first ids.
+BILLING_HEADER = "x-anthropic-billing-header:"
+# A thinking block whose text the reply left out (`thinking.display: "omitted"`) carries it in its signature, so
+# the turn sent back renders as it was generated.
+SIGNATURE_PREFIX = "k3-thinking-v1:"
+THINKING_DISPLAYS = ("summarized", "omitted")
+# Fields the Messages API defines that change nothing k3 does: why each is passed over (logged once by name).
+IGNORED = {"metadata": "k3 keeps no per-user records",
+           "context_management": "k3 keeps every block the request sends",
+           "output_config.effort": "k3 has no effort setting (thinking is on or off)",
+           "service_tier": "one engine serves every request",
+           "container": "k3 runs no code containers",
+           "inference_geo": "k3 runs here"}
 
 
-def messages_request(body, max_tokens_limit: int, counting: bool = False) -> tuple[ChatRequest, list[str]]:
-    """A Messages body as a ChatRequest, and where in the body each of its k3 messages came from (for
-    errors found when they are rendered). `counting`: count_tokens, where max_tokens is not required."""
+class MessagesBody(NamedTuple):
+    """A Messages body read: the ChatRequest, where each k3 message came from (messages[i] -> its body path, for
+    errors found when they are rendered), whether thinking text is left out of the reply, and the fields
+    passed over."""
+
+    request: ChatRequest
+    places: list[str]
+    omit_thinking: bool
+    ignored: tuple[str, ...]
+
+
+def messages_request(body, counting: bool = False) -> MessagesBody:
+    """A Messages body as a ChatRequest. `counting`: count_tokens, where max_tokens is not required. max_tokens
+    may be any positive integer: the route clamps it to what the context leaves."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
     if body.get("max_tokens") is None and not counting:
         raise _bad("max_tokens", "required: the most tokens the reply may have")
     _not_served(body)
-    messages, places = _conversation(body)
+    messages, places, breakpoints = _conversation(body)
     tools, choice = _tools(body)
     sampling = Sampling(temperature=_number(body, "temperature", 0.0, 1.0),
                         top_p=_number(body, "top_p", 0.0, 1.0, 1.0, low_open=True),
-                        max_tokens=_integer(body, "max_tokens", 1, max_tokens_limit), stop=_stop_sequences(body),
+                        max_tokens=_integer(body, "max_tokens", 1), stop=_stop_sequences(body),
                         top_k=_integer(body, "top_k", 0) or 0, seed=_integer(body, "seed", 0, 2 ** 64 - 1))
     config = body.get("output_config")
     schema, where = json_format(config.get("format") if isinstance(config, dict) else None, "output_config.format",
                                 None)
-    return ChatRequest(model=_model(body), messages=messages, sampling=sampling, stream=_bool(body, "stream"),
-                       tools=tools, tool_choice=choice, thinking=_thinking(body), response_schema=schema,
-                       schema_param=where, parallel_calls=not _one_call(body)), places
+    thinking, omit = _thinking(body)
+    request = ChatRequest(model=_model(body), messages=messages, sampling=sampling, stream=_bool(body, "stream"),
+                          tools=tools, tool_choice=choice, thinking=thinking, response_schema=schema,
+                          schema_param=where, parallel_calls=not _one_call(body), breakpoints=breakpoints)
+    return MessagesBody(request, places, omit, _ignored(body))
+
+
+def _ignored(body: dict) -> tuple[str, ...]:
+    config = body.get("output_config")
+    given = {name for name in IGNORED if body.get(name) is not None}
+    if isinstance(config, dict) and config.get("effort") is not None:
+        given.add("output_config.effort")
+    return tuple(sorted(given))
 
 
 def _blocks(content, path: str, kinds: tuple[str, ...]) -> list[dict]:
@@ -55,12 +99,36 @@ def _text(content, path: str) -> str:
     return "".join(_string(b, "text", f"{path}[{j}]") for j, b in enumerate(_blocks(content, path, ("text",))))
 
 
-def _conversation(body: dict) -> tuple[tuple[dict, ...], list[str]]:
-    """`system` and `messages` as k3 chat messages, with the body path each came from."""
-    out, places, names = [], [], {}  # names: tool_use id -> the tool's name, from the assistant turns before
+def _system_parts(content, path: str) -> tuple[list[str], list[int]]:
+    """System content as its text pieces (the billing-header block left out) and the offsets, in their joined
+    text, where a block with `cache_control` ends."""
+    if isinstance(content, str):
+        pieces = [content]
+        marks = [False]
+    else:
+        blocks = _blocks(content, path, ("text",))
+        pieces = [_string(b, "text", f"{path}[{j}]") for j, b in enumerate(blocks)]
+        marks = [b.get("cache_control") is not None for b in blocks]
+    texts, breaks, at = [], [], 0
+    for piece, marked in zip(pieces, marks):
+        if piece.startswith(BILLING_HEADER):
+            continue
+        texts.append(piece)
+        at += len(piece)
+        if marked:
+            breaks.append(at)
+    return texts, breaks
+
+
+def _conversation(body: dict) -> tuple[tuple[dict, ...], list[str], tuple[tuple[int, int], ...]]:
+    """`system` and `messages` as k3 chat messages, the body path each came from, and the cache_control
+    breakpoints inside their text as (message index, offset in its content). `system`-role messages are folded
+    into the one system message, in order, each after a blank line."""
+    out, places, breaks, names = [], [], [], {}  # names: tool_use id -> the tool's name, from the assistant turns
+    system, system_breaks, system_place = [], [], None
     if body.get("system") is not None:
-        out.append({"role": "system", "content": _text(body["system"], "system")})
-        places.append("system")
+        texts, at = _system_parts(body["system"], "system")
+        system, system_breaks, system_place = ["".join(texts)], at, "system"
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("messages", "must be a non-empty list of messages")
@@ -68,37 +136,54 @@ def _conversation(body: dict) -> tuple[tuple[dict, ...], list[str]]:
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise _bad(where, "must be an object with role and content")
+        if m.get("role") == "system":
+            texts, at = _system_parts(m.get("content"), f"{where}.content")
+            start = sum(map(len, system)) + 2 * len(system)  # "\n\n" before every part but the first
+            system.append("".join(texts))
+            system_breaks += [start + a for a in at]
+            system_place = system_place or where
+            continue
         if m.get("role") == "user":
             turns = _user_turns(m.get("content"), where, names)
         elif m.get("role") == "assistant":
-            turns = [(_assistant_turn(m.get("content"), where, names), where)]
+            turns = [(_assistant_turn(m.get("content"), where, names), where, ())]
         else:
-            raise _bad(f"{where}.role", f"must be user or assistant (system is a top-level field), got "
-                       f"{m.get('role')!r}")
-        out += [msg for msg, _ in turns]
-        places += [place for _, place in turns]
-    return tuple(out), places
+            raise _bad(f"{where}.role", f"must be user, assistant or system, got {m.get('role')!r}")
+        for msg, place, at in turns:
+            breaks += [(len(out), a) for a in at]
+            out.append(msg)
+            places.append(place)
+    if not out:
+        raise _bad("messages", "must hold at least one user or assistant message")
+    if system:  # the system message goes first: every other message moves one down
+        out.insert(0, {"role": "system", "content": "\n\n".join(system)})
+        places.insert(0, system_place)
+        breaks = [(0, a) for a in system_breaks] + [(i + 1, a) for i, a in breaks]
+    return tuple(out), places, tuple(breaks)
 
 
-def _user_turns(content, where: str, names: dict) -> list[tuple[dict, str]]:
-    """A user message: its text as one user message, each tool_result as a tool message, in order."""
-    turns, texts = [], []
+def _user_turns(content, where: str, names: dict) -> list[tuple[dict, str, list[int]]]:
+    """A user message: its text as one user message, each tool_result as a tool message, in order; each with
+    its body path and the offsets in its content where a block with `cache_control` ends."""
+    turns, texts, marks = [], [], []
     for j, block in enumerate(_blocks(content, f"{where}.content", ("text", "tool_result"))):
         path = f"{where}.content[{j}]"
         if block["type"] == "text":
             texts.append(_string(block, "text", path))
+            if block.get("cache_control") is not None:
+                marks.append(sum(map(len, texts)))
             continue
         if texts:
-            turns.append(({"role": "user", "content": "".join(texts)}, where))
-            texts = []
+            turns.append(({"role": "user", "content": "".join(texts)}, where, marks))
+            texts, marks = [], []
         name = names.get(block.get("tool_use_id"))
         if name is None:
             raise _bad(f"{path}.tool_use_id", "must be the id of a tool_use block in an earlier assistant message")
         result = block.get("content")
         text = "" if result is None else _text(result, f"{path}.content")
-        turns.append(({"role": "tool", "content": text, "name": name}, path))
+        turns.append(({"role": "tool", "content": text, "name": name}, path, []))
     if texts or not turns:
-        turns.append(({"role": "user", "content": "".join(texts)}, where))
+        turns.append(({"role": "user", "content": "".join(texts)}, where, marks))
     return turns
 
 
@@ -110,7 +195,7 @@ def _assistant_turn(content, where: str, names: dict) -> dict:
         if block["type"] == "text":
             texts.append(_string(block, "text", path))
         elif block["type"] == "thinking":
-            thinking.append(_string(block, "thinking", path))  # its signature is not checked
+            thinking.append(_string(block, "thinking", path) or _omitted_thinking(block, path))
         else:
             name = _string(block, "name", path)
             if not TOOL_NAME.match(name):
@@ -127,8 +212,28 @@ def _assistant_turn(content, where: str, names: dict) -> dict:
     return msg
 
 
+def _omitted_thinking(block: dict, path: str) -> str:
+    """The text of a thinking block sent back without it (the reply left it out): what its signature carries.
+    Any other signature is not checked, and its block's text ("") is what the turn shows."""
+    signature = block.get("signature")
+    if not isinstance(signature, str) or not signature.startswith(SIGNATURE_PREFIX):
+        return ""
+    try:
+        return base64.b64decode(signature[len(SIGNATURE_PREFIX):], validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        raise _bad(f"{path}.signature", "is not a signature k3 wrote (send the block back as the reply gave it)") \
+            from None
+
+
+def thinking_signature(text: str) -> str:
+    """The signature of a thinking block whose text the reply leaves out: the text, for the turn sent back."""
+    return SIGNATURE_PREFIX + base64.b64encode(text.encode()).decode()
+
+
 def _tools(body: dict) -> tuple[tuple[dict, ...], str | None]:
-    """`tools` as the function declarations chat completions take, and `tool_choice` as its choice."""
+    """`tools` as the function declarations chat completions take, and `tool_choice` as its choice. A tool with
+    `defer_loading` is not declared in the prompt (the API loads such tools only when a search finds them,
+    which k3 does not do), but stays callable by name."""
     tools, declared = body.get("tools"), []
     if tools is not None and not isinstance(tools, list):
         raise _bad("tools", "must be a list of tools")
@@ -142,6 +247,10 @@ def _tools(body: dict) -> tuple[tuple[dict, ...], str | None]:
             raise _bad(f"tools[{j}].name", "must be a tool name (letters, digits, _ and -)")
         if not isinstance(t.get("input_schema"), dict):
             raise _bad(f"tools[{j}].input_schema", "must be a JSON Schema object")
+        if t.get("defer_loading") is not None and not isinstance(t["defer_loading"], bool):
+            raise _bad(f"tools[{j}].defer_loading", f"must be true or false, got {t['defer_loading']!r}")
+        if t.get("defer_loading"):
+            continue
         declared.append({"name": name, "parameters": t["input_schema"]}
                         | ({"description": _string(t, "description", f"tools[{j}]")} if "description" in t else {}))
     choice = body.get("tool_choice")
@@ -165,19 +274,23 @@ def _one_call(body: dict) -> bool:
     return one
 
 
-def _thinking(body: dict) -> bool:
-    """K3's thinking mode: on for `enabled` and `adaptive` (K3 thinks on every turn in thinking mode)."""
+def _thinking(body: dict) -> tuple[bool, bool]:
+    """K3's thinking mode, on for `enabled` and `adaptive` (K3 thinks on every turn in thinking mode), and whether
+    the reply leaves the thinking text out (`display: "omitted"`: the model still thinks)."""
     thinking = body.get("thinking")
     kind = thinking.get("type") if isinstance(thinking, dict) else None
     if thinking is None or kind == "disabled":
-        return False
+        return False, False
     if kind not in ("enabled", "adaptive"):
         raise _bad("thinking", "must be {\"type\": \"enabled\", \"budget_tokens\": N}, {\"type\": \"adaptive\"} or "
                    f"{{\"type\": \"disabled\"}}, got {thinking!r}")
     budget = thinking.get("budget_tokens")
     if kind == "enabled" and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
         raise _bad("thinking.budget_tokens", f"must be a positive integer, got {budget!r}")
-    return True  # the budget is not a separate limit: max_tokens bounds thinking and answer together
+    display = thinking.get("display")
+    if display is not None and display not in THINKING_DISPLAYS:
+        raise _bad("thinking.display", f"must be one of {', '.join(THINKING_DISPLAYS)}, got {display!r}")
+    return True, display == "omitted"  # the budget is not a separate limit: max_tokens bounds thinking and answer
 
 
 def _not_served(body: dict) -> None:

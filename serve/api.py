@@ -115,7 +115,9 @@ class Api:
                               repetition_penalty=sampling.repetition_penalty, seed=sampling.seed, max_tokens=max_tokens,
                               stop_strings=sampling.stop)
 
-    def chat_job(self, req: ChatRequest) -> tuple[Job, str]:
+    def chat_job(self, req: ChatRequest, counting: bool = False) -> tuple[Job, str]:
+        """The job for a chat request, and its mode. `counting` (count_tokens): the prompt is built and counted
+        whatever its length, and no room for a reply is asked."""
         mode = "thinking" if req.thinking else "instruct"
         channel = "think" if req.thinking else "response"
         tools = req.tools if req.tool_choice != "none" else ()
@@ -134,12 +136,27 @@ class Api:
         except UsageError as exc:
             raise ApiError(400, str(exc), param="messages", code="invalid_value") from None
         prompt += forced
+        if counting:
+            return Job(prompt, SamplingParams(), emit=None), mode
         params = self.params(req.sampling, mode, len(prompt))
         if forced:  # the reply is the calls alone, ended by their grammar: no text for a stop string to end, and a
             params = replace(params, stop_strings=())  # stop string matched in their arguments would cut them
         stops = frozenset({self.tokenizer.id_of(EOM), *(grammar.stop_ids if grammar else ())})
         return Job(prompt, params, emit=None, channel=channel, forced=forced, grammar=grammar, stop_ids=stops,
-                   logprobs=req.logprobs), mode
+                   logprobs=req.logprobs, checkpoints=self.breakpoint_positions(req, mode, tools, prompt)), mode
+
+    def breakpoint_positions(self, req: ChatRequest, mode: str, tools, prompt: list[int]) -> tuple[int, ...]:
+        """The prompt positions of the request's cache_control breakpoints: for each, the ids the text up to it
+        renders to that the whole prompt starts with (a breakpoint inside a word keeps the ids before the word)."""
+        out = set()
+        for index, offset in req.breakpoints:
+            message = req.messages[index]
+            head = [*req.messages[:index], {**message, "content": message["content"][:offset]}]
+            ids = render_chat(head, self.tokenizer, mode, tools=list(tools) or None, add_generation_prompt=False)
+            same = next((i for i, (a, b) in enumerate(zip(ids, prompt)) if a != b), min(len(ids), len(prompt)))
+            if 0 < same < len(prompt):
+                out.add(same)
+        return tuple(sorted(out))
 
     def grammar(self, req: ChatRequest, channel: str, tools) -> Grammar | None:
         """What holds the reply to the request's schema, or forced tool calls to their tools' parameters."""
@@ -179,11 +196,11 @@ class Api:
         return events
 
 
-def chat_job(api: Api, req: ChatRequest, places: list[str]):
+def chat_job(api: Api, req: ChatRequest, places: list[str], counting: bool = False):
     """chat completions' job for a request another dialect's body was read into (Messages, Responses): an error
     in a rendered message names where that body holds it (`places[i]`: where messages[i] came from)."""
     try:
-        return api.chat_job(req)
+        return api.chat_job(req, counting)
     except ApiError as err:
         at = re.match(r"messages\[(\d+)\]", err.param or "")
         if at:

@@ -65,6 +65,7 @@ class ChatRequest:
     response_schema: str | None = None    # the reply is JSON satisfying this schema (its JSON text); None: any text
     schema_param: str = "response_format"  # where the request gave it (a schema that cannot be enforced is named so)
     parallel_calls: bool = True           # False: one tool call at most (parallel_tool_calls, disable_parallel_tool_use)
+    breakpoints: tuple[tuple[int, int], ...] = ()  # cache_control: (message index, offset in its content) to keep
 
 
 @dataclass(frozen=True)

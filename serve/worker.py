@@ -40,6 +40,7 @@ class Job:
     grammar: object = None            # a k3core.Grammar the reply is held to (a JSON schema, forced tool calls)
     logprobs: int | None = None       # alternatives per id of its log-probabilities; None: none are computed
     score_prompt: bool = False        # the prompt's ids' log-probabilities too (teacher-forced; a fresh state)
+    checkpoints: tuple[int, ...] = ()  # prompt positions whose state the prompt cache keeps (cache_control)
     cancelled: threading.Event = field(default_factory=threading.Event)
     # filled in by the worker
     generated: list[int] = field(default_factory=list)

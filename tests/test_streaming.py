@@ -183,7 +183,7 @@ def test_a_plan_that_does_not_fit_is_refused_before_loading(tiny_model, tmp_path
 def test_the_context_limit_is_a_named_limit(tiny_model, capsys):
     for context in ("1", "-1", str(10**11)):
         assert main(["run", str(tiny_model), "--ids", "1", "--max-context", context]) == 2
-        assert f"--max-context must be an integer in 16..1048576, got {context}" in capsys.readouterr().err
+        assert f"--max-context must be an integer in 16..1048576, or \"auto\", got {context}" in capsys.readouterr().err
     long = ",".join(["7"] * 40)
     assert main(["run", str(tiny_model), "--ids", long, "--max-context", "32"]) == 2
     assert "the prompt is 40 tokens, over the context limit of 32 (--max-context" in capsys.readouterr().err

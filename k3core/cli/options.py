@@ -39,9 +39,10 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="pin exactly the first N layers of the packed trunk instead of as many as --trunk-gb holds")
     g.add_argument("--ring", type=int, default=2, metavar="N",
                    help="slots of the streaming ring (default 2; the next layer is read while one computes)")
-    g.add_argument("--max-context", type=int, default=4096, metavar="N",
-                   help="positions a conversation may hold, prompt and reply together (default 4096): a longer "
-                        "prompt is refused, a reply stops there; the memory plan reserves decode state for them")
+    g.add_argument("--max-context", type=_context, default="auto", metavar="N|auto",
+                   help="positions a conversation may hold, prompt and reply together: a longer prompt is refused, a "
+                        "reply stops there; the memory plan reserves decode state for them (default auto: the "
+                        "model's own limit, halved until the plan fits this machine's memory, at least 4096)")
     g.add_argument("--prefill-chunk", type=int, default=512, metavar="N",
                    help="prompt ids forwarded per pass (default 512): bounds the working memory of a long prompt; "
                         "never changes a bit")
@@ -57,6 +58,14 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--attention", action="append", default=[], metavar="KIND=NAME",
                    help="attention backend for one kind of layer, e.g. kda=kda (repeatable; default: the first "
                         "installed for each kind)")
+
+
+def _context(text: str) -> int | str:
+    """--max-context: a number of positions (checked by EngineConfig, which names the range) or auto."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser, default_max: int) -> None:

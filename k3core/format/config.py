@@ -288,3 +288,15 @@ def load_config(model_dir) -> Config:
     except ValueError as exc:  # bad JSON, or an integer of thousands of digits
         raise ConfigError(path, [f"not valid JSON: {str(exc)[:200]}"]) from None
     return parse_config(raw, path)
+
+
+def context_limit(tokenizer_dir) -> int | None:
+    """The positions the model is made for: `model_max_length` of the checkpoint's tokenizer_config.json, or None
+    when it names none (a missing or unreadable file is the tokenizer's to report)."""
+    try:
+        raw = loads_limited(read_limited(Path(tokenizer_dir) / "tokenizer_config.json", SMALL_FILE_BYTES,
+                                         "a tokenizer config").decode("utf-8"), "tokenizer_config.json")
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    limit = raw.get("model_max_length") if isinstance(raw, dict) else None
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None

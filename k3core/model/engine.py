@@ -93,6 +93,7 @@ class Engine:
         except BaseException:
             r.checkpoint.close()
             raise
+        self.config_in = config = r.config  # with max_context "auto", the context the plan chose
         self.max_context, self.prefill_chunk = config.max_context, config.prefill_chunk
         self.sequences, self.speculate = config.sequences, config.speculate
         self.tokens_forwarded = self.forward_passes = 0

@@ -20,6 +20,7 @@ from ..interfaces import Budget, PluginContext, PluginOptions
 from . import budget as budgets
 from .budget import DEFAULT_CONTEXT, PRESETS, Plan, auto_preset, state_rows
 from ..format.checkpoint import Checkpoint, check_binding, open_checkpoint
+from ..format.config import context_limit
 
 PRESET_NAMES = (*PRESETS, "auto")
 DEFAULT_CACHE_GB = 1.0
@@ -47,7 +48,7 @@ class EngineConfig:
     cache_gb: float | None = None                 # RAM for the expert cache (default 1, or the preset's)
     ring: int = MIN_RING                          # slots of the streaming ring
     pin_layers: int | None = None                 # pin exactly this many layers (needs `trunk`)
-    max_context: int = DEFAULT_CONTEXT            # positions (prompt + reply) a session may hold; the plan reserves them
+    max_context: int | str = DEFAULT_CONTEXT      # positions (prompt + reply) a session may hold, or "auto" (auto_context)
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK    # prompt ids forwarded per pass: bounds the working memory
     speculate: int = 0                            # drafted ids per verify pass the plan reserves rollback for; 0: none
     sequences: int = 1                            # sequences one pass may advance; the plan holds a decode state each
@@ -81,8 +82,8 @@ class EngineConfig:
               f"an integer >= {MIN_RING} (a one-slot asynchronous ring overwrites the layer being computed)")
         check(self.pin_layers is None or (_is_int(self.pin_layers) and self.pin_layers >= 0), "pin_layers",
               "an integer >= 0, or None")
-        check(_is_int(self.max_context) and MIN_CONTEXT <= self.max_context <= MAX_CONTEXT, "max_context",
-              f"an integer in {MIN_CONTEXT}..{MAX_CONTEXT}")
+        check(self.max_context == "auto" or _is_int(self.max_context) and MIN_CONTEXT <= self.max_context <= MAX_CONTEXT,
+              "max_context", f"an integer in {MIN_CONTEXT}..{MAX_CONTEXT}, or \"auto\"")
         check(_is_int(self.prefill_chunk) and 1 <= self.prefill_chunk <= MAX_PREFILL_CHUNK, "prefill_chunk",
               f"an integer in 1..{MAX_PREFILL_CHUNK}")
         check(_is_int(self.speculate) and 0 <= self.speculate <= MAX_SPECULATE, "speculate",
@@ -161,10 +162,26 @@ class Resolved:
         return self.attention[self.checkpoint.config.attention_kind(layer)]
 
     def plan(self, available: int | None = None) -> Plan:
-        c = self.checkpoint.config
+        """The memory plan; with max_context "auto", `config` then holds the context chosen (auto_context)."""
+        available = budgets.mem_available() if available is None else available
+        if self.config.max_context == "auto":
+            self.config = self.config.replace(max_context=auto_context(self, available))
+        return self._plan(self.config, available)
+
+    def _plan(self, config: EngineConfig, available: int) -> Plan:
         return Plan(self.placer.plan(self.placer_ctx), self.store.plan(self.store_ctx),
-                    state_rows(c, self.attention_for, self.config),
-                    budgets.mem_available() if available is None else available)
+                    state_rows(self.checkpoint.config, self.attention_for, config), available)
+
+
+def auto_context(r: Resolved, available: int) -> int:
+    """max_context "auto": the model's own limit (tokenizer_config.json's model_max_length, else DEFAULT_CONTEXT),
+    within MAX_CONTEXT, halved until the memory plan fits `available` (never below DEFAULT_CONTEXT: a plan that
+    does not fit even then is refused as any other, naming --max-context)."""
+    limit = context_limit(r.config.tokenizer or r.config.model) or DEFAULT_CONTEXT
+    context = max(MIN_CONTEXT, min(limit, MAX_CONTEXT))
+    while context > DEFAULT_CONTEXT and not r._plan(r.config.replace(max_context=context), available).fits:
+        context = max(DEFAULT_CONTEXT, context // 2)
+    return context
 
 
 def resolve(config: EngineConfig, pm=None) -> Resolved:

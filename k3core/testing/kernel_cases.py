@@ -171,6 +171,7 @@ def _other_cases():
     conv_w = activations(rng(8), (37, 4))
     decay = (activations(rng(7), (5,)), activations(rng(6), (35,)))
     query = activations(rng(5), (6, 41))
+    even_keys, even_values = activations(rng(10), (41, 41)), cancelling(rng(11), (37, 41)).T.copy()
     yield KernelCase("rmsnorm", "rmsnorm", lambda k: k.rmsnorm(x, x[0], 1e-5))
     yield KernelCase("rmsnorm without gain", "rmsnorm", lambda k: k.rmsnorm(x, None, 1e-5))
     yield KernelCase("l2norm_heads", "l2norm_heads", lambda k: k.l2norm_heads(l2, 4, 1e-6))
@@ -183,6 +184,10 @@ def _other_cases():
                      lambda k: k.kda_recurrence(q, k_, v, alpha, beta, state, 19 ** -0.5))
     yield KernelCase("mqa_attention", "mqa_attention", lambda k: k.mqa_attention(query, keys, values, 41 ** -0.5),
                      uses_libm=True)
+    # a zero query scores every key 0, so every weight is exp(0) / n with no libm in it: the value walk's lane order
+    # is then checked against the reference, on values whose large rows cancel only when row m meets row m + 8
+    yield KernelCase("mqa_attention, equal scores", "mqa_attention",
+                     lambda k: k.mqa_attention(np.zeros((3, 41), np.float32), even_keys, even_values, 41 ** -0.5))
     yield KernelCase("router", "router", lambda k: k.router(logits, bias, 4, True, 2.5), uses_libm=True)
     yield KernelCase("combine", "combine", lambda k: k.combine(srcs[:3], np.array([0.5, 0.25, 0.125], np.float32)))
     yield KernelCase("attnres", "attnres", lambda k: k.attnres(srcs, fold, 1e-5), uses_libm=True)
