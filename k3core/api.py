@@ -34,7 +34,7 @@ from .text.generate import AUTO_K, Speculation, generate_ids, greedy_ids
 from .text.logprobs import TokenLogprob, token_logprobs
 from .text.sampling import Sampler, SamplingParams
 from .text.session import Session
-from .text.state_cache import StateCache
+from .text.prefix_cache import PrefixCache
 from .text.structured import Grammar, SchemaError, chat_grammar
 from .text.tokenizer import Tokenizer, load_tokenizer
 
@@ -48,7 +48,7 @@ __all__ = [
     # text, chat and sessions
     "Tokenizer", "load_tokenizer", "Session", "ChatSession", "Conversation", "Event", "Reply", "ToolCall",
     # decode states
-    "StateCache", "save_state", "load_state",
+    "PrefixCache", "save_state", "load_state",
     # errors
     "K3Error", "UsageError", "ConfigError", "CheckpointError", "BindingError", "TrunkError", "InputError",
     "TokenizerError", "PluginError", "PlanError", "UnsoundRunError", "ProfileError", "StateFileError",

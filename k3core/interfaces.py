@@ -282,6 +282,9 @@ class AttentionBackend(ABC):
 
     kind: ClassVar[str]
     name: ClassVar[str]
+    # Names among state_arrays whose first axis is the position (MLA's cached keys): the prompt cache keeps their
+    # rows once per position, shared by every kept prefix through it; any other array is kept whole per checkpoint.
+    positional: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def tensor_specs(self, config: Config, layer: int) -> list[TensorSpec]:
@@ -323,8 +326,20 @@ class AttentionBackend(ABC):
         """Bytes a mark holds while `positions` positions are forwarded after it (for the memory plan)."""
         raise NotImplementedError(f"attention backend {self.name!r} cannot roll back its decode state")
 
+    def keep_at(self, state: Any, positions: Sequence[int]) -> None:
+        """Before a forward of `state`: keep its arrays that are not `positional` as they stand after each of
+        `positions` of the rows that forward brings (0 < p < rows), for `kept` to hand out — what the prompt cache
+        keeps at a checkpoint inside a pass, which is not cut there (a pass of the real model reads its weights)."""
+        raise NotImplementedError(f"attention backend {self.name!r} cannot keep its state inside a pass, which the "
+                                  "prompt cache needs (--prompt-cache-gb 0 --prompt-cache off runs without it)")
+
+    def kept(self, state: Any) -> dict[int, dict[str, np.ndarray]]:
+        """What `keep_at` asked for, by position, after the forward; handed out once."""
+        raise NotImplementedError(f"attention backend {self.name!r} cannot keep its state inside a pass")
+
     def state_arrays(self, state: Any) -> dict[str, np.ndarray]:
-        """The state as named arrays, for state files (chat /save)."""
+        """The state as named arrays, for state files (chat /save) and the prompt cache; the arrays may be views
+        of the state's own (callers copy what they keep)."""
         raise NotImplementedError(f"attention backend {self.name!r} cannot save its decode state")
 
     def state_from_arrays(self, config: Config, layer: int, arrays: Mapping[str, np.ndarray]) -> Any:

@@ -117,17 +117,32 @@ class Reply:
         matched = self.job.text.stops.stop if self.job.text is not None else None
         self.stop_reason = STOP_REASONS.get(finish) or ("stop_sequence" if matched is not None else "end_turn")
         self.stop_sequence = matched if self.stop_reason == "stop_sequence" else None
-        self.usage = {"input_tokens": stats["prompt_tokens"], "output_tokens": stats["completion_tokens"]}
+        self.usage = usage(stats)
         return out + [_event("message_delta", delta={"stop_reason": self.stop_reason,
                                                      "stop_sequence": self.stop_sequence}, usage=self.usage),
                       _event("message_stop")]
 
 
+def usage(stats: dict) -> dict:
+    """The Messages usage of a finished job: the prompt ids the prompt cache gave (cache_read), those it keeps now
+    that it did not before (cache_creation), the rest (input_tokens), and the reply's."""
+    read, created = stats["cached_tokens"], stats["stored_tokens"]
+    return {"input_tokens": stats["prompt_tokens"] - read - created, "cache_creation_input_tokens": created,
+            "cache_read_input_tokens": read, "output_tokens": stats["completion_tokens"]}
+
+
+PING_SECONDS = 10.0  # while a long prompt is forwarded, a ping this often tells the client the stream is alive
+
+
 async def _stream(request, events, job, reply: Reply, head: dict):
     yield _event("message_start", message={**head, "content": [], "stop_reason": None, "stop_sequence": None,
-                                           "usage": {"input_tokens": len(job.prompt), "output_tokens": 0}})
+                                           "usage": {"input_tokens": len(job.prompt), "cache_creation_input_tokens": 0,
+                                                     "cache_read_input_tokens": 0, "output_tokens": 0}})
     yield _event("ping")
-    async for event in events_or_cancel(request, events, job):
+    async for event in events_or_cancel(request, events, job, idle=PING_SECONDS):
+        if event is None:
+            yield _event("ping")
+            continue
         if event[0] == "error":
             yield _event("error", error=_error(event[1]))
         for chunk in reply.feed(event):

@@ -273,8 +273,10 @@ async def whole_reply(request, events: asyncio.Queue, job: Job, feed, result) ->
     return JSONResponse({}, status_code=499)
 
 
-async def events_or_cancel(request, events: asyncio.Queue, job: Job):
-    """A job's events as they come; the job is cancelled when the client disconnects or the stream is closed."""
+async def events_or_cancel(request, events: asyncio.Queue, job: Job, idle: float | None = None):
+    """A job's events as they come; the job is cancelled when the client disconnects or the stream is closed.
+    With `idle`, None comes whenever that many seconds pass without an event (a stream's keep-alive)."""
+    quiet = 0.0
     try:
         while True:
             try:
@@ -282,7 +284,12 @@ async def events_or_cancel(request, events: asyncio.Queue, job: Job):
             except asyncio.TimeoutError:
                 if await request.is_disconnected():
                     return
+                quiet += 0.5
+                if idle is not None and quiet >= idle:
+                    quiet = 0.0
+                    yield None
                 continue
+            quiet = 0.0
             yield event
             if event[0] in ("done", "error"):
                 return

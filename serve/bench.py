@@ -43,9 +43,9 @@ def run_bench(config, concurrent: int, max_tokens: int) -> dict:
     from .http import listen, model_id
     from .worker import EngineSlot, Worker
 
-    engine = open_engine(config.replace(sequences=max(concurrent, config.sequences), kept_states=0))
+    engine = open_engine(config.replace(sequences=max(concurrent, config.sequences), prompt_cache_gb=0.0))
     worker = Worker(EngineSlot(engine, load_tokenizer(config.tokenizer or config.model)), queue_size=concurrent,
-                    keep_states=0)  # no kept states: every request forwards its whole prompt, alone or not
+                    prompt_cache=None)  # no prompt cache: every request forwards its whole prompt, alone or not
     running = listen(build_app(worker, ApiOptions()), "127.0.0.1", 0)
     try:
         url, model = running.url, model_id(config.model)

@@ -100,11 +100,11 @@ def positive_int(text: str) -> int:
     return value
 
 
-def add_server_arguments(group, default_port: int, host_guard: str, keep_states_help: str) -> None:
+def add_server_arguments(group, default_port: int, host_guard: str) -> None:
     """The server flags `k3 serve` and `k3 ui` both take: --host (any address but loopback also needs
-    `host_guard`, as check_host refuses it), --port, the two request timeouts, --api-key (for the /v1 routes),
-    --queue-size and --keep-states (what the kept decode states serve: `keep_states_help`). --access-log is
-    k3core's (add_logging_arguments); each command adds its own flags to `group` after these."""
+    `host_guard`, as check_host refuses it), --port, the two request timeouts, --api-key (for the /v1 routes) and
+    --queue-size. --access-log and the prompt cache's flags are k3core's (add_logging_arguments,
+    add_prompt_cache_arguments); each command adds its own flags to `group` after these."""
     group.add_argument("--host", metavar="ADDR",
                        help=f"address to listen on (default 127.0.0.1); any other needs {host_guard}")
     group.add_argument("--port", type=port_number, default=default_port, metavar="N",
@@ -123,7 +123,6 @@ def add_server_arguments(group, default_port: int, host_guard: str, keep_states_
     group.add_argument("--queue-size", type=positive_int, default=16, metavar="N",
                        help="requests that may wait for the engine (default 16); more are turned away (429 with "
                             "Retry-After on /v1)")
-    group.add_argument("--keep-states", type=int, default=2, metavar="N", help=keep_states_help)
 
 
 def timeouts_from_args(args) -> Timeouts:

@@ -7,8 +7,9 @@ import sys
 import time
 from dataclasses import dataclass
 
-from k3core.cli.options import (EXIT_CODES, add_engine_arguments, add_logging_arguments, add_speculation_arguments,
-                                engine_config_from_args, speculation_from_args)
+from k3core.cli.options import (EXIT_CODES, add_engine_arguments, add_logging_arguments, add_prompt_cache_arguments,
+                                add_speculation_arguments, engine_config_from_args, prompt_cache_from_args,
+                                speculation_from_args)
 from k3core.report.logs import configure_logging
 from k3core.plugin_api import hookimpl
 
@@ -23,14 +24,15 @@ class ServeOptions:
     port: int = 8000
     api_key: str | None = None       # --api-key; else K3_API_KEY
     queue_size: int = 16             # requests that may wait for a place in the batch
-    keep_states: int = 2             # decode states kept for follow-up turns
     max_body_bytes: int = 4 << 20
     max_tokens: int = 1024           # a request that names no max_tokens gets this many at most
     access_log: bool = False
     timeouts: Timeouts = Timeouts()  # for a request's headers, then its body
 
 
-def serve(config, opts: ServeOptions, speculation=lambda: None) -> int:
+def serve(config, opts: ServeOptions, speculation=lambda: None, prompt_cache=lambda engine, tokenizer: None) -> int:
+    """Serve until Ctrl-C. `speculation()`: a fresh Speculation per request, or None; `prompt_cache(engine,
+    tokenizer)`: the PrefixCache every request shares, or None."""
     from k3core import load_tokenizer, open_engine
 
     from .api import ApiOptions
@@ -43,7 +45,8 @@ def serve(config, opts: ServeOptions, speculation=lambda: None) -> int:
     engine = open_engine(config, on_plan=lambda plan: print(plan.text(), file=sys.stderr))
     try:
         slot = EngineSlot(engine, load_tokenizer(config.tokenizer or config.model))
-        worker = Worker(slot, queue_size=opts.queue_size, keep_states=opts.keep_states, speculation=speculation)
+        worker = Worker(slot, queue_size=opts.queue_size, prompt_cache=prompt_cache(engine, slot.tokenizer),
+                        speculation=speculation)
         name = model_id(config.model)
         app = build_app(worker, ApiOptions(key, opts.max_body_bytes, opts.max_tokens, int(time.time())))
         if not is_loopback(host):
@@ -76,10 +79,11 @@ def cmd_serve(args) -> int:
         print(json.dumps(result, indent=1) if args.json else bench_text(result))
         return 0
     return serve(config, ServeOptions(host=args.host, port=args.port, api_key=args.api_key,
-                                      queue_size=args.queue_size, keep_states=args.keep_states,
-                                      max_body_bytes=args.max_body_bytes, max_tokens=args.max_tokens,
-                                      access_log=args.access_log, timeouts=timeouts_from_args(args)),
-                 speculation=lambda: speculation_from_args(args))
+                                      queue_size=args.queue_size, max_body_bytes=args.max_body_bytes,
+                                      max_tokens=args.max_tokens, access_log=args.access_log,
+                                      timeouts=timeouts_from_args(args)),
+                 speculation=lambda: speculation_from_args(args),
+                 prompt_cache=lambda engine, tokenizer: prompt_cache_from_args(args, engine, tokenizer))
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -100,9 +104,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                "       k3 serve /models/K3 --trunk /models/K3-trunk --host 0.0.0.0\n\n" + EXIT_CODES)
     add_engine_arguments(p)
     g = p.add_argument_group("server")
-    add_server_arguments(g, default_port=8000, host_guard=KEY_GUARD,
-                         keep_states_help="decode states kept so follow-up turns forward only their new tokens "
-                                          "(default 2; the memory plan counts them)")
+    add_server_arguments(g, default_port=8000, host_guard=KEY_GUARD)
     g.add_argument("--sequences", type=int, default=4, metavar="N",
                    help="requests advanced together in one forward pass (default 4; the memory plan holds a decode "
                         "state for each)")
@@ -111,6 +113,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--max-body-bytes", type=positive_int, default=4 << 20, metavar="N",
                    help="larger request bodies get 413 (default 4 MiB)")
     add_speculation_arguments(p)
+    add_prompt_cache_arguments(p)
     g = p.add_argument_group("benchmark (instead of serving clients)")
     g.add_argument("--bench", type=positive_int, metavar="N", help="serve N streaming chat requests one after another, "
                    "then all at once, on a loopback port; print the aggregate tokens/s of each and whether every "

@@ -1,10 +1,12 @@
 """The resident worker: one engine, one thread that advances every admitted request together.
 
 Requests wait in a bounded queue; up to `engine.sequences` of them are in the batch at once, advanced one
-forward pass per step (`BatchGenerator`: each reply is the bits it gets alone). A request starts from the
-kept decode state holding the longest prefix of its prompt (`StateCache`), so a follow-up turn forwards
-only its new ids; when it ends — stopped, finished, cut off or cancelled — its state is kept for the next
-one. A pass that fails ends only the requests in it; the worker goes on.
+forward pass per step (`BatchGenerator`: each reply is the bits it gets alone). With a prompt cache
+(`PrefixCache`) a request starts from the state kept at the deepest checkpoint whose ids begin its prompt —
+whichever conversation left it — so a follow-up turn, or another conversation with the same system prompt and
+tools, forwards only what is new; its prompt's checkpoints (message boundaries, cache_control breakpoints, every
+interval) are kept as it is forwarded, and its state when it ends — stopped, finished, cut off or cancelled. A
+pass that fails ends only the requests in it; the worker goes on.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from k3core import BatchGenerator, InputError, K3Error, Sampler, SamplingParams, StateCache, token_logprobs
+from k3core import BatchGenerator, InputError, K3Error, PrefixCache, Sampler, SamplingParams, token_logprobs
 from k3core.text.channels import TextStream
 
 from .schema import ApiError
@@ -44,7 +46,8 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     # filled in by the worker
     generated: list[int] = field(default_factory=list)
-    cached: int = 0
+    cached: int = 0                   # prompt ids the prompt cache gave
+    stored: int = 0                   # prompt ids, past those, that the prompt cache kept when it ended
     started: float = 0.0
     text: TextStream | None = None
     state: object = None
@@ -64,11 +67,11 @@ class EngineSlot:
 
 
 class Worker:
-    def __init__(self, slot: EngineSlot, queue_size: int = 16, keep_states: int = 2,
+    def __init__(self, slot: EngineSlot, queue_size: int = 16, prompt_cache: PrefixCache | None = None,
                  speculation: Callable[[], object] = lambda: None):
         self.slot, self.queue_size = slot, queue_size
         self.speculation = speculation  # a fresh k3core.Speculation per request, or None (--speculate)
-        self.states = StateCache(keep_states)
+        self.cache = prompt_cache
         self._pending: deque[Job] = deque()
         self._active: dict[int, Job] = {}
         self._wake = threading.Condition()
@@ -98,7 +101,7 @@ class Worker:
     def stats(self) -> dict:
         with self._wake:
             return {"active": len(self._active), "queued": len(self._pending), "completed": self.completed,
-                    "failed": self.failed, **self.states.stats()}
+                    "failed": self.failed, **(self.cache.stats() if self.cache is not None else {})}
 
     def close(self) -> None:
         with self._wake:
@@ -142,7 +145,8 @@ class Worker:
 
     def _engine_changed(self) -> None:
         self._fail_active(K3Error("the engine was reopened (new memory budgets); send the request again"))
-        self.states.clear()
+        if self.cache is not None:
+            self.cache.clear()
         self._generation = self.slot.generation
 
     def _admit(self) -> None:
@@ -155,13 +159,15 @@ class Worker:
             if job.cancelled.is_set():
                 continue
             # a scored prompt is forwarded whole: a kept state holds no logits for the positions it saves
-            state = (None if job.score_prompt else self.states.take(job.prompt)) or engine.new_state()
+            cache = self.cache
+            state = engine.new_state() if job.score_prompt or cache is None else cache.resume(job.prompt)
             try:
                 sampler = Sampler(job.params, job.grammar.constraint() if job.grammar is not None else None)
                 handle = self._batch.add(job.prompt, state, sampler, self.speculation(),
-                                         prompt_rows=self._prompt_scorer(job) if job.score_prompt else None)
+                                         prompt_rows=self._prompt_scorer(job) if job.score_prompt else None,
+                                         checkpoints=cache.positions(job.prompt, len(state.ids), job.checkpoints)
+                                         if cache else (), on_checkpoint=cache.keep if cache else None)
             except InputError as exc:
-                self.states.put(state)  # untouched: still good for another request
                 job.emit(("error", ApiError(400, str(exc), param="messages", code="context_length_exceeded"
                                             if "context limit" in str(exc) else "invalid_value")))
                 continue
@@ -215,14 +221,17 @@ class Worker:
     def _finish(self, handle: int, reason: str, used: int | None = None) -> bool:
         job = self._active.pop(handle)
         self._batch.remove(handle, used)  # the ids of its last step after the one it stopped at are not kept
-        self.states.put(job.state)  # whole: it holds every id but the last one generated
+        if self.cache is not None:
+            self.cache.keep(job.state)  # whole: it holds every id but the last one generated
+            job.stored = len(job.prompt) - job.cached  # the whole prompt is kept now, as the state's prefix
         for event in job.text.finish():
             job.emit(("text", event.channel, event.text))
         elapsed = time.perf_counter() - job.started
         self.seconds_per_job = 0.8 * self.seconds_per_job + 0.2 * elapsed
         self.completed += 1
         job.emit(("done", reason, {"prompt_tokens": len(job.prompt), "completion_tokens": len(job.generated),
-                                   "cached_tokens": job.cached, "ids": list(job.generated),
+                                   "cached_tokens": job.cached, "stored_tokens": job.stored,
+                                   "ids": list(job.generated),
                                    "logprobs": list(job.scores),
                                    "prompt_logprobs": list(job.prompt_logprobs) if job.score_prompt else None}))
         return True

@@ -3,7 +3,8 @@
 The suite tests k3's built-ins as documented, so it loads no third-party entry-point plugin (the
 examples `make test` installs included): K3_PLUGINS=none for this process and every `k3` it starts.
 tests/test_examples.py runs the installed examples explicitly. Nothing is written into the user's
-configuration: K3_CONFIG_DIR (profile, chat history) is a fresh directory per run, removed at its end.
+configuration nor cache: K3_CONFIG_DIR (profile, chat history) and K3_CACHE_DIR (the prompt cache's files) are
+fresh directories per run, removed at its end.
 """
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from pathlib import Path
 
 os.environ["K3_PLUGINS"] = "none"
 os.environ["K3_CONFIG_DIR"] = tempfile.mkdtemp(prefix="k3-test-config-")
-atexit.register(shutil.rmtree, os.environ["K3_CONFIG_DIR"], True)  # one per run, gone when the run ends
+os.environ["K3_CACHE_DIR"] = tempfile.mkdtemp(prefix="k3-test-cache-")
+for _made in ("K3_CONFIG_DIR", "K3_CACHE_DIR"):
+    atexit.register(shutil.rmtree, os.environ[_made], True)  # one per run, gone when the run ends
 
 import pytest
 

@@ -51,7 +51,7 @@ class Terminal:
 
 
 def stats(text: bytes) -> dict:
-    m = re.search(rb"prompt +(\d+) tokens = (\d+) reused from the decode state \+ \d+ new\r\n"
+    m = re.search(rb"prompt +(\d+) tokens = (\d+) reused \(the decode state or the prompt cache\) \+ \d+ new\r\n"
                   rb"  forwarded +(\d+) tokens = .*?\r\n  generated +(\d+) tokens", text)
     return dict(zip(("prompt", "reused", "forwarded", "generated"), map(int, m.groups())))
 
@@ -136,12 +136,15 @@ def test_ctrl_c_stops_a_reply_and_the_chat_goes_on(small_model):
 
 SIX_AND_SEVEN = "thinking:\nI work out 6 + 7: the result is 13.\n\nanswer:\n6 + 7 = 13.\n"
 RSS = r"peak RSS \d+(\.\d+)? [kMG]B"  # k3core.units.human, decimal, as the page says it
+CACHE = r"prompt cache: \d+ checkpoints, \d+(\.\d+)? [kMG]?B in RAM, 0 B on disk, \d+ tokens reused in this session"
 
 
-def piped(*lines, flags=("--thinking",)) -> list[str]:
+def piped(*lines, flags=("--thinking",), cache=("--prompt-cache", "off")) -> list[str]:
     """k3 chat on the demo model, its input and output pipes (stderr merged in order): what came back after
-    each line, as the user sees it."""
-    run = subprocess.run([sys.executable, "-m", "k3core", "chat", str(DEMO_MODEL), "--max-tokens", "80", *flags],
+    each line, as the user sees it. `cache`: the prompt-cache flags (default: none on disk, so no other test's
+    prompts are found there)."""
+    run = subprocess.run([sys.executable, "-m", "k3core", "chat", str(DEMO_MODEL), "--max-tokens", "80", *flags,
+                          *cache],
                          input="".join(f"{line}\n" for line in lines), stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert run.returncode == 0, run.stdout
@@ -176,14 +179,16 @@ def test_stats_add_up_as_printed_in_decimal_units():
     assert (first, second) == (SIX_AND_SEVEN, SIX_AND_SEVEN.replace("6 + 7", "2 + 3").replace("13", "5"))
     forwarded = "  forwarded  50 tokens = 18 new + 32 generated (each generated token but the last)"
     for shown, lines in ((stats_1, ["last turn (stop id):",
-                                    "  prompt     18 tokens = 0 reused from the decode state + 18 new", forwarded]),
+                                    "  prompt     18 tokens = 0 reused (the decode state or the prompt cache) + 18 new",
+                                    forwarded]),
                          (stats_2, ["last turn (stop id):",
-                                    "  prompt     68 tokens = 50 reused from the decode state + 18 new", forwarded])):
+                                    "  prompt     68 tokens = 50 reused (the decode state or the prompt cache) + 18 new",
+                                    forwarded])):
         assert shown.splitlines()[:3] == lines
         assert re.fullmatch(r"  generated  33 tokens; first token after \d+\.\d\d s, then \d+\.\d{3} s/token",
                             shown.splitlines()[3])
-    assert re.fullmatch(rf"session: 50 tokens forwarded in all; {RSS}\n", stats_1.split("\n", 4)[4])
-    assert re.fullmatch(rf"session: 100 tokens forwarded in all; {RSS}\n", stats_2.split("\n", 4)[4])
+    assert re.fullmatch(rf"session: 50 tokens forwarded in all; {RSS}\n{CACHE}\n", stats_1.split("\n", 4)[4])
+    assert re.fullmatch(rf"session: 100 tokens forwarded in all; {RSS}\n{CACHE}\n", stats_2.split("\n", 4)[4])
     for shown in (stats_1, stats_2):  # the arithmetic printed is the arithmetic that holds
         n = [int(x) for x in re.findall(r"\d+", "".join(shown.splitlines()[1:3]))]
         prompt, reused, new, forwarded, new_again, fed_back = n
@@ -204,11 +209,24 @@ def test_stats_after_load_are_the_loaded_conversations(tmp_path):
     assert answers[2:4] == [f"(saved 51 tokens of conversation to {state})\n",
                             f"(loaded {state}: 2 messages, 50 tokens of decode state)\n"]
     assert re.fullmatch(rf"no turn since /load yet: the next one reuses the 50 tokens of decode state loaded\n"
-                        rf"session: 50 tokens forwarded in all; {RSS}\n", answers[4])
+                        rf"session: 50 tokens forwarded in all; {RSS}\n{CACHE}\n", answers[4])
 
 
 def test_stats_before_any_turn():
-    assert re.fullmatch(rf"no turn yet\nsession: 0 tokens forwarded in all; {RSS}\n", piped("/stats")[0])
+    assert re.fullmatch(rf"no turn yet\nsession: 0 tokens forwarded in all; {RSS}\n{CACHE}\n", piped("/stats")[0])
+
+
+def test_a_second_chat_process_resumes_from_the_prompt_cache_on_disk(tmp_path):
+    """Two `k3 chat` processes, one after the other, with the same system prompt: the second one's first turn
+    forwards only its own question (its stats say what the cache gave), and its reply is the first one's."""
+    flags, cache = ("--system", "You are brief."), ("--prompt-cache", str(tmp_path))
+    first = piped("what is 6 + 7?", "/stats", flags=flags, cache=cache)
+    second = piped("what is 6 + 7?", "/stats", flags=flags, cache=cache)
+    assert first[0] == second[0] == "6 + 7 = 13.\n"
+    reused = [int(re.search(r"= (\d+) reused", s[1])[1]) for s in (first, second)]
+    prompt = int(re.search(r"prompt +(\d+) tokens", second[1])[1])
+    assert reused == [0, prompt - 1]  # the same prompt: all but its last id
+    assert re.search(r"prompt cache: \d+ checkpoints, .* on disk", second[1])
 
 
 @pytest.mark.parametrize("line, says", [

@@ -46,10 +46,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                f"  k3 ui /models/K3 --host 0.0.0.0 {EXPOSE_FLAG} --auth me:secret\n\n" + EXIT_CODES)
     add_engine_arguments(p)
     g = p.add_argument_group("server")
-    add_server_arguments(g, default_port=7860, host_guard=EXPOSE_FLAG,
-                         keep_states_help="browser sessions whose decode state stays in memory (default 2; about "
-                                          "0.69 GB each on the real model, counted in the memory plan); others "
-                                          "recompute their history on their next turn")
+    add_server_arguments(g, default_port=7860, host_guard=EXPOSE_FLAG)
+    g.add_argument("--keep-states", type=int, default=2, metavar="N",
+                   help="browser sessions whose decode state stays in memory (default 2; about 0.69 GB each on the "
+                        "real model, counted in the memory plan); others resume from the prompt cache on their next "
+                        "turn")
     g.add_argument(EXPOSE_FLAG, dest="expose", action="store_true",
                    help="allow --host to be a non-loopback address (prints a warning)")
     g.add_argument("--auth", metavar="USER:PASSWORD", help="require this login (or set K3_UI_AUTH); the password "

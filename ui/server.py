@@ -132,7 +132,7 @@ def openai_routes(host: EngineHost, opts: ServerOptions, key: str | None):
     from serve.app import api_router
     from serve.worker import Worker
 
-    worker = Worker(host, queue_size=opts.queue_size, keep_states=0, speculation=host.speculation)
+    worker = Worker(host, queue_size=opts.queue_size, speculation=host.speculation)
     return worker, api_router(worker, ApiOptions(api_key=key, created=int(time.time())))
 
 

@@ -9,8 +9,9 @@ import signal
 import sys
 import time
 
-from .options import (EXIT_CODES, add_engine_arguments, add_sampling_arguments, add_speculation_arguments, engine_config_from_args, open_engine,
-                     sampling_params_from_args, speculation_from_args)
+from .options import (EXIT_CODES, add_engine_arguments, add_prompt_cache_arguments, add_sampling_arguments,
+                      add_speculation_arguments, engine_config_from_args, open_engine, prompt_cache_from_args,
+                      sampling_params_from_args, speculation_from_args)
 from ..api import K3Error, StateFileError
 from ..errors import UsageError
 from ..text.chat import MODES
@@ -83,6 +84,11 @@ def _stats(chat, engine) -> str:
     from ..report.run import peak_rss_bytes
 
     session = f"session: {engine.tokens_forwarded} tokens forwarded in all; peak RSS {human(peak_rss_bytes())}"
+    if (cache := chat.session.prompt_cache) is not None:
+        c = cache.stats()
+        session += (f"\nprompt cache: {c['prompt_cache_checkpoints']} checkpoints, {human(c['prompt_cache_ram_bytes'])} "
+                    f"in RAM, {human(c['prompt_cache_disk_bytes'])} on disk, {c['prompt_cache_reused_tokens']} tokens "
+                    "reused in this session")
     last = chat.last
     if not last and chat.history:
         return (f"no turn since /load yet: the next one reuses the {len(chat.session.state.ids)} tokens of decode "
@@ -103,7 +109,7 @@ def _stats(chat, engine) -> str:
     spt = last.get("seconds_per_token")
     speed = f"; first token after {last['prefill_seconds']:.2f} s" + (f", then {spt:.3f} s/token" if spt else "")
     return (f"last turn ({last['reason']}):\n"
-            f"  prompt     {prompt} tokens = {reused} reused from the decode state + {new} new\n"
+            f"  prompt     {prompt} tokens = {reused} reused (the decode state or the prompt cache) + {new} new\n"
             f"  forwarded  {forwarded} tokens = {how}\n"
             f"  generated  {generated} tokens{speed if generated else ''}\n{session}")
 
@@ -200,8 +206,9 @@ def _converse(args, config, params, tty) -> int:
     from ..api import ChatSession, load_tokenizer
 
     with open_engine(config) as engine:
-        chat = ChatSession(engine, load_tokenizer(config.tokenizer or config.model),
-                           "thinking" if args.thinking else "instruct", args.system)
+        tokenizer = load_tokenizer(config.tokenizer or config.model)
+        chat = ChatSession(engine, tokenizer, "thinking" if args.thinking else "instruct", args.system,
+                           prompt_cache_from_args(args, engine, tokenizer))
         print(f"k3 chat: {config.model} ({chat.mode} mode). /help for commands, ↑/↓ for history, Ctrl-D to leave.")
         while True:
             try:
@@ -255,4 +262,5 @@ def add_parser(sub) -> None:
     g.add_argument("--verbose", action="store_true", help="print /stats after every reply")
     add_sampling_arguments(p, default_max=512)
     add_speculation_arguments(p)
+    add_prompt_cache_arguments(p)
     p.set_defaults(func=cmd_chat)

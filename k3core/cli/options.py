@@ -13,9 +13,9 @@ from pathlib import Path
 from ..errors import EXIT_CODES, K3Error, UsageError
 from ..report.logs import LEVELS
 
-__all__ = ["EXIT_CODES", "add_engine_arguments", "add_logging_arguments", "add_sampling_arguments",
-           "add_speculation_arguments", "engine_config_from_args", "open_engine", "parse_ids",
-           "sampling_params_from_args", "speculation_from_args"]
+__all__ = ["EXIT_CODES", "add_engine_arguments", "add_logging_arguments", "add_prompt_cache_arguments",
+           "add_sampling_arguments", "add_speculation_arguments", "engine_config_from_args", "open_engine", "parse_ids",
+           "prompt_cache_from_args", "sampling_params_from_args", "speculation_from_args"]
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
@@ -97,6 +97,64 @@ def add_speculation_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-memory", type=float, metavar="GB", default=None,
                    help="memory a draft source keeps across conversations (suffix's index; default 0.067 GB), "
                         "counted in the memory plan")
+
+
+def add_prompt_cache_arguments(p: argparse.ArgumentParser) -> None:
+    from ..text.prefix_cache import DEFAULT_INTERVAL
+
+    g = p.add_argument_group("prompt cache (a prompt's decode states kept, so any later prompt that starts with the same "
+                             "ids forwards only the rest; never changes a bit)")
+    g.add_argument("--prompt-cache", metavar="DIR|off", default=None,
+                   help="where kept states go on disk, so they outlive this process (default: $K3_CACHE_DIR/"
+                        "prompt-cache, else $XDG_CACHE_HOME/k3/prompt-cache, else ~/.cache/k3/prompt-cache); each "
+                        "file is checked and tied to this exact model; off: RAM only")
+    g.add_argument("--prompt-cache-gb", type=float, default=1.0, metavar="GB",
+                   help="RAM for kept states, least recently used out (default 1; the memory plan counts it)")
+    g.add_argument("--prompt-cache-disk-gb", type=float, default=20.0, metavar="GB",
+                   help="disk for kept states, least recently used out (default 20)")
+    g.add_argument("--prompt-cache-interval", type=int, default=DEFAULT_INTERVAL, metavar="N",
+                   help=f"a long prompt is kept every N ids besides every message boundary (default {DEFAULT_INTERVAL}): "
+                        "a prompt that differs inside a message forwards at most N ids it shares")
+
+
+def prompt_cache_dir(args) -> Path | None:
+    """--prompt-cache as a directory (None: off); the default under the user's cache directory."""
+    given = getattr(args, "prompt_cache", None)
+    if given == "off":
+        return None
+    if given:
+        return Path(given)
+    if os.environ.get("K3_CACHE_DIR"):
+        return Path(os.environ["K3_CACHE_DIR"]) / "prompt-cache"
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "k3" / "prompt-cache"
+
+
+def prompt_cache_from_args(args, engine, tokenizer=None):
+    """The PrefixCache the prompt-cache flags ask for on `engine` (None when RAM and disk are both off); message
+    boundaries come from the tokenizer's `<|end_of_msg|>`, when it has one."""
+    from ..errors import TokenizerError
+    from ..text.chat import EOM
+    from ..text.prefix_cache import PrefixCache
+
+    ram, disk_gb, interval = args.prompt_cache_gb, args.prompt_cache_disk_gb, args.prompt_cache_interval
+    for flag, value in (("--prompt-cache-gb", ram), ("--prompt-cache-disk-gb", disk_gb)):
+        if not (value >= 0):
+            raise UsageError(f"{flag} takes GB >= 0, got {value}")
+    if interval < 1:
+        raise UsageError(f"--prompt-cache-interval takes a number of ids >= 1, got {interval}")
+    directory = prompt_cache_dir(args)
+    if not ram and (directory is None or not disk_gb):
+        return None
+    try:
+        boundaries = [tokenizer.id_of(EOM)] if tokenizer is not None else []
+    except TokenizerError:
+        boundaries = []
+    try:
+        return PrefixCache(engine, int(ram * 1e9), interval, boundaries, directory, int(disk_gb * 1e9))
+    except OSError as exc:
+        raise UsageError(f"--prompt-cache {directory}: cannot use it ({exc.strerror or exc}); give another "
+                         "directory, or off") from None
 
 
 def speculate_k(args) -> int:
@@ -191,6 +249,7 @@ def engine_config_from_args(args):
                   placer_options=_options(args.placer_option, "--placer-option"),
                   tokenizer=getattr(args, "tok", None), speculate=speculate_k(args),
                   sequences=getattr(args, "sequences", 1), kept_states=getattr(args, "keep_states", 0),
+                  prompt_cache_gb=getattr(args, "prompt_cache_gb", 0.0),
                   draft_memory_gb=draft_memory_gb(args) if hasattr(args, "speculate") else 0.0)
     check_threads(args.threads)
     if args.model:

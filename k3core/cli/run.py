@@ -19,8 +19,9 @@ from ..files import device
 from ..files.atomic import output_target, write_output
 from ..files.limits import read_limited
 from ..format.checkpoint import EXPERT_PARTS, expert_prefix
-from .options import (EXIT_CODES, add_engine_arguments, add_sampling_arguments, add_speculation_arguments, engine_config_from_args, open_engine,
-                     missing_model_dir, parse_ids, sampling_params_from_args, speculation_from_args)
+from .options import (EXIT_CODES, add_engine_arguments, add_prompt_cache_arguments, add_sampling_arguments,
+                      add_speculation_arguments, engine_config_from_args, missing_model_dir, open_engine, parse_ids,
+                      prompt_cache_from_args, sampling_params_from_args, speculation_from_args)
 
 
 
@@ -286,7 +287,9 @@ def cmd_run(args) -> int:
         engine.check_ids(ids)
         trace, logits = TraceRecorder() if args.dump_trace else None, LogitsRecorder()
         disks = DiskWatch([config.model, config.trunk])
-        session = Session(engine, tokenizer)
+        # a routing trace covers every position: no prompt cache then
+        cache = None if args.dump_trace or args.full_recompute else prompt_cache_from_args(args, engine, tokenizer)
+        session = Session(engine, tokenizer, cache)
         grammar = session.schema_grammar(params, channel, f"--json-schema {args.json_schema}")
         load_seconds = time.perf_counter() - start
         events = session.generate(ids, params, stop_ids=stop_ids, channel=channel, full_recompute=args.full_recompute,
@@ -295,7 +298,7 @@ def cmd_run(args) -> int:
         done = print_events(events, kind)
         generated = done.ids
         report = run_report(engine, ids, generated, done.stats, load_seconds,
-                            "full-recompute" if args.full_recompute else "incremental")
+                            "full-recompute" if args.full_recompute else "incremental", cache)
         report.update(disks.report(), threads=args.threads, stop_reason=done.reason, seed=done.stats["seed"],
                       speculate=args.speculate, draft=(args.draft or "ngram") if args.speculate else None)
         if trace is not None:
@@ -351,6 +354,7 @@ def add_parser(sub) -> None:
                         "report's stop_reason says 'max tokens' (docs/STRUCTURED-OUTPUT.md)")
     add_sampling_arguments(run, default_max=16)
     add_speculation_arguments(run)
+    add_prompt_cache_arguments(run)
     g = run.add_argument_group("output")
     g.add_argument("--full-recompute", action="store_true",
                    help="recompute the full sequence for every id instead of carrying decode state")

@@ -1,7 +1,8 @@
 """File writes that never leave a mix, a temporary file, or a replaced device behind.
 
-write_bytes_atomic / write_json_atomic: k3's own files (manifests, profile, setup state): a temporary sibling,
-fsync, rename over the target, fsync of the directory; a reader sees the old file or the new one.
+write_bytes_atomic / write_json_atomic / replacing (a file written in pieces): k3's own files (manifests, profile,
+setup state, the prompt cache's entries): a temporary sibling, fsync, rename over the target, fsync of the
+directory; a reader sees the old file or the new one.
 output_file / write_output: a file a user named (--json, --dump-logits, --dump-trace, /save): the same atomic
 replace over a regular file or a new path, but a device, FIFO or socket, or this process's own stdout/stderr, is
 opened and written through, never replaced (see output_target). On any failure the temporary sibling is removed.
@@ -28,7 +29,7 @@ def fsync_dir(path) -> None:
 
 
 @contextmanager
-def _replacing(target: Path):
+def replacing(target: Path):
     """A binary file that replaces `target` atomically when the block ends; if the block or the write fails, the
     temporary sibling is removed and `target` is untouched."""
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
@@ -48,7 +49,7 @@ def _replacing(target: Path):
 
 
 def write_bytes_atomic(path, data: bytes) -> None:
-    with _replacing(Path(path)) as f:
+    with replacing(Path(path)) as f:
         f.write(data)
 
 
@@ -109,7 +110,7 @@ def output_file(path, what: str):
     (ENOSPC, EIO, a closed pipe) is an OutputError (exit 1) naming `what` and the path."""
     target, through = output_target(path, what)
     try:
-        with (_writing_through if through else _replacing)(target) as f:
+        with (_writing_through if through else replacing)(target) as f:
             yield f
     except OSError as exc:
         raise OutputError(f"{what} {path}: cannot write: {exc.strerror or exc}") from None

@@ -6,6 +6,7 @@ except the three optional booleans MODEL.md §2 names. Validation rules are MODE
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections import Counter
 from dataclasses import dataclass, fields
@@ -293,10 +294,10 @@ def load_config(model_dir) -> Config:
 def context_limit(tokenizer_dir) -> int | None:
     """The positions the model is made for: `model_max_length` of the checkpoint's tokenizer_config.json, or None
     when it names none (a missing or unreadable file is the tokenizer's to report)."""
+    path = Path(tokenizer_dir) / "tokenizer_config.json"
     try:
-        raw = loads_limited(read_limited(Path(tokenizer_dir) / "tokenizer_config.json", SMALL_FILE_BYTES,
-                                         "a tokenizer config").decode("utf-8"), "tokenizer_config.json")
-    except (OSError, ValueError, UnicodeDecodeError):
+        raw = loads_limited(read_limited(path, SMALL_FILE_BYTES, "a tokenizer config").decode("utf-8"), path)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     limit = raw.get("model_max_length") if isinstance(raw, dict) else None
     return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from ..errors import InputError, K3Error
+from ..errors import InputError, K3Error, PluginError
 from .attnres import Residual, fold
 from ..format.checkpoint import PREFIX
 from ..plan.engine_config import EngineConfig, resolve
@@ -54,6 +54,8 @@ class DecodeState:
     layers: list
     ids: list[int] = field(default_factory=list)
     mark: int | None = None  # len(ids) at Engine.mark: positions after it can be rolled back
+    # what a forward with keep_at kept: position -> each layer's state arrays as they stood there (Engine.arrays_at)
+    taken: dict = field(default_factory=dict)
 
     def copy(self) -> "DecodeState":
         """A deep copy without the mark."""
@@ -98,6 +100,7 @@ class Engine:
         self.sequences, self.speculate = config.sequences, config.speculate
         self.tokens_forwarded = self.forward_passes = 0
         self._bound = BindCheck()  # what the placer hands out, checked for NaN and infinity (model/finite.py)
+        self._snapshots: dict[int, list[str]] = {}  # layer -> its state arrays that are not positional
 
     def attention_for(self, layer: int) -> AttentionBackend:
         return self._attention[self.config.attention_kind(layer)]
@@ -114,17 +117,22 @@ class Engine:
                              + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""))
 
     def forward(self, ids: Sequence[int], state: DecodeState, all_logits: bool = False,
-                observers: Sequence[Observer] = ()) -> np.ndarray:
-        """Consume `ids` after what `state` holds; logits [T, V] if all_logits else [V] (last)."""
-        return self.forward_batch([(ids, state)], all_logits, observers)[0]
+                observers: Sequence[Observer] = (), keep_at: Sequence[int] = ()) -> np.ndarray:
+        """Consume `ids` after what `state` holds; logits [T, V] if all_logits else [V] (last). `keep_at`: as
+        forward_batch's, for this one sequence."""
+        return self.forward_batch([(ids, state)], all_logits, observers, [keep_at])[0]
 
     def forward_batch(self, batch: Sequence[tuple[Sequence[int], DecodeState]],
-                      all_logits: bool | Sequence[bool] = False, observers: Sequence[Observer] = ()) -> list[np.ndarray]:
+                      all_logits: bool | Sequence[bool] = False, observers: Sequence[Observer] = (),
+                      keep_at: Sequence[Sequence[int]] | None = None) -> list[np.ndarray]:
         """Advance several independent sequences in one pass: `batch` is [(ids, state)], each state its own.
         Every trunk layer is bound once and every distinct expert read once for all the rows; attention runs
         per sequence. Each sequence's logits (as `forward` returns them; `all_logits` for all or, as a list,
-        per sequence) are the bits it gets alone."""
+        per sequence) are the bits it gets alone. `keep_at`, per sequence: positions (counting every id its state
+        holds) inside its rows at which its state is kept in `state.taken` (a prompt cache's checkpoints), for
+        `arrays_at` — without cutting the pass there."""
         self._check_batch(batch)
+        keeps = self._ask_keep(batch, keep_at)
         every = [bool(all_logits)] * len(batch) if isinstance(all_logits, (bool, int)) else [bool(a) for a in all_logits]
         if len(every) != len(batch):
             raise InputError(f"all_logits names {len(every)} sequences, the batch has {len(batch)}")
@@ -154,7 +162,9 @@ class Engine:
             logits[:, row:row + block.shape[0]] = part = kr.linear(block, x)
             if not np.isfinite(part).all():  # x is finite: the block's rows, or an overflow
                 raise head_error(row, block, part)
-        for seq, state in batch:
+        for (seq, state), positions in zip(batch, keeps):
+            if positions:
+                self._take(state, positions)
             state.ids.extend(int(t) for t in seq)
         self.tokens_forwarded += len(ids)
         self.forward_passes += 1
@@ -163,6 +173,52 @@ class Engine:
             out.append(logits[at:at + len(r)] if all_ else logits[at])
             at += len(r)
         return out
+
+    def _ask_keep(self, batch, keep_at) -> list[list[int]]:
+        """Each sequence's keep_at positions inside its rows, relative to its first row, asked of every layer whose
+        state has arrays that are not positional (a positional array keeps every row anyway)."""
+        keeps = [[] for _ in batch]
+        for i, ((seq, state), positions) in enumerate(zip(batch, keep_at or [])):
+            keeps[i] = sorted({int(p) - len(state.ids) for p in positions if 0 < p - len(state.ids) < len(seq)})
+            if keeps[i]:
+                for L, layer_state in enumerate(state.layers):
+                    if self.snapshot_names(L):
+                        self.attention_for(L).keep_at(layer_state, keeps[i])
+        return keeps
+
+    def snapshot_names(self, L: int) -> list[str]:
+        """The state arrays of layer L that are not positional (kept whole at a checkpoint)."""
+        if L not in self._snapshots:
+            backend = self.attention_for(L)
+            self._snapshots[L] = [n for n in backend.state_arrays(backend.new_state(self.config, L))
+                                  if n not in backend.positional]
+        return self._snapshots[L]
+
+    def _take(self, state: DecodeState, positions: Sequence[int]) -> None:
+        """After a pass that kept `positions` (relative to its first row): the arrays each layer held there."""
+        start = len(state.ids)
+        for L, layer_state in enumerate(state.layers):
+            backend = self.attention_for(L)
+            whole = self.snapshot_names(L)
+            kept = backend.kept(layer_state) if whole else {}
+            held = backend.state_arrays(layer_state)
+            for p in positions:
+                arrays = {name: held[name][:start + p] for name in backend.positional}  # views: rows stay put
+                if whole:
+                    if p not in kept:
+                        raise PluginError(f"attention backend {backend.name!r} kept no state at row {p} of the "
+                                          f"pass, which keep_at asked of it (layer {L})")
+                    arrays.update(kept[p])
+                state.taken.setdefault(start + p, []).append(arrays)
+
+    def arrays_at(self, state: DecodeState, position: int | None = None) -> list[dict[str, np.ndarray]]:
+        """Each layer's state arrays (views: copy what you keep) at `position`: where the state stands (None), or
+        one a forward kept (keep_at), handed out once."""
+        if position is None or position == len(state.ids):
+            return [self.attention_for(L).state_arrays(s) for L, s in enumerate(state.layers)]
+        if position not in state.taken:
+            raise K3Error(f"no state kept at position {position} (kept: {sorted(state.taken)}); ask keep_at first")
+        return state.taken.pop(position)
 
     def _check_batch(self, batch: Sequence[tuple[Sequence[int], DecodeState]]) -> None:
         if not batch:

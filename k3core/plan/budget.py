@@ -77,7 +77,7 @@ class Plan:
         if not self.fits:
             raise PlanError("the model does not fit in the memory available with these budgets; lower --trunk-gb or "
                             "--cache-gb, pick a smaller --preset, pack the trunk (k3 pack) to stream it, or lower "
-                            "--max-context (a server: --sequences, --keep-states)\n" + self.text())
+                            "--max-context (a server: --sequences, --prompt-cache-gb; the browser UI: --keep-states)\n" + self.text())
 
 
 def prefill_bytes(c, chunk: int) -> int:
@@ -105,6 +105,9 @@ def state_rows(config, attention_for, engine_config) -> list[PlanRow]:
                                 f"{e.kept_states} decode states kept between requests (--keep-states)"))
     if e.speculate:
         rows.append(speculation_row(config, attention_for, e.speculate, e.sequences))
+    if e.prompt_cache_gb:
+        rows.append(PlanRow("prompt cache", int(e.prompt_cache_gb * 1e9), "prompt states kept for every "
+                            "conversation (--prompt-cache-gb); more on disk with --prompt-cache"))
     if e.speculate and e.draft_memory_gb:
         rows.append(PlanRow("draft index", int(e.draft_memory_gb * 1e9),
                             "what the draft source keeps across conversations (--draft-memory)"))

@@ -54,6 +54,7 @@ class EngineConfig:
     sequences: int = 1                            # sequences one pass may advance; the plan holds a decode state each
     kept_states: int = 0                          # decode states a server keeps between requests; the plan holds them
     draft_memory_gb: float = 0.0                  # what a draft source keeps across generations (`suffix`'s index)
+    prompt_cache_gb: float = 0.0                  # RAM for kept prompt states (a PrefixCache); the plan counts it
     placer_options: Mapping | PluginOptions | None = None  # the trunk placer's own options
     store_options: Mapping | PluginOptions | None = None   # the expert store's own options
     tokenizer: str | os.PathLike | None = None    # tokenizer directory; None: the model directory
@@ -93,6 +94,8 @@ class EngineConfig:
         check(_is_int(self.kept_states) and 0 <= self.kept_states <= MAX_SEQUENCES, "kept_states",
               f"an integer in 0..{MAX_SEQUENCES}")
         check(_is_num(self.draft_memory_gb) and 0 <= self.draft_memory_gb <= 1024, "draft_memory_gb",
+              "a number of GB in 0..1024")
+        check(_is_num(self.prompt_cache_gb) and 0 <= self.prompt_cache_gb <= 1024, "prompt_cache_gb",
               "a number of GB in 0..1024")
         for name in ("placer_options", "store_options"):
             value = getattr(self, name)

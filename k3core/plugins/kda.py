@@ -19,6 +19,8 @@ class KDAState:
     S: np.ndarray        # [heads, D, D] float32, starts at zero
     history: np.ndarray  # [3 (q, k, v), K-1, P] the last K-1 conv inputs, oldest first
     journal: "Journal | None" = None  # since the last mark (speculation), what rollback replays
+    keep: list = field(default_factory=list)   # rows of the next forward after which to keep S and history
+    taken: dict = field(default_factory=dict)  # what was kept: row -> {"S", "history"}
 
     def __deepcopy__(self, memo):
         return KDAState(self.S.copy(), self.history.copy())
@@ -101,13 +103,30 @@ class KDA(AttentionBackend):
         for start, stop, state in segments:  # the conv and the recurrence run along each sequence
             rows = slice(start, stop)
             q, k, v, history = conv_qkv(kr, conv_in[:, rows], state.history, conv_w, heads, D)
-            o[rows], S = kr.kda_recurrence(q, k, v, alpha[rows], beta[rows], state.S, D ** -0.5)
+            S, at = state.S, 0
+            cuts = sorted(p for p in set(state.keep) if 0 < p < stop - start)
+            for cut in [*cuts, stop - start]:  # the recurrence is token by token: cut between tokens, same bits
+                part = slice(start + at, start + cut)
+                o[part], S = kr.kda_recurrence(q[at:cut], k[at:cut], v[at:cut], alpha[part], beta[part], S,
+                                               D ** -0.5)
+                if cut < stop - start:
+                    window = np.concatenate([state.history, conv_in[:, start:start + cut]], axis=1)
+                    state.taken[cut] = {"S": S, "history": np.ascontiguousarray(window[:, cut:])}
+                at = cut
+            state.keep = []
             if state.journal is not None:
                 state.journal.chunks.append((conv_in[:, rows], q, k, v, alpha[rows], beta[rows]))
             state.S, state.history = S, history
         y = kr.rmsnorm(o.reshape(T * heads, D), w.vec(a + "o_norm.weight"), c.rms_norm_eps)  # norm first
         y = kr.mul_sigmoid(y.reshape(T, heads * D), kr.linear(w[a + "g_proj.weight"], x))  # then the gate
         return kr.linear(w[a + "o_proj.weight"], y)
+
+    def keep_at(self, state, positions):
+        state.keep, state.taken = list(positions), {}
+
+    def kept(self, state):
+        taken, state.taken = state.taken, {}
+        return taken
 
     def mark(self, state):
         state.journal = Journal(state.S, state.history)  # a pass replaces both arrays, never writes into them

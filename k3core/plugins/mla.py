@@ -43,6 +43,7 @@ class MLACache:
 class MLA(AttentionBackend):
     kind = "mla"
     name = "mla"
+    positional = ("keys",)  # a row per position: kept prefixes share them
 
     def tensor_specs(self, c, layer):
         H, h = c.hidden_size, c.num_attention_heads

@@ -16,9 +16,10 @@ def per_second(nbytes, seconds):
     return nbytes / seconds if seconds > 0 else None
 
 
-def run_report(engine, prompt, generated, stats, load_seconds, mode) -> dict:
+def run_report(engine, prompt, generated, stats, load_seconds, mode, prompt_cache=None) -> dict:
     """`stats`: a generation's "done" event stats (Session.generate): the token timestamps `stamps`, the bytes
-    read from disk by each of them (`reads`), when it `started`, its passes and draft counts.
+    read from disk by each of them (`reads`), when it `started`, its passes and draft counts, the prompt ids a
+    kept state gave (`reused_tokens`). `prompt_cache`: the PrefixCache the session used, if any.
 
     Each id after the first is a decode step; the steps that read nothing from disk (every weight they used was
     in RAM) show what compute alone costs, apart from the steps that waited on an expert's first read."""
@@ -32,6 +33,7 @@ def run_report(engine, prompt, generated, stats, load_seconds, mode) -> dict:
     return {
         "model": str(engine.checkpoint.root),
         "prompt_ids": list(prompt),
+        "reused_prompt_ids": stats.get("reused_tokens", 0),
         "generated_ids": list(generated),
         "mode": mode,
         "load_seconds": load_seconds,
@@ -58,6 +60,7 @@ def run_report(engine, prompt, generated, stats, load_seconds, mode) -> dict:
         "draft_accepted": stats["draft_accepted"],
         "bytes_read_per_token": stats["bytes_read_per_token"],
         "memory_plan": engine.plan.to_dict(),
+        "prompt_cache": prompt_cache.stats() if prompt_cache is not None else None,
         "stats": s,
     }
 
@@ -83,8 +86,9 @@ def _floor_line(r: dict) -> list[str]:
 
 
 def report_text(r: dict) -> str:
+    reused = f" ({r['reused_prompt_ids']} from the prompt cache)" if r.get("reused_prompt_ids") else ""
     return "\n".join([
-        f"prompt {len(r['prompt_ids'])} ids, generated {len(r['generated_ids'])} ({r['mode']}); load "
+        f"prompt {len(r['prompt_ids'])} ids{reused}, generated {len(r['generated_ids'])} ({r['mode']}); load "
         f"{r['load_seconds']:.2f} s, prefill {r['prefill_seconds']:.3f} s, decode {r['seconds_per_token']:.3f} "
         f"s/token{_in_ram_part(r)}; peak RSS {human(r['peak_rss_bytes'])}",
         f"kernels {r['kernels']}, trunk placer {r['trunk_placer']}, expert store {r['expert_store']}",
@@ -94,7 +98,17 @@ def report_text(r: dict) -> str:
         + _prefetch_part(r["stats"]) + f"; I/O {_pct(r['io_share_of_wall'])} of wall time",
         f"{r['forward_passes']} forward passes; {_per_token(r['bytes_read_per_token'])} read per generated id after "
         "the first" + _drafts_part(r),
-    ] + _unchecked_line(r["stats"]) + _nan_scale_line(r["stats"]) + _disk_lines(r) + _floor_line(r))
+    ] + _cache_line(r) + _unchecked_line(r["stats"]) + _nan_scale_line(r["stats"]) + _disk_lines(r) + _floor_line(r))
+
+
+def _cache_line(r: dict) -> list[str]:
+    c = r.get("prompt_cache")
+    if not c:
+        return []
+    return [f"prompt cache: {c['prompt_cache_checkpoints']} checkpoints, {human(c['prompt_cache_ram_bytes'])} in RAM, "
+            f"{human(c['prompt_cache_disk_bytes'])} on disk; this process: {c['prompt_cache_hits']} hits, "
+            f"{c['prompt_cache_misses']} misses, {c['prompt_cache_reused_tokens']} ids reused"
+            + (f", {c['prompt_cache_dropped']} damaged or foreign entries dropped" if c["prompt_cache_dropped"] else "")]
 
 
 def _in_ram_part(r: dict) -> str:

@@ -12,6 +12,10 @@ up to k drafted ones, and a step emits the ids the model agreed with (one pick, 
 generate_ids does). The state is rolled back to what the consumer kept: all of them when the sequence goes
 on to the next step, or the `used` ones given to `remove`.
 
+A sequence added with `checkpoints` has its state kept at those prompt positions by the passes that forward them
+(Engine keep_at: no pass is cut there), and `on_checkpoint(state, position)` called after each such pass (a
+prompt cache keeping it).
+
 A sequence added with `prompt_rows` has its prompt forwarded with every position's logits, handed to that
 callback chunk by chunk (rows [n, V], row j the logits after the chunk's j-th id): what scoring the prompt
 (teacher-forced log-probabilities) needs, in the passes that forward it anyway. Its chunks are cut to hold at
@@ -54,6 +58,8 @@ class _Sequence:
     emitted: int = 0                                    # ids the last verify pass emitted (kept unless told less)
     generated: int = 0
     prompt_rows: Callable[[np.ndarray], None] | None = None  # called with each prompt chunk's logits [n, V]
+    checkpoints: list[int] = field(default_factory=list)     # prompt positions to keep the state at, ascending
+    on_checkpoint: Callable[[DecodeState, int], object] | None = None
 
 
 class BatchGenerator:
@@ -69,10 +75,14 @@ class BatchGenerator:
         self._next = 0
 
     def add(self, prompt: Sequence[int], state: DecodeState, sampler: Sampler | None = None,
-            speculation: Speculation | None = None, prompt_rows: Callable[[np.ndarray], None] | None = None) -> int:
+            speculation: Speculation | None = None, prompt_rows: Callable[[np.ndarray], None] | None = None,
+            checkpoints: Sequence[int] = (), on_checkpoint: Callable[[DecodeState, int], object] | None = None
+            ) -> int:
         """A sequence joins: `state` holds a prefix of `prompt` (a fresh state, or a kept conversation's).
         `speculation` (a fresh one per sequence: draft sources keep per-generation state) verifies drafts.
-        `prompt_rows` gets the logits of every prompt position forwarded (those `state` already holds have none)."""
+        `prompt_rows` gets the logits of every prompt position forwarded (those `state` already holds have none).
+        `on_checkpoint(state, position)` is called for each position of `checkpoints` inside the prompt once a pass
+        forwarded it, the state's arrays there kept."""
         if len(self.sequences) >= self.engine.sequences:
             raise UsageError(f"the batch already holds {len(self.sequences)} sequences, the most this engine's memory "
                              "plan reserves decode state for (EngineConfig.sequences, --sequences)")
@@ -89,7 +99,11 @@ class BatchGenerator:
         self.sequences[handle] = _Sequence(state, sampler or Sampler(), history, history[len(state.ids):], speculation,
                                            DraftLength(speculation.k, speculation.adaptive, self.cost)
                                            if speculation else None,
-                                           prompt_rows=prompt_rows)
+                                           prompt_rows=prompt_rows,
+                                           checkpoints=sorted({int(p) for p in checkpoints
+                                                               if len(state.ids) < p < len(history)}
+                                                              if on_checkpoint else ()),
+                                           on_checkpoint=on_checkpoint)
         return handle
 
     def remove(self, handle: int, used: int | None = None) -> DecodeState | None:
@@ -123,7 +137,7 @@ class BatchGenerator:
         produce several, in order)."""
         if not self.sequences:
             return []
-        budget, batch, chunks, every = self.engine.prefill_chunk, [], [], []
+        budget, batch, chunks, every, keep = self.engine.prefill_chunk, [], [], [], []
         for handle, seq in self.sequences.items():
             self._settle(seq, seq.emitted)  # the previous step's ids were all kept
             n = 1 if len(seq.pending) == 1 else min(len(seq.pending), budget, self._chunk_limit(seq))
@@ -138,12 +152,16 @@ class BatchGenerator:
             batch.append((row, seq.state))
             chunks.append((handle, n, scored))
             every.append(len(row) > n or scored)
-        rows = self.engine.forward_batch(batch, all_logits=every, observers=self.observers)
+            keep.append([p for p in seq.checkpoints if p <= len(seq.state.ids) + n])
+        rows = self.engine.forward_batch(batch, all_logits=every, observers=self.observers, keep_at=keep)
         out = []
-        for (handle, n, scored), logits, every_row in zip(chunks, rows, every):
+        for (handle, n, scored), logits, every_row, kept in zip(chunks, rows, every, keep):
             seq = self.sequences[handle]
             if scored:
                 seq.prompt_rows(logits[:n])
+            for p in kept:
+                seq.on_checkpoint(seq.state, p)
+            del seq.checkpoints[:len(kept)]
             del seq.pending[:n]
             if seq.pending:
                 continue

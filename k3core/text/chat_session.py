@@ -17,15 +17,19 @@ from .session import Session
 if TYPE_CHECKING:
     from ..model.engine import DecodeState, Engine, Observer
     from .generate import Speculation
+    from .prefix_cache import PrefixCache
     from .tokenizer import Tokenizer
 
 
 class ChatSession:
-    def __init__(self, engine: Engine, tokenizer: Tokenizer, mode: str = "instruct", system: str | None = None) -> None:
+    def __init__(self, engine: Engine, tokenizer: Tokenizer, mode: str = "instruct", system: str | None = None,
+                 prompt_cache: PrefixCache | None = None) -> None:
+        """`prompt_cache`: kept prompt states shared with other conversations (and, with a disk tier, processes):
+        a first turn resumes from the longest prefix kept there."""
         self.engine, self.tokenizer = engine, tokenizer
         self.system = system
         self.conv = Conversation(tokenizer, mode, system)
-        self.session = Session(engine, tokenizer)
+        self.session = Session(engine, tokenizer, prompt_cache)
         self.history: list[int] = []  # every id the model has seen or produced, in order
         self.last: dict = {}          # the last turn's stats
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generator, Sequence
+from typing import TYPE_CHECKING, Callable, Generator, Sequence
 
 import numpy as np
 
@@ -108,14 +108,18 @@ class DraftLength:
 
 def generate_ids(engine: Engine, prompt: Sequence[int], state: DecodeState, sampler: Sampler | None = None, *,
                  observers: Sequence[Observer] = (), full_recompute: bool = False,
-                 speculation: Speculation | None = None) -> Generator[tuple[int, np.ndarray], None, None]:
+                 speculation: Speculation | None = None, checkpoints: Sequence[int] = (),
+                 on_checkpoint: Callable[[DecodeState, int], object] | None = None
+                 ) -> Generator[tuple[int, np.ndarray], None, None]:
     """Yield (id, logits [V]) for each generated position, forever (the caller stops, then closes the
     generator: with speculation, closing is what rolls the state back to the stopping point).
 
     `state` holds a prefix of `prompt` (an empty state holds the empty prefix). `sampler` picks from the
     logits and the ids so far (its repetition penalty's history); None is greedy. `full_recompute`
     forwards the whole sequence from a fresh state for every id (a check of the incremental path; `state`
-    is then left as it was). `speculation` verifies drafted ids in batched passes (same ids)."""
+    is then left as it was). `speculation` verifies drafted ids in batched passes (same ids). `on_checkpoint(state,
+    position)` is called for each prompt position of `checkpoints` as the prompt is forwarded, the state's arrays
+    there kept (`prefill`): what a prompt cache keeps."""
     history = checked_prompt(engine, prompt, state)
     done = state.ids
     if speculation is not None:
@@ -131,7 +135,7 @@ def generate_ids(engine: Engine, prompt: Sequence[int], state: DecodeState, samp
                 return
     if speculation is not None and speculation.adaptive:  # the passes teach auto's pass cost what they read
         observers = [*observers, PassCost.of(engine)]
-    logits = prefill(engine, history[len(done):], state, observers)
+    logits = prefill(engine, history[len(done):], state, observers, checkpoints, on_checkpoint)
     if speculation is not None:
         yield from speculative(engine, history, state, sampler, logits, speculation, observers)
         return
@@ -234,12 +238,20 @@ def proposals(draft: DraftSource, history: Sequence[int], generated: int, k: int
     return [int(t) for t in ids]
 
 
-def prefill(engine: Engine, ids: Sequence[int], state: DecodeState, observers: Sequence[Observer] = ()) -> np.ndarray:
-    """Forward `ids` in chunks of `engine.prefill_chunk`; the logits of the last position."""
-    step = engine.prefill_chunk
-    for at in range(0, len(ids) - step, step):
-        engine.forward(ids[at:at + step], state, observers=observers)
-    return engine.forward(ids[(len(ids) - 1) // step * step:], state, observers=observers)
+def prefill(engine: Engine, ids: Sequence[int], state: DecodeState, observers: Sequence[Observer] = (),
+            checkpoints: Sequence[int] = (), on_checkpoint: Callable[[DecodeState, int], object] | None = None
+            ) -> np.ndarray:
+    """Forward `ids` in chunks of `engine.prefill_chunk`; the logits of the last position. At each position of
+    `checkpoints` (counting every id the state holds) the pass keeps the state (Engine keep_at, without cutting the
+    chunk there) and `on_checkpoint(state, position)` is called after it."""
+    step, start = engine.prefill_chunk, len(state.ids)
+    wanted = sorted({p for p in checkpoints if start < p < start + len(ids)} if on_checkpoint else set())
+    for at in range(0, len(ids), step):
+        inside = [p for p in wanted if start + at < p <= start + at + step]
+        logits = engine.forward(ids[at:at + step], state, observers=observers, keep_at=inside)
+        for p in inside:
+            on_checkpoint(state, p)
+    return logits
 
 
 def greedy_ids(engine: Engine, prompt: Sequence[int], n: int, full_recompute: bool = False

@@ -1,6 +1,8 @@
 """A generation session, the upper of the two generation layers: prompt ids in, text events out. The
 decode state is kept between calls and reused whenever a new prompt strictly extends what was already
-consumed (MODEL.md §4.5), so a follow-up chat turn forwards only its new tokens.
+consumed (MODEL.md §4.5), so a follow-up chat turn forwards only its new tokens. With a prompt cache
+(prefix_cache.py) a prompt the session's state does not extend resumes from the longest kept prefix any
+conversation left, the prompt's checkpoints are kept as it is forwarded, and the state each reply ends with.
 
 Ids come from generate_ids (generate.py); TextStream (channels.py) turns them into text. Stop ids, max
 tokens and cancellation are checked between tokens; while the prompt is forwarded, cancellation also
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from ..model.engine import Engine
+    from .prefix_cache import PrefixCache
     from .tokenizer import Tokenizer
 
 
@@ -65,8 +68,9 @@ def bytes_read(engine: Engine) -> int:
 
 
 class Session:
-    def __init__(self, engine: Engine, tokenizer: Tokenizer | None = None) -> None:
-        self.engine, self.tokenizer = engine, tokenizer
+    def __init__(self, engine: Engine, tokenizer: Tokenizer | None = None, prompt_cache: PrefixCache | None = None
+                 ) -> None:
+        self.engine, self.tokenizer, self.prompt_cache = engine, tokenizer, prompt_cache
         self.state = engine.new_state()
 
     def reset(self) -> None:
@@ -83,12 +87,13 @@ class Session:
         return Grammar(self.tokenizer, reply_grammar(params.json_schema, channel), param, chat=channel is not None)
 
     def to_forward(self, prompt: Sequence[int]) -> list[int]:
-        """The ids of `prompt` not yet consumed; the state is reset unless `prompt` extends it."""
+        """The ids of `prompt` not yet consumed; unless `prompt` extends what the state holds, the state becomes the
+        prompt cache's longest kept prefix of it (or a fresh one)."""
         prompt, done = list(prompt), self.state.ids
-        if len(prompt) > len(done) and prompt[:len(done)] == done:
+        if done and len(prompt) > len(done) and prompt[:len(done)] == done:
             return prompt[len(done):]
-        self.reset()
-        return prompt
+        self.state = self.prompt_cache.resume(prompt) if self.prompt_cache is not None else self.engine.new_state()
+        return prompt[len(self.state.ids):]
 
     def generate(self, prompt: Sequence[int], params: SamplingParams, *, stop_ids: Sequence[int] = (),
                  channel: str | None = None, cancelled: Callable[[], bool] = lambda: False,
@@ -101,13 +106,15 @@ class Session:
         drafted ids in batched passes: the same events, in fewer passes when the drafts are good.
         `params.json_schema` holds the reply to that schema (compiled here, for `channel`); `grammar`, a
         structured.Grammar, holds it to any other (a forced tool call's), instead."""
-        engine = self.engine
+        engine, cache = self.engine, None if full_recompute else self.prompt_cache
         grammar = grammar or self.schema_grammar(params, channel)
         reused = len(prompt) - len(self.to_forward(prompt))
         sampler, tally = Sampler(params, grammar.constraint() if grammar else None), DraftTally()
         steps = generate_ids(engine, prompt, engine.new_state() if full_recompute else self.state, sampler,
                              observers=[CancelBetweenLayers(cancelled), tally, *observers],
-                             full_recompute=full_recompute, speculation=speculation)
+                             full_recompute=full_recompute, speculation=speculation,
+                             checkpoints=cache.positions(prompt, reused) if cache else (),
+                             on_checkpoint=cache.keep if cache else None)
         text = TextStream(self.tokenizer, params.stop_strings, channel) if self.tokenizer is not None else None
         stop_set = set(stop_ids) | set(params.stop_ids) | set(grammar.stop_ids if grammar else ())
         generated: list[int]
@@ -146,6 +153,8 @@ class Session:
                         break
         finally:
             steps.close()
+        if cache is not None and self.state.ids:  # whole (a pass cut short resets it): kept for any later prompt
+            cache.keep(self.state)
         if text is not None:
             yield from text.finish()
         yield Event("done", ids=generated, reason=reason, stats={

@@ -313,7 +313,7 @@ def serve_client(engine, tiny_model):
     from serve.app import build_app
     from serve.worker import EngineSlot, Worker
 
-    worker = Worker(EngineSlot(engine, load_tokenizer(tiny_model)), queue_size=4, keep_states=0)
+    worker = Worker(EngineSlot(engine, load_tokenizer(tiny_model)), queue_size=4)
     try:
         yield TestClient(build_app(worker, ApiOptions()), raise_server_exceptions=False)
     finally:

@@ -53,7 +53,7 @@ class Servers:
 
     def _worker(self, model):
         engine = open_engine(EngineConfig(model))
-        worker = Worker(EngineSlot(engine, load_tokenizer(model)), keep_states=0)
+        worker = Worker(EngineSlot(engine, load_tokenizer(model)))
         self.closing += [engine, worker]
         return worker
 

@@ -6,7 +6,7 @@ import socket
 import openai
 import pytest
 
-from k3core import EngineConfig, load_tokenizer, open_engine
+from k3core import EngineConfig, PrefixCache, load_tokenizer, open_engine
 from serve.api import ApiOptions
 from serve.app import build_app
 from serve.http import listen
@@ -20,10 +20,15 @@ KEY = "k3-test-key-0123456789abcdef"
 class Live:
     """A server on a free loopback port over its own engine."""
 
-    def __init__(self, model, sequences=4, queue_size=16, api_key=None, max_body_bytes=4 << 20, **fields):
+    def __init__(self, model, sequences=4, queue_size=16, api_key=None, max_body_bytes=4 << 20, cache_dir=None,
+                 **fields):
+        """`cache_dir`: the prompt cache's disk tier (else it is in RAM only)."""
         self.engine = open_engine(EngineConfig(model, sequences=sequences, **fields))
         self.slot = EngineSlot(self.engine, load_tokenizer(model))
-        self.worker = Worker(self.slot, queue_size=queue_size, keep_states=4)
+        eom = [self.slot.tokenizer.id_of("<|end_of_msg|>")]
+        self.cache = PrefixCache(self.engine, 1 << 30, interval=256, boundaries=eom, disk_dir=cache_dir,
+                                 disk_bytes=1 << 30)
+        self.worker = Worker(self.slot, queue_size=queue_size, prompt_cache=self.cache)
         self.name = model.name
         app = build_app(self.worker, ApiOptions(api_key, max_body_bytes, 64, 0))
         self.running = listen(app, "127.0.0.1", free_port())

@@ -21,9 +21,19 @@ def client(live: Live, key: str | None = None) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=live.url, api_key=key or "none", max_retries=0, timeout=120)
 
 
+def prompt_ids(usage) -> int:
+    """The prompt's length from a Messages usage: ids read from the prompt cache, kept into it, and the rest."""
+    return usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+
+
 def without_ids(message) -> dict:
+    """The message without its ids, its usage as the prompt's whole length (a second identical request reads
+    what the first one kept from the prompt cache: the same ids, counted as cache reads)."""
     body = message.model_dump(exclude_none=True)
     del body["id"]
+    u = body.pop("usage")
+    body["usage"] = (u["input_tokens"] + u.get("cache_read_input_tokens", 0) + u.get("cache_creation_input_tokens", 0),
+                     u["output_tokens"])
     for block in body["content"]:
         block.pop("id", None)
     return body
@@ -35,7 +45,8 @@ def test_create_answers_in_text_blocks_with_usage(demo):
     assert r.type == "message" and r.role == "assistant" and r.model == demo.name and r.id.startswith("msg_")
     assert [(b.type, b.text) for b in r.content] == [("text", "The capital of France is Paris.")]
     assert r.stop_reason == "end_turn" and r.stop_sequence is None
-    assert r.usage.input_tokens > 0 and r.usage.output_tokens > 0
+    u = r.usage
+    assert u.input_tokens + u.cache_creation_input_tokens + u.cache_read_input_tokens > 0 and u.output_tokens > 0
 
 
 def test_a_stream_is_the_whole_reply_event_by_event(demo):
@@ -83,9 +94,10 @@ def test_thinking_comes_back_as_a_thinking_block(demo):
                       {"role": "user", "content": "And of Italy?"}]
     before = demo.engine.tokens_forwarded
     again = c.messages.create(**{**ask, "messages": follow})
-    kept = r.usage.input_tokens + r.usage.output_tokens - 1  # the first turn's state: all its ids but the last
+    kept = prompt_ids(r.usage) + r.usage.output_tokens - 1  # the first turn's state: all its ids but the last
     # the engine forwarded only the new prompt ids and the reply's (all but its last)
-    assert demo.engine.tokens_forwarded - before == again.usage.input_tokens - kept + again.usage.output_tokens - 1
+    assert again.usage.cache_read_input_tokens == kept
+    assert demo.engine.tokens_forwarded - before == prompt_ids(again.usage) - kept + again.usage.output_tokens - 1
 
 
 def test_a_seeded_message_is_the_seeded_chat_completion(demo):
@@ -100,8 +112,9 @@ def test_count_tokens_is_the_created_messages_input_tokens(demo):
     system = "You answer in one sentence."
     r = c.messages.create(model=demo.name, max_tokens=8, messages=PARIS, system=system, extra_body=GREEDY)
     counted = c.messages.count_tokens(model=demo.name, messages=PARIS, system=[{"type": "text", "text": system}])
-    assert counted.input_tokens == r.usage.input_tokens > c.messages.count_tokens(model=demo.name,
-                                                                                   messages=PARIS).input_tokens
+    u = r.usage
+    assert counted.input_tokens == u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens
+    assert counted.input_tokens > c.messages.count_tokens(model=demo.name, messages=PARIS).input_tokens
 
 
 def test_a_tool_use_round_trip(generated, monkeypatch):
@@ -127,7 +140,7 @@ def test_a_tool_use_round_trip(generated, monkeypatch):
                                     {"type": "tool_result", "tool_use_id": r.content[2].id,
                                      "content": [{"type": "text", "text": "rain"}]}]}]
     again = c.messages.create(**{**ask, "max_tokens": 3, "messages": follow})
-    assert again.usage.input_tokens > r.usage.input_tokens + r.usage.output_tokens
+    assert prompt_ids(again.usage) > prompt_ids(r.usage) + r.usage.output_tokens
 
 
 BOUNDED = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],

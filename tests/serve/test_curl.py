@@ -62,7 +62,8 @@ def test_messages_count_tokens_and_responses(demo):
     assert r["content"] == [{"type": "text", "text": "The capital of France is Paris."}]
     counted = json.loads(curl(demo.url + "/v1/messages/count_tokens", {"model": demo.name, "messages": PARIS},
                               version))
-    assert counted == {"input_tokens": r["usage"]["input_tokens"]}
+    u = r["usage"]
+    assert counted == {"input_tokens": u["input_tokens"] + u["cache_read_input_tokens"] + u["cache_creation_input_tokens"]}
     r = json.loads(curl(demo.url + "/v1/responses", {"model": demo.name, "input": "What is the capital of France?",
                                                      "temperature": 0}))
     assert r["status"] == "completed" and r["output"][0]["content"][0]["text"] == "The capital of France is Paris."

@@ -16,9 +16,12 @@ TOOLS = [{"type": "function", "name": "get_weather", "description": "weather in 
 
 
 def without_ids(response) -> dict:
+    """The response without its ids and without how many prompt ids the prompt cache gave (a second identical
+    request reads what the first one kept)."""
     body = response.model_dump(exclude_none=True)
     for key in ("id", "created_at"):
         del body[key]
+    body["usage"].pop("input_tokens_details", None)
     for item in body["output"]:
         item.pop("id", None)
         item.pop("call_id", None)
