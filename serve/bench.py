@@ -44,8 +44,8 @@ def run_bench(config, concurrent: int, max_tokens: int) -> dict:
     from .worker import EngineSlot, Worker
 
     engine = open_engine(config.replace(sequences=max(concurrent, config.sequences), prompt_cache_gb=0.0))
-    worker = Worker(EngineSlot(engine, load_tokenizer(config.tokenizer or config.model)), queue_size=concurrent,
-                    prompt_cache=None)  # no prompt cache: every request forwards its whole prompt, alone or not
+    # no prompt cache: every request forwards its whole prompt, alone or not
+    worker = Worker(EngineSlot(engine, load_tokenizer(config.tokenizer or config.model)), queue_size=concurrent)
     running = listen(build_app(worker, ApiOptions()), "127.0.0.1", 0)
     try:
         url, model = running.url, model_id(config.model)

@@ -44,9 +44,9 @@ def serve(config, opts: ServeOptions, speculation=lambda: None, prompt_cache=lam
     host = check_host(opts.host, key is not None, KEY_GUARD, HOW_TO_SET_A_KEY)  # refused before the model loads
     engine = open_engine(config, on_plan=lambda plan: print(plan.text(), file=sys.stderr))
     try:
-        slot = EngineSlot(engine, load_tokenizer(config.tokenizer or config.model))
-        worker = Worker(slot, queue_size=opts.queue_size, prompt_cache=prompt_cache(engine, slot.tokenizer),
-                        speculation=speculation)
+        tokenizer = load_tokenizer(config.tokenizer or config.model)
+        slot = EngineSlot(engine, tokenizer, prompt_cache(engine, tokenizer))
+        worker = Worker(slot, queue_size=opts.queue_size, speculation=speculation)
         name = model_id(config.model)
         app = build_app(worker, ApiOptions(key, opts.max_body_bytes, opts.max_tokens, int(time.time())))
         if not is_loopback(host):

@@ -57,21 +57,21 @@ class Job:
 
 @dataclass
 class EngineSlot:
-    """What the worker drives: the engine, its tokenizer, the lock every forward pass takes (shared with
-    a browser UI on the same engine) and a generation number that changes when the engine is reopened."""
+    """What the worker drives: the engine, its tokenizer, the prompt cache over that engine (a PrefixCache, or
+    None), the lock every forward pass takes (shared with a browser UI on the same engine) and a generation number
+    that changes when the engine is reopened (and the prompt cache with it)."""
 
     engine: object
     tokenizer: object
+    prompt_cache: PrefixCache | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     generation: int = 0
 
 
 class Worker:
-    def __init__(self, slot: EngineSlot, queue_size: int = 16, prompt_cache: PrefixCache | None = None,
-                 speculation: Callable[[], object] = lambda: None):
+    def __init__(self, slot: EngineSlot, queue_size: int = 16, speculation: Callable[[], object] = lambda: None):
         self.slot, self.queue_size = slot, queue_size
         self.speculation = speculation  # a fresh k3core.Speculation per request, or None (--speculate)
-        self.cache = prompt_cache
         self._pending: deque[Job] = deque()
         self._active: dict[int, Job] = {}
         self._wake = threading.Condition()
@@ -102,6 +102,10 @@ class Worker:
         with self._wake:
             return {"active": len(self._active), "queued": len(self._pending), "completed": self.completed,
                     "failed": self.failed, **(self.cache.stats() if self.cache is not None else {})}
+
+    @property
+    def cache(self) -> PrefixCache | None:
+        return self.slot.prompt_cache
 
     def close(self) -> None:
         with self._wake:
@@ -145,8 +149,6 @@ class Worker:
 
     def _engine_changed(self) -> None:
         self._fail_active(K3Error("the engine was reopened (new memory budgets); send the request again"))
-        if self.cache is not None:
-            self.cache.clear()
         self._generation = self.slot.generation
 
     def _admit(self) -> None:

@@ -113,7 +113,7 @@ class Chats:
             slot.chat.set_mode(mode)
             return ""
         snap = slot.chat.snapshot() if slot.chat is not None else slot.snap
-        chat = ChatSession(host.engine, host.tokenizer, mode, system)
+        chat = ChatSession(host.engine, host.tokenizer, mode, system, host.prompt_cache)
         if snap and [m for m in snap["messages"] if m["role"] != "system"]:
             messages = [m for m in snap["messages"] if m["role"] != "system"]
             if (snap.get("system") or None) == system:

@@ -182,6 +182,16 @@ def _last_rows(last: dict) -> list[tuple[str, str, str]]:
     return rows
 
 
+def _prompt_cache(cache) -> str:
+    """What the prompt cache holds and has given since the page started."""
+    if cache is None:
+        return "off"
+    c = cache.stats()
+    return (f"{c['prompt_cache_checkpoints']} checkpoints, {human(c['prompt_cache_ram_bytes'])} in RAM, "
+            f"{human(c['prompt_cache_disk_bytes'])} on disk · {c['prompt_cache_hits']} hits, "
+            f"{c['prompt_cache_reused_tokens']} tokens reused")
+
+
 def render(host, snap: dict) -> str:
     """The panel as an HTML table; each value cell has an id (k3-status, k3-tokens, …) for tests."""
     engine, live, last = host.engine, snap["live"], snap["last"]
@@ -202,6 +212,7 @@ def render(host, snap: dict) -> str:
          + f"expert cache {b['cache_gb']:g} GB", "budget"),
         ("engine plugins", f"{engine.kernels.name} kernels · {engine.placer.name} placer · {engine.store.name} store"
          + (f" · {draft} drafts" if draft else ""), "plugins"),
+        ("prompt cache", _prompt_cache(getattr(host, "prompt_cache", None)), "prompt-cache"),
     ]
     cells = []
     for name, value, elem in rows:

@@ -14,7 +14,9 @@ PRESET_CHOICES = ["laptop", "desktop", "workstation", "server", "max", "auto", "
 
 
 class EngineHost:
-    def __init__(self, config: EngineConfig, speculation=lambda: None):
+    def __init__(self, config: EngineConfig, speculation=lambda: None, prompt_cache=lambda engine, tokenizer: None):
+        """`prompt_cache(engine, tokenizer)`: the PrefixCache the page's sessions and /v1 share (None: none), made
+        again for each engine opened."""
         self.lock = threading.Lock()
         self.config = config
         self.speculation = speculation  # a fresh k3core.Speculation for each turn, or None (k3 ui --speculate)
@@ -22,6 +24,8 @@ class EngineHost:
         self.draft = spec.draft.name if spec is not None else None  # the draft source's name, for the panel
         self.engine = open_engine(config)
         self.tokenizer = load_tokenizer(config.tokenizer or config.model)
+        self._cache_of = prompt_cache
+        self.prompt_cache = prompt_cache(self.engine, self.tokenizer)
         self.generation = 0  # bumped by reload(): decode states of an older generation are void
 
     @property
@@ -79,7 +83,7 @@ class EngineHost:
                                          max_context=c.max_context, placer_options=c.placer_options,
                                          store_options=c.store_options, speculate=c.speculate,
                                          sequences=c.sequences, kept_states=c.kept_states,
-                                         prefill_chunk=c.prefill_chunk))
+                                         prompt_cache_gb=c.prompt_cache_gb, prefill_chunk=c.prefill_chunk))
         return self.engine.plan
 
     def _reopen(self, config: EngineConfig) -> None:
@@ -91,9 +95,11 @@ class EngineHost:
             except Exception:
                 self.engine = open_engine(self.config)
                 raise
+            else:
+                self.config, self.tokenizer = config, tokenizer
             finally:
                 self.generation += 1
-            self.config, self.tokenizer = config, tokenizer
+                self.prompt_cache = self._cache_of(self.engine, self.tokenizer)  # over the engine now open
 
     def save_profile(self):
         """Write the current model, trunk and budgets as the saved profile (keeping its source)."""

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import argparse
 
-from k3core.cli.options import (EXIT_CODES, add_engine_arguments, add_logging_arguments, add_speculation_arguments,
-                                engine_config_from_args, speculation_from_args)
+from k3core.cli.options import (EXIT_CODES, add_engine_arguments, add_logging_arguments, add_prompt_cache_arguments,
+                                add_speculation_arguments, engine_config_from_args, prompt_cache_from_args,
+                                speculation_from_args)
 from k3core.report.logs import configure_logging
 from k3core.plugin_api import hookimpl
 
@@ -23,7 +24,8 @@ def cmd_ui(args) -> int:
     configure_logging(args.log_level)
     config = engine_config_from_args(args)
     speculation_from_args(args)  # a bad --draft is refused before the engine loads
-    return serve(config, server_options(args), speculation=lambda: speculation_from_args(args))
+    return serve(config, server_options(args), speculation=lambda: speculation_from_args(args),
+                 prompt_cache=lambda engine, tokenizer: prompt_cache_from_args(args, engine, tokenizer))
 
 
 def server_options(args) -> ServerOptions:
@@ -63,6 +65,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g = p.add_argument_group("chat")
     g.add_argument("--tok", metavar="DIR", help="tokenizer directory (default: MODEL_DIR)")
     add_speculation_arguments(p)
+    add_prompt_cache_arguments(p)
     add_logging_arguments(p, access_log=True)
     p.set_defaults(func=cmd_ui)
     return p

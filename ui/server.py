@@ -125,9 +125,7 @@ def warn_exposed(host: str, auth) -> None:
 
 def openai_routes(host: EngineHost, opts: ServerOptions, key: str | None):
     """The `k3 serve` routes over this page's engine: its requests take the same engine lock as the page's
-    turns, between passes. They keep no decode state between requests — the page's sessions hold the
-    --keep-states the plan counts; `k3 serve` is the one for clients whose follow-ups should reuse theirs.
-    Returns (the worker, the APIRouter)."""
+    turns, between passes, and share the page's prompt cache. Returns (the worker, the APIRouter)."""
     from serve.api import ApiOptions
     from serve.app import api_router
     from serve.worker import Worker
@@ -136,14 +134,17 @@ def openai_routes(host: EngineHost, opts: ServerOptions, key: str | None):
     return worker, api_router(worker, ApiOptions(api_key=key, created=int(time.time())))
 
 
-def serve(config: EngineConfig, opts: ServerOptions, speculation=lambda: None) -> int:
-    """`k3 ui`: check the address first, then open the engine, build the app and serve until Ctrl-C."""
+def serve(config: EngineConfig, opts: ServerOptions, speculation=lambda: None,
+          prompt_cache=lambda engine, tokenizer: None) -> int:
+    """`k3 ui`: check the address first, then open the engine, build the app and serve until Ctrl-C.
+    `prompt_cache(engine, tokenizer)`: the PrefixCache the page's sessions and /v1 share, or None."""
     host = check_host(opts.host, opts.expose)
     auth = parse_auth(opts.auth or os.environ.get("K3_UI_AUTH"))
     if not is_loopback(host):
         warn_exposed(host, auth)
     key = read_api_key(opts.api_key)
-    engine = EngineHost(config, speculation)  # no model, no profile, a plan that does not fit: said before Gradio loads
+    # no model, no profile, a plan that does not fit: said before Gradio loads
+    engine = EngineHost(config, speculation, prompt_cache)
     for notice in engine.engine.notices:
         print(notice, file=sys.stderr)
     worker = None

@@ -24,11 +24,11 @@ class Live:
                  **fields):
         """`cache_dir`: the prompt cache's disk tier (else it is in RAM only)."""
         self.engine = open_engine(EngineConfig(model, sequences=sequences, **fields))
-        self.slot = EngineSlot(self.engine, load_tokenizer(model))
-        eom = [self.slot.tokenizer.id_of("<|end_of_msg|>")]
-        self.cache = PrefixCache(self.engine, 1 << 30, interval=256, boundaries=eom, disk_dir=cache_dir,
-                                 disk_bytes=1 << 30)
-        self.worker = Worker(self.slot, queue_size=queue_size, prompt_cache=self.cache)
+        tokenizer = load_tokenizer(model)
+        self.cache = PrefixCache(self.engine, 1 << 30, interval=256, boundaries=[tokenizer.id_of("<|end_of_msg|>")],
+                                 disk_dir=cache_dir, disk_bytes=1 << 30)
+        self.slot = EngineSlot(self.engine, tokenizer, self.cache)
+        self.worker = Worker(self.slot, queue_size=queue_size)
         self.name = model.name
         app = build_app(self.worker, ApiOptions(api_key, max_body_bytes, 64, 0))
         self.running = listen(app, "127.0.0.1", free_port())

@@ -64,10 +64,10 @@ class FakeDemo:
 class FakeHost:
     closed = 0
 
-    def __init__(self, config, speculation=lambda: None):
+    def __init__(self, config, speculation=lambda: None, prompt_cache=lambda engine, tokenizer: None):
         import threading
 
-        self.config, self.model = config, config.model
+        self.config, self.model, self.prompt_cache = config, config.model, None
         named = types.SimpleNamespace(name="stand-in")
         self.engine = types.SimpleNamespace(notices=[], kernels=named, placer=named, store=named, sequences=1)
         self.lock, self.tokenizer, self.generation, self.speculation = threading.Lock(), None, 0, speculation
