@@ -76,7 +76,7 @@ bench-structured: $(STAMP)
 	$(VENV)/bin/k3 bench structured $(or $(MODEL),wizard/data/demo-model)
 
 clean:
-	rm -rf $(VENV) build $(DEMO_DIR)
+	rm -rf $(VENV) $(EVAL_VENV) $(CLAUDE_VENV) build $(DEMO_DIR)
 
 # NEON backend == scalar, byte for byte, under qemu-aarch64 (installs the cross toolchain and qemu from
 # Debian if missing). Kept out of `make test` so that stays quick; .ci/run runs both.
@@ -109,3 +109,18 @@ $(EVAL_STAMP):
 .PHONY: eval-check
 eval-check: $(STAMP) $(EVAL_STAMP)
 	K3_PLUGINS=none $(PY) benchmarks/lm_eval_task/eval_check.py --eval-venv $(EVAL_VENV)
+
+# Claude Code, unchanged, against `k3 serve` on the demo model (docs/SERVER.md, "Claude Code"): its CLI from PyPI's
+# claude-agent-sdk wheel in its own venv; `claude -p`, a forced tool_use the CLI executes, a second conversation and
+# a restart, each resuming from the prompt cache. About 10 minutes (the first prompt is ~30,000 demo ids). Never part
+# of `make test`, which replays the CLI's captured request shapes instead (tests/serve/test_claude_code_shapes.py).
+CLAUDE_VENV := .venv-claude
+CLAUDE_STAMP := $(CLAUDE_VENV)/.k3-claude-installed
+$(CLAUDE_STAMP):
+	$(PYTHON) -m venv $(CLAUDE_VENV)
+	$(CLAUDE_VENV)/bin/pip install --quiet claude-agent-sdk
+	touch $(CLAUDE_STAMP)
+
+.PHONY: claude-check
+claude-check: $(STAMP) $(CLAUDE_STAMP)
+	K3_PLUGINS=none $(PY) benchmarks/claude_code/claude_check.py --claude-venv $(CLAUDE_VENV)

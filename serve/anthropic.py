@@ -15,7 +15,7 @@ import secrets
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from .anthropic_schema import IGNORED, messages_request, thinking_signature
+from .anthropic_schema import IGNORED, TOOL_CHOICE_HEADER, messages_request, thinking_signature
 from .api import Api, ToolCallWatch, chat_job, chat_reply, events_or_cancel, guarded, read_json, whole_reply
 from .schema import ApiError
 
@@ -180,7 +180,8 @@ def add_routes(router, api: Api) -> None:
 
     async def parsed(request: Request, counting: bool = False):
         check_key(request, api.opts.api_key)
-        read = messages_request(await read_json(request, api.opts.max_body_bytes), counting)
+        read = messages_request(await read_json(request, api.opts.max_body_bytes), counting,
+                                request.headers.get(TOOL_CHOICE_HEADER))
         api.check_model(read.request.model)
         for name in read.ignored:
             log_ignored(name)

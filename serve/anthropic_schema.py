@@ -27,6 +27,7 @@ BILLING_HEADER = "x-anthropic-billing-header:"
 # the turn sent back renders as it was generated.
 SIGNATURE_PREFIX = "k3-thinking-v1:"
 THINKING_DISPLAYS = ("summarized", "omitted")
+TOOL_CHOICE_HEADER = "x-k3-tool-choice"  # a tool_choice for a user turn, from a client that sends no tool_choice
 # Fields the Messages API defines that change nothing k3 does: why each is passed over (logged once by name).
 IGNORED = {"metadata": "k3 keeps no per-user records",
            "context_management": "k3 keeps every block the request sends",
@@ -47,11 +48,14 @@ class MessagesBody(NamedTuple):
     ignored: tuple[str, ...]
 
 
-def messages_request(body, counting: bool = False) -> MessagesBody:
+def messages_request(body, counting: bool = False, tool_choice_header: str | None = None) -> MessagesBody:
     """A Messages body as a ChatRequest. `counting`: count_tokens, where max_tokens is not required. max_tokens
-    may be any positive integer: the route clamps it to what the context leaves."""
+    may be any positive integer: the route clamps it to what the context leaves. `tool_choice_header`: the
+    TOOL_CHOICE_HEADER the request came with, if any."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    if tool_choice_header is not None:
+        body = _header_choice(body, tool_choice_header.strip())
     if body.get("max_tokens") is None and not counting:
         raise _bad("max_tokens", "required: the most tokens the reply may have")
     _not_served(body)
@@ -263,6 +267,28 @@ def _tools(body: dict) -> tuple[tuple[dict, ...], str | None]:
         return tuple(declared), choice["name"]
     raise _bad("tool_choice", "must be {type: auto}, {type: none}, {type: any} or {type: tool, name} naming one of "
                "the tools")
+
+
+def _header_choice(body: dict, header: str) -> dict:
+    """The body with the tool_choice TOOL_CHOICE_HEADER asks for, for a client that cannot put one in its body
+    (Claude Code can add headers: ANTHROPIC_CUSTOM_HEADERS): `any`, `auto`, `none` or a declared tool's name. It
+    applies to a reply to the user's message only — not after tool results, where it would call tools forever —
+    and never over a tool_choice the body names."""
+    if body.get("tool_choice") is not None:
+        return body
+    turns = [m for m in body.get("messages") or [] if not (isinstance(m, dict) and m.get("role") == "system")]
+    last = turns[-1] if turns else None  # system messages are folded into the system text, not turns
+    content = last.get("content") if isinstance(last, dict) and last.get("role") == "user" else None
+    if content is None or (isinstance(content, list) and any(isinstance(b, dict) and b.get("type") == "tool_result"
+                                                             for b in content)):
+        return body
+    if header in ("any", "auto", "none"):
+        return {**body, "tool_choice": {"type": header}}
+    names = {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict) and not t.get("defer_loading")}
+    if header not in names:
+        raise ApiError(400, f"{TOOL_CHOICE_HEADER}: must be any, auto, none or the name of one of the request's tools, "
+                       f"got {header[:64]!r}", param=TOOL_CHOICE_HEADER, code="invalid_value")
+    return {**body, "tool_choice": {"type": "tool", "name": header}}
 
 
 def _one_call(body: dict) -> bool:

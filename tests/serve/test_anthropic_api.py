@@ -157,6 +157,27 @@ def test_a_forced_tool_choice_is_a_call_whose_input_fits_the_schema(generated, c
     jsonschema.validate(r.content[-1].input, BOUNDED)
 
 
+def test_a_tool_choice_header_forces_a_call_on_a_user_turn_only(generated):
+    """x-k3-tool-choice, for a client that sends no tool_choice (Claude Code can add a header): a user turn's reply
+    is the call; a turn after tool results is not forced (a name no tool has is not even looked at there); a body's
+    own tool_choice wins; a name the request does not declare is a 400 naming the header."""
+    c, tools = client(generated), [{**TOOLS[0], "input_schema": BOUNDED}]
+    ask = dict(model=generated.name, max_tokens=120, tools=tools, messages=[{"role": "user", "content": "hi"}])
+    r = c.messages.create(**ask, extra_headers={"x-k3-tool-choice": "get_weather"})
+    assert r.stop_reason == "tool_use" and r.content[-1].name == "get_weather"
+    late_system = [*ask["messages"], {"role": "system", "content": "Be brief."}]  # as Claude Code sends it
+    forced = c.messages.create(**{**ask, "messages": late_system}, extra_headers={"x-k3-tool-choice": "get_weather"})
+    assert forced.stop_reason == "tool_use"
+    follow = [*ask["messages"], {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]},
+              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": r.content[-1].id, "content": "sun"}]}]
+    c.messages.create(**{**ask, "max_tokens": 2, "messages": follow}, extra_headers={"x-k3-tool-choice": "nothing"})
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.messages.create(**ask, extra_headers={"x-k3-tool-choice": "nothing"})
+    assert e.value.body["error"]["message"].startswith("x-k3-tool-choice: must be any, auto, none or the name")
+    r = c.messages.create(**ask, tool_choice={"type": "none"}, extra_headers={"x-k3-tool-choice": "nothing"})
+    assert r.stop_reason != "tool_use"
+
+
 def test_errors_are_the_sdks_typed_exceptions(demo):
     c = client(demo)
     with pytest.raises(anthropic.BadRequestError) as e:

@@ -1,0 +1,145 @@
+"""Claude Code, unchanged, against `k3 serve` on the demo model: `make claude-check` runs it (never `make test`).
+
+The CLI is the `claude` executable inside PyPI's claude-agent-sdk wheel, installed in its own venv by the Makefile
+(.venv-claude). It talks to a `k3 serve` this script starts on a free loopback port, with a prompt cache in a fresh
+directory, configured the way a user does it (docs/SERVER.md, "Claude Code"):
+
+  ANTHROPIC_BASE_URL=http://127.0.0.1:PORT ANTHROPIC_API_KEY=any ANTHROPIC_MODEL=k3 claude -p "say hi"
+
+Steps, each timed, each checked:
+ 1. `claude -p "say hi"`: it completes with a reply (the first request forwards Claude Code's whole prompt).
+ 2. A turn whose reply is a forced tool_use the CLI executes: `x-k3-tool-choice: Read` (ANTHROPIC_CUSTOM_HEADERS)
+    makes the reply to the user's message a Read call; the CLI runs it and sends its result back, and the reply
+    to that ends the turn.
+ 3. `claude -p "say hi"` again, a new conversation: it resumes from the first one's system prompt and tools.
+ 4. k3 serve restarted on the same prompt-cache directory, then step 3 again: it resumes from disk.
+For each step: the CLI's exit and result, seconds, and the prompt ids the server forwarded against those the
+prompt cache gave (GET /health). Exits 1 unless every step holds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = ROOT / "wizard" / "data" / "demo-model"
+K3 = Path(sys.executable).parent / "k3"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`k3 serve` on the demo model, its log in `log`."""
+
+    def __init__(self, cache: Path, log: Path):
+        self.port, self.log = free_port(), log
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "K3_PLUGINS": "none"}
+        self.proc = subprocess.Popen([str(K3), "serve", str(MODEL), "--port", str(self.port), "--prompt-cache",
+                                      str(cache), "--log-level", "info"], stdout=log.open("ab"),
+                                     stderr=subprocess.STDOUT, env=env)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        raise SystemExit(f"k3 serve did not come up; see {log}")
+
+    def health(self) -> dict:
+        return httpx.get(self.url + "/health", timeout=10).json()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=60)
+
+
+def claude(cli: str, url: str, home: Path, work: Path, *args: str, headers: str | None = None):
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "ANTHROPIC_BASE_URL": url,
+           "ANTHROPIC_API_KEY": "k3-local", "ANTHROPIC_MODEL": "k3", "ANTHROPIC_SMALL_FAST_MODEL": "k3",
+           "API_TIMEOUT_MS": "3600000", "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1",
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+    if headers:
+        env["ANTHROPIC_CUSTOM_HEADERS"] = headers
+    started = time.perf_counter()
+    run = subprocess.run([cli, *args], cwd=work, env=env, capture_output=True, text=True, timeout=3600)
+    return run, time.perf_counter() - started
+
+
+def step(name: str, server: Server, run_cli) -> dict:
+    before = server.health()
+    run, seconds = run_cli()
+    after = server.health()
+    reused = after.get("prompt_cache_reused_tokens", 0) - before.get("prompt_cache_reused_tokens", 0)
+    row = {"step": name, "exit": run.returncode, "seconds": round(seconds, 1), "reused_ids": reused,
+           "stdout": run.stdout[-4000:], "stderr": run.stderr[-2000:]}
+    print(f"{name}: exit {run.returncode} in {seconds:.1f} s; prompt ids from the prompt cache {reused}", flush=True)
+    return row
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--claude-venv", required=True, help="the venv with claude-agent-sdk installed")
+    p.add_argument("--out", default=str(ROOT / "build" / "claude-check.json"), help="the transcript (JSON)")
+    args = p.parse_args()
+    py = Path(args.claude_venv) / "bin" / "python"
+    cli = subprocess.run([str(py), "-c", "import claude_agent_sdk, pathlib; print(pathlib.Path("
+                          "claude_agent_sdk.__file__).parent / '_bundled' / 'claude')"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    version = subprocess.run([cli, "--version"], capture_output=True, text=True).stdout.strip()
+    print(f"claude-check: {version} against k3 serve on {MODEL}", flush=True)
+    rows, ok = [], True
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        home, work, cache, log = tmp / "home", tmp / "work", tmp / "prompt-cache", tmp / "serve.log"
+        home.mkdir()
+        work.mkdir()
+        (work / "notes.txt").write_text("The notes say: the capital of France is Paris.\n")
+        server = Server(cache, log)
+        try:
+            def hi():
+                return claude(cli, server.url, home, work, "-p", "say hi", "--output-format", "json")
+
+            rows.append(step("1. claude -p 'say hi'", server, hi))
+            rows.append(step("2. forced Read tool_use, executed", server, lambda: claude(
+                cli, server.url, home, work, "-p", "read notes.txt", "--output-format", "stream-json", "--verbose",
+                headers="x-k3-tool-choice: Read")))
+            rows.append(step("3. a second conversation", server, hi))
+            server.stop()
+            server = Server(cache, log)
+            rows.append(step("4. after a restart", server, hi))
+        finally:
+            server.stop()
+        serve_log = log.read_text(errors="replace")
+    for row in rows:
+        ok &= row["exit"] == 0
+    lines = [json.loads(x) for x in rows[1]["stdout"].splitlines() if x.startswith("{")]
+    blocks = [b for m in lines if m.get("type") in ("assistant", "user") for b in m["message"].get("content", [])
+              if isinstance(b, dict)]
+    used = any(b.get("type") == "tool_use" and b.get("name") == "Read" for b in blocks)
+    answered = any(b.get("type") == "tool_result" for b in blocks)
+    print(f"2. the reply was a Read tool_use: {used}; the CLI sent its tool_result back: {answered}")
+    ok &= used and answered
+    ok &= rows[2]["reused_ids"] > 1000 and rows[3]["reused_ids"] > 1000
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"cli": version, "steps": rows, "serve_log": serve_log[-20000:]}, indent=1))
+    print(f"claude-check: {'every step held' if ok else 'FAILED'}; transcript in {args.out}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
