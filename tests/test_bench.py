@@ -239,3 +239,20 @@ def test_the_fma_probe_counts_the_multiply_adds_it_does():
         assert _native.fma_probe(backend, 10) == 10 * 12 * lanes[backend], backend
     with pytest.raises(ValueError, match="nosuch"):
         _native.fma_probe("nosuch", 10)
+
+
+def test_bench_agent_forwards_less_with_the_prompt_cache_and_the_same_ids(capsys):
+    """A small agent workload on the demo model: the prompt cache forwards fewer prompt ids than a conversation's
+    own state, which forwards fewer than none; a restart resumes from disk; every mode the same ids."""
+    from .conftest import DEMO_MODEL
+
+    assert main(["bench", "agent", str(DEMO_MODEL), "--system-ids", "300", "--tool-ids", "40", "--turns", "2",
+                 "--tokens", "3", "--interval", "128", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    modes = {m["mode"]: m for m in doc["modes"]}
+    assert doc["same_ids"] and list(modes) == ["off", "conversation", "prefix", "disk"]
+    assert modes["off"]["reused_ids"] == 0 and modes["off"]["forwarded_ids"] == modes["off"]["prompt_ids"]
+    assert modes["prefix"]["forwarded_ids"] < modes["conversation"]["forwarded_ids"] < modes["off"]["forwarded_ids"]
+    assert modes["disk"]["forwarded_ids"] == modes["prefix"]["forwarded_ids"]
+    restart = modes["disk"]["after_restart"]
+    assert restart["requests"] == 1 and restart["reused_ids"] > 300

@@ -313,3 +313,23 @@ def test_a_plugin_taking_a_name_of_k3s_own_is_named(capsys, monkeypatch):
                    "runs neither: uninstall the plugin, or leave it out with K3_PLUGINS (`k3 plugins` lists each "
                    "plugin's commands)\n")
     assert run_k3(capsys, "plugins")[0] == 0
+
+
+def test_a_second_run_resumes_from_the_prompt_cache_and_says_so(capsys, tmp_path):
+    """`k3 run --chat` twice with one system prompt: the second run's report says how many prompt ids the prompt
+    cache on disk gave, and its reply is the first one's."""
+    from .conftest import DEMO_MODEL
+
+    ask = ["run", str(DEMO_MODEL), "--chat", "What is the capital of France?", "--system", "Be brief.",
+           "--max-tokens", "12", "--prompt-cache", str(tmp_path)]
+    replies, reports = [], []
+    for _ in range(2):
+        assert main([*ask, "--json", str(tmp_path / "r.json")]) == 0
+        out, err = capsys.readouterr()
+        replies.append(out)
+        reports.append(json.loads((tmp_path / "r.json").read_text()))
+    assert replies[0] == replies[1] == "The capital of France is Paris.\n"
+    n = len(reports[1]["prompt_ids"])
+    assert reports[0]["reused_prompt_ids"] == 0 and reports[1]["reused_prompt_ids"] == n - 1
+    assert f"prompt {n} ids ({n - 1} from the prompt cache)" in err and "prompt cache: " in err
+    assert reports[1]["prompt_cache"]["prompt_cache_hits"] == 1

@@ -191,3 +191,22 @@ def test_ram_and_disk_stay_within_their_limits(engine, eom, tmp_path):
     for p in prompts(eom):
         run(engine, p, ram_only)
         assert ram_only.ram <= 150_000
+
+
+def test_a_checkpoint_kept_at_one_memory_budget_serves_another(eom, fresh, tmp_path):
+    """The demo model resident keeps the prompts; the same model streamed from a packed trunk with no layer pinned
+    and the expert cache at its floor resumes from those files (the model key leaves the budget out: memory buys
+    speed, never a different bit) and generates the resident engine's ids and logits."""
+    from k3core.io.pack import pack
+
+    trunk = tmp_path / "trunk"
+    pack(DEMO_MODEL, trunk, progress=None)
+    p = prompts(eom)
+    with open_engine(EngineConfig(DEMO_MODEL, max_context=4096)) as resident:
+        run(resident, p[0], PrefixCache(resident, 0, interval=256, boundaries=[eom], disk_dir=tmp_path / "cache",
+                                        disk_bytes=1 << 30))
+    streamed = EngineConfig(DEMO_MODEL, max_context=4096, trunk=trunk, pin_layers=0, cache_gb=0.0)
+    with open_engine(streamed) as engine:
+        cache = PrefixCache(engine, 0, interval=256, boundaries=[eom], disk_dir=tmp_path / "cache", disk_bytes=1 << 30)
+        start, got = run(engine, p[1], cache)
+        assert engine.placer.name == "pinned" and start == 601 and got == fresh[1]

@@ -337,6 +337,7 @@ def add_parser(subparsers) -> None:
     k.add_argument("--quick", action="store_true", help="tiny shapes and 0.01 s per cell (for tests)")
     k.add_argument("--seconds", type=float, metavar="S", help="time per cell (default 1; 0.01 with --quick)")
     k.set_defaults(func=cmd_kernels)
+    from .bench_agent import add_parser as add_agent
     from .bench_codec import add_parser as add_codec
     from .bench_decode import add_drafts_parser, add_parser as add_decode
     from .bench_pair import add_parser as add_pair
@@ -350,3 +351,4 @@ def add_parser(subparsers) -> None:
     add_drafts_parser(sub)
     add_project(sub)
     add_structured(sub)
+    add_agent(sub)

@@ -193,3 +193,29 @@ def test_responses_echo_the_format_and_hold_parallel_calls_off_to_one(demo):
                                      temperature=0)
     assert r.text.format.type == "json_schema" and r.text.format.name == "colour"
     jsonschema.validate(json.loads(r.output_text), BY_NAME["enum_in_object"])
+
+
+def test_the_turn_after_a_forced_call_resumes_from_the_prompt_cache(demo):
+    """A forced tool call, then its result sent back (chat completions and Responses): the follow-up reads the first
+    request's prompt from the prompt cache, all but its last id (the call's arguments re-render otherwise than the
+    model wrote them, so the kept reply's state is not a prefix of the follow-up)."""
+    ask = [{"role": "user", "content": "Weather in Oslo, as asked only here?"}]
+    r = demo.client.chat.completions.create(model=demo.name, messages=ask, tools=WEATHER, tool_choice="required",
+                                            max_tokens=300, temperature=0, parallel_tool_calls=False)
+    call = r.choices[0].message.tool_calls[0]
+    follow = [*ask, r.choices[0].message.model_dump(exclude_none=True),
+              {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+    again = demo.client.chat.completions.create(model=demo.name, messages=follow, tools=WEATHER, max_tokens=2,
+                                                temperature=0)
+    assert again.usage.prompt_tokens_details.cached_tokens >= r.usage.prompt_tokens - 1
+    first = demo.client.responses.create(model=demo.name, input="Weather in Lima, as asked only here?",
+                                         tools=RESPONSES_WEATHER, tool_choice="required", max_output_tokens=300,
+                                         temperature=0, parallel_tool_calls=False)
+    calls = [item for item in first.output if item.type == "function_call"]
+    then = demo.client.responses.create(model=demo.name, previous_response_id=first.id, tools=RESPONSES_WEATHER,
+                                        input=[{"type": "function_call_output", "call_id": calls[0].call_id,
+                                                "output": "rain"}], max_output_tokens=2, temperature=0)
+    assert then.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 1
+
+
+RESPONSES_WEATHER = [{"type": "function", **t["function"]} for t in WEATHER]
