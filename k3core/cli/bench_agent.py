@@ -1,6 +1,6 @@
 """`k3 bench agent`: conversations replayed as a coding agent makes them, with and without the prompt cache.
 
-The workload: one long system prompt and a set of tool declarations (generated text and schemas of the sizes
+The workload: one long system prompt and --tools tool declarations (generated text and schemas of the sizes
 asked), and two conversations on them (two tasks), each a tool loop: the agent sends the whole history, the model
 replies (greedy, up to --tokens ids), the agent appends the reply and a tool result (--tool-ids ids of generated
 text) and sends it again, --turns times. The second conversation starts a turn after the first (as a subagent
@@ -57,19 +57,19 @@ class Conversation:
     state: object = None      # mode "conversation": this conversation's last state
 
 
-def workload(tokenizer, system_ids: int, tasks: int):
+def workload(tokenizer, system_ids: int, tasks: int, n_tools: int = 6):
     system = words(system_ids, tokenizer, 1)
-    declared = tools(6, tokenizer, 100)
+    declared = tools(n_tools, tokenizer, 100)
     return system, declared, [Conversation(f"Task {i}: " + words(60, tokenizer, 1000 + i)) for i in range(tasks)]
 
 
 def run_mode(engine, tokenizer, mode: str, args, cache_dir: str) -> dict:
     from ..text.batch import BatchGenerator
-    from ..text.chat import EOM, render
+    from ..text.chat import EOM, render, split_reply
     from ..text.prefix_cache import PrefixCache
     from ..text.sampling import Sampler, SamplingParams
 
-    system, declared, convs = workload(tokenizer, args.system_ids, 2)
+    system, declared, convs = workload(tokenizer, args.system_ids, 2, args.tools)
     eom = tokenizer.id_of(EOM)
     cache = None
     if mode == "prefix":
@@ -112,7 +112,7 @@ def run_mode(engine, tokenizer, mode: str, args, cache_dir: str) -> dict:
             rows.append({"prompt": job["prompt"], "reused": job["reused"], "ttft": stamps[0] - started,
                          "decode": (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else None})
             generated.append(job["ids"])
-            text = tokenizer.decode([t for t in job["ids"] if t != eom])
+            text = split_reply(job["ids"], tokenizer, "instruct").content  # as a client reads the reply
             conv.messages += [{"role": "assistant", "content": text},
                               {"role": "tool", "name": "tool_0", "content": words(args.tool_ids, tokenizer,
                                                                                   len(rows))}]
@@ -145,7 +145,7 @@ def summary(mode: str, rows: list[dict], wall: float) -> dict:
 
 
 def table(result: dict) -> str:
-    lines = [f"k3 bench agent: {result['model']}; system prompt {result['system_ids']} ids + 6 tools, 2 conversations "
+    lines = [f"k3 bench agent: {result['model']}; system prompt {result['system_ids']} ids + {result['tools']} tools, 2 conversations "
              f"(the second a turn later), {result['turns']} turns each, replies up to {result['tokens']} ids, tool results "
              f"{result['tool_ids']} ids",
              f"{'mode':<16}{'requests':>9}{'prompt ids':>12}{'forwarded':>11}{'reused':>9}{'TTFT mean':>11}"
@@ -179,7 +179,8 @@ def cmd_agent(args) -> int:
             print(f"k3 bench agent: {mode} …", file=sys.stderr, flush=True)
             results.append(run_mode(engine, tokenizer, mode, args, cache_dir))
     same = all(r["ids"] == results[0]["ids"] for r in results)
-    result = {"model": str(args.model), "system_ids": args.system_ids, "turns": args.turns, "tokens": args.tokens,
+    result = {"model": str(args.model), "system_ids": args.system_ids, "tools": args.tools, "turns": args.turns,
+              "tokens": args.tokens,
               "tool_ids": args.tool_ids, "same_ids": same,
               "modes": [{k: v for k, v in r.items() if k != "ids"} for r in results]}
     print(json.dumps(result, indent=1) if args.json else table(result))
@@ -192,10 +193,11 @@ def add_parser(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="examples:\n  k3 bench agent wizard/data/demo-model\n"
                               "  k3 bench agent wizard/data/demo-model --system-ids 30000 --turns 4\n"
-                              "  k3 make-model /tmp/wide --shape wide && k3 bench agent /tmp/wide --system-ids 1024 "
-                              "--turns 2 --tokens 4")
+                              "  k3 make-model /tmp/wide --shape wide && k3 bench agent /tmp/wide --system-ids 256 "
+                              "--tools 2 --turns 1 --tokens 4 --modes off,prefix,disk")
     p.add_argument("model", metavar="MODEL_DIR")
     p.add_argument("--system-ids", type=int, default=8000, metavar="N", help="system prompt size (default 8000)")
+    p.add_argument("--tools", type=int, default=6, metavar="N", help="tools declared, ~120 ids each (default 6)")
     p.add_argument("--tool-ids", type=int, default=200, metavar="N", help="each tool result's size (default 200)")
     p.add_argument("--turns", type=int, default=3, metavar="N", help="requests per conversation (default 3)")
     p.add_argument("--tokens", type=int, default=16, metavar="N", help="reply length at most (default 16)")
