@@ -54,6 +54,8 @@ def serve(config, opts: ServeOptions, speculation=lambda: None, prompt_cache=lam
         running = listen(app, host, opts.port, opts.access_log, opts.timeouts)
         print(f"k3 serve: model {name!r} at {running.url}/v1 ({engine.sequences} at once, {opts.queue_size} may wait"
               f"{', API key required' if key else ''}) — Ctrl-C to stop", flush=True)
+        if slot.prompt_cache is not None:
+            print(f"k3 serve: {slot.prompt_cache.where()}", flush=True)
         try:
             while running.thread.is_alive():
                 running.thread.join(0.5)

@@ -145,6 +145,15 @@ class PrefixCache:
                     "prompt_cache_disk_bytes": self.disk.bytes if self.disk else 0,
                     "prompt_cache_dropped": self.disk.dropped if self.disk else 0}
 
+    def where(self) -> str:
+        """One line: where kept states go and what is kept already."""
+        from ..units import human
+
+        kept = self.stats()["prompt_cache_checkpoints"]
+        disk = (f"on disk {self.disk.dir} ({human(self.disk.bytes)} of {human(self.disk.limit)}, {kept} checkpoints "
+                "kept)" if self.disk is not None else "nothing on disk (--prompt-cache off)")
+        return f"prompt cache: {human(self.ram_limit)} of RAM, {disk}"
+
     def clear(self) -> None:
         """Forget what RAM holds (the files stay: they are this model's, and another process may read them)."""
         with self._lock:
