@@ -6,9 +6,9 @@ Each node holds an edge of ids and, for each layer, the rows its attention state
 edge (`AttentionBackend.positional`: MLA's cached keys), once: every prefix through the node shares them. A
 checkpoint node also holds the rest of the state at its end (KDA's S and conv history), whole. A state resumed
 from a node is built from the rows along its path and its snapshot, so it owns its arrays; the tree is never
-written into. Checkpoints are taken where a generation's prefill stops for them (`positions`): after every
-message boundary, at the positions a request names (Anthropic cache_control), every `interval` ids of a long
-prompt, and where a generation ends.
+written into. Checkpoints (`positions`) come after every message boundary, at the positions a request names
+(Anthropic cache_control), every `interval` ids of a long prompt, before its last id, and where a generation
+ends; the passes that forward those positions keep the state there (Engine keep_at), never cut there.
 
 RAM holds `ram_bytes` of node data, least recently used out; with a disk tier (prefix_disk.py) a node's data
 is also written there, so what leaves RAM — or the process — is read back, its checksum checked, when asked
@@ -67,8 +67,8 @@ class Node:
 
 class PrefixCache:
     """Kept prompt states for one engine: `resume(prompt)` hands out a state holding the longest kept prefix of
-    `prompt`; `keep(state)` keeps a state at the ids it holds; `positions(prompt, start)` says where a prefill
-    should stop to be kept. Used from one thread at a time (a lock guards it from the rest)."""
+    `prompt`; `keep(state)` keeps a state at the ids it holds; `positions(prompt, start)` says where forwarding a prompt
+    should keep its state (Engine keep_at). Used from one thread at a time (a lock guards it from the rest)."""
 
     def __init__(self, engine, ram_bytes: int, interval: int = DEFAULT_INTERVAL, boundaries: Iterable[int] = (),
                  disk_dir=None, disk_bytes: int = 0):
@@ -95,7 +95,7 @@ class PrefixCache:
     # ---- what a generation asks --------------------------------------------------------------------------
 
     def positions(self, prompt: Sequence[int], start: int, extra: Iterable[int] = ()) -> list[int]:
-        """Where forwarding `prompt` from position `start` should stop so the state there is kept: after each
+        """Where forwarding `prompt` from position `start` should keep the state (inside the passes): after each
         message boundary id, at `extra`, every `interval` ids, and before the prompt's last id (the same prompt
         again forwards one id; a resumed prompt must forward one for its logits); never where a checkpoint is
         already kept."""
