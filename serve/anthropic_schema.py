@@ -103,25 +103,20 @@ def _text(content, path: str) -> str:
     return "".join(_string(b, "text", f"{path}[{j}]") for j, b in enumerate(_blocks(content, path, ("text",))))
 
 
-def _system_parts(content, path: str) -> tuple[list[str], list[int]]:
-    """System content as its text pieces (the billing-header block left out) and the offsets, in their joined
-    text, where a block with `cache_control` ends."""
+def _system_text(content, path: str) -> tuple[str, list[int]]:
+    """System content as one text — a block that is Claude Code's billing header left out (a string is taken
+    whole) — and the offsets in it where a block with `cache_control` ends."""
     if isinstance(content, str):
-        pieces = [content]
-        marks = [False]
-    else:
-        blocks = _blocks(content, path, ("text",))
-        pieces = [_string(b, "text", f"{path}[{j}]") for j, b in enumerate(blocks)]
-        marks = [b.get("cache_control") is not None for b in blocks]
-    texts, breaks, at = [], [], 0
-    for piece, marked in zip(pieces, marks):
+        return content, []
+    text, breaks = "", []
+    for j, block in enumerate(_blocks(content, path, ("text",))):
+        piece = _string(block, "text", f"{path}[{j}]")
         if piece.startswith(BILLING_HEADER):
             continue
-        texts.append(piece)
-        at += len(piece)
-        if marked:
-            breaks.append(at)
-    return texts, breaks
+        text += piece
+        if block.get("cache_control") is not None:
+            breaks.append(len(text))
+    return text, breaks
 
 
 def _conversation(body: dict) -> tuple[tuple[dict, ...], list[str], tuple[tuple[int, int], ...]]:
@@ -131,8 +126,8 @@ def _conversation(body: dict) -> tuple[tuple[dict, ...], list[str], tuple[tuple[
     out, places, breaks, names = [], [], [], {}  # names: tool_use id -> the tool's name, from the assistant turns
     system, system_breaks, system_place = [], [], None
     if body.get("system") is not None:
-        texts, at = _system_parts(body["system"], "system")
-        system, system_breaks, system_place = ["".join(texts)], at, "system"
+        text, at = _system_text(body["system"], "system")
+        system, system_breaks, system_place = [text], at, "system"
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("messages", "must be a non-empty list of messages")
@@ -141,9 +136,9 @@ def _conversation(body: dict) -> tuple[tuple[dict, ...], list[str], tuple[tuple[
         if not isinstance(m, dict):
             raise _bad(where, "must be an object with role and content")
         if m.get("role") == "system":
-            texts, at = _system_parts(m.get("content"), f"{where}.content")
+            text, at = _system_text(m.get("content"), f"{where}.content")
             start = sum(map(len, system)) + 2 * len(system)  # "\n\n" before every part but the first
-            system.append("".join(texts))
+            system.append(text)
             system_breaks += [start + a for a in at]
             system_place = system_place or where
             continue

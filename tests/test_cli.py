@@ -333,3 +333,17 @@ def test_a_second_run_resumes_from_the_prompt_cache_and_says_so(capsys, tmp_path
     assert reports[0]["reused_prompt_ids"] == 0 and reports[1]["reused_prompt_ids"] == n - 1
     assert f"prompt {n} ids ({n - 1} from the prompt cache)" in err and "prompt cache: " in err
     assert reports[1]["prompt_cache"]["prompt_cache_hits"] == 1
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--prompt-cache-disk-gb", "-1"], "--prompt-cache-disk-gb takes GB >= 0, got -1.0"),
+    (["--prompt-cache-gb", "-1"], "--prompt-cache-gb must be a number of GB in 0..1024, got -1.0"),
+    (["--prompt-cache-interval", "0"], "--prompt-cache-interval takes a number of ids >= 1, got 0"),
+    (["--prompt-cache", "/dev/null/cache"], "--prompt-cache /dev/null/cache: cannot use it"),
+    (["--max-context", "lots"], "--max-context must be an integer in 16..1048576, or \"auto\", got 'lots'"),
+])
+def test_a_bad_prompt_cache_or_context_flag_is_exit_2_naming_it(capsys, flags, says):
+    from .conftest import DEMO_MODEL
+
+    assert main(["run", str(DEMO_MODEL), "--chat", "Hi", "--max-tokens", "2", *flags]) == 2
+    assert says in capsys.readouterr().err

@@ -136,7 +136,7 @@ def test_ctrl_c_stops_a_reply_and_the_chat_goes_on(small_model):
 
 SIX_AND_SEVEN = "thinking:\nI work out 6 + 7: the result is 13.\n\nanswer:\n6 + 7 = 13.\n"
 RSS = r"peak RSS \d+(\.\d+)? [kMG]B"  # k3core.units.human, decimal, as the page says it
-CACHE = r"prompt cache: \d+ checkpoints, \d+(\.\d+)? [kMG]?B in RAM, 0 B on disk, \d+ tokens reused in this session"
+CACHE = r"prompt cache: \d+ checkpoints, \d+(\.\d+)? [kMG]?B in RAM, 0 B on disk; \d+ hits, \d+ misses, \d+ ids reused"
 
 
 def piped(*lines, flags=("--thinking",), cache=("--prompt-cache", "off")) -> list[str]:

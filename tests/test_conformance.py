@@ -8,14 +8,15 @@ import pytest
 from k3core import plugin_manager as plugins
 from k3core.cli.main import main
 from k3core.plugin_api import CachePolicy, CachingStore, hookimpl
-from k3core.testing import (CheckFailed, draft_source_checks, expert_store_checks, kernel_backend_checks,
-                            trunk_placer_checks)
+from k3core.testing import (CheckFailed, attention_backend_checks, draft_source_checks, expert_store_checks,
+                            kernel_backend_checks, trunk_placer_checks)
 
 PM = plugins.get_plugin_manager()
 CHECKS = ([c for k in plugins.kernel_backends(PM) if k.available() for c in kernel_backend_checks(k)]
           + [c for s in plugins.expert_stores(PM) for c in expert_store_checks(s)]
           + [c for p in plugins.trunk_placers(PM) for c in trunk_placer_checks(p)]
-          + [c for o in plugins.offered(PM, "k3_draft_sources") for c in draft_source_checks(o.item)])
+          + [c for o in plugins.offered(PM, "k3_draft_sources") for c in draft_source_checks(o.item)]
+          + [c for o in plugins.offered(PM, "k3_attention_backends") for c in attention_backend_checks(o.item)])
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=str)
@@ -132,3 +133,32 @@ def test_the_kit_fails_a_cache_policy_that_does_not_count_its_evictions():
                                           r"count each eviction"):
         check()
     counters_check(CountedFifo)()  # the same policy counting them passes
+
+
+def test_an_attention_backend_that_cannot_keep_its_state_inside_a_pass_fails_the_kit_and_the_prompt_cache_says_so():
+    """KDA without keep_at: its state has arrays that are not positional, so the prompt cache (on by default) cannot
+    keep a checkpoint inside a pass; the kit's check fails naming keep_at, and a PrefixCache refuses the engine."""
+    from k3core import EngineConfig, PluginError, PrefixCache, open_engine
+    from k3core.interfaces import AttentionBackend
+    from k3core.plugins.kda import KDA
+    from k3core.testing import models
+
+    class NoKeep(KDA):
+        name = "nokeep"
+        keep_at = AttentionBackend.keep_at
+        kept = AttentionBackend.kept
+
+    backend = NoKeep()
+    checks = {c.name.split(": ", 1)[1]: c for c in attention_backend_checks(backend)}
+    with pytest.raises(CheckFailed, match="no keep_at: the prompt cache"):
+        checks["keep_at keeps, inside a pass, the state forwarding only that far gives"]()
+
+    class Offer:
+        @hookimpl
+        def k3_attention_backends(self):
+            return [backend]
+
+    config = EngineConfig(models.model("tiny"), attention={"kda": "nokeep"})
+    with open_engine(config, plugins=[Offer()]) as engine:
+        with pytest.raises(PluginError, match="attention backend 'nokeep' .* cannot keep its state inside a pass"):
+            PrefixCache(engine, 1 << 20)

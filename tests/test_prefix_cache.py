@@ -9,7 +9,7 @@ import logging
 import numpy as np
 import pytest
 
-from k3core import BatchGenerator, EngineConfig, PrefixCache, load_tokenizer, open_engine
+from k3core import BatchGenerator, EngineConfig, K3Error, PrefixCache, load_tokenizer, open_engine
 from k3core.testing.engines import state_bytes
 from k3core.text.generate import generate_ids
 from k3core.text.prefix_disk import SUFFIX
@@ -210,3 +210,45 @@ def test_a_checkpoint_kept_at_one_memory_budget_serves_another(eom, fresh, tmp_p
         cache = PrefixCache(engine, 0, interval=256, boundaries=[eom], disk_dir=tmp_path / "cache", disk_bytes=1 << 30)
         start, got = run(engine, p[1], cache)
         assert engine.placer.name == "pinned" and start == 601 and got == fresh[1]
+
+
+def damaged(kind: str, raw: bytes) -> bytes:
+    """An entry's bytes spoilt one way."""
+    if kind == "cut short":
+        return raw[:len(raw) // 3]
+    if kind == "not an entry":
+        return b"PK\x03\x04" + raw[4:]
+    head_len = int.from_bytes(raw[8:16], "little")
+    if kind == "another version":
+        head = raw[16:16 + head_len].replace(b'"version": 1', b'"version": 9')
+        return raw[:16] + head + raw[16 + head_len:]
+    if kind == "a huge header":
+        return raw[:8] + (1 << 40).to_bytes(8, "little") + raw[16:]
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("kind, says", [("cut short", "fails its sha256"),
+                                         ("not an entry", "is not a k3 prompt-cache entry"),
+                                         ("another version", "is of another format or version"),
+                                         ("a huge header", "-byte header, over")])
+def test_an_entry_spoilt_any_way_is_dropped_naming_why_and_the_prefix_forwarded_again(engine, eom, fresh, tmp_path,
+                                                                                       caplog, kind, says):
+    p = prompts(eom)
+    run(engine, p[0], PrefixCache(engine, 0, interval=256, boundaries=[eom], disk_dir=tmp_path, disk_bytes=1 << 30))
+    for f in tmp_path.rglob("*" + SUFFIX):
+        f.write_bytes(damaged(kind, f.read_bytes()))
+    (next(tmp_path.iterdir()) / ".stale.k3p.999999999.1.tmp").write_bytes(b"left by a write that died")
+    with caplog.at_level(logging.WARNING, logger="k3.prompt_cache"):
+        cache = PrefixCache(engine, 0, interval=256, boundaries=[eom], disk_dir=tmp_path, disk_bytes=1 << 30)
+        start, got = run(engine, p[1], cache)
+    assert start == 0 and got == fresh[1] and says in caplog.text
+    assert not list(tmp_path.rglob("*.tmp"))  # a dead writer's temporary file is gone
+
+
+def test_a_state_not_kept_at_a_position_is_an_error_naming_what_was(engine):
+    state = engine.new_state()
+    engine.forward([1, 2, 3, 4], state, keep_at=[2])
+    kept = engine.arrays_at(state, 2)
+    assert {len(a["keys"]) for a in kept if "keys" in a} == {2} and all("S" in a or "keys" in a for a in kept)
+    with pytest.raises(K3Error, match=r"no state kept at position 3 \(kept: \[\]\)"):
+        engine.arrays_at(state, 3)

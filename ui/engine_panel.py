@@ -10,7 +10,7 @@ import threading
 import time
 
 from k3core import Observer
-from k3core.report.run import peak_rss_bytes
+from k3core.report.run import peak_rss_bytes, prompt_cache_text
 from k3core.units import human
 
 IO_KEYS = ("trunk_bytes_read", "expert_bytes_read", "expert_requests", "expert_hits", "tokens_forwarded")
@@ -182,16 +182,6 @@ def _last_rows(last: dict) -> list[tuple[str, str, str]]:
     return rows
 
 
-def _prompt_cache(cache) -> str:
-    """What the prompt cache holds and has given since the page started."""
-    if cache is None:
-        return "off"
-    c = cache.stats()
-    return (f"{c['prompt_cache_checkpoints']} checkpoints, {human(c['prompt_cache_ram_bytes'])} in RAM, "
-            f"{human(c['prompt_cache_disk_bytes'])} on disk · {c['prompt_cache_hits']} hits, "
-            f"{c['prompt_cache_reused_tokens']} tokens reused")
-
-
 def render(host, snap: dict) -> str:
     """The panel as an HTML table; each value cell has an id (k3-status, k3-tokens, …) for tests."""
     engine, live, last = host.engine, snap["live"], snap["last"]
@@ -212,7 +202,8 @@ def render(host, snap: dict) -> str:
          + f"expert cache {b['cache_gb']:g} GB", "budget"),
         ("engine plugins", f"{engine.kernels.name} kernels · {engine.placer.name} placer · {engine.store.name} store"
          + (f" · {draft} drafts" if draft else ""), "plugins"),
-        ("prompt cache", _prompt_cache(getattr(host, "prompt_cache", None)), "prompt-cache"),
+        ("prompt cache", prompt_cache_text(cache.stats()) if (cache := getattr(host, "prompt_cache", None)) else "off",
+         "prompt-cache"),
     ]
     cells = []
     for name, value, elem in rows:

@@ -81,14 +81,11 @@ def _show(event, tty: bool, state: dict) -> None:
 
 def _stats(chat, engine) -> str:
     """/stats: the last turn's token counts, printed so they add up, its speed; the session's memory."""
-    from ..report.run import peak_rss_bytes
+    from ..report.run import peak_rss_bytes, prompt_cache_text
 
     session = f"session: {engine.tokens_forwarded} tokens forwarded in all; peak RSS {human(peak_rss_bytes())}"
     if (cache := chat.session.prompt_cache) is not None:
-        c = cache.stats()
-        session += (f"\nprompt cache: {c['prompt_cache_checkpoints']} checkpoints, {human(c['prompt_cache_ram_bytes'])} "
-                    f"in RAM, {human(c['prompt_cache_disk_bytes'])} on disk, {c['prompt_cache_reused_tokens']} tokens "
-                    "reused in this session")
+        session += f"\nprompt cache: {prompt_cache_text(cache.stats())}"
     last = chat.last
     if not last and chat.history:
         return (f"no turn since /load yet: the next one reuses the {len(chat.session.state.ids)} tokens of decode "

@@ -138,9 +138,8 @@ def prompt_cache_from_args(args, engine, tokenizer=None):
     from ..text.prefix_cache import PrefixCache
 
     ram, disk_gb, interval = args.prompt_cache_gb, args.prompt_cache_disk_gb, args.prompt_cache_interval
-    for flag, value in (("--prompt-cache-gb", ram), ("--prompt-cache-disk-gb", disk_gb)):
-        if not (value >= 0):
-            raise UsageError(f"{flag} takes GB >= 0, got {value}")
+    if not (disk_gb >= 0):  # --prompt-cache-gb is EngineConfig's prompt_cache_gb, checked there
+        raise UsageError(f"--prompt-cache-disk-gb takes GB >= 0, got {disk_gb}")
     if interval < 1:
         raise UsageError(f"--prompt-cache-interval takes a number of ids >= 1, got {interval}")
     directory = prompt_cache_dir(args)

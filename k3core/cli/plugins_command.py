@@ -1,6 +1,6 @@
 """`k3 plugins`: every installed plugin with its version, hooks and what each provides; with --check,
-the conformance kit (k3core.testing) run on each installed kernel backend, expert store, trunk placer
-and draft source, pass/fail per check."""
+the conformance kit (k3core.testing) run on each installed kernel backend, expert store, trunk placer,
+draft source and attention backend, pass/fail per check."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,8 @@ from ..errors import EXIT_CODES, UsageError
 from ..plugin_manager import describe_plugins, get_plugin_manager, offered, origin
 
 KINDS = (("k3_kernel_backends", "kernel backend"), ("k3_expert_stores", "expert store"),
-         ("k3_trunk_placers", "trunk placer"), ("k3_draft_sources", "draft source"))
+         ("k3_trunk_placers", "trunk placer"), ("k3_draft_sources", "draft source"),
+         ("k3_attention_backends", "attention backend"))
 
 
 def targets(pm, name: str | None) -> list[tuple[str, object, str]]:
@@ -24,17 +25,19 @@ def targets(pm, name: str | None) -> list[tuple[str, object, str]]:
                 out.append((kind, o.item, where))
     if name is not None and not out:
         known = sorted({o.name for hook, _ in KINDS for o in offered(pm, hook)})
-        raise UsageError(f"--check {name!r}: no installed kernel backend, expert store, trunk placer or draft source has "
-                         "that name, "
+        raise UsageError(f"--check {name!r}: no installed kernel backend, expert store, trunk placer, draft source or "
+                         "attention backend has that name, "
                          f"plugin or distribution (installed: {', '.join(known)})")
     return out
 
 
 def checks_of(kind: str, item) -> list:
-    from ..testing import draft_source_checks, expert_store_checks, kernel_backend_checks, trunk_placer_checks
+    from ..testing import (attention_backend_checks, draft_source_checks, expert_store_checks, kernel_backend_checks,
+                           trunk_placer_checks)
 
     return {"kernel backend": kernel_backend_checks, "expert store": expert_store_checks,
-            "trunk placer": trunk_placer_checks, "draft source": draft_source_checks}[kind](item)
+            "trunk placer": trunk_placer_checks, "draft source": draft_source_checks,
+            "attention backend": attention_backend_checks}[kind](item)
 
 
 def cmd_check(args) -> int:
@@ -88,9 +91,10 @@ def add_parser(sub) -> None:
         description="Every plugin (built-in or from the 'k3' entry-point group) with its version, the hooks it\n"
                     "implements and what each provides.\n\n"
                     "--check runs k3core.testing's conformance checks on every installed kernel backend, expert\n"
-                    "store and trunk placer (or only those named): the right bytes for every request, short reads\n"
-                    "refused, the scalar backend's bits on the kernel table, and ids and logit bytes identical to\n"
-                    "the built-ins on generated test models. Attention backends have no conformance checks yet.",
+                    "store, trunk placer, draft source and attention backend (or only those named): the right bytes\n"
+                    "for every request, short reads refused, the scalar backend's bits on the kernel table, ids and\n"
+                    "logit bytes identical to the built-ins on generated test models, and an attention state kept\n"
+                    "inside a pass (the prompt cache) equal to one forwarded only that far.",
         epilog="examples:\n  k3 plugins\n  k3 plugins --check                # every installed implementation\n"
                "  k3 plugins --check twoq           # one, by its name, plugin or distribution\n"
                "  K3_PLUGINS=none k3 plugins --check   # the built-ins alone\n\n"

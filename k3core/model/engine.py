@@ -77,7 +77,7 @@ class Engine:
                  on_plan: Callable[[Plan], object] | None = None, available: int | None = None) -> None:
         r = resolve(config, pm)
         try:
-            self.config_in, self.checkpoint, self.kernels = config, r.checkpoint, r.kernels
+            self.checkpoint, self.kernels = r.checkpoint, r.kernels
             self.config = r.checkpoint.config
             self._attention, self.notices = r.attention, r.notices
             self.plan = r.plan(available)

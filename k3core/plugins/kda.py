@@ -110,8 +110,7 @@ class KDA(AttentionBackend):
                 o[part], S = kr.kda_recurrence(q[at:cut], k[at:cut], v[at:cut], alpha[part], beta[part], S,
                                                D ** -0.5)
                 if cut < stop - start:
-                    window = np.concatenate([state.history, conv_in[:, start:start + cut]], axis=1)
-                    state.taken[cut] = {"S": S, "history": np.ascontiguousarray(window[:, cut:])}
+                    state.taken[cut] = {"S": S, "history": history_after(state.history, conv_in[:, start:start + cut])}
                 at = cut
             state.keep = []
             if state.journal is not None:
@@ -136,8 +135,7 @@ class KDA(AttentionBackend):
         if journal is None or kept == journal.positions:
             return
         conv_in, q, k, v, alpha, beta = journal.first(kept)
-        window = np.concatenate([journal.history, conv_in], axis=1)  # [3, K-1 + kept, P]
-        state.history = np.ascontiguousarray(window[:, kept:])
+        state.history = history_after(journal.history, conv_in)
         state.S = journal.S
         if kept:
             _, state.S = kr.kda_recurrence(q, k, v, alpha, beta, journal.S, c.kda_head_dim ** -0.5)
@@ -145,6 +143,13 @@ class KDA(AttentionBackend):
     def rollback_bytes(self, c, layer, positions):
         P, heads = c.kda_proj_dim, c.kda_num_heads
         return self.state_bytes(c, layer, 0) + 4 * positions * (7 * P + heads)  # S, history; 3P in, q k v α, β
+
+
+def history_after(history, conv_in):
+    """The conv history once the conv inputs `conv_in` [3, n, P] follow `history` [3, K-1, P]: the last K-1 of
+    them all, oldest first."""
+    window = np.concatenate([history, conv_in], axis=1)  # [3, K-1 + n, P]
+    return np.ascontiguousarray(window[:, conv_in.shape[1]:])
 
 
 def conv_qkv(kr, conv_in, history, conv_w, heads, D):

@@ -102,13 +102,15 @@ def report_text(r: dict) -> str:
 
 
 def _cache_line(r: dict) -> list[str]:
-    c = r.get("prompt_cache")
-    if not c:
-        return []
-    return [f"prompt cache: {c['prompt_cache_checkpoints']} checkpoints, {human(c['prompt_cache_ram_bytes'])} in RAM, "
-            f"{human(c['prompt_cache_disk_bytes'])} on disk; this process: {c['prompt_cache_hits']} hits, "
+    return [f"prompt cache: {prompt_cache_text(r['prompt_cache'])}"] if r.get("prompt_cache") else []
+
+
+def prompt_cache_text(c: dict) -> str:
+    """A PrefixCache's stats as one line, as the run report, `k3 chat`'s /stats and the page's panel say them."""
+    return (f"{c['prompt_cache_checkpoints']} checkpoints, {human(c['prompt_cache_ram_bytes'])} in RAM, "
+            f"{human(c['prompt_cache_disk_bytes'])} on disk; {c['prompt_cache_hits']} hits, "
             f"{c['prompt_cache_misses']} misses, {c['prompt_cache_reused_tokens']} ids reused"
-            + (f", {c['prompt_cache_dropped']} damaged or foreign entries dropped" if c["prompt_cache_dropped"] else "")]
+            + (f", {c['prompt_cache_dropped']} damaged or foreign entries dropped" if c["prompt_cache_dropped"] else ""))
 
 
 def _in_ram_part(r: dict) -> str:

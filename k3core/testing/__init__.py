@@ -18,12 +18,16 @@ ones `k3 plugins --check` runs on every installed plugin and `make test` runs on
   plan rows and counters, identical ids and logits to the `resident` placer at several budgets;
 - `draft_source_checks(cls)`: a DraftSource subclass whose proposals are at most k token ids, and
   speculative decoding with the source gives the serial ids, logit bytes and decode state (greedy,
-  seeded sampling, fixed K, auto).
+  seeded sampling, fixed K, auto);
+- `attention_backend_checks(backend)`: what the prompt cache asks of an attention backend instance — its
+  positional arrays hold a row per position, a state rebuilt from state_arrays goes on bit for bit, and the
+  state keep_at keeps inside a pass is the state forwarding only that far gives.
 
 Each check is a `Check` (a name and a callable raising CheckFailed); `run_checks` runs a list into
 results without raising. Checks run on generated test checkpoints written once per process (set
 K3_TESTING_DIR to keep them between runs).
 """
+from .attention import attention_checks as attention_backend_checks
 from .checks import Check, CheckFailed, Result, run_checks
 from .drafts import draft_checks as draft_source_checks
 from .kernel_cases import KernelCase, kernel_cases
@@ -32,4 +36,4 @@ from .placers import placer_checks as trunk_placer_checks
 from .stores import store_checks as expert_store_checks
 
 __all__ = ["Check", "CheckFailed", "Result", "run_checks", "expert_store_checks", "kernel_backend_checks",
-           "trunk_placer_checks", "draft_source_checks", "KernelCase", "kernel_cases"]
+           "trunk_placer_checks", "draft_source_checks", "attention_backend_checks", "KernelCase", "kernel_cases"]

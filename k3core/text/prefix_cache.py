@@ -122,19 +122,18 @@ class PrefixCache:
                     self.reused_tokens += node.depth
                     return state
 
-    def keep(self, state: DecodeState, position: int | None = None) -> int:
+    def keep(self, state: DecodeState, position: int | None = None) -> None:
         """Keep `state` as a checkpoint at the ids it holds, or at `position` where a forward kept it (Engine
-        keep_at); copies: the state goes on. Returns how many positions were new to the cache."""
+        keep_at); copies: the state goes on."""
         position = len(state.ids) if position is None else position
         arrays = self.engine.arrays_at(state, position)
         if not position:
-            return 0
+            return
         with self._lock:
-            node, new = self._insert(tuple(state.ids[:position]), arrays)
+            node = self._insert(tuple(state.ids[:position]), arrays)
             if node is not None:
                 self._touch(node)
                 self._fit()
-            return new
 
     def stats(self) -> dict:
         with self._lock:
@@ -199,33 +198,33 @@ class PrefixCache:
                 best = node
         return best
 
-    def _insert(self, ids: tuple[int, ...], arrays: list[dict]) -> tuple[Node | None, int]:
-        """The checkpoint node for `ids` (splitting an edge or adding one as needed), and how many positions were
-        new to the tree. None when an edge to split could not be read back."""
+    def _insert(self, ids: tuple[int, ...], arrays: list[dict]) -> Node | None:
+        """The checkpoint node for `ids` (splitting an edge or adding one as needed); None when a node it needed
+        could not be read back."""
         parent, at = self.root, 0
         for node, matched in self._walk(ids):
             if matched < len(node.ids):  # ids leave (or end inside) this edge: it splits there
                 node = self._split(node, matched)
                 if node is None:
-                    return None, 0
+                    return None
                 parent, at = node, at + matched
                 break
             parent, at = node, at + len(node.ids)
         if at == len(ids):  # the node exists: it becomes a checkpoint if it was not one
             if not parent.checkpoint:
                 if not parent.resident and not self._read(parent):  # its file is rewritten with the snapshot
-                    return None, 0
+                    return None
                 parent.checkpoint, parent.snapshot = True, self._snapshot(arrays)
                 self.ram += sum(a.nbytes for a in parent.snapshot.values())
                 self._save(parent)
-            return parent, 0
+            return parent
         node = Node(parent, ids[at:], len(ids), node_key(self.model, ids), True,
                     self._rows(arrays, at, len(ids)), self._snapshot(arrays))
         parent.children[node.ids[0]] = node
         self.ram += node.nbytes
         self.stored_tokens += len(node.ids)
         self._save(node)
-        return node, len(node.ids)
+        return node
 
     def _split(self, node: Node, k: int) -> Node | None:
         """Cut `node`'s edge after its first k ids: a new node (no checkpoint) holds them and their rows, `node`

@@ -46,7 +46,7 @@ def model_key(engine) -> str:
     except PackageNotFoundError:
         k3 = "source"
     parts = {"format": FORMAT, "version": VERSION, "numerics": NUMERICS_VERSION, "k3": k3,
-             "tensor_sums": (root / SUMS).read_bytes()[-32:].hex(),
+             "tensor_sums": _last_bytes(root / SUMS, 32).hex(),  # the file's own sha256, of every checksum
              "config": hashlib.sha256((root / "config.json").read_bytes()).hexdigest(),
              "attention": sorted({f"{b.kind}:{b.name}" for b in (engine.attention_for(L) for L in
                                                                range(engine.config.num_hidden_layers))})}
@@ -242,6 +242,12 @@ class PrefixDisk:
             d.rmdir()
             total -= size
             log.info("prompt cache: removed %s (another model's prefixes) to stay within the disk limit", d.name)
+
+
+def _last_bytes(path: Path, n: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(-n, os.SEEK_END)
+        return f.read(n)
 
 
 def _aligned(n: int) -> int:

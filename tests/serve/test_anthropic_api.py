@@ -263,3 +263,21 @@ def test_a_full_queue_is_overloaded_with_retry_after(model_factory):
         assert int(busy.headers["Retry-After"]) >= 1 and busy.json()["error"]["type"] == "overloaded_error"
     finally:
         live.close()
+
+
+def test_system_messages_fold_into_the_system_text_and_the_billing_header_is_left_out():
+    """As Claude Code sends them: the billing-header block is no part of the prompt, a system-role message inside
+    `messages` follows the system text after a blank line, and cache_control breakpoints keep their offsets."""
+    from serve.anthropic_schema import messages_request
+
+    mark = {"type": "ephemeral"}
+    body = {"model": "k3", "max_tokens": 8,
+            "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=1; cch=abcde;"},
+                       {"type": "text", "text": "Be kind.", "cache_control": mark}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi", "cache_control": mark}]},
+                         {"role": "system", "content": [{"type": "text", "text": "Env.", "cache_control": mark}]}]}
+    read = messages_request(body)
+    assert read.request.messages == ({"role": "system", "content": "Be kind.\n\nEnv."}, {"role": "user", "content": "Hi"})
+    assert read.request.breakpoints == ((0, 8), (0, 14), (1, 2)) and read.places == ["system", "messages[0]"]
+    plain = messages_request({**body, "system": "x-anthropic-billing-header: kept as a string is"})
+    assert plain.request.messages[0]["content"].startswith("x-anthropic-billing-header: kept")
