@@ -252,3 +252,19 @@ def test_a_state_not_kept_at_a_position_is_an_error_naming_what_was(engine):
     assert {len(a["keys"]) for a in kept if "keys" in a} == {2} and all("S" in a or "keys" in a for a in kept)
     with pytest.raises(K3Error, match=r"no state kept at position 3 \(kept: \[\]\)"):
         engine.arrays_at(state, 3)
+
+
+def test_an_entry_renamed_or_orphaned_is_dropped_with_a_line(engine, eom, fresh, tmp_path, caplog):
+    """Whole, checksummed entries that have no place in the tree: one renamed by hand (its name is not its node),
+    and those below an entry that was deleted (their parent is gone). Each is dropped, saying why, and the prefix
+    forwarded again."""
+    p = prompts(eom)
+    run(engine, p[0], PrefixCache(engine, 0, interval=256, boundaries=[eom], disk_dir=tmp_path, disk_bytes=1 << 30))
+    files = sorted(tmp_path.rglob("*" + SUFFIX), key=lambda f: f.stat().st_mtime)
+    files[0].unlink()  # the first checkpoint written: the others hang below it
+    files[-1].rename(files[-1].with_name("0" * 64 + SUFFIX))
+    with caplog.at_level(logging.WARNING, logger="k3.prompt_cache"):
+        cache = PrefixCache(engine, 0, interval=256, boundaries=[eom], disk_dir=tmp_path, disk_bytes=1 << 30)
+        start, got = run(engine, p[1], cache)
+    assert start == 0 and got == fresh[1]
+    assert "holds another node than its name says" in caplog.text and "has no place in the tree" in caplog.text

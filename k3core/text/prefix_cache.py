@@ -390,7 +390,7 @@ class PrefixCache:
             parent = by_key.get(e.parent)
             if parent is None or e.depth != parent.depth + len(e.ids) or e.ids[0] in parent.children \
                     or node_key(self.model, self._path_ids(parent) + e.ids) != e.key:
-                self.disk.delete(e.key)
+                self.disk.drop(e.key, "has no place in the tree (its parent is gone, or its ids are not its name)")
                 continue
             node = Node(parent, e.ids, e.depth, e.key, e.checkpoint, on_disk=True, used=ticks[e.key])
             parent.children[e.ids[0]] = node

@@ -169,6 +169,10 @@ class PrefixDisk:
         except OSError:
             pass
 
+    def drop(self, key: str, why: str) -> None:
+        """Remove an entry found wrong, saying why in one line."""
+        self._drop(self.path(key), why)
+
     def _head(self, path: Path) -> Entry | None:
         """The header and ids of a file found by scan (not yet counted in `bytes`)."""
         def drop(why):
@@ -185,6 +189,8 @@ class PrefixDisk:
                 head = self._header(start + f.read(n), path, counted=False)
                 if head is None:
                     return None
+                if head["key"] + SUFFIX != path.name:
+                    return drop("holds another node than its name says")
                 f.seek(_aligned(16 + n))
                 ids = np.frombuffer(f.read(4 * head["edge"]), "<i4")
                 st = os.fstat(f.fileno())
