@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from k3core.cli.options import add_logging_arguments
+from k3core.cli.options import SECONDS, add_logging_arguments
 from k3core.io.codec import CODECS as TRUNK_CODECS
 from k3core.report.logs import configure_logging
 from k3core.plugin_api import hookimpl
@@ -100,24 +100,36 @@ def k3_subcommands(subparsers):
                         "the fly), or auto (default): planes where this machine's cores restore faster than its disk "
                         "saves, from the disk speed the machine check measured (k3 pack --help)")
     p.add_argument("--read-mb", type=int, default=64, metavar="N", help="MiB the machine check's disk test reads")
-    p.add_argument("--stall", type=float, default=60.0, metavar="S",
+    p.add_argument("--stall", type=SECONDS, default=60.0, metavar="S",
                    help="reconnect a download that received nothing for S seconds (default 60)")
     add_logging_arguments(p)
     p.set_defaults(func=cmd_setup)
 
     v = subparsers.add_parser(
         "verify", formatter_class=argparse.RawDescriptionHelpFormatter,
-        help="re-check every file of a checkpoint (size and sha256); exit 2 naming each bad file",
+        help="re-check every file and tensor of a checkpoint; exit 2 naming each bad one",
         description="Re-read every file of MODEL_DIR and compare it with what `k3 setup` recorded from the Hub\n"
                     "(size and LFS sha256, or the git blob id of small files). A directory k3 setup did not make is\n"
                     "checked against the published shard-size table of the released Kimi K3 and its safetensors\n"
                     "headers. Then the headers are checked against config.json: every tensor the model needs, with its\n"
-                    "shape and dtype; --deep reads every weight too. Bad files are named one per line and marked, so\n"
-                    "the next `k3 setup` fetches only them.",
-        epilog="examples:\n  k3 verify /nvme/Kimi-K3\n  k3 verify demo-model --jobs 8\n  k3 verify demo-model --deep          # and every weight\n\n"
-               "exit codes:\n  0  every file matches\n  2  at least one file is bad or missing (each is named)")
+                    "shape and dtype; --deep reads every weight too. Last, every tensor against the checksum recorded\n"
+                    "for it in k3-tensor-sums.bin (what `k3 run` checks each read against).\n\n"
+                    "Bad files are named one per line; those k3 setup downloaded are marked, so the next\n"
+                    "`k3 setup` fetches only them; elsewhere restore the shards named from where they came from.\n"
+                    "Checksums are recorded only where none were (saying that the bytes on disk are trusted, unless\n"
+                    "the hashes k3 setup recorded prove them), never over a record the bytes fail: that takes\n"
+                    "--record, which trusts the bytes on disk and names each shard whose record it replaces.",
+        epilog="examples:\n  k3 verify /nvme/Kimi-K3\n  k3 verify demo-model --jobs 8\n"
+               "  k3 verify demo-model --deep          # and every weight\n"
+               "  k3 verify my-model --record        # the shards were changed on purpose: trust the bytes on disk\n\n"
+               "exit codes:\n  0  every file and tensor matches (checksums recorded where none were)\n"
+               "  2  at least one file or tensor is bad or missing (each is named); nothing recorded")
     v.add_argument("model_dir", metavar="MODEL_DIR", help="the checkpoint directory")
     v.add_argument("--jobs", type=int, default=4, metavar="N", help="files hashed in parallel (default 4)")
     v.add_argument("--deep", action="store_true",
                    help="also read every weight: NaN or infinite values are BAD, E8M0 scale bytes of 255 a warning")
+    v.add_argument("--record", action="store_true",
+                   help="record every tensor's checksum from the bytes on disk, trusting them, even over a record "
+                        "they fail (each such shard is named); refused where a recorded hash or the config shows a "
+                        "file wrong")
     v.set_defaults(func=cmd_verify)

@@ -290,7 +290,7 @@ class Setup:
             refetched += sorted(bad)
         what = f"{len(files)} files match their size and hash{self.table_note()}"
         what += f"; fetched again: {', '.join(refetched)}" if refetched else ""
-        return f"{what}; {record_sums(self.dest, self.opts.jobs, self.err, known=sums)}"
+        return f"{what}; {record_sums(self.dest, self.opts.jobs, self.err, known=sums, records=files)}"
 
     # ---- (5) pack, (6) profile, (7) next -----------------------------------------------------------
     def step_pack(self) -> str:

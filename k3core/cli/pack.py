@@ -22,7 +22,8 @@ def cmd_pack(args) -> int:
         if not args.quiet:
             trunk = load_trunk(args.verify)
             tied = f"; it belongs to {args.model}, its tensor table matches the checkpoint's headers" if args.model \
-                else "; give --model MODEL_DIR to also prove its tensor table against the checkpoint's headers"
+                else ("; the manifest is the one k3 pack wrote (its own sha256 matches); give --model MODEL_DIR to "
+                      "also prove it belongs to that checkpoint and its tensor table against its headers")
             coded = "" if trunk.codec == RAW else f" ({trunk.codec} codec: every block decodes and checks)"
             print(f"{args.verify}: {len(trunk.runs)} runs, {size_text(trunk.size)}, every sha256 matches{coded}{tied}")
         return 0
@@ -68,11 +69,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         epilog="examples:\n"
                "  k3 pack /models/Kimi-K3 /nvme/k3-trunk            # pack, or resume, or confirm it is done\n"
                "  k3 pack /models/Kimi-K3 /nvme/k3-trunk-z --codec planes   # lossless, ~0.68x the bytes\n"
-               "  k3 pack --verify /nvme/k3-trunk                   # re-hash every run against the manifest\n"
+               "  k3 pack --verify /nvme/k3-trunk                   # re-hash every run and the manifest itself\n"
                "  k3 pack --verify /nvme/k3-trunk --model /models/Kimi-K3          # ...the fingerprint and the tensor table\n"
                "  k3 pack --verify /nvme/k3-trunk --model /models/Kimi-K3 --deep   # ...and the source bytes\n\n"
                "exit codes:\n  0    packed (or already packed); verify found nothing wrong\n"
-               "  2    bad checkpoint, not enough free space, or a verify problem (each is named)\n"
+               "  2    bad checkpoint, TRUNK_DIR not writable (a file, read-only, a symlinked partial file, not\n"
+               "       enough free space), or a verify problem (each is named)\n"
                "  130  interrupted: finished runs are kept for the next `k3 pack`")
     p.add_argument("paths", nargs="*", metavar="DIR", help="MODEL_DIR (the checkpoint) and TRUNK_DIR (the pack)")
     p.add_argument("--verify", metavar="TRUNK_DIR", help="check a finished pack instead of packing")

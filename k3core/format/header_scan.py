@@ -127,6 +127,11 @@ _DIMS = re.compile(r"(?:(?:0|[1-9][0-9]*)(?:,(?:0|[1-9][0-9]*))*)?")
 _JSON = json.JSONDecoder()
 
 
+def metadata_ok(meta) -> bool:
+    """A header's "__metadata__" is what the safetensors format allows: an object of string -> string."""
+    return isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())
+
+
 def parse_compact(buf, size):
     """Columns of a header written exactly as the safetensors library writes it -- `{"__metadata__":{…},
     "name":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},…}`, space padded, ASCII, no escapes --
@@ -139,9 +144,12 @@ def parse_compact(buf, size):
         if nesting_depth(head) > MAX_JSON_DEPTH:
             return None                          # json.loads would recurse: the json path refuses it
         try:
-            pos = _JSON.raw_decode(head.decode("ascii") if head.isascii() else "", 16)[1] + 1
+            meta, pos = _JSON.raw_decode(head.decode("ascii") if head.isascii() else "", 16)
         except ValueError:
             return None
+        if not metadata_ok(meta):
+            return None                          # the json path names the field
+        pos += 1
     a, words = np.frombuffer(buf, np.uint8), word_view(buf)
     body = a[pos:end]
     if (buf[pos - 1] not in b"{," or buf[end - 3:end] != b"]}}" or buf.find(b'"__metadata__"', pos, end) >= 0

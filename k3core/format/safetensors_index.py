@@ -5,10 +5,13 @@ naming file and tensor for every MODEL.md §6 rule; it neither converts dtypes (
 caches tensors. Headers and index json as the safetensors/HF writers lay them out are checked in place
 with numpy, anything else by json.loads (the reference); tests/test_safetensors_index.py checks both.
 """
+import errno
 import hashlib
+import json
 import math
 import mmap
 import os
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CheckpointError, UnsoundRunError
-from .header_scan import (Table, fingerprints, fp_of, pair, parse_compact, string_blob,
+from .header_scan import (Table, fingerprints, fp_of, metadata_ok, pair, parse_compact, string_blob,
                                 word_view, weight_map_compact, WeightMap)
 from ..files.limits import INDEX_FILE_BYTES, loads_limited, read_json_limited, read_limited
 
@@ -45,6 +48,13 @@ class ShardFile:
     header_sha256: str                          # of the N header bytes
 
 
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular file is, in words (from its st_mode)."""
+    return next((what for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                                         (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                                         (stat.S_ISBLK, "a block device")) if test(mode)), "not a regular file")
+
+
 class _Twice(Exception):
     """Raised by `hook`, a json.loads object_pairs_hook, for a key given twice (json keeps the last)."""
 
@@ -55,6 +65,11 @@ class _Twice(Exception):
 
 
 MAX_HEADER = 100_000_000  # bytes; the released K3's largest shard header is under 1 MB
+
+
+def _short(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _ints(v):
@@ -76,6 +91,9 @@ def _parse_json(h, path):
     names, kinds, kind, offsets = [], {}, [], []
     for name, e in obj.items():
         if name == "__metadata__":
+            if not metadata_ok(e):
+                raise CheckpointError(f'field "__metadata__" is {_short(e)}: the safetensors format allows only an '
+                                      'object of string -> string there', file=path)
             continue
         e = e if isinstance(e, dict) else {}
         dt, shape, offs = e.get("dtype"), e.get("shape"), e.get("data_offsets")
@@ -119,12 +137,15 @@ def _check_spans(t, path, data_len):
 
 def _load_shard(path):
     """(ShardFile, its Table, fingerprints of its names), from the first 8 + N bytes of `path`."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
+    try:  # O_NONBLOCK: a FIFO named like a shard must not hang the open (no effect on a regular file)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
-        raise CheckpointError(f"cannot open: {exc.strerror}", file=path) from None
+        why = "a symlink to nothing" if exc.errno == errno.ENOENT and os.path.islink(path) else exc.strerror
+        raise CheckpointError(f"cannot open: {why}", file=path) from None
     try:
-        size = os.fstat(fd).st_size
+        if not stat.S_ISREG((st := os.fstat(fd)).st_mode):
+            raise CheckpointError(f"not a regular file ({file_kind(st.st_mode)}): a shard must be one", file=path)
+        size = st.st_size
         if size < 8:
             raise CheckpointError(f"file of {size} bytes is too short for a safetensors header", file=path)
         n = int.from_bytes(os.pread(fd, 8, 0), "little")
@@ -197,7 +218,7 @@ class ShardIndex:
                     if f != Path(f).name or f in ("", ".", "..") or "\\" in f:
                         raise CheckpointError(f"{INDEX_JSON} names the shard {f!r}: not a plain file name in this "
                                               "directory", file=index_path)
-                    if not (directory / f).is_file():
+                    if not os.path.lexists(directory / f):  # anything else there: _load_shard says what it is
                         raise CheckpointError(f"shard named in {INDEX_JSON} does not exist", file=directory / f)
             else:
                 listed = list(ahead)

@@ -15,7 +15,8 @@ def record_tensor_sums(model_dir, progress=None, jobs: int = 4, known: dict | No
     """Read every tensor of the checkpoint in `model_dir` and record its checksum in k3-tensor-sums.bin there:
     what every later read from the checkpoint (experts, a resident trunk) is checked against. `progress(done_bytes,
     total_bytes)` as it reads; `jobs` shards at a time; `known`: {shard path: ShardSums} a hash pass already fed
-    (those shards are not read again). Returns the file's path."""
+    (those shards are not read again). Returns the file's path. It trusts the bytes on disk and replaces any record:
+    `k3 verify` first compares them with the record (tensor_sums.compare) and records over none that differ."""
     return tensor_sums.record(ShardIndex.open(model_dir), progress, jobs, known)
 
 

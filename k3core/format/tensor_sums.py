@@ -7,7 +7,8 @@ changes it; it guards against bytes changing on disk or in flight, not against a
 The file: MAGIC, a u64 length and a JSON header (format, version, and per shard its name, size, header sha256,
 tensor count and [offset, bytes of 255] of each MXFP4 scale tensor that has any), then per shard in that order its tensors' absolute offsets (u64, ascending) and their
 checksums (u64), then the sha256 of everything before it. A shard whose size or header differs from the record
-makes the table stale: the run refuses to start, naming the shard and the command that records it again.
+makes the table stale: the run refuses to start, naming the shard and the command that checks it. `compare`
+tells which shards' bytes differ from the record, so `k3 verify` never records over checksums its bytes fail.
 """
 from __future__ import annotations
 
@@ -16,13 +17,13 @@ import json
 import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .. import _native
-from ..errors import CheckpointError, UnsoundRunError
+from ..errors import CheckpointError, K3Error, UnsoundRunError
 from ..files.atomic import write_bytes_atomic
 from ..files.limits import INDEX_FILE_BYTES, loads_limited, read_limited
 from .safetensors_index import shard_spans
@@ -31,7 +32,15 @@ FILE, MAGIC, FORMAT, VERSION = "k3-tensor-sums.bin", b"K3SUMS\0\0", "k3-tensor-s
 SCALE, NAN_SCALE = ".weight_scale", 255  # MXFP4 scale tensors, and the byte MODEL.md §5 reads as a zero group
 CHUNK = 64 << 20          # bytes read at a time while recording (a multiple of 8: the checksum's word)
 MASK = (1 << 64) - 1
-RECORD = "`k3 verify MODEL_DIR` records them again (it reads every shard once)"
+
+
+def advice(directory, recorded: bool = True) -> str:
+    """What to run about the checksums of the checkpoint in `directory` (the record is missing, or differs)."""
+    if not recorded:
+        return (f"`k3 verify {directory}` checks the shards and records them (trusting the bytes on disk where no "
+                "hash k3 setup recorded proves them)")
+    return (f"`k3 verify {directory}` names each shard whose bytes differ from the record, to restore it; "
+            f"`k3 verify {directory} --record` records them again from the bytes on disk, trusting them")
 
 
 class RunningSum:
@@ -75,9 +84,9 @@ class ShardSums:
     MXFP4 scale tensor's bytes of 255 (MODEL.md §5: such a group reads as zero, and is counted)."""
 
     def __init__(self, path):
-        self.shard, self.starts, self.ends, names = shard_spans(path)
+        self.shard, self.starts, self.ends, self.names = shard_spans(path)
         self.running = [RunningSum() for _ in range(len(self.starts))]
-        self.scales = {i: 0 for i, name in enumerate(names) if name.endswith(SCALE)}  # tensor -> bytes of 255
+        self.scales = {i: 0 for i, name in enumerate(self.names) if name.endswith(SCALE)}  # tensor -> bytes of 255
         self.at, self.next = 0, 0  # bytes seen; the first tensor not yet finished
 
     def update(self, data) -> None:
@@ -124,10 +133,10 @@ def _read_through(path, advance=None) -> ShardSums:
     return sums
 
 
-def record(index, progress=None, jobs: int = 4, known: dict | None = None) -> Path:
-    """Read every shard of the checkpoint behind `index` (a ShardIndex), `jobs` at a time, and write its tensors'
-    checksums to FILE in its directory (atomically). `progress(bytes_done, bytes_total)` as it goes. `known`:
-    {shard path: ShardSums} of shards a hash pass already put through (not read again)."""
+def measure(index, progress=None, jobs: int = 4, known: dict | None = None) -> list[ShardSums]:
+    """Every shard of the checkpoint behind `index` (a ShardIndex) put through its ShardSums, `jobs` at a time, in
+    index order. `progress(bytes_done, bytes_total)` as it goes. `known`: {shard path: ShardSums} of shards a hash
+    pass already put through (not read again)."""
     known = {str(Path(k).resolve()): v for k, v in (known or {}).items()}  # the index's paths are resolved
     total, done = sum(f.size for f in index.files if str(f.path) not in known), [0]
 
@@ -140,10 +149,16 @@ def record(index, progress=None, jobs: int = 4, known: dict | None = None) -> Pa
         sums = known.get(str(shard.path)) or _read_through(shard.path, advance)
         if sums.shard.header_sha256 != shard.header_sha256:
             raise CheckpointError("the shard changed while it was checksummed", file=shard.path)
-        return sums.result()
+        sums.result()  # every byte went through
+        return sums
 
     with ThreadPoolExecutor(max(1, jobs), thread_name_prefix="k3-sums") as pool:
-        tables = list(pool.map(one, index.files))
+        return list(pool.map(one, index.files))
+
+
+def write(index, measured: list[ShardSums]) -> Path:
+    """FILE in the checkpoint's directory (atomically), from `measure`'s result: the bytes on disk are trusted."""
+    tables = [m.result() for m in measured]
     shards = [{"name": f.path.name, "size": f.size, "header_sha256": f.header_sha256, "tensors": len(o),
                "scale_255": s255} for f, (o, _, s255) in zip(index.files, tables)]
     head = json.dumps({"format": FORMAT, "version": VERSION, "shards": shards}).encode()
@@ -152,6 +167,50 @@ def record(index, progress=None, jobs: int = 4, known: dict | None = None) -> Pa
     path = Path(index.directory) / FILE
     write_bytes_atomic(path, body + hashlib.sha256(body).digest())
     return path
+
+
+def record(index, progress=None, jobs: int = 4, known: dict | None = None) -> Path:
+    """measure + write: every tensor's checksum recorded from the bytes on disk, whatever was recorded before."""
+    return write(index, measure(index, progress, jobs, known))
+
+
+@dataclass
+class Comparison:
+    """The bytes measured against FILE as it is: whether one exists, why it cannot be read (nothing is then
+    compared), and per shard whose bytes it does not vouch for, what differs (naming the tensors)."""
+    recorded: bool
+    damaged: str | None = None
+    shards: dict = field(default_factory=dict)    # shard name -> what differs, in words
+
+
+def compare(index, measured: list[ShardSums]) -> Comparison:
+    """Which shards' bytes (`measure`'s result) the recorded checksums do not vouch for, tensor by tensor."""
+    path = Path(index.directory) / FILE
+    try:
+        head, tables = _parse(read_limited(path, INDEX_FILE_BYTES, "a tensor checksum file"), path)
+    except FileNotFoundError:
+        return Comparison(False)
+    except (OSError, K3Error, _Damaged) as exc:
+        return Comparison(True, f"unreadable: {getattr(exc, 'strerror', None) or exc}")
+    recorded = {s["name"]: (s, t) for s, t in zip(head["shards"], tables)}
+    out = Comparison(True)
+    for f, m in zip(index.files, measured):
+        s, t = recorded.get(f.path.name, (None, None))
+        if s is None:
+            out.shards[f.path.name] = f"no checksums are recorded for it in {FILE}"
+        elif s["size"] != f.size or s["header_sha256"] != f.header_sha256:
+            out.shards[f.path.name] = f"{f.size} bytes now, {s['size']} when its checksums were recorded" \
+                if s["size"] != f.size else "its header changed since its checksums were recorded"
+        else:
+            offsets, sums, _ = m.result()
+            if not np.array_equal(t.offsets, offsets):
+                out.shards[f.path.name] = f"its tensors are not where {FILE} recorded them"
+                continue
+            if names := [m.names[i] for i in np.flatnonzero(t.sums != sums).tolist()]:
+                more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+                out.shards[f.path.name] = (f"{len(names)} tensor(s) differ from their checksums recorded in {FILE}: "
+                                           f"{', '.join(names[:3])}{more}")
+    return out
 
 
 @dataclass
@@ -174,16 +233,20 @@ class TensorSums:
             raw = read_limited(path, INDEX_FILE_BYTES, "a tensor checksum file")
         except FileNotFoundError:
             raise CheckpointError(f"this checkpoint has no tensor checksums ({FILE}), so k3 cannot check the bytes it "
-                                  f"reads; {RECORD}", file=index.directory) from None
-        head, tables = _parse(raw, path)
+                                  f"reads; {advice(index.directory, recorded=False)}", file=index.directory) from None
+        try:
+            head, tables = _parse(raw, path)
+        except _Damaged as exc:
+            raise CheckpointError(f"the tensor checksum file is damaged ({exc}); {advice(index.directory)}",
+                                  file=path) from None
         mine = {f.path.name: f for f in index.files}
         recorded = {s["name"]: s for s in head["shards"]}
         for name, f in mine.items():
             s = recorded.get(name)
             if s is None or s["size"] != f.size or s["header_sha256"] != f.header_sha256:
                 why = "is not in it" if s is None else "has changed since"
-                raise CheckpointError(f"the tensor checksums were recorded for other shards: {name} {why}; {RECORD}",
-                                      file=path)
+                raise CheckpointError(f"the tensor checksums were recorded for other shards: {name} {why}; "
+                                      f"{advice(index.directory)}", file=path)
         return cls(path, {str(mine[s["name"]].path): t for s, t in zip(head["shards"], tables) if s["name"] in mine})
 
     def of(self, info) -> int:
@@ -191,8 +254,8 @@ class TensorSums:
         shard = self._shards.get(str(info.file))
         i = -1 if shard is None else int(np.searchsorted(shard.offsets, info.offset))
         if shard is None or i >= len(shard.offsets) or int(shard.offsets[i]) != info.offset:
-            raise CheckpointError(f"no checksum was recorded for this tensor; {RECORD}", file=self.path,
-                                  tensor=info.name)
+            raise CheckpointError(f"no checksum was recorded for this tensor; {advice(Path(self.path).parent)}",
+                                  file=self.path, tensor=info.name)
         return int(shard.sums[i])
 
     def scale_255(self, info) -> int:
@@ -205,7 +268,8 @@ class TensorSums:
         if (got := _native.planes_checksum(memoryview(data).cast("B"))) == (want := self.of(info)):
             return None
         return (f"tensor {info.name} fails its checksum ({got:016x}, recorded {want:016x}): the checkpoint changed "
-                f"on disk since it was verified; run `k3 verify {Path(self.path).parent}`")
+                f"on disk since its checksums were recorded; `k3 verify {Path(self.path).parent}` names every "
+                "shard that changed, to restore it")
 
     def check(self, info, data, what: str) -> None:
         """`data` (the tensor's bytes as read) must have the recorded checksum; else UnsoundRunError naming `what`."""
@@ -213,11 +277,13 @@ class TensorSums:
             raise UnsoundRunError(f"{what}, read from {info.file}: {why}")
 
 
-def _parse(raw: bytes, path: Path) -> tuple[dict, list[_Shard]]:
-    """The header and per-shard tables of FILE's bytes, or CheckpointError saying what is wrong."""
-    def bad(why):
-        return CheckpointError(f"the tensor checksum file is damaged ({why}); {RECORD}", file=path)
+class _Damaged(ValueError):
+    """FILE's bytes are not a checksum file this k3 reads: the message says why."""
 
+
+def _parse(raw: bytes, path: Path) -> tuple[dict, list[_Shard]]:
+    """The header and per-shard tables of FILE's bytes, or _Damaged saying what is wrong."""
+    bad = _Damaged
     if len(raw) < 48 or raw[:8] != MAGIC or hashlib.sha256(raw[:-32]).digest() != raw[-32:]:
         raise bad("its own sha256 does not match" if raw[:8] == MAGIC else "not a k3 tensor checksum file")
     n = struct.unpack_from("<Q", raw, 8)[0]

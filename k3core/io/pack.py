@@ -7,10 +7,12 @@ Checked by tests/test_pack.py against ShardIndex.read: every tensor's bytes, kil
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
 import shutil
+import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ from ..errors import CheckpointError, TrunkError, UnsoundRunError
 from .codec import BLOCK, RAW, check_block_bytes, check_codec, encode_run
 from .trunk import (CODEC_VERSION, EXPERTS, FORMAT, MANIFEST, PARTIAL, TENSOR_ALIGN, TRUNK, VERSION, _align, _canon,
                     _diff_text, _read_json, _sha, fingerprint, fingerprint_diff, layout_of, load_trunk, plan_runs,
-                    prove_layout)
+                    prove_layout, seal, seal_problem, shape_problems)
 from .trunk_reader import TrunkReader, restored_sha256
 
 STATE_FORMAT, STATE = "k3-pack-state", "pack-state.json"
@@ -196,7 +198,7 @@ def _resume_point(out: Path, fp, plan, plan_sha, mover) -> tuple[list, list[str]
         return [], ["pack-state.json describes another trunk layout; starting over"]
     if not partial.exists():
         return [], ["pack-state.json has no trunk.bin.partial beside it; starting over"] if done else []
-    notes, fd = [], os.open(partial, os.O_RDONLY)
+    notes, fd = [], os.open(partial, os.O_RDONLY | os.O_NOFOLLOW)
     try:
         size = os.fstat(fd).st_size
         for i, d in enumerate(done):
@@ -226,14 +228,45 @@ def _lock(out: Path) -> int:
     return fd
 
 
+def _check_target(out: Path) -> None:
+    """TRUNK_DIR is a directory or a new path, and what k3 pack writes or replaces in it is nothing else: the
+    partial file a regular file (never written through a symlink, nor into a FIFO or device), trunk.bin,
+    the manifest and the state no directory. TrunkError (exit 2) naming the path otherwise."""
+    if os.path.lexists(out) and not out.is_dir():
+        raise TrunkError("the pack's directory exists and is not a directory: give TRUNK_DIR as a new path or "
+                         "a directory", file=out)
+    for name in (PARTIAL, TRUNK, MANIFEST, STATE):
+        try:
+            st = os.lstat(out / name)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise TrunkError(f"cannot look at {name}: {exc.strerror}", file=out / name) from None
+        if name == PARTIAL and stat.S_ISLNK(st.st_mode):
+            raise TrunkError(f"{name} is a symlink (to {os.readlink(out / name)}), not the partial file k3 pack "
+                             "writes; k3 pack never writes through it: move it away, then run the same command "
+                             "again", file=out / name)
+        if stat.S_ISDIR(st.st_mode) or (name == PARTIAL and not stat.S_ISREG(st.st_mode)):
+            raise TrunkError(f"{name} is not a regular file; k3 pack neither writes into nor removes it: move it "
+                             "away, then run the same command again", file=out / name)
+
+
 def _preflight(out: Path, need: int, freeable: int):
     probe = out
     while not probe.exists():
         probe = probe.parent
-    free = shutil.disk_usage(probe).free
-    if free + freeable < need + (16 << 20):
-        raise TrunkError(f"not enough free space: the pack needs {size_text(need)} more and the filesystem holding "
-                         f"{probe} has {size_text(free)} free", file=out)
+    if os.statvfs(probe).f_flag & os.ST_RDONLY:
+        raise TrunkError(f"the filesystem holding {probe} is mounted read-only: the pack cannot be written there; "
+                         "give a TRUNK_DIR on a writable disk", file=out)
+    if not os.access(probe, os.W_OK):
+        raise TrunkError(f"no permission to write in {probe}", file=out)
+    free, spare = shutil.disk_usage(probe).free, 16 << 20
+    if free + freeable < need + spare:
+        raise TrunkError(f"not enough free space: the pack needs {size_text(need)} more (and {size_text(spare)} to "
+                         f"spare) and the filesystem holding {probe} has {size_text(free)} free", file=out)
+
+
+WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES, errno.EPERM)
 
 
 def _manifest(fp, plan, total, done, codec, block) -> dict:
@@ -302,7 +335,7 @@ def _write_runs(out: Path, fp, plan, plan_sha: str, done: list, kept: int, total
     """Write the runs `done` lacks into the partial file after its first `kept` bytes (those check), each run
     fsynced, dropped from the page cache and recorded in the state file before the next; the file then ends at
     its final size. Returns (every run's record, that size)."""
-    fd = os.open(out / PARTIAL, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(out / PARTIAL, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
         os.ftruncate(fd, kept)
         _save_state(out / STATE, fp, plan_sha, done)
@@ -356,6 +389,7 @@ def pack(model, trunk_dir, *, progress=None, say=None, chunk_bytes: int = CHUNK,
     plan_sha = _sha(_canon({"codec": codec, "version": VERSION if codec == RAW else CODEC_VERSION,
                             "block_bytes": block_bytes, "runs": entries}))
     trunk = out / TRUNK
+    _check_target(out)
     if _same_pack(_read_json(out / MANIFEST), fp, plan, total, codec, block_bytes, trunk):
         (out / STATE).unlink(missing_ok=True)
         say(f"{out} already holds the packed trunk of this checkpoint; nothing to do "
@@ -385,10 +419,16 @@ def pack(model, trunk_dir, *, progress=None, say=None, chunk_bytes: int = CHUNK,
                                  codec=codec, encoders=encoders, window=window, block_bytes=block_bytes,
                                  progress=progress)
         # manifest first: a kill before the rename leaves a state whose runs all check; the next pack finishes
-        write_json_atomic(out / MANIFEST, _manifest(fp, plan, size, done, codec, block_bytes))
+        write_json_atomic(out / MANIFEST, seal(_manifest(fp, plan, size, done, codec, block_bytes)))
         os.replace(out / PARTIAL, trunk)
         fsync_dir(out)
         (out / STATE).unlink()
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRORS:
+            raise
+        where = exc.filename or out
+        raise TrunkError(f"cannot write the pack: {exc.strerror} (in {where}); the runs finished so far are kept: "
+                         "make room or fix that, then run the same command to resume", file=out) from None
     finally:
         mover.close()
         sources.close()
@@ -401,10 +441,15 @@ def pack(model, trunk_dir, *, progress=None, say=None, chunk_bytes: int = CHUNK,
 
 
 def verify(trunk_dir, model=None, *, deep=False, progress=None) -> list[str]:
-    """Every problem found: runs whose bytes do not hash to the manifest's sha256; with `model`, a
-    fingerprint difference; with `deep`, runs whose bytes in the checkpoint differ from the pack."""
+    """Every problem found: a run table k3 pack cannot have written, a manifest that is not the one k3 pack wrote
+    (its own sha256), runs whose bytes do not hash to the manifest's sha256; with `model`, a fingerprint difference
+    and the tensor table against the checkpoint's headers; with `deep`, runs whose bytes in the checkpoint differ
+    from the pack."""
     trunk, problems = load_trunk(trunk_dir), []
     ckpt = open_checkpoint(model) if model is not None else None
+    problems += [f"the manifest's run table: {p}" for p in shape_problems(trunk)]
+    if (why := seal_problem(trunk.manifest, ckpt is not None)) is not None:
+        problems.append(why)
     if ckpt is not None:
         if diffs := fingerprint_diff(trunk.manifest["checkpoint"], fingerprint(ckpt)):
             problems.append(f"packed from another checkpoint than {model}: {_diff_text(diffs)}")

@@ -33,6 +33,7 @@ SAMPLE_BLOCKS, SAMPLE_BLOCK, SAMPLE_ALL = 16, 4096, 1 << 20
 TENSOR_ALIGN = 64             # tensors of a re-laid-out run; runs start at aligned_io.ALIGN
 EXPERTS = "block_sparse_moe.experts."
 TRUNK, PARTIAL, MANIFEST = "trunk.bin", "trunk.bin.partial", "manifest.json"
+SEAL = "manifest_sha256"      # the manifest's own sha256 (optional: packs made before it have none)
 
 
 def _align(n: int, a: int) -> int:
@@ -382,6 +383,67 @@ def _tensor_difference(got: list, want: list) -> str:
     return f"tensor {w['name']}: {k} is {t.get(k)!r} in the manifest, {w[k]!r} in the checkpoint"
 
 
+def seal(m: dict) -> dict:
+    """The manifest with its own sha256 (of its canonical JSON without that field): what `k3 pack --verify`
+    without the checkpoint proves an edit by. It guards against edits and damage, not against an adversary."""
+    body = {k: v for k, v in m.items() if k != SEAL}
+    return {**body, SEAL: _sha(_canon(body))}
+
+
+def seal_problem(m: dict, have_model: bool) -> str | None:
+    """What is wrong with the manifest's own sha256 (None: it matches, or it has none and the checkpoint's
+    headers will prove the tensor table instead)."""
+    if SEAL not in m:
+        return None if have_model else (
+            f"the manifest has no {SEAL} of its own (packed by an older k3), so its tensor table (names, shapes, "
+            "dtypes) can only be proven against the checkpoint: give --model MODEL_DIR, or re-pack")
+    if m[SEAL] != seal(m)[SEAL]:
+        return (f"the manifest is not the one k3 pack wrote: its {SEAL} does not match its contents (edited or "
+                "damaged since)" + ("" if have_model else "; --model MODEL_DIR names what differs") + "; re-pack")
+    return None
+
+
+def shape_problems(trunk: "Trunk") -> list[str]:
+    """What in the run table k3 pack cannot have written, judged without the checkpoint: runs layer.0 ..
+    layer.N-1 then model, each `layer` its key's; each run where the one before it ends (aligned); each
+    tensor where the one before it ends (back to back in a verbatim run, else at the next 64-byte boundary)."""
+    out, keys = [], list(trunk.runs)
+    layers = sum(k.startswith("layer.") for k in keys)
+    want = [f"layer.{L}" for L in range(layers)] + ["model"]
+    if keys != want:
+        missing = [k for k in want if k not in keys]
+        out.append(f"it has no run for {_few(missing)}" if missing else
+                   f"its runs are in the order {_few(keys)}, not {_few(want)}")
+    at = 0
+    for run in trunk.runs.values():
+        number = run.key.removeprefix("layer.")
+        if run.layer != (None if run.key == "model" else int(number) if number.isdigit() else run.layer):
+            out.append(f"run {run.key}: field 'layer' is {run.layer!r}")
+        if run.offset != at:
+            out.append(f"run {run.key}: at offset {run.offset}, where k3 pack puts it at {at}")
+        at = _align(run.offset + (run.length if run.codec == RAW else run.span), trunk.alignment)
+        end = 0
+        for t in run.tensors:
+            if t.offset != (end if run.verbatim else _align(end, TENSOR_ALIGN)):
+                out.append(f"run {run.key}, tensor {t.name}: at offset {t.offset}, not where the tensor before it "
+                           "ends")
+                break
+            end = t.offset + t.nbytes
+    return out
+
+
+def check_source(trunk: "Trunk", checkpoint: Checkpoint) -> None:
+    """TrunkError (exit 2) naming both unless the pack was packed from this very checkpoint (its fingerprint)."""
+    old, new = trunk.manifest["checkpoint"], fingerprint(checkpoint)
+    if diffs := fingerprint_diff(old, new):
+        if not {s["name"] for s in old["shards"]} & {s["name"] for s in new["shards"]}:
+            diffs = [f"none of the {len(old['shards'])} shards it was packed from ({old['shards'][0]['name']}, …) "
+                     f"is one of the {len(new['shards'])} there"]
+        raise TrunkError(f"{trunk.directory} was packed from another checkpoint than {checkpoint.root}: "
+                         f"{_diff_text(diffs)}; give the pack made from {checkpoint.root}, or re-pack with "
+                         f"`k3 pack {checkpoint.root} {trunk.directory}`", file=trunk.directory / MANIFEST)
+
+
 def _blocks_cover(blocks, length: int, block: int) -> bool:
     """Blocks restore [0, length) one after the other, `block` bytes each but the last, stored in order."""
     return sum(b.restored for b in blocks) == length and all(b.restored == block for b in blocks[:-1]) \
@@ -389,8 +451,9 @@ def _blocks_cover(blocks, length: int, block: int) -> bool:
         and (not blocks or blocks[0].offset == 0)
 
 
-def load_trunk(trunk_dir) -> Trunk:
-    """The manifest, checked for format, version, shape and against trunk.bin's size."""
+def load_trunk(trunk_dir, checkpoint: Checkpoint | None = None) -> Trunk:
+    """The manifest, checked for format, version, shape and against trunk.bin's size; with `checkpoint`, also
+    that it was packed from that very checkpoint (check_source), before anything reads its runs."""
     directory = Path(trunk_dir)
     where = directory / MANIFEST
     if not where.is_file():
@@ -419,15 +482,15 @@ def load_trunk(trunk_dir) -> Trunk:
     if bad := next((r for r in runs.values() if r.offset + r.span > size), None):
         raise TrunkError(f"trunk.bin has {size} bytes but run {bad.key} needs bytes up to {bad.offset + bad.span}: "
                          "the file is truncated; re-pack", file=path)
-    return Trunk(directory, path, m, int(m["alignment"]), size, runs)
+    trunk = Trunk(directory, path, m, int(m["alignment"]), size, runs)
+    if checkpoint is not None:
+        check_source(trunk, checkpoint)
+    return trunk
 
 
 def open_trunk(trunk_dir, checkpoint: Checkpoint) -> Trunk:
     """load_trunk, plus: the pack comes from this very checkpoint and covers every layer of its config."""
-    trunk = load_trunk(trunk_dir)
-    if diffs := fingerprint_diff(trunk.manifest["checkpoint"], fingerprint(checkpoint)):
-        raise TrunkError(f"{trunk.directory} was packed from another checkpoint than {checkpoint.root}: "
-                         f"{_diff_text(diffs)}; re-pack with `k3 pack`", file=trunk.directory / MANIFEST)
+    trunk = load_trunk(trunk_dir, checkpoint)
     if missing := [k for k in [f"layer.{L}" for L in range(checkpoint.config.num_hidden_layers)] + ["model"]
                    if k not in trunk.runs]:
         raise TrunkError(f"the packed trunk has no run for {', '.join(missing)}", file=trunk.directory / MANIFEST)

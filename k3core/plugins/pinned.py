@@ -118,7 +118,7 @@ class PinnedPlacer(TrunkPlacer):
         budget, config = ctx.budget, ctx.config
         if budget.trunk_dir is None:
             raise UsageError("the pinned trunk placer streams from a packed trunk: give --trunk DIR (`k3 pack`)")
-        trunk = load_trunk(budget.trunk_dir)
+        trunk = load_trunk(budget.trunk_dir, ctx.checkpoint)  # another model's pack: said before its runs are used
         lay = layout(trunk, config, budget, ctx.options)
         if budget.trunk_gb is not None and lay.pinned_bytes + lay.ring_slots * lay.slot_bytes > budget.trunk_gb * 1e9:
             raise PlanError(f"--trunk-gb {budget.trunk_gb:g} cannot hold even the ring: {lay.ring_slots} slots × "

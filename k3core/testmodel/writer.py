@@ -11,6 +11,7 @@ downloaded checkpoint.
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ from .. import plugin_manager
 from ..format import mxfp4
 from ..format.checkpoint import (A_LOG_STORED, expert_prefix, expert_specs, layer_prefix, layer_trunk_specs,
                                 model_specs)
+from ..errors import UsageError
 from ..format.config import Config
 from ..format import tensor_sums
 from ..format.safetensors_index import ShardIndex
@@ -141,7 +143,26 @@ def write_checkpoint(directory, c: Config, tensor_bytes: Callable[[Planned], byt
     target = Path(directory)
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    try:
+        partial.mkdir(parents=True)
+        _write_files(partial, c, tensor_bytes, files, layout, progress)
+    except BaseException as exc:  # a full disk, EIO, Ctrl-C: no half-written checkpoint stays (a new run starts over)
+        shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
+                                                      errno.EFBIG):
+            free = f"; it has {shutil.disk_usage(partial.parent).free / 1e6:,.1f} MB free" \
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT) and partial.parent.is_dir() else ""
+            raise UsageError(f"{target}: cannot write the checkpoint on the filesystem holding {partial.parent}: "
+                             f"{exc.strerror} ({planned_bytes(c) / 1e6:,.1f} MB of shards needed{free}); nothing "
+                             f"was left behind ({partial.name} removed)") from None
+        raise
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(partial, target)
+    return target
+
+
+def _write_files(partial: Path, c: Config, tensor_bytes, files: dict[str, str], layout: str, progress) -> None:
     weight_map = {}
     shards = plan_shards(c)
     for i, (fname, tensors) in enumerate(shards):
@@ -163,7 +184,3 @@ def write_checkpoint(directory, c: Config, tensor_bytes: Callable[[Planned], byt
     for fname, text in texts.items():
         (partial / fname).write_text(text, encoding="utf-8")
     tensor_sums.record(ShardIndex.open(partial))
-    if target.exists():
-        shutil.rmtree(target)
-    os.replace(partial, target)
-    return target

@@ -1,10 +1,13 @@
 """A packed trunk's manifest.json is proven against the checkpoint's headers, never trusted: each row edits one
 thing in a copy of a good manifest, and both `k3 run --trunk` and `k3 pack --verify --model` refuse it with exit 2,
-naming the run and the field; `trunk_file` cannot point outside the pack; a resumed pack re-hashes every run it
-kept."""
+naming the run and the field (`k3 pack --verify` alone too, by the run table and the manifest's own sha256);
+`trunk_file` cannot point outside the pack; a resumed pack re-hashes every run it kept; another model's pack is
+named as such; and k3 pack refuses a TRUNK_DIR it must not write (a file, a read-only disk, a symlinked partial
+file), naming it and touching nothing."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -144,4 +147,136 @@ def test_a_resumed_pack_rehashes_every_run_it_kept(tiny_model, packed, tmp_path)
     result = pack.pack(tiny_model, out, say=notes.append)
     assert result.status == "resumed" and result.runs_copied == result.runs - 1
     assert any(first["key"] in n and "changed since it was written" in n for n in notes), notes
+    assert (out / "trunk.bin").read_bytes() == (packed / "trunk.bin").read_bytes()
+
+
+# ---- `k3 pack --verify` without the checkpoint: never a pass for an edited manifest ---------------------------
+@pytest.mark.parametrize("what, edit, names", ROWS, ids=[r[0] for r in ROWS])
+def test_an_edited_manifest_fails_pack_verify_without_the_model(packed, tmp_path, capsys, what, edit, names):
+    """Without --model the tensor table cannot be proven against headers: the run table's order and offsets, and
+    the manifest's own sha256 (manifest_sha256), catch every edit; the message names the run and field, or the
+    sha256 and the --model that would say more."""
+    copy = edited(packed, tmp_path, edit)
+    code = main(["pack", "--verify", str(copy)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert names in err or "its manifest_sha256 does not match its contents" in err, err
+    assert "Traceback" not in err
+
+
+def test_a_manifest_without_its_own_sha256_needs_the_model(packed, tiny_model, tmp_path, capsys):
+    """A pack made before manifest_sha256: without --model its tensor table cannot be judged, so verify refuses,
+    asking for --model; with it, the pack passes."""
+    copy = edited(packed, tmp_path, lambda m: m.pop("manifest_sha256"))
+    assert main(["pack", "--verify", str(copy)]) == 2
+    assert "can only be proven against the checkpoint: give --model MODEL_DIR" in capsys.readouterr().err
+    assert main(["pack", "--verify", str(copy), "--model", str(tiny_model)]) == 0
+
+
+def test_the_untouched_manifest_passes_verify_without_the_model(packed, capsys):
+    assert main(["pack", "--verify", str(packed)]) == 0
+    assert "the manifest is the one k3 pack wrote (its own sha256 matches)" in capsys.readouterr().out
+
+
+# ---- where k3 pack writes: never through a symlink, never onto a file, never on a read-only disk ---------------
+def row(case, *values, full=False):
+    return pytest.param(*values, id=case, marks=[pytest.mark.faults_full] if full else [])
+
+
+def partial_symlink(t):
+    (t / "victim").write_bytes(b"precious")
+    (t / "T").mkdir()
+    os.symlink(t / "victim", t / "T" / "trunk.bin.partial")
+    return t / "T"
+
+
+def partial_fifo(t):
+    (t / "T").mkdir()
+    os.mkfifo(t / "T" / "trunk.bin.partial")
+    return t / "T"
+
+
+def a_file(t):
+    (t / "T").write_bytes(b"precious")
+    return t / "T"
+
+
+def read_only(t, monkeypatch):
+    """statvfs says what a read-only mount says (mounting one needs root)."""
+    real = os.statvfs
+
+    class RO:
+        def __init__(self, st):
+            self.st = st
+
+        def __getattr__(self, name):
+            return self.st.f_flag | os.ST_RDONLY if name == "f_flag" else getattr(self.st, name)
+
+    monkeypatch.setattr(os, "statvfs", lambda p: RO(real(p)))
+    return t / "T"
+
+
+def trunk_a_directory(t):
+    (t / "T" / "trunk.bin").mkdir(parents=True)
+    return t / "T"
+
+
+# (setup(tmp_path, monkeypatch) -> TRUNK_DIR, needle ({t}: tmp_path), check(tmp_path): nothing lost)
+PACK_CASES = [
+    row("partial-a-symlink-to-a-file", lambda t, mp: partial_symlink(t),
+        "trunk.bin.partial is a symlink (to {t}/victim), not the partial file k3 pack writes; k3 pack never writes "
+        "through it: move it away, then run the same command again (file {t}/T/trunk.bin.partial)",
+        lambda t: (t / "victim").read_bytes() == b"precious" and not (t / "T" / "trunk.bin").exists()),
+    row("partial-a-fifo", lambda t, mp: partial_fifo(t), "trunk.bin.partial is not a regular file",
+        lambda t: not (t / "T" / "trunk.bin").exists()),
+    row("trunk.bin-a-directory", lambda t, mp: trunk_a_directory(t), "trunk.bin is not a regular file",
+        lambda t: (t / "T" / "trunk.bin").is_dir()),
+    row("trunk-dir-an-existing-file", lambda t, mp: a_file(t),
+        "the pack's directory exists and is not a directory: give TRUNK_DIR as a new path or a directory "
+        "(file {t}/T)", lambda t: (t / "T").read_bytes() == b"precious"),
+    row("trunk-dir-on-a-read-only-filesystem", read_only,
+        "the filesystem holding {t} is mounted read-only: the pack cannot be written there", lambda t: not
+        (t / "T").exists()),
+]
+
+
+@pytest.mark.parametrize("setup, needle, check", PACK_CASES)
+def test_pack_refuses_a_target_it_must_not_write_naming_it(tiny_model, tmp_path, monkeypatch, capsys, setup, needle,
+                                                           check):
+    trunk_dir = setup(tmp_path, monkeypatch)
+    code = main(["pack", str(tiny_model), str(trunk_dir), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert needle.format(t=tmp_path) in err and "Traceback" not in err and "runtime failure" not in err
+    assert check(tmp_path)
+
+
+def test_another_models_pack_is_named_as_such(packed, model_factory, capsys):
+    """`--trunk` at the pack of another checkpoint: said before any of its runs is laid out (it lacks layers this
+    model has), naming both."""
+    other = model_factory("small")
+    code = main(["run", str(other), "--trunk", str(packed), "--ids", "0,1", "--gen", "2"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"{packed} was packed from another checkpoint than {other}: none of the 15 shards it was packed from" in err
+    assert "no run for layer" not in err
+
+
+def test_a_disk_that_fills_up_mid_pack_is_exit_2_and_the_pack_resumes(tiny_model, packed, tmp_path):
+    """EFBIG past 1 MB (RLIMIT_FSIZE, as a full disk would say ENOSPC): exit 2 naming the pack, the finished runs
+    kept; the same command then finishes the same bytes."""
+    import resource
+    import subprocess
+    import sys
+
+    out = tmp_path / "T"
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    done = subprocess.run([sys.executable, "-m", "k3core", "pack", str(tiny_model), str(out), "--quiet"],
+                          capture_output=True, text=True, timeout=120,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, limit)))
+    assert done.returncode == 2, done.stderr
+    assert "cannot write the pack: File too large" in done.stderr and f"(file {out})" in done.stderr
+    assert "the runs finished so far are kept" in done.stderr and "Traceback" not in done.stderr
+    assert json.loads((out / "pack-state.json").read_text())["done"]
+    assert main(["pack", str(tiny_model), str(out), "--quiet"]) == 0
     assert (out / "trunk.bin").read_bytes() == (packed / "trunk.bin").read_bytes()
