@@ -5,8 +5,9 @@ Every message names the file, field or tensor at fault; nothing here prints or e
 
 EXIT_CODES = """exit codes:
   0  success
-  1  runtime failure (a bug, or the machine ran out of something)
-  2  bad usage, config, checkpoint or input (the message names the field, file or tensor)
+  1  runtime failure (a bug in k3, or the machine ran out of memory)
+  2  bad usage, config, checkpoint or input, or an output that cannot be written (the message names the
+     flag, field, file or tensor)
   4  the run finished but its ids are unsound (an expert read failed); do not trust them
   130 interrupted (Ctrl-C)"""
 
@@ -64,8 +65,11 @@ class TrunkError(CheckpointError):
 
 
 class OutputError(K3Error):
-    """A file the user asked for (--json, --dump-logits, /save ...) could not be written: a full disk or device, an
-    I/O error, a closed pipe. The message names the flag and the path."""
+    """A file the user asked for (--json, --dump-logits, /save ..., or standard output) could not be written: a full
+    disk or device, an I/O error, a closed pipe. The message names the flag and the path. Exit 2: the user can fix
+    it (free space, another path); exit 1 stays for k3's own bugs."""
+
+    exit_code = 2
 
 
 class InputError(K3Error):

@@ -320,6 +320,8 @@ targets (printed with ✓/✗, never asserted):
 
 
 def add_parser(subparsers) -> None:
+    from .options import SECONDS
+
     fmt = argparse.RawDescriptionHelpFormatter
     bench = subparsers.add_parser("bench", help="measure kernel and memory throughput on this machine",
                                   description="Benchmarks on this machine; `k3 bench BENCH --help` explains each.",
@@ -335,7 +337,7 @@ def add_parser(subparsers) -> None:
     k.add_argument("--backends", metavar="A,B", help="backends to time (default: all available here)")
     k.add_argument("--threads", metavar="1,2", help="thread counts (default: 1 and every core)")
     k.add_argument("--quick", action="store_true", help="tiny shapes and 0.01 s per cell (for tests)")
-    k.add_argument("--seconds", type=float, metavar="S", help="time per cell (default 1; 0.01 with --quick)")
+    k.add_argument("--seconds", type=SECONDS, metavar="S", help="time per cell (default 1; 0.01 with --quick)")
     k.set_defaults(func=cmd_kernels)
     from .bench_agent import add_parser as add_agent
     from .bench_codec import add_parser as add_codec

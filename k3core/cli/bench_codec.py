@@ -142,17 +142,19 @@ Blocks are sampled evenly over every run (--sample-gb, or --all).
 
 
 def add_parser(sub) -> None:
+    from .options import SECONDS, number
+
     p = sub.add_parser("codec", help="the lossless trunk codec: ratio vs the entropy bound, decode GB/s per core",
                        description=CODEC_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="examples:\n  k3 bench codec /nvme/k3-trunk\n"
                               "  k3 bench codec wizard/data/demo-model --trunk /tmp/demo-trunk --all")
     p.add_argument("path", metavar="TRUNK_DIR|MODEL_DIR", help="a raw packed trunk, or a checkpoint with --trunk")
     p.add_argument("--trunk", metavar="DIR", help="with a checkpoint: its raw pack (made if missing)")
-    p.add_argument("--sample-gb", type=float, default=1.0, metavar="GB", help="bytes sampled (default 1)")
+    p.add_argument("--sample-gb", type=number("GB", above=True), default=1.0, metavar="GB", help="bytes sampled (default 1)")
     p.add_argument("--all", action="store_true", help="every whole block of every run")
     p.add_argument("--block", type=int, metavar="BYTES", help="block size (default 1 MiB, what k3 pack uses)")
     p.add_argument("--threads", type=int, metavar="N", help="threads for encode and the all-core decode "
                    "(default: every core)")
-    p.add_argument("--seconds", type=float, default=2.0, metavar="S", help="time per decode figure (default 2)")
+    p.add_argument("--seconds", type=SECONDS, default=2.0, metavar="S", help="time per decode figure (default 2)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_codec)

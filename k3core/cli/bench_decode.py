@@ -266,6 +266,8 @@ def decode_table(doc: dict) -> str:
 
 
 def add_parser(sub) -> None:
+    from .options import GB
+
     import argparse
 
     p = sub.add_parser(
@@ -277,15 +279,15 @@ def add_parser(sub) -> None:
                "  k3 bench decode /data/k3-wide --trunk /data/k3-wide-trunk --c-engine ~/kimi-k3-in-c/bin/k3")
     p.add_argument("model", metavar="MODEL_DIR")
     p.add_argument("--trunk", required=True, metavar="DIR", help="packed trunk (made first if missing)")
-    p.add_argument("--trunk-gb", type=float, metavar="GB", help="trunk budget (default: the ring alone)")
-    p.add_argument("--cache-gb", type=float, metavar="GB", help="expert cache (default: the floor, 0)")
+    p.add_argument("--trunk-gb", type=GB, metavar="GB", help="trunk budget (default: the ring alone)")
+    p.add_argument("--cache-gb", type=GB, metavar="GB", help="expert cache (default: the floor, 0)")
     p.add_argument("--gen", type=int, default=12, metavar="N", help="ids per sequence (default 12)")
-    p.add_argument("--overhead-gb", type=float, default=2.5,
+    p.add_argument("--overhead-gb", type=GB, default=2.5,
                    help="memory allowed above the budgets (Python, numpy, activations, decode states; default 2.5)")
     p.add_argument("--c-engine", metavar="BINARY", help="also time the C engine's prefill (kimi-k3-in-c's bin/k3)")
     p.add_argument("--prefill-ids", type=int, default=512, metavar="N", help="prompt length of the prefill row "
                    "(default 512)")
-    p.add_argument("--prefill-cache-gb", type=float, default=8.0, metavar="GB",
+    p.add_argument("--prefill-cache-gb", type=GB, default=8.0, metavar="GB",
                    help="expert cache of the prefill row (default 8: every expert of `wide`)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_decode)

@@ -125,6 +125,8 @@ def cmd_pair(args) -> int:
 
 
 def add_parser(sub) -> None:
+    from .options import GB
+
     p = sub.add_parser("pair", help="two packed trunks in one process, taking turns: s/token ratio, same ids",
                        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="examples:\n  k3 pack /data/k3-wide /data/k3-wide-trunk-z --codec planes\n"
@@ -138,8 +140,8 @@ def add_parser(sub) -> None:
     p.add_argument("--compare-trunk", metavar="DIR", help="the second packed trunk")
     p.add_argument("--unchecked", action="store_true", help="instead of a second pack: the first one again, read "
                    "without checking any weight byte (check_reads=false), to measure what the checks cost")
-    p.add_argument("--trunk-gb", type=float, metavar="GB", help="trunk budget of each (default: as `k3 run`)")
-    p.add_argument("--cache-gb", type=float, metavar="GB", help="expert cache of each (default: as `k3 run`)")
+    p.add_argument("--trunk-gb", type=GB, metavar="GB", help="trunk budget of each (default: as `k3 run`)")
+    p.add_argument("--cache-gb", type=GB, metavar="GB", help="expert cache of each (default: as `k3 run`)")
     p.add_argument("--ids", default="1,2,3,4,5,6,7,8", metavar="IDS", help="prompt ids (default 1,…,8)")
     p.add_argument("--gen", type=int, default=16, metavar="N", help="ids each engine generates (default 16; the "
                    "first is the prompt's prefill, the median is over the rest)")

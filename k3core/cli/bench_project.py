@@ -117,6 +117,8 @@ def project_table(doc: dict) -> str:
 
 
 def add_parser(sub) -> None:
+    from .options import number
+
     import argparse
 
     p = sub.add_parser(
@@ -130,15 +132,15 @@ def add_parser(sub) -> None:
                    "speculative columns from its tokens per pass at K = 1, 2, 4, 8")
     p.add_argument("--draft-source", metavar="NAME", help="the draft source of FILE to use (default: its only one, "
                    "else suffix)")
-    p.add_argument("--disk", type=float, default=7.0, metavar="GB/s", help="disk read rate (default 7)")
+    p.add_argument("--disk", type=number("GB/s", above=True), default=7.0, metavar="GB/s", help="disk read rate (default 7)")
     p.add_argument("--cores", type=int, default=16, metavar="N", help="cores (default 16)")
-    p.add_argument("--decode-per-core", type=float, default=MEASURED_DECODE_PER_CORE / 1e9, metavar="GB/s",
+    p.add_argument("--decode-per-core", type=number("GB/s", above=True), default=MEASURED_DECODE_PER_CORE / 1e9, metavar="GB/s",
                    help="lossless trunk restored per core (default: this machine's, "
                         f"{MEASURED_DECODE_PER_CORE / 1e9:g}, docs/PERFORMANCE.md)")
-    p.add_argument("--compute-per-core", type=float, default=MEASURED_COMPUTE_PER_CORE / 1e9, metavar="GB/s",
+    p.add_argument("--compute-per-core", type=number("GB/s", above=True), default=MEASURED_COMPUTE_PER_CORE / 1e9, metavar="GB/s",
                    help="a token's weight bytes through the kernels per core (default: this machine's, "
                         f"{MEASURED_COMPUTE_PER_CORE / 1e9:g}, docs/PERFORMANCE.md)")
-    p.add_argument("--overhead", type=float, default=1.0, help="a streamed run's s/token ÷ its disk floor (default 1: "
+    p.add_argument("--overhead", type=number("a ratio", above=True), default=1.0, help="a streamed run's s/token ÷ its disk floor (default 1: "
                    "this machine's floor runs were under theirs)")
     p.add_argument("--trace", metavar="FILE", help="expert unions from this routing trace's last forward (default: "
                    "the k3-in-c trace's, built in)")

@@ -7,6 +7,7 @@ Not a test: it measures and prints; it asserts nothing about speed.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -171,7 +172,7 @@ def cmd_stream(args) -> int:
     if not (trunk / "manifest.json").exists():
         print(f"packing {model} into {trunk} first …", file=sys.stderr)
         pack(model, trunk)
-    budgets = [tuple(float(v) for v in b.split(":")) for b in args.budgets.split(",")] if args.budgets \
+    budgets = args.budgets if args.budgets \
         else default_budgets(model, [trunk] + ([Path(args.compare_trunk)] if args.compare_trunk else []))
     probe = raw_probe(model, seconds=args.probe_seconds)
     busy = busy_probe(model, seconds=args.probe_seconds)
@@ -289,8 +290,18 @@ def _bytes_touched_per_token(model) -> float:
             + (c.num_hidden_layers - c.first_k_dense_replace) * c.num_experts_per_token * expert_bytes(ckpt))
 
 
+def budget_pairs(text: str) -> list[tuple[float, float]]:
+    """--budgets T:C,…: each a finite GB >= 0 (k3core/cli/options.py GB), refused by argparse naming the flag."""
+    from .options import GB
+
+    pairs = [tuple(GB(v) for v in b.split(":")) for b in text.split(",")]
+    if any(len(p) != 2 for p in pairs):
+        raise argparse.ArgumentTypeError(f"takes trunk GB:cache GB pairs, comma-separated (3:0,6:0.5); got {text!r}")
+    return pairs
+
+
 def add_parser(sub) -> None:
-    import argparse
+    from .options import GB, SECONDS
 
     p = sub.add_parser(
         "stream", help="expert reads vs a raw O_DIRECT probe, s/token and peak RSS at several budgets",
@@ -313,12 +324,13 @@ def add_parser(sub) -> None:
                         "an s/token ratio column against the default")
     p.add_argument("--compare-placer-option", action="append", metavar="NAME=VALUE",
                    help="the same for a trunk-placer option (repeatable), e.g. pin_coded=true on a coded --trunk")
-    p.add_argument("--budgets", metavar="T:C,…", help="trunk GB:cache GB pairs (default: ring only, half, all)")
+    p.add_argument("--budgets", metavar="T:C,…", type=budget_pairs,
+                   help="trunk GB:cache GB pairs (default: ring only, half, all)")
     p.add_argument("--ids", default="1,2,3,4,5,6,7,8", help="prompt ids (default 1..8)")
     p.add_argument("--gen", type=int, default=6, help="ids to generate per run (default 6)")
-    p.add_argument("--overhead-gb", type=float, default=1.5,
+    p.add_argument("--overhead-gb", type=GB, default=1.5,
                    help="memory allowed above the budgets (Python, numpy, activations; default 1.5)")
-    p.add_argument("--probe-seconds", type=float, default=3.0, help="length of each raw read probe (default 3)")
+    p.add_argument("--probe-seconds", type=SECONDS, default=3.0, help="length of each raw read probe (default 3)")
     p.add_argument("--drafts-json", metavar="FILE", help="`k3 bench drafts --transcripts … --json` output: the "
                    "projection adds speculative s/token from its tokens per pass (see `k3 bench project`)")
     p.add_argument("--draft-source", metavar="NAME", help="the draft source of --drafts-json (default: its only one, "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import os
 import sys
 from pathlib import Path
@@ -13,9 +14,32 @@ from pathlib import Path
 from ..errors import EXIT_CODES, K3Error, UsageError
 from ..report.logs import LEVELS
 
-__all__ = ["EXIT_CODES", "add_engine_arguments", "add_logging_arguments", "add_prompt_cache_arguments",
+__all__ = ["EXIT_CODES", "GB", "SECONDS", "add_engine_arguments", "add_logging_arguments", "add_prompt_cache_arguments",
            "add_sampling_arguments", "add_speculation_arguments", "engine_config_from_args", "open_engine", "parse_ids",
-           "prompt_cache_from_args", "sampling_params_from_args", "speculation_from_args"]
+           "prompt_cache_from_args", "sampling_params_from_args", "speculation_from_args", "number"]
+
+
+def number(what: str = "a number", low: float = 0.0, *, above: bool = False, high: float | None = None):
+    """An argparse type for every float flag of k3 (and of its plugins): a finite number of at least `low` (more than
+    `low` with above=True) and at most `high`; nan, inf and anything out of range is refused by argparse, naming the
+    flag, exit 2 (`argument --draft-memory: takes GB >= 0, a finite number; got 'nan'`)."""
+    bound = f"{what} {'>' if above else '>='} {low:g}" + (f" and <= {high:g}" if high is not None else "")
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < low or (above and value == low) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"takes {bound}, a finite number; got {text!r}")
+        return value
+
+    parse.__name__ = what  # argparse's name for the type in its own messages
+    return parse
+
+
+GB = number("GB")                           # a budget of memory or disk
+SECONDS = number("seconds", above=True)     # a length of time
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,8 +57,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    "through a ring of slots instead of holding the whole trunk in RAM")
     g.add_argument("--preset", choices=["laptop", "desktop", "workstation", "server", "max", "auto"],
                    help="trunk and expert-cache budgets in one word (see `k3 presets`); auto from MemAvailable")
-    g.add_argument("--trunk-gb", type=float, metavar="GB", help="RAM for the packed trunk: pinned layers + ring")
-    g.add_argument("--cache-gb", type=float, metavar="GB", help="RAM for the expert cache (default 1)")
+    g.add_argument("--trunk-gb", type=GB, metavar="GB", help="RAM for the packed trunk: pinned layers + ring")
+    g.add_argument("--cache-gb", type=GB, metavar="GB", help="RAM for the expert cache (default 1)")
     g.add_argument("--pin-layers", type=int, metavar="N",
                    help="pin exactly the first N layers of the packed trunk instead of as many as --trunk-gb holds")
     g.add_argument("--ring", type=int, default=2, metavar="N",
@@ -70,12 +94,12 @@ def _context(text: str) -> int | str:
 
 def add_sampling_arguments(p: argparse.ArgumentParser, default_max: int) -> None:
     g = p.add_argument_group("sampling (greedy unless --temperature > 0; filters apply in the order listed)")
-    g.add_argument("--repeat-penalty", type=float, default=1.0, metavar="R",
+    g.add_argument("--repeat-penalty", type=number("R", above=True), default=1.0, metavar="R",
                    help="divide positive / multiply negative logits of ids already in the context by R (1 = off)")
-    g.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
+    g.add_argument("--temperature", type=number("T"), default=0.0, metavar="T", help="0 = greedy (default)")
     g.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely ids (0 = off)")
-    g.add_argument("--top-p", type=float, default=1.0, metavar="P", help="keep the smallest set reaching P (1 = off)")
-    g.add_argument("--min-p", type=float, default=0.0, metavar="P",
+    g.add_argument("--top-p", type=number("P", above=True, high=1), default=1.0, metavar="P", help="keep the smallest set reaching P (1 = off)")
+    g.add_argument("--min-p", type=number("P", high=1), default=0.0, metavar="P",
                    help="drop ids below P × the top probability (0 = off)")
     g.add_argument("--seed", type=int, metavar="N", help="same seed, same text (default: a fresh seed, reported)")
     g.add_argument("--max-tokens", "--gen", dest="max_tokens", type=int, default=default_max, metavar="N",
@@ -94,7 +118,7 @@ def add_speculation_arguments(p: argparse.ArgumentParser) -> None:
                    help="where drafts come from: ngram (default: the longest earlier repeat of the last ids), "
                         "suffix (the same over every conversation this process has seen), replay:PATH (ids from a "
                         "file), or an installed draft-source plugin (`k3 plugins`)")
-    g.add_argument("--draft-memory", type=float, metavar="GB", default=None,
+    g.add_argument("--draft-memory", type=GB, metavar="GB", default=None,
                    help="memory a draft source keeps across conversations (suffix's index; default 0.067 GB), "
                         "counted in the memory plan")
 
@@ -108,9 +132,9 @@ def add_prompt_cache_arguments(p: argparse.ArgumentParser) -> None:
                    help="where kept states go on disk, so they outlive this process (default: $K3_CACHE_DIR/"
                         "prompt-cache, else $XDG_CACHE_HOME/k3/prompt-cache, else ~/.cache/k3/prompt-cache); each "
                         "file is checked and tied to this exact model; off: RAM only")
-    g.add_argument("--prompt-cache-gb", type=float, default=1.0, metavar="GB",
+    g.add_argument("--prompt-cache-gb", type=GB, default=1.0, metavar="GB",
                    help="RAM for kept states, least recently used out (default 1; the memory plan counts it)")
-    g.add_argument("--prompt-cache-disk-gb", type=float, default=20.0, metavar="GB",
+    g.add_argument("--prompt-cache-disk-gb", type=GB, default=20.0, metavar="GB",
                    help="disk for kept states, least recently used out (default 20)")
     g.add_argument("--prompt-cache-interval", type=int, default=DEFAULT_INTERVAL, metavar="N",
                    help=f"a long prompt is kept every N ids besides every message boundary (default {DEFAULT_INTERVAL}): "
@@ -183,6 +207,22 @@ def speculation_from_args(args):
     spec = build(args.draft or "ngram", "auto" if args.speculate == "auto" else k)
     type(spec.draft).reserve(draft_memory_bytes(args, spec.draft))
     return spec
+
+
+def check_speculation(spec, vocab_size: int) -> None:
+    """What a draft source can check once the model is known, before anything is generated: replay:PATH's ids
+    against the vocabulary (k3core/plugins/drafts.py), so a bad file is refused by name, not mid-stream."""
+    check = getattr(spec.draft, "check_vocabulary", None) if spec is not None else None
+    if check is not None:
+        check(vocab_size)
+
+
+def check_stop_ids(stop_ids, vocab_size: int) -> None:
+    """Refuse a --stop-id the model can never produce (it would be silently never met)."""
+    for t in stop_ids:
+        if not 0 <= t < vocab_size:
+            raise UsageError(f"--stop-id {t}: not a token id of this model, whose vocabulary is {vocab_size} ids "
+                             f"(0..{vocab_size - 1})")
 
 
 def draft_memory_bytes(args, draft) -> int:

@@ -1,27 +1,33 @@
 """`k3 run`: one prompt in — text, or token ids — and the generation streamed out, then a run report.
 
 Text mode tokenizes with the model's tokenizer (or --tok DIR) and streams text; --chat wraps the
-prompt as one user turn in the K3 chat format. Id mode prints ids. The report goes to stderr.
+prompt as one user turn in the K3 chat format. Id mode prints ids. The report goes to stderr. Standard output and
+every output file are checked (a FIFO opened) before the model loads; no two outputs may be one file.
 """
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
+import os
 import shlex
+import stat
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from ..api import Observer, UsageError
+from ..errors import OutputError
 from ..text.channels import visible
 from ..files import device
-from ..files.atomic import output_target, write_output
+from ..files.atomic import Output, unwritable, write_output
 from ..files.limits import read_limited
 from ..format.checkpoint import EXPERT_PARTS, expert_prefix
-from .options import (EXIT_CODES, add_engine_arguments, add_prompt_cache_arguments, add_sampling_arguments,
-                      add_speculation_arguments, engine_config_from_args, missing_model_dir, open_engine, parse_ids,
-                      prompt_cache_from_args, sampling_params_from_args, speculation_from_args)
+from .options import (EXIT_CODES, SECONDS, add_engine_arguments, add_prompt_cache_arguments, add_sampling_arguments,
+                      add_speculation_arguments, check_speculation, check_stop_ids, engine_config_from_args,
+                      missing_model_dir, open_engine, parse_ids, prompt_cache_from_args, sampling_params_from_args,
+                      speculation_from_args)
 
 
 
@@ -123,7 +129,10 @@ class TraceRecorder(Observer):
             first_moe = min(c.first_k_dense_replace, c.num_hidden_layers - 1)
             expert_bytes = sum(engine.checkpoint.index[expert_prefix(first_moe, 0) + p].nbytes for p in EXPERT_PARTS)
         out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OutputError(f"--dump-trace {directory}: cannot make the directory: {exc.strerror or exc}") from None
         write_output(out / "expert_trace.bin", np.asarray(self.pairs, "<i4").reshape(-1, 2).tobytes(), "--dump-trace")
         meta = {"tokens": engine.tokens_forwarded, "expert_bytes": expert_bytes, "requests": len(self.pairs),
                 "model": str(engine.checkpoint.root), "top_k": c.num_experts_per_token}
@@ -219,24 +228,106 @@ def read_schema(path: str) -> str:
     return schema_text(text, f"--json-schema {path}")
 
 
-def check_outputs(args) -> None:
-    """Refuse, before anything loads, an output path the run could not write (k3core/files/atomic.py output_target):
-    a directory or a missing directory for --json / --dump-logits, an existing non-directory for --dump-trace."""
-    for flag, path in (("--json", args.json), ("--dump-logits", args.dump_logits)):
-        if path:
-            output_target(path, flag)
-    if args.dump_trace and Path(args.dump_trace).exists() and not Path(args.dump_trace).is_dir():
-        raise UsageError(f"--dump-trace {args.dump_trace}: not a directory (the trace is two files written into DIR)")
+def check_stdout() -> None:
+    """The generation goes to standard output: refuse, before anything loads, one that is closed (`k3 run >&-`) or
+    open only for reading, where the ids would be lost and the run say 0."""
+    if sys.stdout is None:  # Python found descriptor 1 closed at start
+        raise UsageError("standard output (stdout) is closed, and the generation is written there: redirect it to a "
+                         "file or to /dev/null")
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return  # not a descriptor (a test harness's, an embedding program's stream): its own business
+    try:
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    except OSError:
+        flags = None
+    if flags is None or flags & os.O_ACCMODE == os.O_RDONLY:
+        raise UsageError(f"standard output (stdout) is {'closed' if flags is None else 'open only for reading'}, and "
+                         "the generation is written there: redirect it to a file or to /dev/null")
+
+
+def write_stdout(text: str, out=None, end: str = "") -> None:
+    """print() to `out` (stdout by default), flushed; stdout that cannot be written (a full disk, an I/O error) is an
+    OutputError naming it and why. A reader gone (`| head -1`) stays BrokenPipeError: main stops quietly."""
+    out = sys.stdout if out is None else out
+    try:
+        print(text, end=end, flush=True, file=out)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        if out is not sys.stdout:
+            raise
+        try:  # what stays buffered would fail again at exit, with a traceback: send it nowhere
+            if sys.stdout.fileno() == 1:
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, 1)
+                os.close(null)
+        except (OSError, ValueError):
+            pass
+        raise OutputError(f"standard output (stdout): cannot write the generation: {exc.strerror or exc}") from None
+
+
+TRACE_FILES = ("expert_trace.bin", "trace.json")
+
+
+def check_outputs(args) -> dict[str, Output]:
+    """Refuse, before anything loads, an output the run could not write (k3core/files/atomic.py Output): a directory,
+    a missing or read-only directory for --json / --dump-logits, a FIFO without a reader (opened now, held until the
+    write); an existing non-directory, or one that cannot be written into, for --dump-trace; and two outputs that are
+    one file (by path, through a link, or by inode). The outputs, by flag, to write and close."""
+    outputs: dict[str, Output] = {}
+    try:
+        for flag, path in (("--json", args.json), ("--dump-logits", args.dump_logits)):
+            if path:
+                outputs[flag] = Output(path, flag)
+        trace = args.dump_trace
+        if trace and Path(trace).exists() and not Path(trace).is_dir():
+            raise UsageError(f"--dump-trace {trace}: not a directory (the trace is two files written into DIR)")
+        if trace and (why := unwritable(trace)):
+            raise UsageError(f"--dump-trace {trace}: cannot write there: {why}")
+        named = [(f"{flag} {out.path}", out.path, out.through and (out.stream is not None or _device(out.path)))
+                 for flag, out in outputs.items()]
+        named += [(f"--dump-trace {trace} (its {name})", Path(trace) / name, _device(Path(trace) / name))
+                  for name in (TRACE_FILES if trace else ())]
+        for i, (a, path_a, shared_a) in enumerate(named):
+            for b, path_b, shared_b in named[i + 1:]:
+                if not (shared_a and shared_b) and _same_file(path_a, path_b):
+                    raise UsageError(f"{a} and {b} are one file: the later write would replace the earlier; give "
+                                     "each output its own path")
+    except BaseException:
+        for out in outputs.values():
+            out.close()
+        raise
+    return outputs
+
+
+def _device(path) -> bool:
+    """A character device (/dev/null): outputs may share one."""
+    try:
+        return stat.S_ISCHR(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _same_file(a, b) -> bool:
+    """Whether two paths name one file: the same path once links resolve, or the same inode (a hard link)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
 def checked_params(args, kind: str):
     """The sampling parameters the flags ask for, once every flag that does not fit the prompt's kind (text or
-    ids) or another flag is refused, and every output path checked, before anything loads."""
+    ids) or another flag is refused, before anything loads."""
     if (args.chat or args.thinking or args.system) and kind != "text":
         raise UsageError("--chat, --thinking and --system need a text prompt (--prompt or --prompt-file)")
     if args.thinking and not args.chat:
         raise UsageError("--thinking is a chat mode: add --chat")
-    check_outputs(args)
     params = sampling_params_from_args(args)
     if args.json_schema:
         if kind != "text":
@@ -259,25 +350,32 @@ def print_events(events, kind: str):
                 print(("\n\n" if label else "") + ("thinking:" if think else "answer:"), file=sys.stderr, flush=True)
                 label = "thinking:" if think else "answer:"
             out = sys.stderr if think else sys.stdout
-            print(visible(event.text) if out.isatty() else event.text, end="", flush=True, file=out)
+            write_stdout(visible(event.text) if out.isatty() else event.text, out)
         elif event.kind == "done":
             done = event
-    if kind == "ids":
-        print(" ".join(str(t) for t in done.ids), flush=True)
-    else:
-        print(flush=True)
+    write_stdout(" ".join(str(t) for t in done.ids) if kind == "ids" else "", end="\n")
     return done
 
 
 def cmd_run(args) -> int:
-    from ..api import Session, load_tokenizer
-    from ..report.run import report_text, run_report
-
+    check_stdout()
     settle_positionals(args, sys.stdin)
     config = engine_config_from_args(args)
     kind, prompt = prompt_source(args)
     params = checked_params(args, kind)
     speculate = speculation_from_args(args)
+    outputs = check_outputs(args)
+    try:
+        return _run(args, config, kind, prompt, params, speculate, outputs)
+    finally:
+        for out in outputs.values():
+            out.close()
+
+
+def _run(args, config, kind, prompt, params, speculate, outputs) -> int:
+    from ..api import Session, load_tokenizer
+    from ..report.run import report_text, run_report
+
     start = time.perf_counter()
     with open_engine(config) as engine:
         tokenizer = load_tokenizer(config.tokenizer or config.model) if kind == "text" else None
@@ -285,6 +383,8 @@ def cmd_run(args) -> int:
             print(chat_hint(args, prompt), file=sys.stderr, flush=True)  # before the raw completion streams
         ids, stop_ids, channel = _text_prompt(args, tokenizer, prompt) if kind == "text" else (prompt, (), None)
         engine.check_ids(ids)
+        check_stop_ids(params.stop_ids, engine.config.vocab_size)
+        check_speculation(speculate, engine.config.vocab_size)
         trace, logits = TraceRecorder() if args.dump_trace else None, LogitsRecorder()
         disks = DiskWatch([config.model, config.trunk])
         # a routing trace covers every position: no prompt cache then
@@ -309,9 +409,9 @@ def cmd_run(args) -> int:
         print(report_text(report), file=sys.stderr)
     if args.dump_logits:
         import numpy as np
-        write_output(args.dump_logits, np.stack(logits.rows).astype("<f4").tobytes(), "--dump-logits")
+        outputs["--dump-logits"].write(np.stack(logits.rows).astype("<f4").tobytes())
     if args.json:
-        write_output(args.json, (json.dumps(report, indent=1) + "\n").encode(), "--json")
+        outputs["--json"].write((json.dumps(report, indent=1) + "\n").encode())
     return 0
 
 
@@ -367,7 +467,7 @@ def add_parser(sub) -> None:
     g.add_argument("--dump-trace", metavar="DIR",
                    help="record (layer, expert) of every routing decision into DIR/expert_trace.bin + trace.json "
                         "(replay with `k3 sim-cache DIR`)")
-    g.add_argument("--disk-floor", type=float, metavar="S", nargs="?", const=2.0,
+    g.add_argument("--disk-floor", type=SECONDS, metavar="S", nargs="?", const=2.0,
                    help="after the run, probe the disk's O_DIRECT rate for S seconds (default 2) and report the disk "
                         "floor: bytes read per generated id ÷ that rate, and s/token as a multiple of it")
     g.add_argument("--quiet", action="store_true", help="no run report (nor the hint to add --chat)")

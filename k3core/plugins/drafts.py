@@ -1,14 +1,18 @@
 """The built-in draft sources for speculative decoding: `ngram` (prompt lookup: the longest suffix of the
 ids so far that occurred before, and what followed it then) and `replay:PATH` (ids from a file, in order:
-an oracle replaying a known continuation, or a deliberately wrong one, for tests and benchmarks)."""
+an oracle replaying a known continuation, or a deliberately wrong one, for tests and benchmarks). A replay file is
+read with a byte limit (MAX_REPLAY_BYTES: /dev/zero is refused, not read until memory runs out) and, once the model is
+known, checked whole against its vocabulary (check_vocabulary) before anything is generated."""
 from __future__ import annotations
 
 from pathlib import Path
 
+from ..files.limits import read_limited
 from ..plugin_api import DraftSource, UsageError, hookimpl
 
 MAX_NGRAM = 8          # the longest suffix looked up
 LOOKBACK = 4096        # ids searched back for it: bounds the work per step
+MAX_REPLAY_BYTES = 16 << 20  # a replay:PATH file: ~2M ids, more than any context; more is refused, naming the limit
 
 
 class NgramDraft(DraftSource):
@@ -39,14 +43,26 @@ class ReplayDraft(DraftSource):
         if not argument:
             raise UsageError("--draft replay needs a file: replay:PATH")
         try:
-            text = Path(argument).read_text(encoding="utf-8")
+            text = read_limited(argument, MAX_REPLAY_BYTES, "a replay draft file (--draft replay:PATH)").decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise UsageError(f"--draft replay:{argument}: cannot read it ({getattr(exc, 'strerror', None) or exc})") \
                 from None
         parts = text.replace(",", " ").split()
         if not all(p.isascii() and p.isdigit() for p in parts):
             raise UsageError(f"--draft replay:{argument}: expected token ids (decimal, comma/space separated)")
+        long = next((i for i, p in enumerate(parts) if len(p) > 18), None)
+        if long is not None:
+            raise UsageError(f"--draft replay:{argument}: id {parts[long][:20]}… at position {long} (counting from 0) "
+                             "has more digits than any token id")
         self.ids = [int(p) for p in parts]
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """Refuse, before generating, a file with an id the model cannot have: naming the file, the id, its position
+        and the vocabulary (an id past it would stop the run mid-stream)."""
+        for position, t in enumerate(self.ids):
+            if t >= vocab_size:
+                raise UsageError(f"--draft replay:{self.argument}: id {t} at position {position} (counting from 0) is "
+                                 f"outside this model's vocabulary of {vocab_size} ids (0..{vocab_size - 1})")
 
     @classmethod
     def example_argument(cls, directory):

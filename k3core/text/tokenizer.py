@@ -32,6 +32,7 @@ PAT_STR = "|".join([
     r"\s+",
 ])
 RANKS_FILE, CONFIG_FILE, KIMI_FILE = "tiktoken.model", "tokenizer_config.json", "tokenization_kimi.py"
+MAX_VOCAB = 1 << 24  # ids are below this: K3 has ~164k; a vocabulary-sized row of float32 logits is then <= 64 MiB
 # text every tokenizer must encode at load: letters of several scripts, digits, punctuation, whitespace runs
 PROBE = "Hello, World! It's 2026: 3.14 + 42 = 45.14?\n\tnaïve café 北京 東京 ありがとう 👋🏽  \r\n end"
 
@@ -94,7 +95,9 @@ def read_tokenizer_config(path: Path, n_ranks: int) -> tuple[dict, dict[str, int
         content = entry.get("content") if isinstance(entry, dict) else None
         if not (key.isascii() and key.isdigit()) or not isinstance(content, str) or not content:
             raise TokenizerError(f"{where}: expected a decimal id and {{\"content\": non-empty string, ...}}")
-        tid = int(key)
+        if len(key) > 9 or (tid := int(key)) >= MAX_VOCAB:
+            raise TokenizerError(f"{where}: id {key[:20]} is past the bound on a vocabulary: ids must be below "
+                                 f"{MAX_VOCAB:,} (MAX_VOCAB, k3core/text/tokenizer.py)")
         if tid < n_ranks:
             raise TokenizerError(f"{where}: id {tid} collides with a BPE rank (tiktoken.model has 0..{n_ranks - 1})")
         if content in added:

@@ -1,7 +1,10 @@
 """Outputs a user names never replace what they should not: `k3 run --json / --dump-logits / --dump-trace` and chat's
-`/save` replace a regular file (or make a new one) atomically, through a symlink the link survives, a device or FIFO
-is written through, a directory is exit 2 naming the flag and the path, and no temporary file stays on any failure.
-Devices are only ever reached through a symlink in tmp_path, so no row can damage /dev even when the rule is broken."""
+`/save` replace a regular file (or make a new one) atomically, keeping its mode and owner; through a symlink the link
+survives, a device or FIFO is written through (a FIFO without a reader is refused before the run, not waited on), a
+directory, a read-only directory or two outputs that are one file are exit 2 naming the flags and the paths, a failed
+write (a full disk) is exit 2 naming the flag, the path and why, and no temporary file stays on any failure. Standard
+output is an output too: closed or full, exit 2 naming it. Devices are only ever reached through a symlink in tmp_path
+(or as the stdout of a child process), so no row can damage /dev even when the rule is broken."""
 from __future__ import annotations
 
 import json
@@ -67,23 +70,36 @@ def trace_dir_with_json_to_full(t):
     return t / "tr"
 
 
+def private(t, name, mode=0o600):
+    os.chmod(file(t, name), mode)
+    return t / name
+
+
+def kept(t, name, mode):
+    st = os.stat(t / name)
+    return stat.S_IMODE(st.st_mode) == mode and report_in(t / name)
+
+
 # (flag, setup(tmp_path) -> the path given, exit code, needle in stderr ({path} filled in), check(tmp_path))
 RUN_CASES = [
     row("json-a-directory", "--json", lambda t: directory(t, "d"), 2, "--json {path}: is a directory",
         lambda t: not any((t / "d").iterdir())),
     row("json-symlink-to-a-file", "--json", lambda t: witnessed(t, "real.json") and link(t, "l", "real.json"), 0, "",
         lambda t: os.readlink(t / "l") == "real.json" and report_in(t / "real.json") and replaced(t)),
-    row("json-symlink-to-/dev/full", "--json", lambda t: link(t, "full", "/dev/full"), 1,
+    row("json-symlink-to-/dev/full", "--json", lambda t: link(t, "full", "/dev/full"), 2,
         "--json {path}: cannot write: No space left on device", still_full),
-    row("dump-logits-symlink-to-/dev/full", "--dump-logits", lambda t: link(t, "full", "/dev/full"), 1,
+    row("dump-logits-symlink-to-/dev/full", "--dump-logits", lambda t: link(t, "full", "/dev/full"), 2,
         "--dump-logits {path}: cannot write: No space left on device", still_full),
     row("dump-trace-a-file", "--dump-trace", lambda t: file(t, "f"), 2, "--dump-trace {path}: not a directory",
         lambda t: (t / "f").read_text() == "old"),
+    row("json-over-a-0600-file", "--json", lambda t: private(t, "r.json"), 0, "", lambda t: kept(t, "r.json", 0o600)),
+    row("dump-logits-over-a-0640-file", "--dump-logits", lambda t: private(t, "l.f32", 0o640), 0, "",
+        lambda t: stat.S_IMODE(os.stat(t / "l.f32").st_mode) == 0o640, full=True),
     row("json-dangling-symlink", "--json", lambda t: link(t, "l", "later.json"), 0, "",
         lambda t: os.readlink(t / "l") == "later.json" and report_in(t / "later.json"), full=True),
     row("dump-logits-a-directory", "--dump-logits", lambda t: directory(t, "d"), 2,
         "--dump-logits {path}: is a directory", lambda t: not any((t / "d").iterdir()), full=True),
-    row("dump-trace-file-symlink-to-/dev/full", "--dump-trace", trace_dir_with_json_to_full, 1,
+    row("dump-trace-file-symlink-to-/dev/full", "--dump-trace", trace_dir_with_json_to_full, 2,
         "--dump-trace {path}/trace.json: cannot write",
         lambda t: os.readlink(t / "tr" / "trace.json") == "/dev/full", full=True),
 ]
@@ -135,7 +151,7 @@ def test_a_write_error_mid_write_leaves_the_old_file_and_no_temporary(tiny_model
     target = tmp_path / "logits.f32"
     target.write_bytes(b"old")
     done = k3("run", tiny_model, *RUN, "--dump-logits", target, preexec_fn=_file_size_limit(1000))
-    assert done.returncode == 1 and f"--dump-logits {target}: cannot write: File too large" in done.stderr
+    assert done.returncode == 2 and f"--dump-logits {target}: cannot write: File too large" in done.stderr
     assert "Traceback" not in done.stderr and target.read_bytes() == b"old" and temporaries(tmp_path) == []
 
 
@@ -162,7 +178,7 @@ def boom_half_way(file, **arrays):
 SAVE_CASES = [
     row("a-directory", lambda t: directory(t, "d"), 2, "/save {path}: is a directory",
         lambda t: not any((t / "d").iterdir())),
-    row("symlink-to-/dev/full", lambda t: link(t, "full", "/dev/full"), 1,
+    row("symlink-to-/dev/full", lambda t: link(t, "full", "/dev/full"), 2,
         "/save {path}: cannot write: No space left on device", still_full),
     row("symlink-to-a-file", lambda t: witnessed(t, "s.npz") and link(t, "l", "s.npz"), None, "",
         lambda t: os.readlink(t / "l") == "s.npz" and np.load(t / "s.npz")["ids"].ndim == 1 and replaced(t)),
@@ -190,3 +206,149 @@ def test_an_exception_mid_save_leaves_the_old_file_and_no_temporary(chat, tmp_pa
     with pytest.raises(KeyboardInterrupt):
         save(chat, target)
     assert target.read_bytes() == b"old" and temporaries(tmp_path) == []
+
+
+def one_path(t):
+    return ["--json", t / "x", "--dump-logits", t / "x"]
+
+
+def through_a_symlink(t):
+    return ["--json", file(t, "x"), "--dump-logits", link(t, "y", "x")]
+
+
+def a_hard_link(t):
+    os.link(file(t, "x"), t / "y")
+    return ["--json", t / "x", "--dump-logits", t / "y"]
+
+
+def dot_slash(t):
+    return ["--json", "x", "--dump-logits", "./x"]  # run in tmp_path
+
+
+def inside_the_trace(t):
+    return ["--json", directory(t, "tr") / "trace.json", "--dump-trace", t / "tr"]
+
+
+def devices(t):
+    return ["--json", link(t, "n1", "/dev/null"), "--dump-logits", link(t, "n2", "/dev/null")]
+
+
+# (setup(tmp_path) -> the output flags, exit code, needle ({t}: tmp_path)); a refused run writes nothing
+SAME_FILE_CASES = [
+    row("json-and-dump-logits-one-path", one_path, 2, "--json {t}/x and --dump-logits {t}/x are one file"),
+    row("one-file-through-a-symlink", through_a_symlink, 2, "--json {t}/x and --dump-logits {t}/y are one file"),
+    row("one-file-by-a-hard-link", a_hard_link, 2, "--json {t}/x and --dump-logits {t}/y are one file"),
+    row("one-file-as-./x", dot_slash, 2, "--json x and --dump-logits ./x are one file", full=True),
+    row("json-onto-the-trace's-own-file", inside_the_trace, 2,
+        "--json {t}/tr/trace.json and --dump-trace {t}/tr (its trace.json) are one file", full=True),
+    row("two-outputs-to-/dev/null-may-share-it", devices, 0, "", full=True),
+]
+
+
+@pytest.mark.parametrize("setup, code, needle", SAME_FILE_CASES)
+def test_two_outputs_that_are_one_file(capsys, tiny_model, tmp_path, monkeypatch, setup, code, needle):
+    monkeypatch.chdir(tmp_path)
+    flags = setup(tmp_path)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()}
+    got = main(["run", str(tiny_model), *RUN, *map(str, flags)])
+    err = capsys.readouterr().err
+    assert got == code and needle.format(t=tmp_path) in err and "Traceback" not in err, err
+    if code:
+        after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()}
+        assert after == before and "memory plan" not in err  # refused before anything loads
+
+
+def read_only(monkeypatch, root):
+    """Everything under `root` behaves as on a read-only file system for the up-front check (os.access says no,
+    statvfs says ST_RDONLY): no container lets a test mount one."""
+    access, statvfs = os.access, os.statvfs
+    under = lambda p: os.path.abspath(p).startswith(str(root))  # noqa: E731
+
+    def fake_statvfs(p):
+        got = statvfs(p)
+        return type("Vfs", (), {"f_flag": got.f_flag | (os.ST_RDONLY if under(p) else 0)})()
+
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: not (under(p) and mode & os.W_OK) and access(p, mode, **kw))
+    monkeypatch.setattr(os, "statvfs", fake_statvfs)
+
+
+# (flag, setup(tmp_path) -> the path given, needle ({path}, {t}))
+READ_ONLY_CASES = [
+    row("dump-trace-new-dir-on-a-read-only-fs", "--dump-trace", lambda t: t / "ro" / "trace",
+        "--dump-trace {path}: cannot write there: read-only file system"),
+    row("json-new-file-on-a-read-only-fs", "--json", lambda t: t / "ro" / "r.json",
+        "--json {path}: cannot write into {t}/ro: read-only file system"),
+    row("dump-logits-over-a-file-on-a-read-only-fs", "--dump-logits", lambda t: file(t / "ro", "l.f32"),
+        "--dump-logits {path}: cannot write into {t}/ro: read-only file system", full=True),
+    row("dump-trace-existing-dir-on-a-read-only-fs", "--dump-trace", lambda t: directory(t / "ro", "trace"),
+        "--dump-trace {path}: cannot write there: read-only file system", full=True),
+]
+
+
+@pytest.mark.parametrize("flag, setup, needle", READ_ONLY_CASES)
+def test_an_output_on_a_read_only_file_system(capsys, tiny_model, tmp_path, monkeypatch, flag, setup, needle):
+    (tmp_path / "ro").mkdir()
+    path = setup(tmp_path)
+    read_only(monkeypatch, tmp_path / "ro")
+    got = main(["run", str(tiny_model), *RUN, flag, str(path)])
+    err = capsys.readouterr().err
+    assert got == 2 and needle.format(path=path, t=tmp_path) in err and "memory plan" not in err, err
+
+
+def test_a_trace_directory_that_cannot_be_made_at_the_end_is_exit_2(capsys, tiny_model, tmp_path, monkeypatch):
+    """The file system turns read-only during the run: the directory of --dump-trace cannot be made."""
+    from pathlib import Path
+
+    def erofs(self, *a, **kw):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(Path, "mkdir", erofs)
+    got = main(["run", str(tiny_model), *RUN, "--dump-trace", str(tmp_path / "tr")])
+    err = capsys.readouterr().err
+    assert got == 2 and f"--dump-trace {tmp_path / 'tr'}: cannot make the directory: Read-only file system" in err, err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root may give a file to another user")
+def test_an_atomic_replace_keeps_the_owner(capsys, tiny_model, tmp_path):
+    os.chown(private(tmp_path, "r.json"), 65534, 65534)
+    assert main(["run", str(tiny_model), *RUN, "--json", str(tmp_path / "r.json")]) == 0, capsys.readouterr().err
+    st = os.stat(tmp_path / "r.json")
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (65534, 65534, 0o600) and report_in(tmp_path / "r.json")
+
+
+def test_json_into_a_fifo_without_a_reader_is_refused_not_waited_on(tiny_model, tmp_path):
+    """No reader: exit 2 before the model loads (a child with a deadline, so a hang fails the row, not the run)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    done = k3("run", tiny_model, *RUN, "--json", fifo, timeout=120)
+    assert done.returncode == 2 and f"--json {fifo}: a FIFO with no reader" in done.stderr, done.stderr
+    assert "memory plan" not in done.stderr and done.stdout == "" and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def _closed_stdout():
+    os.close(1)
+
+
+# (how the child's stdout is set up: Popen keyword arguments, exit code, needle)
+STDOUT_CASES = [
+    row("stdout-closed", lambda: {"preexec_fn": _closed_stdout}, 2,
+        "standard output (stdout) is closed, and the generation is written there"),
+    row("stdout-/dev/full", lambda: {"stdout": open("/dev/full", "wb")}, 2,
+        "standard output (stdout): cannot write the generation: No space left on device"),
+    row("stdout-open-only-for-reading", lambda: {"stdout": open(os.devnull, "rb")}, 2,
+        "standard output (stdout) is open only for reading", full=True),
+]
+
+
+@pytest.mark.parametrize("setup, code, needle", STDOUT_CASES)
+def test_standard_output_that_cannot_be_written(tiny_model, setup, code, needle):
+    kw = setup()
+    out = kw.pop("stdout", subprocess.PIPE)
+    try:
+        done = subprocess.run([sys.executable, "-m", "k3core", "run", str(tiny_model), *RUN], stdout=out,
+                              stderr=subprocess.PIPE, text=True, timeout=120, **kw)
+    finally:
+        if out is not subprocess.PIPE:
+            out.close()
+    assert done.returncode == code and needle in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr

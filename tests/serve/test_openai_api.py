@@ -412,7 +412,7 @@ def test_an_api_key_must_be_long_and_a_bad_flag_is_named(capsys, monkeypatch):
     monkeypatch.setenv("K3_API_KEY", "short")
     with pytest.raises(UsageError):
         api_key(None)
-    assert main(["serve", str(DEMO_MODEL), "--prompt-cache-gb", "-1"]) == 2
+    assert main(["serve", str(DEMO_MODEL), "--prompt-cache-gb", "2000"]) == 2  # -1: argparse's refusal (SystemExit)
     assert "--prompt-cache-gb must be a number of GB in 0..1024" in capsys.readouterr().err
 
 
