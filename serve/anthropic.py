@@ -16,7 +16,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from .anthropic_schema import IGNORED, TOOL_CHOICE_HEADER, messages_request, thinking_signature
-from .api import Api, ToolCallWatch, chat_job, chat_reply, events_or_cancel, guarded, read_json, whole_reply
+from .api import (Api, ToolCallWatch, chat_job, chat_reply, events_or_cancel, guarded, internal_error, read_json,
+                  whole_reply)
 from .schema import ApiError
 
 log = logging.getLogger("k3.serve")
@@ -139,14 +140,17 @@ async def _stream(request, events, job, reply: Reply, head: dict):
                                            "usage": {"input_tokens": len(job.prompt), "cache_creation_input_tokens": 0,
                                                      "cache_read_input_tokens": 0, "output_tokens": 0}})
     yield _event("ping")
-    async for event in events_or_cancel(request, events, job, idle=PING_SECONDS):
-        if event is None:
-            yield _event("ping")
-            continue
-        if event[0] == "error":
-            yield _event("error", error=_error(event[1]))
-        for chunk in reply.feed(event):
-            yield chunk
+    try:
+        async for event in events_or_cancel(request, events, job, idle=PING_SECONDS):
+            if event is None:
+                yield _event("ping")
+                continue
+            if event[0] == "error":
+                yield _event("error", error=_error(event[1]))
+            for chunk in reply.feed(event):
+                yield chunk
+    except Exception as exc:  # a bug while making the stream: an error event, never a cut connection
+        yield _event("error", error=_error(internal_error(exc, "POST /v1/messages")))
 
 
 # ---- the routes ---------------------------------------------------------------------------------------------

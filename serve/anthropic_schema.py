@@ -1,9 +1,10 @@
 """Anthropic Messages request bodies in, the ChatRequest chat completions runs out (serve/schema.py's, with
 its field checks): `system` and content blocks become k3 chat messages, `tools` function declarations.
 
-A known field of the wrong type or out of range is a 400 naming it; images, documents and server tools are
-refused by name; fields the API defines that k3 cannot honour (`metadata`, `context_management`, an effort)
-are listed in `ignored` for the route to log, never refused; unknown fields are ignored. What Claude Code
+A known field of the wrong type or out of range is a 400 naming it (every id and name is a string; `metadata` is
+`{"user_id"}` alone, at most MAX_USER_ID characters); images, documents and server tools are refused by name;
+fields the API defines that k3 cannot honour (`metadata`, `context_management`, an effort) are listed in
+`ignored` for the route to log, never refused; unknown fields are ignored. What Claude Code
 sends is read as it means it (docs/SERVER.md, "Claude Code"): `system`-role messages inside `messages` are
 folded into the system text in order, its per-request billing-header block is left out of the prompt, and
 `max_tokens` above what the context leaves is clamped by the route. Checked by
@@ -17,9 +18,11 @@ from typing import NamedTuple
 
 from k3core.text.chat import tool_call_markup
 
-from .schema import TOOL_NAME, ApiError, ChatRequest, Sampling, _bad, _bool, _integer, _model, _number, _string, json_format
+from .schema import (TOOL_NAME, ApiError, ChatRequest, Sampling, _bad, _bool, _integer, _model, _number,
+                     _optional_string, _string, json_format, placed)
 
 MAX_STOP_SEQUENCES = 16  # docs/LIMITS.md
+MAX_USER_ID = 256  # `metadata.user_id`: an opaque id (Claude Code's is ~165 characters)
 # Claude Code's first system block: `x-anthropic-billing-header: cc_version=…; cch=…;`, which changes on every
 # request; left in the prompt, no two requests would share a prefix past its first ids.
 BILLING_HEADER = "x-anthropic-billing-header:"
@@ -59,8 +62,10 @@ def messages_request(body, counting: bool = False, tool_choice_header: str | Non
     if body.get("max_tokens") is None and not counting:
         raise _bad("max_tokens", "required: the most tokens the reply may have")
     _not_served(body)
+    _metadata(body)
     messages, places, breakpoints = _conversation(body)
     tools, choice = _tools(body)
+    tools, tool_places = placed(tools)
     sampling = Sampling(temperature=_number(body, "temperature", 0.0, 1.0),
                         top_p=_number(body, "top_p", 0.0, 1.0, 1.0, low_open=True),
                         max_tokens=_integer(body, "max_tokens", 1), stop=_stop_sequences(body),
@@ -71,8 +76,22 @@ def messages_request(body, counting: bool = False, tool_choice_header: str | Non
     thinking, omit = _thinking(body)
     request = ChatRequest(model=_model(body), messages=messages, sampling=sampling, stream=_bool(body, "stream"),
                           tools=tools, tool_choice=choice, thinking=thinking, response_schema=schema,
-                          schema_param=where, parallel_calls=not _one_call(body), breakpoints=breakpoints)
+                          schema_param=where, parallel_calls=not _one_call(body), breakpoints=breakpoints,
+                          tool_places=tool_places)
     return MessagesBody(request, places, omit, _ignored(body))
+
+
+def _metadata(body: dict) -> None:
+    """`metadata`: the Messages API defines one field, `user_id` (a string or null); k3 keeps none of it."""
+    given = body.get("metadata")
+    if given is None:
+        return
+    if not isinstance(given, dict):
+        raise _bad("metadata", "must be an object, {\"user_id\": …}")
+    for key in given:
+        if key != "user_id":
+            raise _bad("metadata", f"the Messages API defines `user_id` alone, got {key[:64]!r}")
+    _optional_string(given, "user_id", "metadata", MAX_USER_ID)
 
 
 def _ignored(body: dict) -> tuple[str, ...]:
@@ -175,7 +194,7 @@ def _user_turns(content, where: str, names: dict) -> list[tuple[dict, str, list[
         if texts:
             turns.append(({"role": "user", "content": "".join(texts)}, where, marks))
             texts, marks = [], []
-        name = names.get(block.get("tool_use_id"))
+        name = names.get(_string(block, "tool_use_id", path))
         if name is None:
             raise _bad(f"{path}.tool_use_id", "must be the id of a tool_use block in an earlier assistant message")
         result = block.get("content")
@@ -202,7 +221,7 @@ def _assistant_turn(content, where: str, names: dict) -> dict:
             if not isinstance(block.get("input"), dict):
                 raise _bad(f"{path}.input", "must be an object")
             calls.append((name, block["input"]))
-            names[block.get("id")] = name
+            names[_string(block, "id", path)] = name
     msg = {"role": "assistant", "content": "".join(texts)}
     if thinking:
         msg["thinking"] = "".join(thinking)
@@ -250,10 +269,12 @@ def _tools(body: dict) -> tuple[tuple[dict, ...], str | None]:
             raise _bad(f"tools[{j}].defer_loading", f"must be true or false, got {t['defer_loading']!r}")
         if t.get("defer_loading"):
             continue
-        declared.append({"name": name, "parameters": t["input_schema"]}
+        declared.append({"name": name, "parameters": t["input_schema"], "place": f"tools[{j}].input_schema"}
                         | ({"description": _string(t, "description", f"tools[{j}]")} if "description" in t else {}))
     choice = body.get("tool_choice")
     kind = choice.get("type") if isinstance(choice, dict) else None
+    if isinstance(choice, dict):
+        _optional_string(choice, "name", "tool_choice")
     if choice is None or kind == "auto":
         return tuple(declared), None
     if kind == "none" or (kind == "any" and declared):
@@ -279,7 +300,8 @@ def _header_choice(body: dict, header: str) -> dict:
         return body
     if header in ("any", "auto", "none"):
         return {**body, "tool_choice": {"type": header}}
-    names = {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict) and not t.get("defer_loading")}
+    names = {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict) and not t.get("defer_loading")
+             and isinstance(t.get("name"), str)}
     if header not in names:
         raise ApiError(400, f"{TOOL_CHOICE_HEADER}: must be any, auto, none or the name of one of the request's tools, "
                        f"got {header[:64]!r}", param=TOOL_CHOICE_HEADER, code="invalid_value")

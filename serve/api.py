@@ -2,13 +2,15 @@
 worker, its engine and tokenizer, and the options; reading a request body (over `max_body_bytes` it is refused
 with 413 before it is parsed); the API key (with one set, every /v1 route needs it, compared in constant time,
 never logged); a chat request as a Job; a finished reply as chat completions' message, and its tool calls as
-they close; a route that answers an ApiError in its dialect's shape. Imports none of the dialects.
+they close; a route that answers an ApiError in its dialect's shape, and any other exception as a 500 in that
+shape too (the traceback goes to the log, never to the client). Imports none of the dialects.
 """
 from __future__ import annotations
 
 import asyncio
 import hmac
 import json
+import logging
 import re
 import secrets
 from dataclasses import dataclass, replace
@@ -26,6 +28,8 @@ from k3core.files.limits import loads_limited
 from .http import model_id
 from .schema import ApiError, ChatRequest, CompletionRequest, request_param
 from .worker import Job, Worker
+
+log = logging.getLogger("k3.serve")
 
 EOM = "<|end_of_msg|>"
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
@@ -143,7 +147,8 @@ class Api:
             params = replace(params, stop_strings=())  # stop string matched in their arguments would cut them
         stops = frozenset({self.tokenizer.id_of(EOM), *(grammar.stop_ids if grammar else ())})
         return Job(prompt, params, emit=None, channel=channel, forced=forced, grammar=grammar, stop_ids=stops,
-                   logprobs=req.logprobs, checkpoints=self.breakpoint_positions(req, mode, tools, prompt)), mode
+                   grammar_param=grammar_param(req), logprobs=req.logprobs,
+                   checkpoints=self.breakpoint_positions(req, mode, tools, prompt)), mode
 
     def breakpoint_positions(self, req: ChatRequest, mode: str, tools, prompt: list[int]) -> tuple[int, ...]:
         """The prompt positions of the request's cache_control breakpoints: for each, the ids the text up to it
@@ -164,7 +169,8 @@ class Api:
             return chat_grammar(self.tokenizer, channel, schema=req.response_schema, schema_param=req.schema_param,
                                 tools=tools, tool_choice=req.tool_choice, parallel_calls=req.parallel_calls)
         except SchemaError as exc:
-            raise ApiError(400, str(exc), param=exc.param, code="invalid_value") from None
+            param = tool_place(req, exc.param)
+            raise ApiError(400, f"{param}: {exc.problem}", param=param, code="invalid_value") from None
 
     def prompt_ids(self, prompt: str | tuple[int, ...]) -> list[int]:
         """A completion prompt's ids: text encoded, or the ids given, each checked against the vocabulary."""
@@ -194,6 +200,24 @@ class Api:
         job.emit = lambda event: loop.call_soon_threadsafe(events.put_nowait, event)
         self.worker.submit(job)
         return events
+
+
+def tool_place(req: ChatRequest, param: str) -> str:
+    """k3core's name for a tool's schema (`tools[J].parameters`) as the request's body names it."""
+    at = re.fullmatch(r"tools\[(\d+)\]\.parameters", param)
+    return req.tool_places[int(at[1])] if at and int(at[1]) < len(req.tool_places) else param
+
+
+def grammar_param(req: ChatRequest) -> str:
+    """The field a grammar that fails mid-reply is named by: the forced tool's schema (the one tool's, when
+    `required` has one to call), the response schema, or `tools`."""
+    names = [t["name"] for t in req.tools]
+    if req.tool_choice in names or (req.tool_choice == "required" and len(names) == 1):
+        return tool_place(req, f"tools[{0 if req.tool_choice == 'required' else names.index(req.tool_choice)}]"
+                               ".parameters")
+    if req.response_schema is not None and req.tool_choice != "required":
+        return req.schema_param
+    return "tools"
 
 
 def chat_job(api: Api, req: ChatRequest, places: list[str], counting: bool = False):
@@ -297,9 +321,17 @@ async def events_or_cancel(request, events: asyncio.Queue, job: Job, idle: float
         job.cancelled.set()  # a no-op for a job that ended; frees the batch slot of one that did not
 
 
+def internal_error(exc: Exception, where: str) -> ApiError:
+    """An exception no check foresaw (a bug): its traceback to the log, and a 500 that names only its type."""
+    log.error("%s failed: %s: %s", where, type(exc).__name__, exc, exc_info=exc)
+    return ApiError(500, f"the server failed on this request ({type(exc).__name__}); its log has the details",
+                    code="internal_error")
+
+
 def guarded(handler, respond=error_response):
-    """A route that answers an ApiError with `respond(err)` (this dialect's error body) and a client that left
-    before its body was whole with 499 (one log line, serve/deadlines.py)."""
+    """A route that answers an ApiError with `respond(err)` (this dialect's error body), any other exception with
+    a 500 in that body (internal_error), and a client that left before its body was whole with 499 (one log
+    line, serve/deadlines.py)."""
     async def route(request: Request):
         try:
             return await handler(request)
@@ -307,5 +339,7 @@ def guarded(handler, respond=error_response):
             return respond(err)
         except ClientDisconnect:
             return JSONResponse({}, status_code=499)
+        except Exception as exc:
+            return respond(internal_error(exc, f"{request.method} {request.url.path}"))
     route.__name__ = handler.__name__
     return route

@@ -13,7 +13,8 @@ import time
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from .api import FINISH, Api, ToolCallWatch, chat_reply, check_key, events_or_cancel, guarded, read_json
+from .api import (FINISH, Api, ToolCallWatch, chat_reply, check_key, events_or_cancel, guarded, internal_error,
+                  read_json)
 from .logprobs import LegacyLogprobs, chat_logprobs
 from .schema import ChatRequest, CompletionRequest, chat_request, completion_request
 from .worker import Job
@@ -131,29 +132,33 @@ async def _chat_stream(api: Api, request, events, job: Job, mode: str, head: dic
     yield chunk({"role": "assistant", "content": ""})
     texts: dict[str | None, list[str]] = {}
     calls = ToolCallWatch(api, job, mode)  # each tool call goes out once its element closes
-    async for event in events_or_cancel(request, events, job):
-        kind = event[0]
-        if kind == "logprob":
-            scores.append(event[1])
-        elif kind == "token":
-            first = calls.sent
-            if new := calls.token(event[1]):
-                yield chunk({"tool_calls": [{"index": first + i, **call} for i, call in enumerate(new)]})
-        elif kind == "text" and event[1] in ("think", "response"):
-            texts.setdefault(event[1], []).append(event[2])
-            yield chunk({"reasoning_content": event[2]} if event[1] == "think" else {"content": event[2]})
-        elif kind == "done":
-            message, finish = chat_reply(api, job, mode, event[2], event[1], texts)
-            first = calls.sent
-            if rest := calls.rest(message):
-                yield chunk({"tool_calls": [{"index": first + i, **call} for i, call in enumerate(rest)]})
-            yield chunk({}, finish)  # with the logprobs of ids that made no text (a stop id)
-            if include_usage:
-                yield _sse({**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage(event[2])})
-            yield b"data: [DONE]\n\n"
-        elif kind == "error":
-            yield _sse(event[1].body())
-            yield b"data: [DONE]\n\n"
+    try:
+        async for event in events_or_cancel(request, events, job):
+            kind = event[0]
+            if kind == "logprob":
+                scores.append(event[1])
+            elif kind == "token":
+                first = calls.sent
+                if new := calls.token(event[1]):
+                    yield chunk({"tool_calls": [{"index": first + i, **call} for i, call in enumerate(new)]})
+            elif kind == "text" and event[1] in ("think", "response"):
+                texts.setdefault(event[1], []).append(event[2])
+                yield chunk({"reasoning_content": event[2]} if event[1] == "think" else {"content": event[2]})
+            elif kind == "done":
+                message, finish = chat_reply(api, job, mode, event[2], event[1], texts)
+                first = calls.sent
+                if rest := calls.rest(message):
+                    yield chunk({"tool_calls": [{"index": first + i, **call} for i, call in enumerate(rest)]})
+                yield chunk({}, finish)  # with the logprobs of ids that made no text (a stop id)
+                if include_usage:
+                    yield _sse({**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage(event[2])})
+                yield b"data: [DONE]\n\n"
+            elif kind == "error":
+                yield _sse(event[1].body())
+                yield b"data: [DONE]\n\n"
+    except Exception as exc:  # a bug while making the stream: an error event, never a cut connection
+        yield _sse(internal_error(exc, "POST /v1/chat/completions").body())
+        yield b"data: [DONE]\n\n"
 
 
 async def _completion_stream(api: Api, request, events, job: Job, head: dict, req: CompletionRequest):
@@ -172,18 +177,22 @@ async def _completion_stream(api: Api, request, events, job: Job, head: dict, re
 
     if req.echo and not job.score_prompt:
         yield chunk(api.prompt_text(req))
-    async for event in events_or_cancel(request, events, job):
-        if event[0] == "prompt_logprobs":  # echo with logprobs: the prompt goes out with its scores
-            yield chunk(api.prompt_text(req), ids=job.prompt, entries=event[1])
-        elif event[0] == "logprob":
-            scores.append(event[1])
-        elif event[0] == "text":
-            yield chunk(event[2])
-        elif event[0] == "done":
-            yield chunk("", FINISH[event[1]])
-            if req.include_usage:
-                yield _sse({**head, "object": "text_completion", "choices": [], "usage": _usage(event[2])})
-            yield b"data: [DONE]\n\n"
-        elif event[0] == "error":
-            yield _sse(event[1].body())
-            yield b"data: [DONE]\n\n"
+    try:
+        async for event in events_or_cancel(request, events, job):
+            if event[0] == "prompt_logprobs":  # echo with logprobs: the prompt goes out with its scores
+                yield chunk(api.prompt_text(req), ids=job.prompt, entries=event[1])
+            elif event[0] == "logprob":
+                scores.append(event[1])
+            elif event[0] == "text":
+                yield chunk(event[2])
+            elif event[0] == "done":
+                yield chunk("", FINISH[event[1]])
+                if req.include_usage:
+                    yield _sse({**head, "object": "text_completion", "choices": [], "usage": _usage(event[2])})
+                yield b"data: [DONE]\n\n"
+            elif event[0] == "error":
+                yield _sse(event[1].body())
+                yield b"data: [DONE]\n\n"
+    except Exception as exc:  # a bug while making the stream: an error event, never a cut connection
+        yield _sse(internal_error(exc, "POST /v1/completions").body())
+        yield b"data: [DONE]\n\n"

@@ -21,8 +21,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from k3core.text.channels import Channels
 from k3core.text.chat import tool_call_markup
 
-from .api import (Api, ToolCallWatch, chat_job, chat_reply, check_key, events_or_cancel, guarded, read_json,
-                  whole_reply)
+from .api import (Api, ToolCallWatch, chat_job, chat_reply, check_key, events_or_cancel, guarded, internal_error,
+                  read_json, whole_reply)
 from .logprobs import chat_logprobs
 from .responses_schema import Conversation, responses_request
 from .schema import ApiError, _bad, _bool
@@ -248,12 +248,17 @@ async def _stream(request, events, job, output: Output):
 
     yield frame({"type": "response.created", "response": output.response()})
     yield frame({"type": "response.in_progress", "response": output.response()})
-    async for event in events_or_cancel(request, events, job):
-        if event[0] == "error":
-            err = event[1]
-            yield frame({"type": "error", "code": err.code, "message": err.message, "param": err.param})
-        for e in output.feed(event):
-            yield frame(e)
+    def error(err: ApiError) -> bytes:
+        return frame({"type": "error", "code": err.code, "message": err.message, "param": err.param})
+
+    try:
+        async for event in events_or_cancel(request, events, job):
+            if event[0] == "error":
+                yield error(event[1])
+            for e in output.feed(event):
+                yield frame(e)
+    except Exception as exc:  # a bug while making the stream: an error event, never a cut connection
+        yield error(internal_error(exc, "POST /v1/responses"))
 
 
 def add_routes(router, api: Api) -> None:

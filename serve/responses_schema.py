@@ -2,8 +2,9 @@
 field checks): `instructions` and `input` items become k3 chat messages after a stored conversation
 (`previous_response_id`), `tools` function declarations, `include` / `top_logprobs` the log-probabilities asked for.
 
-A known field of the wrong type or out of range is a 400 naming it; images, files and built-in tools are refused
-by name; unknown fields are ignored. Checked by tests/serve/test_responses_api.py.
+A known field of the wrong type or out of range is a 400 naming it (every id and name is a string); `metadata` is
+held to OpenAI's bounds (a stored response keeps it); images, files and built-in tools are refused by name;
+unknown fields are ignored. Checked by tests/serve/test_responses_api.py.
 """
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from dataclasses import dataclass, field
 
 from k3core.text.chat import tool_call_markup
 
-from .schema import (MAX_TOP_LOGPROBS, REASONING_EFFORTS, TOOL_NAME, ApiError, ChatRequest, Sampling, _arguments, _bad,
-                     _bool, _integer, _model, _number, _string, json_format)
+from .schema import (IDENTIFIERS, MAX_TOP_LOGPROBS, REASONING_EFFORTS, TOOL_NAME, ApiError, ChatRequest, Sampling,
+                     _arguments, _bad, _bool, _integer, _model, _number, _optional_string, _string, json_format,
+                     metadata, placed)
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 TEXT_PARTS = ("input_text", "output_text")
@@ -39,8 +41,12 @@ def responses_request(body, max_tokens_limit: int, previous: Conversation | None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
     _not_served(body)
+    for name in IDENTIFIERS:
+        _optional_string(body, name)
+    metadata(body)
     conversation = _conversation(body, previous or Conversation())
     tools, choice = _tools(body)
+    tools, places = placed(tools)
     sampling = Sampling(temperature=_number(body, "temperature", 0.0, 2.0),
                         top_p=_number(body, "top_p", 0.0, 1.0, 1.0, low_open=True),
                         max_tokens=_integer(body, "max_output_tokens", 1, max_tokens_limit),
@@ -50,7 +56,8 @@ def responses_request(body, max_tokens_limit: int, previous: Conversation | None
     return ChatRequest(model=_model(body), messages=conversation.messages, sampling=sampling,
                        stream=_bool(body, "stream"), tools=tools, tool_choice=choice,
                        thinking=_thinking(body), response_schema=schema, schema_param=where,
-                       logprobs=_logprobs(body), parallel_calls=_bool(body, "parallel_tool_calls", True)), conversation
+                       logprobs=_logprobs(body), parallel_calls=_bool(body, "parallel_tool_calls", True),
+                       tool_places=places), conversation
 
 
 def _text(content, path: str) -> str:
@@ -95,8 +102,10 @@ def _conversation(body: dict, previous: Conversation) -> Conversation:
         where = f"input[{i}]"
         kind = item.get("type", "message") if isinstance(item, dict) else type(item).__name__
         fresh = len(out)
+        if isinstance(item, dict):
+            _optional_string(item, "id", where)
         if kind == "message":
-            role = ROLES.get(item.get("role"))
+            role = ROLES.get(item.get("role")) if isinstance(item.get("role"), str) else None
             if role is None:
                 raise _bad(f"{where}.role", f"must be user, system, developer or assistant, got {item.get('role')!r}")
             out.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
@@ -109,7 +118,7 @@ def _conversation(body: dict, previous: Conversation) -> Conversation:
                 out.append({"role": "assistant", "content": ""})
             calls.setdefault(len(out) - 1, []).append((name, arguments))
         elif kind == "function_call_output":
-            name = names.get(item.get("call_id"))
+            name = names.get(_string(item, "call_id", where))
             if name is None:
                 raise _bad(f"{where}.call_id", "must be the call_id of a function_call before it (in `input` or the "
                            "previous response)")
@@ -158,14 +167,18 @@ def _tools(body: dict) -> tuple[tuple[dict, ...], str | None]:
             raise _bad(f"tools[{j}].name", "must be a tool name (letters, digits, _ and -)")
         if t.get("parameters") is not None and not isinstance(t["parameters"], dict):
             raise _bad(f"tools[{j}].parameters", "must be a JSON Schema object")
-        declared.append({k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None})
+        _optional_string(t, "description", f"tools[{j}]")
+        declared.append({k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}
+                        | {"place": f"tools[{j}].parameters"})
     choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        _optional_string(choice, "name", "tool_choice")
     if choice in (None, "auto"):
         return tuple(declared), None
     if choice == "none" or (choice == "required" and declared):
         return tuple(declared), choice
-    if isinstance(choice, dict) and choice.get("type") == "function" and choice.get("name") in {
-            d["name"] for d in declared}:
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str) and \
+            choice["name"] in {d["name"] for d in declared}:
         return tuple(declared), choice["name"]
     raise _bad("tool_choice", "must be 'auto', 'none', 'required' (with tools) or {type: function, name} naming one "
                "of the tools")

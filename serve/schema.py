@@ -1,7 +1,9 @@
 """OpenAI request bodies in, typed requests out; OpenAI-shaped errors.
 
 Unknown fields are ignored, as OpenAI does; a known field of the wrong type or out of range is a 400
-naming it (`param`). Text is the only content kind: a non-text part is refused by name.
+naming it (`param`) — every id and name included, whether k3 reads it or passes it over (`_optional_string`).
+Text is the only content kind: a non-text part is refused by name. `metadata` is held to OpenAI's bounds
+(`metadata`), here and in the other dialects.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 MAX_STOP = 4  # stop sequences per request, as OpenAI allows
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI allows
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' logprobs, as OpenAI allows
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512  # OpenAI's bounds on `metadata`
+IDENTIFIERS = ("user", "safety_identifier", "prompt_cache_key")  # strings OpenAI defines; k3 passes them over
 
 
 class ApiError(Exception):
@@ -65,6 +69,7 @@ class ChatRequest:
     response_schema: str | None = None    # the reply is JSON satisfying this schema (its JSON text); None: any text
     schema_param: str = "response_format"  # where the request gave it (a schema that cannot be enforced is named so)
     parallel_calls: bool = True           # False: one tool call at most (parallel_tool_calls, disable_parallel_tool_use)
+    tool_places: tuple[str, ...] = ()     # where the body gives each tool's schema ("tools[0].function.parameters")
     breakpoints: tuple[tuple[int, int], ...] = ()  # cache_control: (message index, offset in its content) to keep
 
 
@@ -110,6 +115,37 @@ def _string(block: dict, key: str, path: str) -> str:
     if not isinstance(value, str):
         raise _bad(f"{path}.{key}", "must be a string")
     return value
+
+
+def _optional_string(body: dict, key: str, path: str | None = None, limit: int | None = None) -> str | None:
+    """An optional string field (an id, a name): absent or null is None; any other type, or one over `limit`
+    characters, is a 400 naming it."""
+    value, where = body.get(key), f"{path}.{key}" if path else key
+    if value is not None and not isinstance(value, str):
+        raise _bad(where, f"must be a string, got {type(value).__name__}")
+    if value is not None and limit is not None and len(value) > limit:
+        raise _bad(where, f"at most {limit} characters, got {len(value)}")
+    return value
+
+
+def metadata(body: dict) -> dict:
+    """`metadata`: at most MAX_METADATA_PAIRS string pairs, keys at most MAX_METADATA_KEY characters and values at
+    most MAX_METADATA_VALUE (OpenAI's bounds: a stored response keeps it, so it is bounded before it is kept)."""
+    given = body.get("metadata")
+    if given is None:
+        return {}
+    if not isinstance(given, dict):
+        raise _bad("metadata", f"must be an object of at most {MAX_METADATA_PAIRS} string key-value pairs")
+    if len(given) > MAX_METADATA_PAIRS:
+        raise _bad("metadata", f"at most {MAX_METADATA_PAIRS} key-value pairs, got {len(given)}")
+    for key, value in given.items():
+        if len(key) > MAX_METADATA_KEY:
+            raise _bad("metadata", f"a key is at most {MAX_METADATA_KEY} characters, got one of {len(key)} "
+                       f"({key[:MAX_METADATA_KEY]!r}…)")
+        _optional_string(given, key, "metadata", MAX_METADATA_VALUE)
+        if value is None:
+            raise _bad(f"metadata.{key}", "must be a string, got null")
+    return given
 
 
 def _invalid(exc: MessageError) -> ApiError:
@@ -163,6 +199,7 @@ def json_format(fmt, param: str, inner: str | None) -> tuple[str | None, str]:
             raise _bad(where, "must be an object: {name, schema, strict?}")
     if holder.get("strict") is not None and not isinstance(holder["strict"], bool):
         raise _bad(f"{where}.strict", "must be true or false")
+    _optional_string(holder, "name", where)
     schema = holder.get("schema", {})  # OpenAI: a json_schema without one takes any JSON
     try:
         return schema_text(schema, f"{where}.schema"), f"{where}.schema"
@@ -237,7 +274,7 @@ def _messages(body: dict) -> tuple[dict, ...]:
 
 def _tools(body: dict) -> tuple[tuple[dict, ...], str | None]:
     tools, choice = body.get("tools"), body.get("tool_choice")
-    declared = []
+    declared = []  # each with the place of its schema in the body (`place`), which the ChatRequest keeps apart
     if tools is not None:
         if not isinstance(tools, list):
             raise _bad("tools", "must be a list of tools")
@@ -248,7 +285,9 @@ def _tools(body: dict) -> tuple[tuple[dict, ...], str | None]:
                            "parameters?}} with a name of letters, digits, _ and -")
             if "parameters" in fn and not isinstance(fn["parameters"], dict):
                 raise _bad(f"tools[{j}].function.parameters", "must be a JSON Schema object")
-            declared.append({k: fn[k] for k in ("name", "description", "parameters") if k in fn})
+            _optional_string(fn, "description", f"tools[{j}].function")
+            declared.append({k: fn[k] for k in ("name", "description", "parameters") if k in fn}
+                            | {"place": f"tools[{j}].function.parameters"})
     if choice is None or choice == "auto":
         return tuple(declared), None
     if choice in ("none", "required"):
@@ -288,16 +327,27 @@ def _chat_logprobs(body: dict) -> int | None:
     return top or 0
 
 
+def placed(tools) -> tuple[tuple[dict, ...], tuple[str, ...]]:
+    """Declarations that carry their schema's place in the body (`place`): the declarations without it, and the
+    places."""
+    return (tuple({k: v for k, v in t.items() if k != "place"} for t in tools),
+            tuple(t["place"] for t in tools))
+
+
 def chat_request(body: Any, max_tokens_limit: int) -> ChatRequest:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
     tools, choice = _tools(body)
+    tools, places = placed(tools)
     schema, where = json_format(body.get("response_format"), "response_format", "json_schema")
+    for name in IDENTIFIERS:
+        _optional_string(body, name)
+    metadata(body)
     return ChatRequest(model=_model(body), messages=_messages(body), sampling=_sampling(body, max_tokens_limit),
                        stream=_bool(body, "stream"), include_usage=_include_usage(body), tools=tools,
                        tool_choice=choice, thinking=_thinking(body), logprobs=_chat_logprobs(body),
                        response_schema=schema, schema_param=where,
-                       parallel_calls=_bool(body, "parallel_tool_calls", True))
+                       parallel_calls=_bool(body, "parallel_tool_calls", True), tool_places=places)
 
 
 def _prompt(prompt) -> str | tuple[int, ...]:

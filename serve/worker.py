@@ -6,7 +6,9 @@ forward pass per step (`BatchGenerator`: each reply is the bits it gets alone). 
 whichever conversation left it — so a follow-up turn, or another conversation with the same system prompt and
 tools, forwards only what is new; its prompt's checkpoints (message boundaries, cache_control breakpoints, every
 interval) are kept as it is forwarded, and its state when it ends — stopped, finished, cut off or cancelled. A
-pass that fails ends only the requests in it; the worker goes on.
+pass that fails ends only the requests in it; a request whose own part fails (its grammar cannot go on, its
+events cannot be made) ends alone, and the others in the pass go on with the ids they get without it. The worker
+goes on.
 """
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from k3core import BatchGenerator, InputError, K3Error, PrefixCache, Sampler, SamplingParams, token_logprobs
+from k3core.text.batch import SequenceFailed
 from k3core.text.channels import TextStream
+from k3core.text.structured import GrammarError
 
 from .schema import ApiError
 
@@ -40,6 +44,7 @@ class Job:
     forced: list[int] = field(default_factory=list)  # ids at the prompt's end the reply is parsed from too
     stop_ids: frozenset = frozenset()
     grammar: object = None            # a k3core.Grammar the reply is held to (a JSON schema, forced tool calls)
+    grammar_param: str = "response_format"  # the request field a failing grammar is named by
     logprobs: int | None = None       # alternatives per id of its log-probabilities; None: none are computed
     score_prompt: bool = False        # the prompt's ids' log-probabilities too (teacher-forced; a fresh state)
     checkpoints: tuple[int, ...] = ()  # prompt positions whose state the prompt cache keeps (cache_control)
@@ -137,15 +142,23 @@ class Worker:
             self._admit()
             if not self._batch.sequences:
                 return
+            failed = {}
             try:
                 emitted = self._batch.step()
+            except SequenceFailed as exc:  # some requests' own picks failed: they end, the others' ids stand
+                emitted, failed = exc.emitted, exc.failed
             except Exception as exc:  # the pass failed: every request in it ends, the worker goes on
                 self._fail_active(exc)
                 return
+        for handle, exc in failed.items():
+            self._fail(handle, exc)
         for handle in dict.fromkeys(e.handle for e in emitted):  # a speculating sequence may emit several ids
-            for used, e in enumerate((e for e in emitted if e.handle == handle), start=1):
-                if self._emitted(handle, e, used):
-                    break
+            try:
+                for used, e in enumerate((e for e in emitted if e.handle == handle), start=1):
+                    if self._emitted(handle, e, used):
+                        break
+            except Exception as exc:  # making this request's events failed: it ends alone
+                self._fail(handle, exc)
 
     def _engine_changed(self) -> None:
         self._fail_active(K3Error("the engine was reopened (new memory budgets); send the request again"))
@@ -237,6 +250,27 @@ class Worker:
                                    "logprobs": list(job.scores),
                                    "prompt_logprobs": list(job.prompt_logprobs) if job.score_prompt else None}))
         return True
+
+    def _fail(self, handle: int, exc: Exception) -> None:
+        """One request ends with an error, the others go on: a grammar that cannot go on is a 400 naming the field
+        its schema came from (llguidance's state goes to the debug log only), anything else a 500."""
+        job = self._active.pop(handle, None)
+        if job is None:
+            return
+        self._batch.remove(handle)  # a no-op when the batch already let it go; its state is not kept
+        self.failed += 1
+        if isinstance(exc, GrammarError):
+            log.info("a reply's grammar could not go on after %d ids; that request ends: %s", exc.ids, exc.reason)
+            log.debug("the grammar engine's state: %s", exc.detail)
+            param = job.grammar_param
+            job.emit(("error", ApiError(400, f"{param}: the grammar engine could not go on after {exc.ids} ids of the "
+                                       f"reply ({exc.reason}), so the reply was ended; a simpler schema (shorter "
+                                       "patterns, fewer alternatives) can be enforced", param=param,
+                                       code="invalid_value")))
+            return
+        log.error("a request failed and ends alone: %s: %s", type(exc).__name__, exc, exc_info=exc)
+        job.emit(("error", ApiError(500, f"generation failed: {type(exc).__name__}: {str(exc)[:500]}",
+                                    code="engine_error")))
 
     def _fail_active(self, exc: Exception) -> None:
         log.error("a forward pass failed; the %d request(s) in it end: %s", len(self._active), exc)

@@ -20,6 +20,10 @@ A sequence added with `prompt_rows` has its prompt forwarded with every position
 callback chunk by chunk (rows [n, V], row j the logits after the chunk's j-th id): what scoring the prompt
 (teacher-forced log-probabilities) needs, in the passes that forward it anyway. Its chunks are cut to hold at
 most SCORED_LOGITS_BYTES of logits (102 ids on K3's vocabulary), within the plan's working buffers.
+
+A sequence whose sampler fails (its grammar cannot go on, NaN logits in its row) leaves the batch alone: `step`
+finishes the others' picks, then raises SequenceFailed holding their ids and the failures. A pick sees only its own
+row and its own PRNG, so the others' ids are the ones they get without it.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from ..errors import UsageError
+from ..errors import K3Error, UsageError
 from .generate import DraftLength, Speculation, check_speculation, checked_prompt, pick, proposals, tell_draft
 from ..model.pass_cost import PassCost
 from .sampling import Sampler
@@ -37,6 +41,15 @@ if TYPE_CHECKING:
     from ..model.engine import DecodeState, Engine, Observer
 
 SCORED_LOGITS_BYTES = 64 << 20  # the float32 logits of one scored prompt chunk, at most
+
+
+class SequenceFailed(K3Error):
+    """Some sequences' samplers failed in a step and those sequences left the batch (their states are dropped, not
+    rolled back): `failed` maps each one's handle to its exception; `emitted` is what `step` gave the others."""
+
+    def __init__(self, failed: dict[int, Exception], emitted: list["Emitted"]):
+        super().__init__("; ".join(f"sequence {h}: {exc}" for h, exc in failed.items()))
+        self.failed, self.emitted = failed, emitted
 
 
 class Emitted(NamedTuple):
@@ -137,8 +150,8 @@ class BatchGenerator:
         produce several, in order)."""
         if not self.sequences:
             return []
-        budget, batch, chunks, every, keep = self.engine.prefill_chunk, [], [], [], []
-        for handle, seq in self.sequences.items():
+        budget, batch, chunks, every, keep, failed = self.engine.prefill_chunk, [], [], [], [], {}
+        for handle, seq in list(self.sequences.items()):
             self._settle(seq, seq.emitted)  # the previous step's ids were all kept
             n = 1 if len(seq.pending) == 1 else min(len(seq.pending), budget, self._chunk_limit(seq))
             if n == 0:
@@ -147,7 +160,11 @@ class BatchGenerator:
                 budget -= n
             row = seq.pending[:n]
             if n == 1 and len(seq.pending) == 1 and seq.speculation is not None:
-                row = row + self._drafts(seq)
+                try:
+                    row = row + self._drafts(seq)
+                except Exception as exc:  # its sampler's constraint failed: it leaves, the others go on
+                    failed[handle] = self._drop(handle, exc)
+                    continue
             scored = seq.prompt_rows is not None and seq.generated == 0  # a chunk of the prompt
             batch.append((row, seq.state))
             chunks.append((handle, n, scored))
@@ -165,8 +182,20 @@ class BatchGenerator:
             del seq.pending[:n]
             if seq.pending:
                 continue
-            out += self._emit(handle, seq, logits[n - 1:] if every_row else logits[None])
+            try:
+                out += self._emit(handle, seq, logits[n - 1:] if every_row else logits[None])
+            except Exception as exc:  # its pick failed (its grammar, its row): it leaves, the others go on
+                failed[handle] = self._drop(handle, exc)
+        if failed:
+            raise SequenceFailed(failed, out)
         return out
+
+    def _drop(self, handle: int, exc: Exception) -> Exception:
+        """A failed sequence leaves the batch; its state is not rolled back (no consumer keeps it)."""
+        seq = self.sequences.pop(handle)
+        if seq.speculation is not None:
+            seq.speculation.draft.end(tuple(seq.history))
+        return exc
 
     def _chunk_limit(self, seq: _Sequence) -> int:
         """Prompt ids one pass may forward for `seq`: a scored prompt's logits stay within SCORED_LOGITS_BYTES."""

@@ -6,8 +6,8 @@ developer is system; content is a string or a list of text parts joined (any oth
 null or absent only on an assistant turn (one that only called tools, as OpenAI takes it, or only thought): a
 system, user or tool message without content is refused; an assistant's reasoning_content is its thinking and its
 tool_calls k3's call markup; a tool message is named by its `name`, else after the call its tool_call_id answers.
-Anything else is a MessageError naming the field as the request names it
-("messages[2].tool_calls[0].function.arguments").
+Every id and name is a string where given (`name`, `tool_call_id`, `tool_calls[j].id`). Anything else is a
+MessageError naming the field as the request names it ("messages[2].tool_calls[0].function.arguments").
 """
 from __future__ import annotations
 
@@ -38,6 +38,9 @@ def k3_messages(messages) -> list[dict]:
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise MessageError(where, "must be an object with role and content")
+        for key in ("name", "tool_call_id"):
+            if m.get(key) is not None and not isinstance(m[key], str):
+                raise MessageError(f"{where}.{key}", f"must be a string, got {type(m[key]).__name__}")
         role = m.get("role")
         if role == "developer":
             role = "system"
@@ -99,6 +102,8 @@ def tool_calls(calls, where: str) -> list[tuple[str, dict]]:
     out = []
     for j, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(call, dict) and call.get("id") is not None and not isinstance(call["id"], str):
+            raise MessageError(f"{where}.tool_calls[{j}].id", f"must be a string, got {type(call['id']).__name__}")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not TOOL_NAME.match(fn["name"]):
             raise MessageError(f"{where}.tool_calls[{j}].function.name",
                                "must be a tool name (letters, digits, _ and -)")

@@ -19,11 +19,17 @@ The grammar a reply gets (`reply_grammar`, `tool_call_grammar`):
   element whose JSON satisfies that tool's `parameters`; at most MAX_CALLS calls, or one.
 JSON is written one way: `, ` and `: ` between items and no other whitespace, so a reply cannot run on in
 blank space. Once the grammar is complete only the stop id is allowed: `<|end_of_msg|>` in chat, `[EOS]` after
-raw text (`Constraint.stop_ids`); generation ends there.
+raw text (`Constraint.stop_ids`); generation ends there, so a reply that stops satisfies its grammar.
+
+What cannot be enforced is a SchemaError before generation: what llguidance refuses at compile, a schema with no
+finite instance or a pattern its lexer cannot build (schema_checks.py), and a grammar whose first ids (those it
+forces) already fail. If the grammar engine still fails mid-reply, `Constraint` raises GrammarError for that
+reply alone: its mask is never the stop id it falls back to.
 """
 from __future__ import annotations
 
 import json
+import logging
 import weakref
 from typing import Mapping, Sequence
 
@@ -31,12 +37,16 @@ import numpy as np
 
 from ..errors import K3Error, UsageError
 from .chat import EOM
+from .schema_checks import engine_message, no_finite_instance, pattern_problem, patterns
+
+log = logging.getLogger("k3.structured")
 
 MAX_SCHEMA_BYTES = 64 << 10  # a JSON schema's text, at most (compiling costs grow with it)
 MAX_CALLS = 8                # tool calls in one constrained tools channel, at most
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_OBJECT = {"type": "object"}  # json_object, and a tool declared without parameters
 RAW_STOP = "[EOS]"
+PROBE_IDS = 64               # ids a grammar forces at its start, at most, that are checked before generation
 
 
 class SchemaError(UsageError):
@@ -45,6 +55,16 @@ class SchemaError(UsageError):
     def __init__(self, param: str, problem: str):
         super().__init__(f"{param}: {problem}")
         self.param, self.problem = param, problem
+
+
+class GrammarError(K3Error):
+    """The grammar engine stopped mid-reply (a limit passed while it built what comes next): the reply cannot go on
+    under its grammar. `reason` is llguidance's first line, `detail` its whole message (its state: for a debug log),
+    `ids` the ids the reply had when it stopped."""
+
+    def __init__(self, detail: str, ids: int):
+        self.reason, self.detail, self.ids = engine_message(detail), detail, ids
+        super().__init__(f"structured output: the grammar engine stopped after {ids} ids of the reply: {self.reason}")
 
 
 def schema_text(schema, param: str = "json_schema") -> str:
@@ -65,7 +85,30 @@ def schema_text(schema, param: str = "json_schema") -> str:
         raise SchemaError(param, f"not JSON-serialisable: {exc}") from None
     if len(text.encode()) > MAX_SCHEMA_BYTES:
         raise SchemaError(param, f"the schema is over {MAX_SCHEMA_BYTES} bytes (MAX_SCHEMA_BYTES)")
+    check_schema(schema, param)
     return text
+
+
+def check_schema(schema: Mapping, param: str) -> None:
+    """A SchemaError naming `param` for what llguidance compiles and then fails on (schema_checks.py): a $ref
+    recursion with no finite instance, a pattern its lexer cannot build."""
+    problem = no_finite_instance(schema)
+    if problem:
+        raise SchemaError(param, problem)
+    for where, regex in patterns(schema):
+        problem = pattern_problem(regex)
+        if problem and "too many expressions" in problem:
+            raise SchemaError(param, f"the pattern at {where} is too large to enforce: {_lexer_limit(problem)}")
+        if problem:
+            raise SchemaError(param, f"the pattern at {where} cannot be enforced: {problem}")
+
+
+def _lexer_limit(reason: str) -> str:
+    """llguidance's lexer giving up, with the limit it passed."""
+    import llguidance
+
+    return (f"llguidance's lexer gives up building it ({reason}; its limit, initial_lexer_fuel, is "
+            f"{llguidance.LLParserLimits().initial_lexer_fuel:,})")
 
 
 def _json_rule(name: str, schema: str) -> str:
@@ -183,19 +226,33 @@ class Grammar:
         grammar = llguidance.LLMatcher.grammar_from_lark(lark)
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.vocab.lltokenizer)
         if failed:
-            raise SchemaError(param, "cannot be enforced: " + _first_line(messages[0]))
+            raise SchemaError(param, "cannot be enforced: " + engine_message(messages[0]))
         self._compiled = llguidance.LLMatcher(self.vocab.lltokenizer, grammar, log_level=0)
         if self._compiled.is_error():
-            raise SchemaError(param, "cannot be enforced: " + _first_line(self._compiled.get_error()))
+            raise SchemaError(param, "cannot be enforced: " + engine_message(self._compiled.get_error()))
+        self._probe(param)
+
+    def _probe(self, param: str) -> None:
+        """The first masks, while the grammar forces one id (up to PROBE_IDS): a SchemaError if one fails or allows
+        nothing, which a reply would otherwise meet at its first id."""
+        matcher = self._compiled.deep_copy()
+        for _ in range(PROBE_IDS):
+            bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), np.uint8), bitorder="little")
+            if matcher.is_error():
+                log.debug("the grammar fails at its start: %s", matcher.get_error())
+                reason = engine_message(matcher.get_error())
+                raise SchemaError(param, "cannot be enforced: " + (
+                    "its patterns are too large together: " + _lexer_limit(reason)
+                    if "too many expressions" in reason else reason))
+            allowed = np.flatnonzero(bits[:self.vocab.n_vocab])
+            if len(allowed) == 0:
+                raise SchemaError(param, "cannot be enforced: no reply satisfies it")
+            if len(allowed) > 1 or int(allowed[0]) in self.stop_ids:
+                return
+            matcher.consume_token(int(allowed[0]))
 
     def constraint(self) -> "Constraint":
         return Constraint(self._compiled.deep_copy(), self.vocab)
-
-
-def _first_line(message: str) -> str:
-    """llguidance's message without its position prefix and the grammar listing after it."""
-    line = message.strip().splitlines()[0] if message.strip() else "unknown error"
-    return line.split(": ", 1)[1] if line.startswith("at ") and ": " in line else line
 
 
 class Constraint:
@@ -206,10 +263,14 @@ class Constraint:
         self.matcher, self.stop_ids = matcher, vocab.stop_ids
         self.n_vocab = vocab.n_vocab
         self.finished = False
+        self.ids = 0  # consumed so far
 
     def allowed(self, size: int) -> np.ndarray:
-        """bool [size]: the ids the grammar allows next (ids past the tokenizer's vocabulary never are)."""
+        """bool [size]: the ids the grammar allows next (ids past the tokenizer's vocabulary never are); GrammarError
+        when the engine failed (its mask would then allow the stop id alone, ending an unfinished reply)."""
         bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), np.uint8), bitorder="little")
+        if self.matcher.is_error():
+            raise GrammarError(self.matcher.get_error(), self.ids)
         out = np.zeros(size, bool)
         n = min(size, self.n_vocab)
         out[:n] = bits[:n]
@@ -224,8 +285,9 @@ class Constraint:
     def advance(self, token: int) -> None:
         if self.finished:
             return
-        if not self.matcher.consume_token(int(token)):
-            raise K3Error(f"structured output: id {token} was refused by the grammar ({self.matcher.get_error()})")
+        if not self.matcher.consume_token(int(token)):  # the mask allowed it: the engine failed consuming it
+            raise GrammarError(self.matcher.get_error(), self.ids)
+        self.ids += 1
         self.finished = token in self.stop_ids
 
     def drafts(self, ids: list[int], k: int) -> list[int]:

@@ -371,7 +371,7 @@ SCHEMA_CASES = [
         "type": "json_schema", "name": "s", "schema": SCHEMA_PAST_THE_LIMIT}}}, "text.format.schema"),
     row("serve-tool-parameters", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
         "tool_choice": "required", "tools": [{"type": "function", "function": {
-            "name": "f", "parameters": SCHEMA_PAST_THE_LIMIT}}]}, "tools[0].parameters"),
+            "name": "f", "parameters": SCHEMA_PAST_THE_LIMIT}}]}, "tools[0].function.parameters"),
 ]
 
 
