@@ -18,6 +18,7 @@ from .chat import Chats
 from .engine_panel import Monitor
 from .guard import Guard
 from .host import EngineHost
+from .inputs import check_inputs, refuse, shown
 from .messages import turn_note
 from .session import session_key
 from .setup_tab import setup_tab
@@ -58,12 +59,28 @@ class App:
     monitor: Monitor
 
 
+SEED_MAX = 2**64 - 1
+
+
+def parse_seed(seed) -> int | None:
+    """The Seed field: empty (a fresh seed each reply) or a whole number in 0..2**64-1, else refused by name."""
+    text = str(seed if seed is not None else "").strip()
+    if not text:
+        return None
+    value = int(text) if text.isascii() and text.isdigit() and len(text) <= len(str(SEED_MAX)) else None
+    if value is None or value > SEED_MAX:
+        raise refuse(f"Seed: give a whole number from 0 to {SEED_MAX}, or leave it empty for a fresh seed each "
+                     f"reply; got {shown(seed)}")
+    return value
+
+
 def sampling(temperature, top_p, top_k, max_tokens, seed) -> SamplingParams:
+    seed = parse_seed(seed)
     try:
         return SamplingParams(temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
-                              max_tokens=int(max_tokens), seed=int(seed) if str(seed or "").strip() else None)
+                              max_tokens=int(max_tokens), seed=seed)
     except (K3Error, ValueError, TypeError) as exc:
-        raise gr.Error(str(exc)) from None
+        raise refuse(str(exc)) from None
 
 
 def header(host: EngineHost) -> str:
@@ -101,7 +118,7 @@ def build(host: EngineHost, keep_states: int = 2, guard: Guard | None = None) ->
         memory.select(current, None, controls, api_visibility="private", concurrency_limit=None)
         plugins.select(lambda: plugins_markdown(host), None, listing, api_visibility="private",
                        concurrency_limit=None)
-    return App(demo, host, chats, monitor)
+    return App(check_inputs(demo), host, chats, monitor)
 
 
 def chat_tab(demo: gr.Blocks, chats: Chats, monitor: Monitor) -> None:
@@ -113,8 +130,8 @@ def chat_tab(demo: gr.Blocks, chats: Chats, monitor: Monitor) -> None:
                                              "engine at the next token.")
             note = gr.Markdown(elem_id="k3-note")
             # the box spans the column; its buttons go in rows below it, none wider than it at any width
-            box = gr.Textbox(show_label=False, placeholder="Message Kimi K3 (Enter to send)", autofocus=True,
-                             elem_id="k3-input")
+            box = gr.Textbox(label="Message", show_label=False, placeholder="Message Kimi K3 (Enter to send)",
+                             autofocus=True, elem_id="k3-input")
             with gr.Row(elem_id="k3-send-row"):
                 send = gr.Button("Send", variant="primary", scale=2, min_width=80, elem_id="k3-send")
                 stop = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id="k3-stop")
@@ -140,26 +157,26 @@ def chat_tab(demo: gr.Blocks, chats: Chats, monitor: Monitor) -> None:
                                   info="empty = a fresh seed each reply (shown below the chat); sampling only")
     knobs = [mode, system, temperature, top_p, top_k, max_tokens, seed]
 
-    def run(key, text, mode, system_prompt, *params):
-        p = sampling(*params)
+    def run(key, text, mode, system_prompt, p: SamplingParams):
         for u in chats.reply(key, text, p, mode, system_prompt or None):
             failed = u.status == "error"
             yield u.messages, text if failed else "", ("⚠ " if failed else "") + u.note, monitor.render()
 
     # the parameter names are what a gradio_client user sees (`client.view_api()`)
     def send_fn(message, mode, system_prompt, temperature, top_p, top_k, max_tokens, seed, request: gr.Request):
+        p = sampling(temperature, top_p, top_k, max_tokens, seed)
         if not (message or "").strip():
             yield chats.messages(session_key(request)), "", "", monitor.render()
             return
-        yield from run(session_key(request), message, mode, system_prompt, temperature, top_p, top_k, max_tokens,
-                       seed)
+        yield from run(session_key(request), message, mode, system_prompt, p)
 
     def retry_fn(mode, system_prompt, temperature, top_p, top_k, max_tokens, seed, request: gr.Request):
+        p = sampling(temperature, top_p, top_k, max_tokens, seed)  # refused before the last turn is taken back
         text = chats.undo(session_key(request))
         if not text:
             yield chats.messages(session_key(request)), "", "nothing to retry", monitor.render()
             return
-        yield from run(session_key(request), text, mode, system_prompt, temperature, top_p, top_k, max_tokens, seed)
+        yield from run(session_key(request), text, mode, system_prompt, p)
 
     def stop_fn(request: gr.Request):
         chats.stop(session_key(request))

@@ -56,7 +56,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument(EXPOSE_FLAG, dest="expose", action="store_true",
                    help="allow --host to be a non-loopback address (prints a warning)")
     g.add_argument("--auth", metavar="USER:PASSWORD", help="require this login (or set K3_UI_AUTH); the password "
-                   "is never printed")
+                   "is never printed. /v1 then asks for it too: clients send `Authorization: Bearer PASSWORD` (or "
+                   "`x-api-key: PASSWORD` on /v1/messages), or the API key instead when one is set (--api-key, "
+                   "K3_API_KEY)")
     g.add_argument(ADMIN_FLAG, dest="allow_admin", action="store_true",
                    help="let clients of the page run Setup, open the saved profile and change memory budgets — "
                         "actions that write files or change what every session sees (implied by --auth)")

@@ -1,6 +1,8 @@
 """Where `k3 ui` listens and who may use it. Loopback (127.0.0.1) by default; any other address only
 with --host AND --i-know-this-exposes-the-model, and then with a printed warning; --auth (or
-K3_UI_AUTH) adds a login whose password is never printed; never a public share link.
+K3_UI_AUTH) adds a login whose password is never printed; never a public share link. With a login, /v1 asks
+for a credential too (`api_credential`): the API key when one is set, else the login's password, sent as
+`Authorization: Bearer PASSWORD` (or `x-api-key: PASSWORD` on /v1/messages); without it, 401 in the dialect's shape.
 
 The page is served by our own FastAPI app (Gradio mounted at /) under uvicorn, so that every browser
 gets a server-issued, unguessable session cookie (ui/session.py): a conversation belongs to the cookie that
@@ -62,6 +64,14 @@ def parse_auth(text: str | None) -> tuple[str, str] | None:
     if not sep or not user or not password:
         raise UsageError("--auth takes USER:PASSWORD (both non-empty); K3_UI_AUTH takes the same")
     return user, password
+
+
+def api_credential(key: str | None, auth: tuple[str, str] | None) -> str | None:
+    """What /v1 asks its clients for: the API key (--api-key, K3_API_KEY) when one is set, else, with a login,
+    the login's password (a page behind a login never serves its engine to whoever asks); None: nothing."""
+    if key is not None:
+        return key
+    return auth[1] if auth else None
 
 
 def launch(demo, host: str, port: int, auth: tuple[str, str] | None = None, block: bool = True,
@@ -160,7 +170,10 @@ def serve(config: EngineConfig, opts: ServerOptions, speculation=lambda: None,
                  engine.engine.kernels.name, engine.engine.placer.name, engine.engine.store.name)
         api = None
         if is_loopback(host) or key is not None:
-            worker, api = openai_routes(engine, opts, key)
+            worker, api = openai_routes(engine, opts, api_credential(key, auth))
+            if key is None and auth is not None:
+                print("k3 ui: /v1 asks for the login's password as its API key: send `Authorization: Bearer "
+                      "PASSWORD` (or `x-api-key: PASSWORD` on /v1/messages)", flush=True)
         else:
             print("k3 ui: the OpenAI API (/v1) is off: on a non-loopback address it needs an API key (K3_API_KEY)",
                   file=sys.stderr)

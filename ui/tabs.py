@@ -46,9 +46,9 @@ def memory_tab(host, chats, guard):
         with gr.Column(scale=1, min_width=300):
             preset = gr.Dropdown(PRESET_CHOICES, value=b["preset"], label="Preset", elem_id="k3-preset",
                                  info="fills the fields below with its budgets")
-            trunk_gb = gr.Number(b["trunk_gb"], label="Trunk GB", interactive=bool(b["trunk"]),
+            trunk_gb = gr.Number(b["trunk_gb"], label="Trunk GB", interactive=bool(b["trunk"]), minimum=0,
                                  elem_id="k3-trunk-gb", info=_trunk_info(b))
-            cache_gb = gr.Number(b["cache_gb"], label="Expert cache GB", elem_id="k3-cache-gb",
+            cache_gb = gr.Number(b["cache_gb"], label="Expert cache GB", elem_id="k3-cache-gb", minimum=0,
                                  info="editing it makes the preset custom")
             save = gr.Checkbox(False, label="Also save as my profile (k3 run / chat / ui use it by default)",
                                interactive=guard.admin)

@@ -2,14 +2,19 @@
 or a body sent a byte at a time are cut off with 408 while others are served; a client that leaves mid-request is
 one log line, never a traceback; a port outside 1..65535 is refused; tools a chat template ignores are declared
 anyway; special-token text in an assistant turn is refused as a user's is. Every socket is bounded in time: the
-servers here give 1 s for headers and 1.5 s for a body."""
+servers here give 1 s for headers and 1.5 s for a body. `k3 ui --auth` asks for its login on /v1 too (401 in the
+dialect's shape without it); a session cookie the server did not issue is replaced, never trusted; a value the page
+refuses (a seed, a slider, a path with a NUL) is a message naming the field and one log line, never a traceback."""
 from __future__ import annotations
 
 import json
 import logging
+import os
 import select
 import shutil
 import socket
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -81,9 +86,56 @@ class Servers:
                                                                                      ApiOptions()),
                       timeouts=Timeouts(HEADER, BODY))
 
+    def page(self):
+        """The real page (every tab, admin allowed) over the demo model, its models root empty."""
+        from ui.app import build
+        from ui.guard import Guard
+        from ui.host import EngineHost
+        from ui.server import launch
+
+        host = EngineHost(EngineConfig(DEMO_MODEL))
+        self.closing.append(host)
+        self.models_root = self.tmp.mktemp("models-root")
+        app = build(host, guard=Guard(admin=True, models_root=self.models_root))
+        return launch(app.demo.queue(max_size=4, default_concurrency_limit=None), "127.0.0.1", 0, block=False,
+                      quiet=True, timeouts=Timeouts(HEADER, BODY))
+
+    def login(self):
+        """`k3 ui --auth` as a person starts it: its own process, the OpenAI API beside the page."""
+        return Command(["ui", str(DEMO_MODEL), "--auth", f"me:{PASSWORD}"], self.tmp.mktemp("ui-login"))
+
     def close(self):
         for thing in reversed(self.closing):
             thing.close()
+
+
+PASSWORD = "a-login-password-42"
+
+
+class Command:
+    """A `k3` command serving on a free port in its own process (output in a file), until close()."""
+
+    def __init__(self, args: list[str], cwd):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url, self.output = f"http://127.0.0.1:{port}/", cwd / "output.txt"
+        with open(self.output, "wb") as out:
+            self.process = subprocess.Popen([sys.executable, "-m", "k3core", *args, "--port", str(port)], cwd=cwd,
+                                            stdout=out, stderr=subprocess.STDOUT,
+                                            env={**os.environ, "K3_CONFIG_DIR": str(cwd), "K3_API_KEY": ""})
+        end = time.monotonic() + 120
+        while True:
+            assert self.process.poll() is None and time.monotonic() < end, self.output.read_text()
+            try:
+                httpx.get(self.url, timeout=2)
+                return
+            except httpx.TransportError:
+                time.sleep(0.2)
+
+    def close(self):
+        self.process.terminate()
+        self.process.wait(30)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +148,7 @@ def servers(tmp_path_factory, model_factory):
 class Logged:
     """Records of the server's loggers (k3's, uvicorn's, asyncio's) while the block runs."""
 
-    NAMES = ("k3.serve", "uvicorn", "asyncio")
+    NAMES = ("k3.serve", "k3.ui", "uvicorn", "asyncio")
 
     def __enter__(self):
         self.records, self.handler = [], logging.Handler(logging.DEBUG)
@@ -307,3 +359,123 @@ def test_special_token_text_in_an_assistant_turn_is_refused_as_a_users_is(server
     assert lookalike.status_code == 200, lookalike.text  # text: every character of it counted as text
     assert (lookalike.json()["usage"]["prompt_tokens"] - empty.json()["usage"]["prompt_tokens"]
             == len(tok.encode(LOOKALIKE)))
+
+
+MESSAGE = {"model": "k3", "max_tokens": 1, "messages": HI}
+# (method, path, headers, body, status, the error body's dialect: `k3 ui --auth`'s /v1 without the login answers 401
+# as `k3 serve` answers a missing key; with the password as the key it answers)
+LOGIN = [
+    row("ui-login-v1-models-without-it", "GET", "/v1/models", {}, None, 401, "openai"),
+    row("ui-login-v1-chat-without-it", "POST", "/v1/chat/completions", {}, {"model": "k3", "messages": HI}, 401,
+        "openai"),
+    row("ui-login-v1-messages-without-it", "POST", "/v1/messages", {}, MESSAGE, 401, "anthropic"),
+    row("ui-login-v1-responses-without-it", "POST", "/v1/responses", {}, {"model": "k3", "input": "Hi"}, 401,
+        "openai", full=True),
+    row("ui-login-v1-wrong-password", "GET", "/v1/models", {"Authorization": "Bearer wrong"}, None, 401, "openai"),
+    row("ui-login-v1-user-and-password-as-the-key", "GET", "/v1/models", {"Authorization": f"Bearer me:{PASSWORD}"},
+        None, 401, "openai", full=True),
+    row("ui-login-v1-a-made-up-session-cookie", "GET", "/v1/models", {"Cookie": "k3_session=1"}, None, 401, "openai"),
+    row("ui-login-v1-the-password-as-bearer", "GET", "/v1/models", {"Authorization": f"Bearer {PASSWORD}"}, None, 200,
+        None),
+    row("ui-login-v1-the-password-as-x-api-key", "POST", "/v1/messages/count_tokens", {"x-api-key": PASSWORD},
+        {"model": "k3", "messages": HI}, 200, None),
+]
+
+
+@pytest.mark.parametrize("method, path, headers, body, status, dialect", LOGIN)
+def test_with_a_login_v1_asks_for_it_too(servers, method, path, headers, body, status, dialect):
+    url = servers.url("login")
+    r = httpx.request(method, url + path, headers=headers, json=body, timeout=30)
+    assert r.status_code == status, r.text
+    if dialect == "openai":
+        assert r.json()["error"]["code"] == "invalid_api_key" and "Bearer" in r.json()["error"]["message"]
+    elif dialect == "anthropic":
+        assert r.json()["type"] == "error" and r.json()["error"]["type"] == "authentication_error", r.text
+    assert PASSWORD not in servers.running["login"].output.read_text()  # said how to send it, never what it is
+
+
+# (server, the k3_session cookie a client sends): one the server did not issue is replaced by a fresh one, and with a
+# login it opens nothing (Gradio's login answers)
+FORGED = [
+    row("ui-session-cookie-made-up", "ui", "1"),
+    row("ui-session-cookie-shaped-like-ours", "ui", "x" * 32 + "." + "0" * 64),
+    row("ui-session-cookie-from-another-server", "ui", "another"),
+    row("ui-login-session-cookie-made-up", "login", "1", full=True),
+]
+
+
+@pytest.mark.parametrize("kind, cookie", FORGED)
+def test_a_session_cookie_the_server_did_not_issue_is_replaced(servers, kind, cookie):
+    from ui.session import Sessions
+
+    url = servers.url(kind)
+    cookie = Sessions().issue() if cookie == "another" else cookie  # a real token, signed by another key
+    r = httpx.get(url, cookies={"k3_session": cookie}, timeout=30)
+    issued = r.cookies.get("k3_session")
+    assert r.status_code == 200 and issued and issued != cookie, r.headers
+    again = httpx.get(url, cookies={"k3_session": issued}, timeout=30)
+    assert "k3_session" not in again.cookies  # the issued one is kept
+    if kind == "login":  # a cookie is no login: the page's config still asks for one
+        assert httpx.get(url + "/config", cookies={"k3_session": cookie}, timeout=30).status_code == 401
+
+
+# /send's values: message, mode, system, temperature, top-p, top-k, max tokens, seed; /setup's: source, destination,
+# packed trunk directory, preset, skip packing, vision, files in parallel, codec
+SEND = ("hi", "instruct", "", 0.0, 1.0, 0, 4, "")
+SETUP = ("demo", "dest", "", "auto", False, False, 4, "auto")
+
+
+def changed(values: tuple, **at) -> tuple:
+    out = list(values)
+    for index, value in at.items():
+        out[int(index[1:])] = value
+    return tuple(out)
+
+
+# (event, the values sent, what the page says: naming the field): refused before any engine work, one log line
+PAGE = [
+    row("ui-seed-abc", "/send", changed(SEND, _7="abc"), "Seed: give a whole number from 0 to 18446744073709551615"),
+    row("ui-seed-1e99", "/send", changed(SEND, _7="1e99"), "Seed: give a whole number from 0 to"),
+    row("ui-seed-negative", "/send", changed(SEND, _7="-1"), "Seed: give a whole number", full=True),
+    row("ui-seed-2-to-the-64", "/send", changed(SEND, _7=str(2**64)), "Seed: give a whole number", full=True),
+    row("ui-temperature-text", "/send", changed(SEND, _3="abc"), "Temperature: must be a number from 0 to 2"),
+    row("ui-top-k-out-of-range", "/send", changed(SEND, _5=500), "Top-k: must be a number from 0 to 200"),
+    row("ui-max-tokens-zero", "/send", changed(SEND, _6=0), "Max tokens: must be a number from 1 to 4096",
+        full=True),
+    row("ui-mode-not-a-choice", "/send", changed(SEND, _1="root"), "Mode: must be one of instruct, thinking"),
+    row("ui-retry-seed-abc", "/retry", changed(SEND, _7="abc")[1:], "Seed: give a whole number", full=True),
+    row("ui-preset-not-a-choice", "/plan_preview", ("nope", None, None), "Preset: must be one of laptop"),
+    row("ui-cache-gb-negative", "/plan_preview", ("custom", None, -1),
+        "Expert cache GB: must be a number of at least 0"),
+    row("ui-setup-preset-not-a-choice", "/setup", changed(SETUP, _3="huge"),
+        "Memory preset saved in the profile: must be one of", full=True),
+    row("ui-setup-jobs-zero", "/setup", changed(SETUP, _6=0), "Files in parallel: must be a number from 1 to 16"),
+    # a path or source field holding a NUL: the Setup status says which field, nothing is written
+    row("ui-setup-dest-nul", "/setup", changed(SETUP, _1="a\0b"), "the destination contains a control character"),
+    row("ui-setup-trunk-dir-nul", "/setup", changed(SETUP, _2="t\0"),
+        "the packed trunk directory contains a control character"),
+    row("ui-setup-source-nul", "/setup", changed(SETUP, _0="hf://a/b\0"), "the source contains a control character",
+        full=True),
+    row("ui-setup-dest-unknown-user", "/setup", changed(SETUP, _1="~no-such-user-k3/x"),
+        "the destination '~no-such-user-k3/x' cannot be used", full=True),
+]
+
+
+@pytest.mark.parametrize("event, values, said", PAGE)
+def test_a_value_the_page_refuses_is_named_in_one_line_never_a_traceback(servers, capfd, event, values, said):
+    from gradio_client import Client
+
+    url = servers.url("page")
+    client = Client(url + "/", verbose=False)
+    with Logged() as logged:
+        try:
+            shown = " ".join(map(str, client.predict(*values, api_name=event)))  # Setup says it in its status
+        except Exception as exc:  # noqa: BLE001 - the page's error box: gradio_client raises its message
+            shown = str(exc)
+        time.sleep(0.2)
+    assert said in shown, shown
+    if event != "/setup" or "must be" in said:
+        lines = [r.getMessage() for r in logged.records if r.name == "k3.ui"]
+        assert len(lines) == 1 and said in lines[0] and "\n" not in lines[0], lines
+    assert "Traceback" not in "".join(capfd.readouterr()) and not logged.tracebacks()
+    assert not any(servers.models_root.iterdir())  # nothing written

@@ -234,3 +234,15 @@ def test_another_client_presenting_the_same_session_id_reaches_nothing(served):
     b.predict(api_name="/clear")
     assert session(a) == mine  # a's conversation is untouched
     assert a.cookies.get("k3_session") and a.cookies["k3_session"] != b.cookies.get("k3_session")
+
+
+def test_a_refused_retry_takes_nothing_back(served):
+    from gradio_client.exceptions import AppError
+
+    _, url = served
+    client = Client(url, verbose=False)
+    send(client, "hello there").result(timeout=60)
+    before = session(client)
+    with pytest.raises(AppError, match="Seed: give a whole number"):
+        client.predict("instruct", "", 0.5, 1.0, 0, 6, "abc", api_name="/retry")
+    assert session(client) == before and before["messages"] == 2  # the last turn is still there

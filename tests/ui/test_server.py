@@ -133,3 +133,71 @@ def test_the_access_log_has_a_line_per_request(capfd):
         running.close()
     out = capfd.readouterr()
     assert '"GET / HTTP/1.1" 200' in out.out + out.err
+
+
+def test_a_login_guards_v1_with_its_password_unless_an_api_key_is_set(fake_app, capsys, small_model, monkeypatch):
+    seen = []
+    monkeypatch.setattr(server, "openai_routes", lambda host, opts, key: (seen.append(key), (None, "routes"))[1])
+    server.serve(*ui_args(small_model, "--auth", "me:hunter2"))
+    out = capsys.readouterr()
+    assert seen == ["hunter2"] and fake_app.launched["api"] == "routes"
+    assert "Authorization: Bearer PASSWORD" in out.out and "hunter2" not in out.out + out.err
+    monkeypatch.setenv("K3_API_KEY", "a-long-enough-api-key-1234")
+    server.serve(*ui_args(small_model, "--auth", "me:hunter2"))
+    assert seen[-1] == "a-long-enough-api-key-1234"  # the key, as `k3 serve` asks for it
+    monkeypatch.delenv("K3_API_KEY")
+    server.serve(*ui_args(small_model))
+    assert seen[-1] is None  # no login, no key, loopback: /v1 open, as before
+
+
+def test_the_help_says_how_v1_authenticates_with_a_login(capsys):
+    import argparse
+
+    from ui.plugin import add_parser
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    with pytest.raises(SystemExit):
+        parser.parse_args(["ui", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "/v1 then asks for it too: clients send `Authorization: Bearer PASSWORD`" in text
+
+
+def test_a_session_is_a_token_this_server_issued():
+    from ui.session import SESSION_COOKIE, Sessions, session_key
+
+    sessions, other = Sessions(), Sessions()
+    token = sessions.issue()
+    assert sessions.issued(token) and token != sessions.issue()
+    token_id, mac = token.split(".")
+    for forged in ("1", "", None, token_id, f"{token_id}.", f"{token_id}.{'0' * 64}", other.issue(),
+                   f"{token_id}.{mac[:-1]}", f"x{token}"):
+        assert not sessions.issued(forged), forged
+    request = types.SimpleNamespace(cookies={SESSION_COOKIE: token}, session_hash="tab")
+    assert session_key(request, sessions) == f"{token}/tab"
+    made_up = types.SimpleNamespace(cookies={SESSION_COOKIE: "1"}, session_hash="tab")
+    first, second = session_key(made_up, sessions), session_key(made_up, sessions)
+    assert not first.startswith("1/") and first != second  # a conversation nobody else can reach, not "1"'s
+
+
+def test_a_cookie_the_server_did_not_issue_is_replaced_other_cookies_kept():
+    import fastapi
+    from fastapi.responses import JSONResponse
+    from fastapi.testclient import TestClient
+
+    from ui.session import SESSION_COOKIE, Sessions, session_cookie_middleware
+
+    app, sessions = fastapi.FastAPI(), Sessions()
+    session_cookie_middleware(app, sessions)
+
+    async def seen(request):
+        return JSONResponse({"cookie": request.headers.get("cookie")})
+
+    app.add_route("/seen", seen)
+
+    client = TestClient(app)
+    r = client.get("/seen", headers={"Cookie": f"theme=dark; {SESSION_COOKIE}=1; lang=en"})
+    token = r.cookies[SESSION_COOKIE]
+    assert sessions.issued(token) and r.json()["cookie"] == f"{SESSION_COOKIE}={token}; theme=dark; lang=en"
+    kept = client.get("/seen", headers={"Cookie": f"{SESSION_COOKIE}={token}"})
+    assert SESSION_COOKIE not in kept.cookies and kept.json()["cookie"] == f"{SESSION_COOKIE}={token}"
