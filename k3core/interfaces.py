@@ -516,6 +516,10 @@ class DraftSource(ABC):
         `directory` (a Path); None when it takes no argument."""
         return None
 
+    def check(self, vocab_size: int) -> None:
+        """Refuse, before anything is generated, an argument this model cannot use (a UsageError naming it): an id
+        past the vocabulary of `vocab_size` ids would otherwise stop a generation mid-stream."""
+
     def begin(self, prompt: Sequence[int]) -> None:
         """A generation starts after `prompt`."""
 

@@ -209,14 +209,6 @@ def speculation_from_args(args):
     return spec
 
 
-def check_speculation(spec, vocab_size: int) -> None:
-    """What a draft source can check once the model is known, before anything is generated: replay:PATH's ids
-    against the vocabulary (k3core/plugins/drafts.py), so a bad file is refused by name, not mid-stream."""
-    check = getattr(spec.draft, "check_vocabulary", None) if spec is not None else None
-    if check is not None:
-        check(vocab_size)
-
-
 def check_stop_ids(stop_ids, vocab_size: int) -> None:
     """Refuse a --stop-id the model can never produce (it would be silently never met)."""
     for t in stop_ids:

@@ -25,7 +25,7 @@ from ..files.atomic import Output, unwritable, write_output
 from ..files.limits import read_limited
 from ..format.checkpoint import EXPERT_PARTS, expert_prefix
 from .options import (EXIT_CODES, SECONDS, add_engine_arguments, add_prompt_cache_arguments, add_sampling_arguments,
-                      add_speculation_arguments, check_speculation, check_stop_ids, engine_config_from_args,
+                      add_speculation_arguments, check_stop_ids, engine_config_from_args,
                       missing_model_dir, open_engine, parse_ids, prompt_cache_from_args, sampling_params_from_args,
                       speculation_from_args)
 
@@ -384,7 +384,6 @@ def _run(args, config, kind, prompt, params, speculate, outputs) -> int:
         ids, stop_ids, channel = _text_prompt(args, tokenizer, prompt) if kind == "text" else (prompt, (), None)
         engine.check_ids(ids)
         check_stop_ids(params.stop_ids, engine.config.vocab_size)
-        check_speculation(speculate, engine.config.vocab_size)
         trace, logits = TraceRecorder() if args.dump_trace else None, LogitsRecorder()
         disks = DiskWatch([config.model, config.trunk])
         # a routing trace covers every position: no prompt cache then

@@ -2,7 +2,7 @@
 ids so far that occurred before, and what followed it then) and `replay:PATH` (ids from a file, in order:
 an oracle replaying a known continuation, or a deliberately wrong one, for tests and benchmarks). A replay file is
 read with a byte limit (MAX_REPLAY_BYTES: /dev/zero is refused, not read until memory runs out) and, once the model is
-known, checked whole against its vocabulary (check_vocabulary) before anything is generated."""
+known, checked whole against its vocabulary (DraftSource.check) before anything is generated."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -56,7 +56,7 @@ class ReplayDraft(DraftSource):
                              "has more digits than any token id")
         self.ids = [int(p) for p in parts]
 
-    def check_vocabulary(self, vocab_size: int) -> None:
+    def check(self, vocab_size: int) -> None:
         """Refuse, before generating, a file with an id the model cannot have: naming the file, the id, its position
         and the vocabulary (an id past it would stop the run mid-stream)."""
         for position, t in enumerate(self.ids):

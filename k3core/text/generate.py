@@ -176,6 +176,7 @@ def check_speculation(engine: Engine, speculation: Speculation, full_recompute: 
     if speculation.k > engine.speculate:
         raise UsageError(f"speculate {speculation.k}: this engine's memory plan reserves rollback for "
                          f"{engine.speculate} drafted ids per pass (EngineConfig.speculate, --speculate when opening)")
+    speculation.draft.check(engine.config.vocab_size)
 
 
 def speculative(engine: Engine, history: list[int], state: DecodeState, sampler: Sampler, logits: np.ndarray,
