@@ -26,7 +26,7 @@ from .plan.budget import PRESETS, Plan, auto_preset, mem_available
 from .plan.engine_config import EngineConfig, resolve
 from .plugin_manager import describe_plugins as _describe
 from .plugin_manager import choose_draft, get_plugin_manager, new_plugin_manager
-from .text.batch import BatchGenerator, Emitted
+from .text.batch import BatchGenerator, Emitted, SequenceFailed
 from .text.chat import ChatInputError, Conversation, Reply, ToolCall
 from .text.chat_session import ChatSession
 from .text.channels import Event
@@ -44,7 +44,7 @@ __all__ = [
     "auto_preset", "mem_available", "config_from_profile", "check_checkpoint", "describe_plugins",
     # generation
     "generate_ids", "greedy_ids", "Sampler", "SamplingParams", "Speculation", "speculation", "draft_source", "AUTO_K",
-    "BatchGenerator", "Emitted", "Grammar", "chat_grammar", "token_logprobs", "TokenLogprob",
+    "BatchGenerator", "Emitted", "SequenceFailed", "Grammar", "chat_grammar", "token_logprobs", "TokenLogprob",
     # text, chat and sessions
     "Tokenizer", "load_tokenizer", "Session", "ChatSession", "Conversation", "Event", "Reply", "ToolCall",
     # decode states

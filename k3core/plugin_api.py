@@ -20,7 +20,8 @@ What is here, by use:
 - naming tensors: PREFIX, HEAD, VISION_PREFIXES, layer_prefix, expert_prefix, EXPERT_PARTS, MATRIX, FLOAT;
 - the counters the run report reads: STORE_STATS, PLACER_STATS;
 - errors: UnsoundRunError (a read failed: exit 4), PlanError, UsageError, PluginError, CheckpointError;
-- small helpers: human (bytes for people), default_threads, builtin_kernels (k3's own kernel backends, to
+- small helpers: read_limited (a file read whole within a byte limit that is named when it is passed),
+  human (bytes for people), default_threads, builtin_kernels (k3's own kernel backends, to
   wrap), the native kernels module `native`, and the MXFP4 tables E2M1 / scale_multipliers.
 """
 from __future__ import annotations
@@ -42,6 +43,7 @@ from .io.trunk import load_trunk, open_trunk
 from .io.trunk_reader import TrunkReader, capacity as trunk_capacity, room_for as trunk_room_for, \
     scratch_bytes as trunk_scratch_bytes
 from .units import human
+from .files.limits import read_limited
 from .format.checkpoint import (EXPERT_PARTS, FLOAT, HEAD, MATRIX, PREFIX, VISION_PREFIXES, expert_prefix,
                                layer_prefix)
 from .format.mxfp4 import E2M1, scale_multipliers
@@ -97,5 +99,5 @@ __all__ = [
     "PREFIX", "HEAD", "VISION_PREFIXES", "layer_prefix", "expert_prefix", "EXPERT_PARTS", "MATRIX", "FLOAT",
     "STORE_STATS", "STORE_PREFETCH_STATS", "PLACER_STATS",
     "UnsoundRunError", "PlanError", "UsageError", "PluginError", "CheckpointError",
-    "human", "default_threads", "native", "builtin_kernels", "E2M1", "scale_multipliers",
+    "human", "read_limited", "default_threads", "native", "builtin_kernels", "E2M1", "scale_multipliers",
 ]

@@ -19,8 +19,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from k3core import BatchGenerator, InputError, K3Error, PrefixCache, Sampler, SamplingParams, token_logprobs
-from k3core.text.batch import SequenceFailed
+from k3core import (BatchGenerator, InputError, K3Error, PrefixCache, Sampler, SamplingParams, SequenceFailed,
+                    token_logprobs)
 from k3core.text.channels import TextStream
 from k3core.text.structured import GrammarError
 

@@ -57,7 +57,7 @@ FRONT_ENDS = {
            "k3core.io.codec", "k3core.format.notes", "k3core.text.channels"},
     "wizard": {"k3core.cli.options", "k3core.report.logs", "k3core.report.meters", "k3core.units",
                "k3core.files.limits", "k3core.files.atomic", "k3core.format.checkpoint", "k3core.format.notes",
-               "k3core.format.scan", "k3core.format.tensor_sums", "k3core.io.codec", "k3core.io.pack",
+               "k3core.format.safetensors_index", "k3core.format.scan", "k3core.format.tensor_sums", "k3core.io.codec", "k3core.io.pack",
                "k3core.io.profile", "k3core.machine.checks", "k3core.machine.cost"},
 }
 WEB = ("fastapi", "gradio", "uvicorn", "starlette")

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..files.limits import read_limited
-from ..plugin_api import DraftSource, UsageError, hookimpl
+from ..plugin_api import DraftSource, UsageError, hookimpl, read_limited
 
 MAX_NGRAM = 8          # the longest suffix looked up
 LOOKBACK = 4096        # ids searched back for it: bounds the work per step
