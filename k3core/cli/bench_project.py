@@ -13,7 +13,8 @@ from pathlib import Path
 from ..errors import UsageError
 from ..files.limits import SMALL_FILE_BYTES, read_json_limited
 from ..units import human
-from ..machine.cost import K3_UNION, Drafts, Machine, ram_row
+from ..machine.cost import K3_UNION, Drafts, Machine, layout_for, ram_row
+from ..plan import prefill
 
 RAM_GB = (8, 32, 64, 128)
 # kimi-k3-in-c v1.0.0, README's "resident RAM / decode" table: one 124-core x86-64 with a 4.6 GB/s NVMe, RAM
@@ -26,6 +27,8 @@ MEASURED_COMPUTE_PER_CORE = 8.2e9
 DRAFT_KS = ("1", "2", "4", "8")  # `auto` varies its K pass by pass: its passes have no one union
 AGENTIC_KINDS = ("rewrite", "search_replace", "tool_loop", "quote")  # benchmarks/transcripts' kinds
 PLAIN_KINDS = ("plain",)
+PROMPTS = (2_000, 30_000, 47_000)  # ids: a chat's first prompt, and Claude Code's first prompts (30-47k)
+TURN_IDS = 1_000                   # "cached": all of the prompt but its last turn's ids are in the prompt cache
 
 
 def draft_groups(doc: dict, source: str | None) -> tuple[str, dict[str, list[Drafts]]]:
@@ -83,9 +86,48 @@ def cmd_project(args) -> int:
            "drafts_json": args.drafts_json, "draft_source": source,
            "drafts": {g: [vars(d) for d in ds] for g, ds in drafts.items()},
            "rows": [{**ram_row(gb * 1e9, machine, drafts, unions), "c_engine_seconds": C_ENGINE_SECONDS[gb]}
-                    for gb in RAM_GB]}
+                    for gb in RAM_GB],
+           "prefill_macs_per_core": args.prefill_macs_per_core * 1e9, "turn_ids": TURN_IDS,
+           "prompt": [prompt_row(gb * 1e9, machine, args.prefill_macs_per_core * 1e9) for gb in RAM_GB]}
     print(json.dumps(doc, indent=1) if args.json else project_table(doc))
     return 0
+
+
+def prompt_row(ram: float, machine: Machine, macs_per_core: float) -> dict:
+    """The prompt side at `ram` bytes (plan/prefill.py): the chunk `auto` picks for a raw trunk laid out as the
+    serial column's, its seconds per prompt id beside 512's, and the time to the first token of each of PROMPTS,
+    cold and with all but its last TURN_IDS ids in the prompt cache."""
+    layout = layout_for(ram, 1.0)
+    where = prefill.Where(layout.streamed * layout.ratio)
+    rates = prefill.Rates(machine.disk, machine.cores, macs_per_core)
+    choice = prefill.choose_chunk(prefill.K3, where, rates, prefill.most_rows(prefill.K3, ram))
+    ttft = {str(n): {"cold": prefill.prompt_seconds(prefill.K3, where, rates, choice.chunk, n),
+                     "cached": prefill.prompt_seconds(prefill.K3, where, rates, choice.chunk, n, n - TURN_IDS)}
+            for n in PROMPTS}
+    return {"ram": ram, "layout": layout.name, "chunk": choice.chunk, "most": choice.most,
+            "seconds_per_id": choice.seconds_per_id, "seconds_per_id_at_512": choice.default_seconds_per_id,
+            "ttft": ttft}
+
+
+def _duration(seconds: float) -> str:
+    return (f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200
+            else f"{seconds / 3600:.1f} h")
+
+
+def prompt_table(doc: dict) -> list[str]:
+    """The prompt side of `doc` as Markdown: the chunk, seconds per prompt id, time to the first token."""
+    lines = ["", f"time to the first token, **projected** (k3core/plan/prefill.py; prefill at "
+                 f"{doc['prefill_macs_per_core'] / 1e9:.0f} G multiply-adds/s per core; cached: all but the last "
+                 f"{doc['turn_ids']:,} ids of the prompt in the prompt cache):", "",
+             "| RAM | prefill chunk (auto) | s / prompt id | at 512 |"
+             + "".join(f" {n // 1000}k ids, cold | {n // 1000}k, cached |" for n in PROMPTS),
+             "|---:|---:|---:|---:|" + "---:|---:|" * len(PROMPTS)]
+    for r in doc["prompt"]:
+        lines.append(f"| {r['ram'] / 1e9:.0f} GB | {r['chunk']} | {r['seconds_per_id']:.3f} | "
+                     f"{r['seconds_per_id_at_512']:.3f} |"
+                     + "".join(f" {_duration(r['ttft'][str(n)]['cold'])} *projected* | "
+                               f"{_duration(r['ttft'][str(n)]['cached'])} *projected* |" for n in PROMPTS))
+    return lines
 
 
 def project_table(doc: dict) -> str:
@@ -113,7 +155,7 @@ def project_table(doc: dict) -> str:
                          f"{c['tokens_per_pass']:.2f} | {c['rows']:.2f} | {c['union']:.2f}× | "
                          f"{human(c['bytes_per_token'])} | {c['disk_seconds']:.1f} | {c['cpu_seconds']:.1f} | "
                          f"{c['seconds_per_token']:.2f} |")
-    return "\n".join(lines)
+    return "\n".join(lines + prompt_table(doc))
 
 
 def add_parser(sub) -> None:
@@ -142,6 +184,9 @@ def add_parser(sub) -> None:
                         f"{MEASURED_COMPUTE_PER_CORE / 1e9:g}, docs/PERFORMANCE.md)")
     p.add_argument("--overhead", type=number("a ratio", above=True), default=1.0, help="a streamed run's s/token ÷ its disk floor (default 1: "
                    "this machine's floor runs were under theirs)")
+    p.add_argument("--prefill-macs-per-core", type=number("G/s", above=True), default=prefill.ASSUMED_MACS_PER_CORE / 1e9,
+                   metavar="G/s", help="multiply-adds per second per core a prefill pass reaches end to end (default "
+                   f"{prefill.ASSUMED_MACS_PER_CORE / 1e9:g}: `wide`'s prefill on a Zen 4 core, issue 39)")
     p.add_argument("--trace", metavar="FILE", help="expert unions from this routing trace's last forward (default: "
                    "the k3-in-c trace's, built in)")
     p.add_argument("--json", action="store_true")

@@ -21,7 +21,7 @@ from ..units import human
 from ..format.checkpoint import open_checkpoint
 from ..machine.probes import busy_probe, raw_probe
 from ..machine.cost import Drafts, Layout, Machine, fastest, projection
-from ..model.pass_cost import expert_bytes, trunk_bytes_per_pass
+from ..format.checkpoint import expert_bytes, trunk_bytes_per_pass
 
 # Full Kimi K3, per decode token (MODEL.md §1, STREAMING-FACTS): all 93 trunk layers, lm_head, 1,472 experts.
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")

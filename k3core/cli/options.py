@@ -67,9 +67,12 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="positions a conversation may hold, prompt and reply together: a longer prompt is refused, a "
                         "reply stops there; the memory plan reserves decode state for them (default auto: the "
                         "model's own limit, halved until the plan fits this machine's memory, at least 4096)")
-    g.add_argument("--prefill-chunk", type=int, default=512, metavar="N",
-                   help="prompt ids forwarded per pass (default 512): bounds the working memory of a long prompt; "
-                        "never changes a bit")
+    g.add_argument("--prefill-chunk", type=_context, default="auto", metavar="N|auto",
+                   help="prompt ids forwarded per pass: longer chunks read a streamed model's trunk and experts once "
+                        "for more ids, and hold more activations. Default auto: the shortest chunk (512 or more) "
+                        "projected within 2%% of the fastest per prompt id for what this plan streams, within 1/16 "
+                        "of the memory available (the memory plan's row says what it chose and why). Never changes "
+                        "a bit")
     g.add_argument("--expert-store", metavar="NAME", help="expert store plugin: lru (default) or direct, or a "
                    "third party's (see `k3 plugins`)")
     g.add_argument("--trunk-placer", metavar="NAME", help="trunk placer plugin (default: pinned with --trunk, else "
@@ -85,7 +88,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _context(text: str) -> int | str:
-    """--max-context: a number of positions (checked by EngineConfig, which names the range) or auto."""
+    """--max-context, --prefill-chunk: a number (checked by EngineConfig, which names the range) or auto."""
     try:
         return int(text)
     except ValueError:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..plan.prefill import K3_UNION, union_ratio  # the real model's expert unions (its routing trace)
+
 K3_TRUNK_BYTES = 108.81e9
 K3_HEAD_BYTES = 2.35e9
 K3_LAYERS = 93
@@ -27,9 +29,6 @@ K3_LAYER_BYTES = K3_TRUNK_BYTES / K3_LAYERS  # 1.17 GB: what a pinned layer or a
 K3_EXPERTS_PER_TOKEN = 16 * 92
 K3_EXPERT_BYTES = 17_547_264
 TOKEN_EXPERT_BYTES = K3_EXPERTS_PER_TOKEN * K3_EXPERT_BYTES  # 25.83 GB
-# item T - 1: distinct experts of T consecutive tokens per MoE layer ÷ 16, routing.union_ratios of the real
-# model's trace tests/fixtures/k3-in-c/expert_trace.bin (tests/test_cost.py recomputes it)
-K3_UNION = (1.0, 1.657, 2.228, 2.756, 3.253, 3.746, 4.252, 4.718, 5.181, 5.666, 6.186, 6.8)
 PLANES_RATIO = 0.6726         # `k3 pack --codec planes` on `k3 make-model --shape wide` (the real trunk's is
                               # not measurable here; its BF16 weights are the same kind of bytes)
 RING_BYTES = 2 * K3_LAYER_BYTES  # the two-slot ring a streamed trunk passes through
@@ -89,12 +88,6 @@ def layout_for(ram: float, ratio: float, coded: bool = False) -> Layout:
         return Layout(ratio, K3_LAYERS, coded, head_pinned=True)
     fit = int((budget - RING_BYTES) // (K3_LAYER_BYTES * held))
     return Layout(ratio, max(0, min(K3_LAYERS, fit)), coded)
-
-
-def union_ratio(rows: float, unions=K3_UNION) -> float:
-    """Distinct experts of a pass of `rows` rows ÷ one row's, between whole T linearly (rows ≤ len(unions))."""
-    whole = min(int(rows), len(unions) - 1)
-    return unions[whole - 1] + (rows - whole) * (unions[whole] - unions[whole - 1])
 
 
 def pass_cost(layout: Layout, machine: Machine, rows: float = 1.0, unions=K3_UNION) -> dict:

@@ -19,28 +19,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from ..format.checkpoint import EXPERT_PARTS, VISION_PREFIXES, expert_prefix
+from ..format.checkpoint import expert_bytes, trunk_bytes_per_pass
 from .engine import Engine, Observer
 
 if TYPE_CHECKING:
     from ..format.checkpoint import Checkpoint
 
 READ_WEIGHT = 4.0  # a byte read from disk, in bytes touched in RAM
-
-
-def trunk_bytes_per_pass(checkpoint: Checkpoint) -> int:
-    """Weight bytes a pass touches besides the routed experts: every tensor but those, the embedding (one row
-    per id) and the vision tower."""
-    return sum(checkpoint.index[n].nbytes for n in checkpoint.index.names()
-               if ".experts." not in n and "embed_tokens" not in n and not n.startswith(VISION_PREFIXES))
-
-
-def expert_bytes(checkpoint: Checkpoint) -> int:
-    """One routed expert's bytes (0 for a model without MoE layers)."""
-    c = checkpoint.config
-    if c.first_k_dense_replace >= c.num_hidden_layers:
-        return 0
-    return sum(checkpoint.index[expert_prefix(c.first_k_dense_replace, 0) + p].nbytes for p in EXPERT_PARTS)
 
 
 class PassCost(Observer):

@@ -88,9 +88,9 @@ def prefill_bytes(c, chunk: int) -> int:
     return 4 * chunk * (max(kda, moe) + 6 * c.hidden_size)
 
 
-def state_rows(config, attention_for, engine_config) -> list[PlanRow]:
+def state_rows(config, attention_for, engine_config, chunk_why: str | None = None) -> list[PlanRow]:
     """Each attention kind's decode state at `max_context` positions (times `sequences`), as its backend counts
-    it; what a speculation mark holds; and the working set of one pass."""
+    it; what a speculation mark holds; and the working set of one pass (`chunk_why`: how "auto" chose it)."""
     e = engine_config
     rows = []
     for kind in config.attention_kinds:
@@ -113,7 +113,8 @@ def state_rows(config, attention_for, engine_config) -> list[PlanRow]:
                             "what the draft source keeps across conversations (--draft-memory)"))
     pass_rows = max(e.prefill_chunk, e.sequences * (1 + e.speculate))
     return rows + [PlanRow("prefill chunk", prefill_bytes(config, pass_rows),
-                           f"activations of {pass_rows} ids per pass (--prefill-chunk, --speculate, --sequences)"),
+                           f"activations of {pass_rows} ids per pass (--prefill-chunk, --speculate, --sequences)"
+                           + (f"; {chunk_why}" if chunk_why else "")),
                    PlanRow("working buffers", WORKING_BYTES, "Python, numpy, kernel temporaries")]
 
 

@@ -17,9 +17,9 @@ from typing import Mapping
 from .. import plugin_manager as plugins
 from ..errors import PluginError, UsageError
 from ..interfaces import Budget, PluginContext, PluginOptions
-from . import budget as budgets
+from . import budget as budgets, prefill
 from .budget import DEFAULT_CONTEXT, PRESETS, Plan, auto_preset, state_rows
-from ..format.checkpoint import Checkpoint, check_binding, open_checkpoint
+from ..format.checkpoint import Checkpoint, check_binding, expert_bytes, open_checkpoint, trunk_bytes_per_pass
 from ..format.config import context_limit
 
 PRESET_NAMES = (*PRESETS, "auto")
@@ -27,7 +27,7 @@ DEFAULT_CACHE_GB = 1.0
 MIN_RING = 2
 MAX_THREADS = 1024
 MIN_CONTEXT, MAX_CONTEXT = 16, 1 << 20        # positions: below 16 nothing useful fits; above, a typo
-DEFAULT_PREFILL_CHUNK, MAX_PREFILL_CHUNK = 512, 1 << 16
+DEFAULT_PREFILL_CHUNK, MAX_PREFILL_CHUNK = prefill.DEFAULT_CHUNK, 1 << 16
 MAX_SPECULATE = 16                            # drafted ids per verify pass
 MAX_SEQUENCES = 64                            # sequences per batched pass
 
@@ -49,7 +49,7 @@ class EngineConfig:
     ring: int = MIN_RING                          # slots of the streaming ring
     pin_layers: int | None = None                 # pin exactly this many layers (needs `trunk`)
     max_context: int | str = DEFAULT_CONTEXT      # positions (prompt + reply) a session may hold, or "auto" (auto_context)
-    prefill_chunk: int = DEFAULT_PREFILL_CHUNK    # prompt ids forwarded per pass: bounds the working memory
+    prefill_chunk: int | str = DEFAULT_PREFILL_CHUNK  # prompt ids forwarded per pass, or "auto" (plan/prefill.py)
     speculate: int = 0                            # drafted ids per verify pass the plan reserves rollback for; 0: none
     sequences: int = 1                            # sequences one pass may advance; the plan holds a decode state each
     kept_states: int = 0                          # decode states a server keeps between requests; the plan holds them
@@ -85,8 +85,8 @@ class EngineConfig:
               "an integer >= 0, or None")
         check(self.max_context == "auto" or _is_int(self.max_context) and MIN_CONTEXT <= self.max_context <= MAX_CONTEXT,
               "max_context", f"an integer in {MIN_CONTEXT}..{MAX_CONTEXT}, or \"auto\"")
-        check(_is_int(self.prefill_chunk) and 1 <= self.prefill_chunk <= MAX_PREFILL_CHUNK, "prefill_chunk",
-              f"an integer in 1..{MAX_PREFILL_CHUNK}")
+        check(self.prefill_chunk == "auto" or _is_int(self.prefill_chunk) and 1 <= self.prefill_chunk <= MAX_PREFILL_CHUNK,
+              "prefill_chunk", f"an integer in 1..{MAX_PREFILL_CHUNK}, or \"auto\"")
         check(_is_int(self.speculate) and 0 <= self.speculate <= MAX_SPECULATE, "speculate",
               f"an integer in 0..{MAX_SPECULATE} (0: no speculative decoding)")
         check(_is_int(self.sequences) and 1 <= self.sequences <= MAX_SEQUENCES, "sequences",
@@ -165,26 +165,52 @@ class Resolved:
         return self.attention[self.checkpoint.config.attention_kind(layer)]
 
     def plan(self, available: int | None = None) -> Plan:
-        """The memory plan; with max_context "auto", `config` then holds the context chosen (auto_context)."""
+        """The memory plan; with max_context or prefill_chunk "auto", `config` then holds what was chosen
+        (auto_context, auto_chunk)."""
         available = budgets.mem_available() if available is None else available
-        if self.config.max_context == "auto":
-            self.config = self.config.replace(max_context=auto_context(self, available))
-        return self._plan(self.config, available)
+        if self.config.max_context == "auto":  # the context first: it holds the memory the chunk may have
+            first = self.config.replace(prefill_chunk=prefill.DEFAULT_CHUNK) if self.config.prefill_chunk == "auto" \
+                else self.config
+            self.config = self.config.replace(max_context=auto_context(self, first, available))
+        chunk_why = None
+        if self.config.prefill_chunk == "auto":
+            choice = auto_chunk(self, available)
+            self.config, chunk_why = self.config.replace(prefill_chunk=choice.chunk), choice.why
+        return self._plan(self.config, available, chunk_why)
 
-    def _plan(self, config: EngineConfig, available: int) -> Plan:
+    def _plan(self, config: EngineConfig, available: int, chunk_why: str | None = None) -> Plan:
         return Plan(self.placer.plan(self.placer_ctx), self.store.plan(self.store_ctx),
-                    state_rows(self.checkpoint.config, self.attention_for, config), available)
+                    state_rows(self.checkpoint.config, self.attention_for, config, chunk_why), available)
 
 
-def auto_context(r: Resolved, available: int) -> int:
+def auto_context(r: Resolved, config: EngineConfig, available: int) -> int:
     """max_context "auto": the model's own limit (tokenizer_config.json's model_max_length, else DEFAULT_CONTEXT),
     within MAX_CONTEXT, halved until the memory plan fits `available` (never below DEFAULT_CONTEXT: a plan that
     does not fit even then is refused as any other, naming --max-context)."""
-    limit = context_limit(r.config.tokenizer or r.config.model) or DEFAULT_CONTEXT
+    limit = context_limit(config.tokenizer or config.model) or DEFAULT_CONTEXT
     context = max(MIN_CONTEXT, min(limit, MAX_CONTEXT))
-    while context > DEFAULT_CONTEXT and not r._plan(r.config.replace(max_context=context), available).fits:
+    while context > DEFAULT_CONTEXT and not r._plan(config.replace(max_context=context), available).fits:
         context = max(DEFAULT_CONTEXT, context // 2)
     return context
+
+
+def auto_chunk(r: Resolved, available: int) -> prefill.ChunkChoice:
+    """prefill_chunk "auto": the chunk plan/prefill.py projects fastest per prompt id for what of this model the
+    plan holds in RAM (the trunk the placer holds, the share of experts the store holds) and this process's
+    cores, at the disk and core rates it assumes, within the memory the rest of the plan leaves."""
+    ck = r.checkpoint
+    trunk, expert = trunk_bytes_per_pass(ck), expert_bytes(ck)
+    shape = prefill.Shape.of(ck.config, trunk, expert)
+    held_trunk = sum(row.bytes for row in r.placer.plan(r.placer_ctx))
+    held_experts = sum(row.bytes for row in r.store.plan(r.store_ctx))
+    every_expert = shape.moe_layers * shape.experts * expert
+    where = prefill.Where(max(0.0, trunk - held_trunk),
+                          max(0.0, 1 - held_experts / every_expert) if every_expert else 0.0)
+    rates = prefill.Rates(prefill.ASSUMED_DISK, r.config.threads or len(os.sched_getaffinity(0)),
+                          prefill.ASSUMED_MACS_PER_CORE)
+    base = r._plan(r.config.replace(prefill_chunk=prefill.DEFAULT_CHUNK), available)
+    left = available - base.total + prefill.DEFAULT_CHUNK * shape.activation_bytes
+    return prefill.choose_chunk(shape, where, rates, prefill.most_rows(shape, available, left))
 
 
 def resolve(config: EngineConfig, pm=None) -> Resolved:
