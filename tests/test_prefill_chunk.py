@@ -95,3 +95,24 @@ def test_the_ids_do_not_depend_on_the_chunk(tiny_model):
             out[chunk] = [next(gen)[0] for _ in range(6)]
             gen.close()
     assert out[1] == out[7] == out["auto"]
+
+
+def test_bench_prefill_measures_each_chunk_and_sets_the_model_beside_it(tiny_model, capsys):
+    import json
+
+    from k3core.cli.main import main
+
+    assert main(["bench", "prefill", str(tiny_model), "--ids", "24", "--chunks", "4,8,24", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["chunk"] for r in doc["runs"]] == [4, 8, 24] and doc["fma_probe_macs_per_second"] > 0
+    for r in doc["runs"]:
+        assert r["seconds"] > 0 and r["predicted_seconds"] > 0 and 0 < r["share_of_fma"]
+        assert r["bytes_read"] == r["predicted_bytes"] == 0  # the tiny model's experts all fit the cache
+    assert doc["runs"][0]["predicted_vs_measured"] == pytest.approx(1.0)  # the first calibrates
+
+
+def test_bench_prefill_refuses_bad_chunks_and_lengths_by_name(tiny_model):
+    from k3core.cli.main import main
+
+    for bad in (["--chunks", "0,8"], ["--chunks", "a,8"], ["--ids", "0"], ["--ids", str(1 << 20)]):
+        assert main(["bench", "prefill", str(tiny_model), *bad]) == 2

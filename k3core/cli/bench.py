@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import UsageError
-from ..machine.rates import machine_info, timed
+from ..machine.rates import machine_info, measure_fma, timed
 
 MB = 1e6
 GEMM_TOKENS = (2, 4, 8, 16, 64)  # the small batches of speculation and batched sequences, and a prefill chunk
@@ -151,20 +151,6 @@ def measure_probe(s: Shapes, threads, seconds):
     small = buf[: 32 << 10]  # 256 KiB: stays in L2, so this is numpy's compute ceiling
     m = timed(lambda: [np.add.reduce(small) for _ in range(64)], seconds / 4)
     return rows, small.nbytes * 64 / m["median_s"] / 1e9
-
-
-def measure_fma(backends, threads, seconds):
-    """Each backend's FMA bound: its probe loop (12 independent chains of its widest double multiply-add)
-    on `threads` threads at once; multiply-adds per second, all threads together."""
-    from .. import _native
-    rows = []
-    for name, t in itertools.product(backends, threads):
-        rounds = 20_000 if name == "scalar" else 200_000
-        with ThreadPoolExecutor(t) as pool:
-            macs = _native.fma_probe(name, rounds) * t
-            m = timed(lambda: list(pool.map(lambda _: _native.fma_probe(name, rounds), range(t))), seconds / 4)
-        rows.append(dict(backend=name, threads=t, **m, macs_per_s=macs / m["median_s"]))
-    return rows
 
 
 def row(work, backend, threads, m, probe, numpy_row=None, fma=None):
@@ -343,6 +329,7 @@ def add_parser(subparsers) -> None:
     from .bench_codec import add_parser as add_codec
     from .bench_decode import add_drafts_parser, add_parser as add_decode
     from .bench_pair import add_parser as add_pair
+    from .bench_prefill import add_parser as add_prefill
     from .bench_project import add_parser as add_project
     from .bench_stream import add_parser as add_stream
     from .bench_structured import add_parser as add_structured
@@ -354,3 +341,4 @@ def add_parser(subparsers) -> None:
     add_project(sub)
     add_structured(sub)
     add_agent(sub)
+    add_prefill(sub)

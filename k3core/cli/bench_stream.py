@@ -18,10 +18,9 @@ from pathlib import Path
 
 from ..interfaces import default_threads
 from ..units import human
-from ..format.checkpoint import open_checkpoint
 from ..machine.probes import busy_probe, raw_probe
 from ..machine.cost import Drafts, Layout, Machine, fastest, projection
-from ..format.checkpoint import expert_bytes, trunk_bytes_per_pass
+from ..format.checkpoint import expert_bytes, open_checkpoint, trunk_bytes_per_pass
 
 # Full Kimi K3, per decode token (MODEL.md §1, STREAMING-FACTS): all 93 trunk layers, lm_head, 1,472 experts.
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")

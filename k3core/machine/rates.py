@@ -5,6 +5,7 @@ these."""
 from __future__ import annotations
 
 import glob
+import itertools
 import os
 import platform
 import statistics
@@ -110,3 +111,17 @@ def gaussian_restore_rate(seconds: float, threads: int = 1, blocks: int = 64) ->
     values = np.random.default_rng(0).standard_normal(blocks * codec.BLOCK // 2).astype(np.float32) * 0.02
     coded, stored = codec.encode_run((values.view(np.uint32) >> 16).astype("<u2").tobytes())
     return restore_rate([(b, s[:b.stored]) for b, s in zip(coded, stored)], codec.BLOCK, threads, seconds)
+
+
+def measure_fma(backends, threads, seconds):
+    """Each backend's FMA bound: its probe loop (12 independent chains of its widest double multiply-add)
+    on `threads` threads at once; multiply-adds per second, all threads together."""
+    from .. import _native
+    rows = []
+    for name, t in itertools.product(backends, threads):
+        rounds = 20_000 if name == "scalar" else 200_000
+        with ThreadPoolExecutor(t) as pool:
+            macs = _native.fma_probe(name, rounds) * t
+            m = timed(lambda: list(pool.map(lambda _: _native.fma_probe(name, rounds), range(t))), seconds / 4)
+        rows.append(dict(backend=name, threads=t, **m, macs_per_s=macs / m["median_s"]))
+    return rows

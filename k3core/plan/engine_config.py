@@ -199,13 +199,9 @@ def auto_chunk(r: Resolved, available: int) -> prefill.ChunkChoice:
     plan holds in RAM (the trunk the placer holds, the share of experts the store holds) and this process's
     cores, at the disk and core rates it assumes, within the memory the rest of the plan leaves."""
     ck = r.checkpoint
-    trunk, expert = trunk_bytes_per_pass(ck), expert_bytes(ck)
-    shape = prefill.Shape.of(ck.config, trunk, expert)
-    held_trunk = sum(row.bytes for row in r.placer.plan(r.placer_ctx))
-    held_experts = sum(row.bytes for row in r.store.plan(r.store_ctx))
-    every_expert = shape.moe_layers * shape.experts * expert
-    where = prefill.Where(max(0.0, trunk - held_trunk),
-                          max(0.0, 1 - held_experts / every_expert) if every_expert else 0.0)
+    shape = prefill.Shape.of(ck.config, trunk_bytes_per_pass(ck), expert_bytes(ck))
+    where = prefill.where_held(shape, sum(row.bytes for row in r.placer.plan(r.placer_ctx)),
+                               sum(row.bytes for row in r.store.plan(r.store_ctx)))
     rates = prefill.Rates(prefill.ASSUMED_DISK, r.config.threads or len(os.sched_getaffinity(0)),
                           prefill.ASSUMED_MACS_PER_CORE)
     base = r._plan(r.config.replace(prefill_chunk=prefill.DEFAULT_CHUNK), available)

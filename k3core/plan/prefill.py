@@ -5,8 +5,8 @@ A pass of T prompt ids whose first sits at position p costs
     read(T)    = the trunk bytes not held in RAM + moe_layers × union(T) × expert_bytes × miss
     compute(T) = T × macs_per_id + (T·p + T(T+1)/2) × macs_per_pair
     seconds(T) = read(T) / disk + compute(T) / (cores × macs_per_core)
-— reads and compute take turns inside a pass (no overlap is assumed); `miss` is the share of routed experts the
-expert cache does not hold (none is held for long: the router balances experts). union(T), the distinct experts
+— reads and compute take turns inside a pass (no overlap is assumed); `miss` is 0 when the expert cache holds
+every expert, else 1 (where_held says why). union(T), the distinct experts
 T consecutive ids route to in one MoE layer, is the real model's (K3_UNION, from its routing trace) up to T = 12;
 beyond, the power law fitted to T = 2..12, never more than every expert. macs_per_pair is latent-space MLA
 attention (an id against each earlier position: heads × (2·kv_lora_rank + qk_rope_head_dim) per MLA layer); KDA
@@ -76,6 +76,15 @@ class Where:
     """What of a pass is read from disk."""
     trunk_streamed: float     # trunk bytes read per pass (as stored)
     expert_miss: float = 1.0  # share of routed experts read (1: none cached)
+
+
+def where_held(shape: Shape, trunk_held: float, experts_held: float) -> Where:
+    """What a plan that holds `trunk_held` bytes of the trunk and `experts_held` bytes of experts in RAM leaves a
+    pass to read. An expert cache that cannot hold every expert keeps none for the next pass: a pass visits the
+    layers in order, so the least recently used expert is always the next layer's (`k3 bench prefill` on `wide`,
+    a 1 GB cache and 1.68 GB of experts: every pass read all of them)."""
+    every = shape.moe_layers * shape.experts * shape.expert_bytes
+    return Where(max(0.0, shape.trunk_bytes - trunk_held), 0.0 if experts_held >= every else 1.0)
 
 
 @dataclass(frozen=True)

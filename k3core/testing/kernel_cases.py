@@ -203,12 +203,12 @@ def batch_cases():
     """(name, call(backend) -> the batch's rows, call(backend, t) -> row t computed alone): a batch of
     tokens gives each token its single-token bytes."""
     r = rng(3)
-    w, x = bf16_weights(r, 40, 100), activations(r, (64, 100))
+    w, x = bf16_weights(r, 40, 100), activations(r, (150, 100))  # 150: past two of the native token tiles (64)
     packed, scale = mxfp4_weights(r, 40, 96)
-    xm = activations(r, (64, 96))
+    xm = activations(r, (150, 96))
     p = Param(w, "BF16")
-    return [("linear BF16, 64 tokens", lambda k: k.linear(p, x), lambda k, t: k.linear(p, x[t:t + 1])),
-            ("mxfp4_linear, 64 tokens", lambda k: k.mxfp4_linear(packed, scale, xm),
+    return [("linear BF16, 150 tokens", lambda k: k.linear(p, x), lambda k, t: k.linear(p, x[t:t + 1])),
+            ("mxfp4_linear, 150 tokens", lambda k: k.mxfp4_linear(packed, scale, xm),
              lambda k, t: k.mxfp4_linear(packed, scale, xm[t:t + 1]))]
 
 

@@ -1,0 +1,134 @@
+"""`k3 bench prefill`: a prompt forwarded at several prefill chunk lengths, each measured against the FMA probe of
+the kernels in use and against what plan/prefill.py predicts (issue 39).
+
+Per chunk length, one engine opened with it; a seeded prompt of --ids ids forwarded once untimed (it fills the
+expert cache and pages; --cold skips it) and then once timed, from a fresh state. Reported: ids/s, the model's
+multiply-adds per id (its weights, and the attention pairs of this prompt), those per second per core and as a
+share of the FMA probe at the same thread count, the bytes read (the engine's own counters) beside the cost
+model's, and its predicted seconds: the compute rate calibrated on the first chunk length, the disk rate
+measured by each run's reads — so the later lengths test how the model's cost changes with the chunk.
+
+Not a test: it measures and prints; it asserts nothing about speed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+from ..errors import UsageError
+from ..units import human
+
+MAX_IDS = 1 << 16  # a prompt longer than this is a run, not a bench
+
+
+def measure(args, chunk: int) -> dict:
+    """One chunk length: open, warm (unless --cold), forward the prompt from a fresh state, timed."""
+    from ..api import open_engine
+    from ..format.checkpoint import expert_bytes, trunk_bytes_per_pass
+    from ..interfaces import default_threads
+    from ..plan import prefill
+    from ..text.generate import prefill as forward_prompt
+    from .options import engine_config_from_args
+
+    config = engine_config_from_args(args).replace(prefill_chunk=chunk, max_context=max(4096, args.ids + 1))
+    with open_engine(config) as engine:
+        prompt = [int(i) for i in np.random.default_rng(args.seed).integers(0, engine.config.vocab_size, args.ids)]
+        if not args.cold:
+            forward_prompt(engine, prompt, engine.new_state())
+        before, start = engine.stats(), time.perf_counter()
+        forward_prompt(engine, prompt, engine.new_state())
+        seconds, after = time.perf_counter() - start, engine.stats()
+        shape = prefill.Shape.of(engine.config, trunk_bytes_per_pass(engine.checkpoint), expert_bytes(engine.checkpoint))
+        where = prefill.where_held(shape, sum(r.bytes for r in engine.plan.trunk), sum(r.bytes for r in engine.plan.experts))
+        threads = config.threads or default_threads()
+        read = {k: after.get(k, 0) - before.get(k, 0) for k in
+                ("expert_bytes_read", "expert_read_seconds", "trunk_bytes_read", "trunk_read_seconds")}
+        backend = engine.kernels.name
+    pairs = args.ids * (args.ids + 1) / 2
+    return {"chunk": chunk, "seconds": seconds, "ids_per_second": args.ids / seconds, "backend": backend,
+            "threads": threads, "macs": args.ids * shape.macs_per_id + pairs * shape.macs_per_pair,
+            "macs_per_id_weights": shape.macs_per_id, "bytes_read": read["expert_bytes_read"] + read["trunk_bytes_read"],
+            "read_seconds": read["expert_read_seconds"] + read["trunk_read_seconds"],
+            "shape": shape, "where": where}
+
+
+def predict(runs: list[dict], ids: int) -> None:
+    """Each run's predicted seconds and bytes (plan/prefill.py), the compute rate calibrated on the first run."""
+    from ..plan import prefill
+
+    first = runs[0]
+    def disk(r):  # the run's own read rate; one that read nothing is not slowed by the disk's rate
+        return r["bytes_read"] / r["read_seconds"] if r["bytes_read"] and r["read_seconds"] > 0 else prefill.ASSUMED_DISK
+
+    read_first = first["bytes_read"] / disk(first)
+    rate = first["macs"] / max(first["seconds"] - read_first, 1e-9) / first["threads"]
+    for r in runs:
+        rates = prefill.Rates(disk(r), r["threads"], rate)
+        r["predicted_seconds"] = prefill.prompt_seconds(r["shape"], r["where"], rates, r["chunk"], ids)
+        r["predicted_bytes"] = sum(prefill.pass_seconds(r["shape"], r["where"], rates, min(r["chunk"], ids - at), at)
+                                   ["bytes_read"] for at in range(0, ids, r["chunk"]))
+        r["calibrated_macs_per_core"] = rate
+
+
+def cmd_prefill(args) -> int:
+    from ..machine.rates import measure_fma
+
+    try:
+        chunks = [int(c) for c in args.chunks.split(",")] if args.chunks else [128, 256, 512]
+    except ValueError:
+        chunks = [0]
+    if min(chunks) < 1 or args.ids < 1 or args.ids > MAX_IDS:
+        raise UsageError(f"--chunks takes positive integers (got {args.chunks!r}) and --ids 1..{MAX_IDS} "
+                         f"(got {args.ids})")
+    runs = []
+    for chunk in chunks:
+        runs.append(measure(args, chunk))
+        r = runs[-1]
+        if not args.json:
+            print(f"chunk {chunk}: {r['seconds']:.1f} s, {r['ids_per_second']:.2f} ids/s", flush=True)
+    fma = measure_fma([runs[0]["backend"]], [runs[0]["threads"]], 1.0)[0]["macs_per_s"]
+    predict(runs, args.ids)
+    for r in runs:
+        r["macs_per_second_per_core"] = r["macs"] / r["seconds"] / r["threads"]
+        r["share_of_fma"] = r["macs"] / r["seconds"] / fma
+        r["predicted_vs_measured"] = r["predicted_seconds"] / r["seconds"]
+        del r["shape"], r["where"]
+    doc = {"model": args.model, "ids": args.ids, "cold": args.cold, "fma_probe_macs_per_second": fma, "runs": runs}
+    print(json.dumps(doc, indent=1) if args.json else table(doc))
+    return 0
+
+
+def table(doc: dict) -> str:
+    r0 = doc["runs"][0]
+    lines = [f"prefill of {doc['ids']} ids ({'cold' if doc['cold'] else 'after one untimed pass'}), {r0['backend']} kernels, "
+             f"{r0['threads']} threads; FMA probe {doc['fma_probe_macs_per_second'] / 1e9:.1f} G multiply-adds/s; "
+             f"weights {r0['macs_per_id_weights'] / 1e9:.2f} G multiply-adds per id; predicted: plan/prefill.py, compute "
+             f"rate calibrated on chunk {r0['chunk']} ({r0['calibrated_macs_per_core'] / 1e9:.1f} G/s per core)", "",
+             "| chunk | seconds | ids/s | G MACs/s per core | % FMA probe | read | predicted read | predicted s | "
+             "predicted ÷ measured |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in doc["runs"]:
+        lines.append(f"| {r['chunk']} | {r['seconds']:.1f} | {r['ids_per_second']:.2f} | "
+                     f"{r['macs_per_second_per_core'] / 1e9:.1f} | {100 * r['share_of_fma']:.0f} % | {human(r['bytes_read'])} | "
+                     f"{human(r['predicted_bytes'])} | {r['predicted_seconds']:.1f} | {r['predicted_vs_measured']:.2f} |")
+    return "\n".join(lines)
+
+
+def add_parser(sub) -> None:
+    from .options import add_engine_arguments
+
+    p = sub.add_parser("prefill", help="a prompt at several prefill chunks: ids/s, share of the FMA probe, and the "
+                       "cost model's prediction", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description=__doc__.split("\n\n")[1],
+                       epilog="examples:\n  k3 bench prefill demo-model --ids 1024 --chunks 128,512,1024\n"
+                              "  k3 bench prefill wide --ids 256 --chunks 64,128,256\n"
+                              "  k3 bench prefill wide --trunk wide-trunk --preset laptop --ids 512 --chunks 128,256,512")
+    p.add_argument("--ids", type=int, default=512, metavar="N", help="prompt length (default 512)")
+    p.add_argument("--chunks", metavar="A,B,…", help="prefill chunk lengths, the first calibrates (default 128,256,512)")
+    p.add_argument("--seed", type=int, default=0, help="the prompt's seed (default 0)")
+    p.add_argument("--cold", action="store_true", help="time the first pass (nothing read before it)")
+    p.add_argument("--json", action="store_true")
+    add_engine_arguments(p)
+    p.set_defaults(func=cmd_prefill)
