@@ -163,6 +163,10 @@ def test_auto_drafts_what_the_bytes_pay_for():
         half.update(8, 1)
         half.update(8, 0)
     assert half.best() in (0, 1)
+    first = DraftLength(8, True, K3AtTheFloor())
+    for _ in range(20):  # every one-id draft right, no longer one tried yet: position 2 is presumed as good as 1
+        first.update(1, 1)
+    assert first.best() == 8  # (a prior of 1 in 4 at each untried position kept it at 2)
 
 
 @pytest.mark.parametrize("shape", ["tiny", "small"])

@@ -61,8 +61,9 @@ class DraftLength:
     """How many ids to draft for the next pass. Fixed: always k. Adaptive (--speculate auto): the length n that
     minimises the expected weight bytes per emitted id. A pass of 1 + n rows costs `cost.bytes(1 + n)` (the trunk
     once, the experts of its rows' union: model/pass_cost.py) and emits 1 + Σ_{j≤n} Π_{i≤j} p_i ids, p_i being the
-    share of passes that reached drafted position i and had it accepted (prior Beta(PRIOR_ACCEPTED,
-    PRIOR_REJECTED): a source is presumed weak until it shows otherwise). When no length beats none, it drafts
+    share of passes that reached drafted position i and had it accepted (position 1's prior Beta(PRIOR_ACCEPTED,
+    PRIOR_REJECTED): a source is presumed weak until it shows otherwise; position i's prior is that strength around
+    position i − 1's estimate, so a source accepted at 1 is tried at 2 before it is ever reached). When no length beats none, it drafts
     one id to keep measuring, resting 1, 2, 4 … AUTO_REST_MAX steps between such tries while they fail, and at
     least long enough that they cost PROBE_SHARE of the passes."""
 
@@ -84,8 +85,11 @@ class DraftLength:
     def best(self) -> int:
         """The draft length with the fewest expected bytes per emitted id under the acceptance measured so far."""
         best, best_bytes, tokens, chance = 0, self.cost.bytes(1), 1.0, 1.0
+        weight = PRIOR_ACCEPTED + PRIOR_REJECTED
+        p = PRIOR_ACCEPTED / weight
         for n in range(1, self.limit + 1):
-            chance *= (self.accepted[n] + PRIOR_ACCEPTED) / (self.reached[n] + PRIOR_ACCEPTED + PRIOR_REJECTED)
+            p = (self.accepted[n] + weight * p) / (self.reached[n] + weight)  # an untried position: the one before's
+            chance *= p
             tokens += chance
             per_id = self.cost.bytes(1 + n) / tokens
             if per_id < best_bytes:
