@@ -15,7 +15,7 @@ from k3core.cli.bench_transcripts import read_conversations, scored_turns, table
 from k3core.cli.main import main
 from k3core.text.bpe import train_bpe
 
-from .test_bench_transcripts import CONVERSATIONS, DEMO
+from .test_bench_transcripts import CONVERSATIONS, DEMO, transcripts  # noqa: F401  (the fixture, shared)
 
 MERGES = 300
 
@@ -23,13 +23,6 @@ MERGES = 300
 def write_ranks(path: Path, merges: list[bytes]) -> Path:
     tokens = [bytes([b]) for b in range(256)] + merges
     path.write_text("".join(f"{base64.b64encode(t).decode()} {rank}\n" for rank, t in enumerate(tokens)))
-    return path
-
-
-@pytest.fixture
-def transcripts(tmp_path):
-    path = tmp_path / "chats.jsonl"
-    path.write_text("".join(json.dumps(c, ensure_ascii=False) + "\n" for c in CONVERSATIONS), encoding="utf-8")
     return path
 
 
