@@ -63,11 +63,11 @@ def test_the_shape_of_a_checkpoint_counts_its_own_experts_and_mla_layers(wide_sh
 
 @pytest.fixture
 def wide_shape(tiny_model):
-    from k3core.format.checkpoint import expert_bytes, open_checkpoint, trunk_bytes_per_pass
+    from k3core.format.checkpoint import open_checkpoint
 
     ck = open_checkpoint(tiny_model)
     try:
-        return ck.config, prefill.Shape.of(ck.config, trunk_bytes_per_pass(ck), expert_bytes(ck))
+        return ck.config, prefill.Shape.of_checkpoint(ck)
     finally:
         ck.close()
 

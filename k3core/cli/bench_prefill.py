@@ -27,7 +27,6 @@ MAX_IDS = 1 << 16  # a prompt longer than this is a run, not a bench
 def measure(args, chunk: int) -> dict:
     """One chunk length: open, warm (unless --cold), forward the prompt from a fresh state, timed."""
     from ..api import open_engine
-    from ..format.checkpoint import expert_bytes, trunk_bytes_per_pass
     from ..interfaces import default_threads
     from ..plan import prefill
     from ..text.generate import prefill as forward_prompt
@@ -41,7 +40,7 @@ def measure(args, chunk: int) -> dict:
         before, start = engine.stats(), time.perf_counter()
         forward_prompt(engine, prompt, engine.new_state())
         seconds, after = time.perf_counter() - start, engine.stats()
-        shape = prefill.Shape.of(engine.config, trunk_bytes_per_pass(engine.checkpoint), expert_bytes(engine.checkpoint))
+        shape = prefill.Shape.of_checkpoint(engine.checkpoint)
         where = prefill.where_held(shape, sum(r.bytes for r in engine.plan.trunk), sum(r.bytes for r in engine.plan.experts))
         threads = config.threads or default_threads()
         read = {k: after.get(k, 0) - before.get(k, 0) for k in

@@ -311,14 +311,11 @@ def _device(path) -> bool:
 
 
 def _same_file(a, b) -> bool:
-    """Whether two paths name one file: the same path once links resolve, or the same inode (a hard link)."""
-    if os.path.realpath(a) == os.path.realpath(b):
-        return True
+    """Whether two paths name one file: the same path once links resolve (a file not made yet), or the same inode."""
     try:
-        sa, sb = os.stat(a), os.stat(b)
+        return os.path.realpath(a) == os.path.realpath(b) or os.path.samefile(a, b)
     except OSError:
         return False
-    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
 def checked_params(args, kind: str):

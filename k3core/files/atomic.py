@@ -180,19 +180,22 @@ class Output:
         self.target, self.through = output_target(path, what)
         self.file, self.stream = _open_through(self.target, what, path) if self.through else (None, None)
 
-    def write(self, data: bytes) -> None:
+    @contextmanager
+    def opened(self):
+        """The binary file to write, once: the device, FIFO or stream opened when made, else a replacement of the
+        target. A failed write is an OutputError naming `what` and the path."""
         try:
-            if self.through:
-                if self.stream is not None:  # what was printed stays before, even when it is a regular file
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                with self.file as f:
-                    f.write(data)
-            else:
-                with replacing(self.target) as f:
-                    f.write(data)
+            if self.stream is not None:  # what was printed stays before, even when it is a regular file
+                sys.stdout.flush()
+                sys.stderr.flush()
+            with (self.file if self.through else replacing(self.target)) as f:
+                yield f
         except OSError as exc:
             raise OutputError(f"{self.what} {self.path}: cannot write: {exc.strerror or exc}") from None
+
+    def write(self, data: bytes) -> None:
+        with self.opened() as f:
+            f.write(data)
 
     def close(self) -> None:
         if self.file is not None:
@@ -212,17 +215,8 @@ class Output:
 def output_file(path, what: str):
     """A binary file for an output the user named with `what`, written as output_target decides. A failed write
     (ENOSPC, EIO, a closed pipe) is an OutputError (exit 2) naming `what` and the path."""
-    out = Output(path, what)
-    try:
-        if out.stream is not None:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        with (out.file if out.through else replacing(out.target)) as f:
-            yield f
-    except OSError as exc:
-        raise OutputError(f"{what} {path}: cannot write: {exc.strerror or exc}") from None
-    finally:
-        out.close()
+    with Output(path, what) as out, out.opened() as f:
+        yield f
 
 
 def write_output(path, data: bytes, what: str) -> None:

@@ -16,10 +16,10 @@ from typing import Mapping
 
 from .. import plugin_manager as plugins
 from ..errors import PluginError, UsageError
-from ..interfaces import Budget, PluginContext, PluginOptions
+from ..interfaces import Budget, PluginContext, PluginOptions, default_threads
 from . import budget as budgets, prefill
 from .budget import DEFAULT_CONTEXT, PRESETS, Plan, auto_preset, state_rows
-from ..format.checkpoint import Checkpoint, check_binding, expert_bytes, open_checkpoint, trunk_bytes_per_pass
+from ..format.checkpoint import Checkpoint, check_binding, open_checkpoint
 from ..format.config import context_limit
 
 PRESET_NAMES = (*PRESETS, "auto")
@@ -198,11 +198,10 @@ def auto_chunk(r: Resolved, available: int) -> prefill.ChunkChoice:
     """prefill_chunk "auto": the chunk plan/prefill.py projects fastest per prompt id for what of this model the
     plan holds in RAM (the trunk the placer holds, the share of experts the store holds) and this process's
     cores, at the disk and core rates it assumes, within the memory the rest of the plan leaves."""
-    ck = r.checkpoint
-    shape = prefill.Shape.of(ck.config, trunk_bytes_per_pass(ck), expert_bytes(ck))
+    shape = prefill.Shape.of_checkpoint(r.checkpoint)
     where = prefill.where_held(shape, sum(row.bytes for row in r.placer.plan(r.placer_ctx)),
                                sum(row.bytes for row in r.store.plan(r.store_ctx)))
-    rates = prefill.Rates(prefill.ASSUMED_DISK, r.config.threads or len(os.sched_getaffinity(0)),
+    rates = prefill.Rates(prefill.ASSUMED_DISK, r.config.threads or default_threads(),
                           prefill.ASSUMED_MACS_PER_CORE)
     base = r._plan(r.config.replace(prefill_chunk=prefill.DEFAULT_CHUNK), available)
     left = available - base.total + prefill.DEFAULT_CHUNK * shape.activation_bytes

@@ -50,6 +50,13 @@ class Shape:
     activation_bytes: float   # one id's share of a pass's largest per-layer activations (plan/budget.py)
 
     @classmethod
+    def of_checkpoint(cls, checkpoint) -> "Shape":
+        """A checkpoint's shape, its byte counts from its headers (format/checkpoint.py)."""
+        from ..format.checkpoint import expert_bytes, trunk_bytes_per_pass
+
+        return cls.of(checkpoint.config, trunk_bytes_per_pass(checkpoint), expert_bytes(checkpoint))
+
+    @classmethod
     def of(cls, config, trunk_bytes: float, expert_bytes: float) -> "Shape":
         """From a model's config and its byte counts (trunk weights are bf16: a multiply-add per 2 bytes)."""
         from .budget import prefill_bytes
