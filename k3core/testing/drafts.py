@@ -32,6 +32,11 @@ def draft_checks(cls) -> list[Check]:
                               f"it `class {getattr(cls, '__name__', 'MyDraft')}(DraftSource)` with `from "
                               "k3core.plugin_api import DraftSource`")
         draft, vocab = build(), shape_config("tiny").vocab_size
+        try:  # speculation calls it first: the kit's own argument must pass
+            draft.check(vocab)
+        except Exception as exc:
+            raise CheckFailed(f"check(vocab_size={vocab}) refused the example argument "
+                              f"{cls.example_argument.__qualname__} gave: {exc}") from None
         for prompt in PROMPTS:
             draft.begin(prompt)
             history = list(prompt)
