@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -396,7 +396,7 @@ class ExpertStore(ABC):
     """Where routed experts come from: read on demand, cached, or otherwise.
 
     Call order: `plan(ctx)` (before anything loads; may be called without ever building the store),
-    `__init__(ctx)`, then any number of `fetch`, `capacity` and `stats` calls from one thread, then
+    `__init__(ctx)`, then any number of `fetch`, `fetch_batches`, `capacity` and `stats` calls from one thread, then
     `close()` once. A fetch's ExpertWeights may view the store's buffers: they stay valid until the
     next fetch, and must then never change under a caller still holding them."""
 
@@ -436,6 +436,15 @@ class ExpertStore(ABC):
         """The distinct experts of `layer`, in the order asked. A failed or short read raises
         UnsoundRunError; it never returns other bytes."""
 
+    def fetch_batches(self, layer: int, experts: Sequence[int]) -> Iterator[list[ExpertWeights]]:
+        """Every one of the distinct `experts` of `layer` (any number, more than capacity() too) exactly once, in
+        batches of at most capacity(); a batch's ExpertWeights stay valid until the next batch is asked for. The
+        default fetches capacity() at a time, in the order asked; a store may reorder and may read the next batch
+        while the caller computes with this one (CachingStore does: reads behind compute in prefill)."""
+        step = self.capacity()
+        for at in range(0, len(experts), step):
+            yield self.fetch(layer, experts[at:at + step])
+
     def stats(self) -> dict:
         """Counters under the names in STORE_STATS (plugin_api)."""
         return {}
@@ -462,6 +471,12 @@ class TrunkPlacer(ABC):
     def plan(cls, ctx: PluginContext) -> list[PlanRow]:
         """What this placer would hold in RAM, for the memory plan."""
         return []
+
+    @classmethod
+    def streamed_bytes(cls, ctx: PluginContext) -> int:
+        """Trunk bytes one forward pass reads from disk under this plan (as stored); the prefill chunk `auto`
+        picks weighs them (plan/prefill.py). The default, 0, says every trunk tensor stays in RAM."""
+        return 0
 
     def __init__(self, ctx: PluginContext):
         self.ctx, self.checkpoint, self.config, self.options = ctx, ctx.checkpoint, ctx.config, ctx.options

@@ -5,8 +5,10 @@ Per chunk length, one engine opened with it; a seeded prompt of --ids ids forwar
 expert cache and pages; --cold skips it) and then once timed, from a fresh state. Reported: ids/s, the model's
 multiply-adds per id (its weights, and the attention pairs of this prompt), those per second per core and as a
 share of the FMA probe at the same thread count, the bytes read (the engine's own counters) beside the cost
-model's, and its predicted seconds: the compute rate calibrated on the first chunk length, the disk rate
-measured by each run's reads — so the later lengths test how the model's cost changes with the chunk.
+model's, the time the pass waited for reads (its I/O share) and the share of the time reads were in flight that
+compute hid, and the predicted seconds: the compute rate calibrated on the first chunk length's time not spent
+waiting, the disk rate measured by each run's reads — so the later lengths test how the model's cost changes
+with the chunk.
 
 Not a test: it measures and prints; it asserts nothing about speed.
 """
@@ -41,29 +43,34 @@ def measure(args, chunk: int) -> dict:
         forward_prompt(engine, prompt, engine.new_state())
         seconds, after = time.perf_counter() - start, engine.stats()
         shape = prefill.Shape.of_checkpoint(engine.checkpoint)
-        where = prefill.where_held(shape, sum(r.bytes for r in engine.plan.trunk), sum(r.bytes for r in engine.plan.experts))
+        where = prefill.where_held(shape, type(engine.placer).streamed_bytes(engine.placer.ctx),
+                                   sum(r.bytes for r in engine.plan.experts))
         threads = config.threads or default_threads()
         read = {k: after.get(k, 0) - before.get(k, 0) for k in
-                ("expert_bytes_read", "expert_read_seconds", "trunk_bytes_read", "trunk_read_seconds")}
+                ("expert_bytes_read", "expert_read_seconds", "trunk_bytes_read", "trunk_read_seconds",
+                 "expert_wait_seconds", "trunk_wait_seconds")}
         backend = engine.kernels.name
     pairs = args.ids * (args.ids + 1) / 2
+    bytes_read = read["expert_bytes_read"] + read["trunk_bytes_read"]
+    waited = read["expert_wait_seconds"] + read["trunk_wait_seconds"] if bytes_read else 0.0  # else: bookkeeping only
     return {"chunk": chunk, "seconds": seconds, "ids_per_second": args.ids / seconds, "backend": backend,
             "threads": threads, "macs": args.ids * shape.macs_per_id + pairs * shape.macs_per_pair,
-            "macs_per_id_weights": shape.macs_per_id, "bytes_read": read["expert_bytes_read"] + read["trunk_bytes_read"],
+            "macs_per_id_weights": shape.macs_per_id, "bytes_read": bytes_read,
             "read_seconds": read["expert_read_seconds"] + read["trunk_read_seconds"],
+            "wait_seconds": waited,
             "shape": shape, "where": where}
 
 
 def predict(runs: list[dict], ids: int) -> None:
-    """Each run's predicted seconds and bytes (plan/prefill.py), the compute rate calibrated on the first run."""
+    """Each run's predicted seconds and bytes (plan/prefill.py), the compute rate calibrated on the first run's
+    time not spent waiting for reads."""
     from ..plan import prefill
 
     first = runs[0]
     def disk(r):  # the run's own read rate; one that read nothing is not slowed by the disk's rate
         return r["bytes_read"] / r["read_seconds"] if r["bytes_read"] and r["read_seconds"] > 0 else prefill.ASSUMED_DISK
 
-    read_first = first["bytes_read"] / disk(first)
-    rate = first["macs"] / max(first["seconds"] - read_first, 1e-9) / first["threads"]
+    rate = first["macs"] / max(first["seconds"] - first["wait_seconds"], 1e-9) / first["threads"]
     for r in runs:
         rates = prefill.Rates(disk(r), r["threads"], rate)
         r["predicted_seconds"] = prefill.prompt_seconds(r["shape"], r["where"], rates, r["chunk"], ids)
@@ -94,6 +101,8 @@ def cmd_prefill(args) -> int:
         r["macs_per_second_per_core"] = r["macs"] / r["seconds"] / r["threads"]
         r["share_of_fma"] = r["macs"] / r["seconds"] / fma
         r["predicted_vs_measured"] = r["predicted_seconds"] / r["seconds"]
+        r["io_share"] = r["wait_seconds"] / r["seconds"]  # the pass stood waiting for bytes
+        r["reads_hidden"] = 1 - r["wait_seconds"] / r["read_seconds"] if r["read_seconds"] > 0 else None
         del r["shape"], r["where"]
     doc = {"model": args.model, "ids": args.ids, "cold": args.cold, "fma_probe_macs_per_second": fma, "runs": runs}
     print(json.dumps(doc, indent=1) if args.json else table(doc))
@@ -106,13 +115,20 @@ def table(doc: dict) -> str:
              f"{r0['threads']} threads; FMA probe {doc['fma_probe_macs_per_second'] / 1e9:.1f} G multiply-adds/s; "
              f"weights {r0['macs_per_id_weights'] / 1e9:.2f} G multiply-adds per id; predicted: plan/prefill.py, compute "
              f"rate calibrated on chunk {r0['chunk']} ({r0['calibrated_macs_per_core'] / 1e9:.1f} G/s per core)", "",
-             "| chunk | seconds | ids/s | G MACs/s per core | % FMA probe | read | predicted read | predicted s | "
-             "predicted ÷ measured |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| chunk | seconds | ids/s | G MACs/s per core | % FMA probe | read | predicted read | waited | "
+             "I/O share | reads hidden | predicted s | predicted ÷ measured |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in doc["runs"]:
         lines.append(f"| {r['chunk']} | {r['seconds']:.1f} | {r['ids_per_second']:.2f} | "
                      f"{r['macs_per_second_per_core'] / 1e9:.1f} | {100 * r['share_of_fma']:.0f} % | {human(r['bytes_read'])} | "
-                     f"{human(r['predicted_bytes'])} | {r['predicted_seconds']:.1f} | {r['predicted_vs_measured']:.2f} |")
+                     f"{human(r['predicted_bytes'])} | {r['wait_seconds']:.1f} s | {_percent(r['io_share'])} | "
+                     f"{_percent(r['reads_hidden'])} | "
+                     f"{r['predicted_seconds']:.1f} | {r['predicted_vs_measured']:.2f} |")
     return "\n".join(lines)
+
+
+def _percent(share: float | None) -> str:
+    return "n/a" if share is None else f"{100 * share:.0f} %"
 
 
 def add_parser(sub) -> None:

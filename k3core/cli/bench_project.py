@@ -29,6 +29,7 @@ AGENTIC_KINDS = ("rewrite", "search_replace", "tool_loop", "quote")  # benchmark
 PLAIN_KINDS = ("plain",)
 PROMPTS = (2_000, 30_000, 47_000)  # ids: a chat's first prompt, and Claude Code's first prompts (30-47k)
 TURN_IDS = 1_000                   # "cached": all of the prompt but its last turn's ids are in the prompt cache
+EXPERT_CACHE_BYTES = 1e9            # the laptop preset's expert cache, at every RAM size (RAM_BESIDES_TRUNK)
 
 
 def draft_groups(doc: dict, source: str | None) -> tuple[str, dict[str, list[Drafts]]]:
@@ -98,7 +99,7 @@ def prompt_row(ram: float, machine: Machine, macs_per_core: float) -> dict:
     serial column's, its seconds per prompt id beside 512's, and the time to the first token of each of PROMPTS,
     cold and with all but its last TURN_IDS ids in the prompt cache."""
     layout = layout_for(ram, 1.0)
-    where = prefill.Where(layout.streamed * layout.ratio)
+    where = prefill.Where(layout.streamed * layout.ratio, 1.0, EXPERT_CACHE_BYTES // prefill.K3.expert_bytes)
     rates = prefill.Rates(machine.disk, machine.cores, macs_per_core)
     choice = prefill.choose_chunk(prefill.K3, where, rates, prefill.most_rows(prefill.K3, ram))
     ttft = {str(n): {"cold": prefill.prompt_seconds(prefill.K3, where, rates, choice.chunk, n),

@@ -16,6 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
+from ..errors import UsageError
 from ..interfaces import default_threads
 from ..units import human
 from ..machine.probes import busy_probe, raw_probe
@@ -74,13 +77,15 @@ def run_limited(cmd: list[str], limit: int | None) -> dict:
 
 def run_budget(model_dir, trunk_dir, trunk_gb: float, cache_gb: float, ids: str, gen: int,
                overhead_gb: float, options: tuple[str, ...] = ()) -> dict:
-    """One `k3 run` in its own process under a memory limit of budget + overhead; `options`: flags like
-    ("--store-option", "prefetch=false") passed on."""
+    """One `k3 run` of prompt `ids` (comma-separated) in its own process under a memory limit of budget + overhead;
+    `options`: flags like ("--store-option", "prefetch=false") passed on."""
     with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.json"
+        report, prompt = Path(tmp) / "report.json", Path(tmp) / "prompt.ids"
+        prompt.write_text(ids)
+        context = max(256, ids.count(",") + 1 + gen)
         cmd = [sys.executable, "-m", "k3core", "run", str(model_dir), "--trunk", str(trunk_dir), "--trunk-gb",
-               str(trunk_gb), "--cache-gb", str(cache_gb), "--ids", ids, "--gen", str(gen), "--quiet", "--json",
-               str(report), "--max-context", "256", *options]
+               str(trunk_gb), "--cache-gb", str(cache_gb), "--ids-file", str(prompt), "--gen", str(gen), "--quiet",
+               "--json", str(report), "--max-context", str(context), *options]
         limit = int((trunk_gb + cache_gb + overhead_gb) * 1e9)
         ran = run_limited(cmd, limit)
         if ran["exit"] != 0:
@@ -101,7 +106,8 @@ def run_budget(model_dir, trunk_dir, trunk_gb: float, cache_gb: float, ids: str,
             "trunk_decode_seconds": s.get("trunk_decode_seconds", 0.0), "trunk": str(trunk_dir),
             "options": list(options[1::2]), "expert_wait_seconds": s.get("expert_wait_seconds"),
             "expert_prefetched": s.get("expert_prefetched"), "expert_prefetch_used": s.get("expert_prefetch_used"),
-            "disk_activity": r.get("disk_activity", [])}
+            "disk_activity": r.get("disk_activity", []), "prompt_ids": len(r["prompt_ids"]),
+            "prefill_io": r.get("prefill_io")}
 
 
 def projections(rows: list[dict], trunks: list[tuple[Path, float]], decode_per_core: float | None,
@@ -180,7 +186,8 @@ def cmd_stream(args) -> int:
         + tuple(a for o in args.compare_placer_option or () for a in ("--placer-option", o))
     variants = [(trunk, ())] + ([(Path(args.compare_trunk), ())] if args.compare_trunk else []) \
         + ([(trunk, changed)] if changed else [])
-    rows = [run_budget(model, d, t, c, args.ids, args.gen, args.overhead_gb, opts) for t, c in budgets
+    ids = args.ids if args.prompt_length is None else seeded_prompt(model, args.prompt_length)
+    rows = [run_budget(model, d, t, c, ids, args.gen, args.overhead_gb, opts) for t, c in budgets
             for d, opts in variants]
     for r in rows:
         if "error" not in r and r["bytes_read_per_token"]:  # the disk floor: this run's bytes at the probe's rate
@@ -212,6 +219,21 @@ def cmd_stream(args) -> int:
     return 0
 
 
+MAX_PROMPT = 1 << 16  # --prompt-length: a longer prompt is a run, not a bench
+
+
+def seeded_prompt(model, n: int) -> str:
+    """n ids drawn with seed 0 from the model's vocabulary, comma-separated."""
+    if not 1 <= n <= MAX_PROMPT:
+        raise UsageError(f"--prompt-length takes 1..{MAX_PROMPT} ids, got {n}")
+    ckpt = open_checkpoint(model)
+    try:
+        vocab = ckpt.config.vocab_size
+    finally:
+        ckpt.close()
+    return ",".join(str(int(i)) for i in np.random.default_rng(0).integers(0, vocab, n))
+
+
 def stream_table(doc: dict) -> str:
     """The document of one `k3 bench stream` as Markdown (what docs/PERFORMANCE.md shows)."""
     probe, busy, rows = doc["raw_o_direct_probe"], doc.get("raw_o_direct_probe_busy"), doc["runs"]
@@ -221,13 +243,14 @@ def stream_table(doc: dict) -> str:
            + (f" ({human(small['rate'])}/s into 4 KB pages instead of huge ones)" if small else "")
            + (f"; {human(busy['rate'])}/s while every core computes" if busy else ""),
            "", f"| trunk | trunk GB | cache GB | limit ({ok[0]['limit_kind'] if ok else '-'}) | pinned | s/token prefill | "
+           "prefill I/O share | prefill reads hidden | "
            "s/token decode | ÷ first run | read / token | disk floor | × floor | peak RSS | RSS − budget | "
            "expert read | vs probe | vs busy probe | disk busy | disk while busy, vs probe | TRUE hits | I/O share |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if "error" in r:
             out.append(f"| | {r['trunk_gb']:.2f} | {r['cache_gb']:.2f} | {human(r['limit_bytes'])} | failed (exit "
-                       f"{r['exit']}) | | | | | | | | | | | | | | |")
+                       f"{r['exit']}) | | | | | | | | | | | | | | | | |")
             continue
         rate = r["expert_read_rate"]
         share = f"{100 * rate / probe['rate']:.0f} %" if rate else "n/a"
@@ -240,6 +263,7 @@ def stream_table(doc: dict) -> str:
         disk_busy, disk_rate = _disk_cells(r, probe["rate"])
         out.append(f"| {label} | {r['trunk_gb']:.2f} | {r['cache_gb']:.2f} | "
                    f"{human(r['limit_bytes'])} | {r['pinned_layers']} | {r['prefill_seconds']:.2f} | "
+                   f"{_prefill_cells(r.get('prefill_io'))} | "
                    f"{r['seconds_per_token']:.2f} | {f'{vs:.2f}' if vs else '–'} | "
                    f"{human(r.get('bytes_read_per_token') or 0)} | {f'{floor:.2f} s' if floor else 'n/a'} | {times} | "
                    f"{human(r['peak_rss_bytes'])} | {human(over)} | {human(rate) + '/s' if rate else 'n/a'} | {share} | {busy_share} | "
@@ -266,6 +290,13 @@ def stream_table(doc: dict) -> str:
                        + "".join(f" {p['speculation'][g]['seconds_per_token']:.1f} ({p['speculation'][g]['k']}) |"
                                  for g in groups))
     return "\n".join(out)
+
+
+def _prefill_cells(io: dict | None) -> str:
+    """The prompt's wall time spent waiting for reads, and the share of its read time compute hid."""
+    if not io or not io["bytes_read"]:
+        return "n/a | n/a"
+    return " | ".join("n/a" if x is None else f"{100 * x:.0f} %" for x in (io["io_share"], io["hidden"]))
 
 
 def _disk_cells(r: dict, probe_rate: float) -> tuple[str, str]:
@@ -326,6 +357,8 @@ def add_parser(sub) -> None:
     p.add_argument("--budgets", metavar="T:C,…", type=budget_pairs,
                    help="trunk GB:cache GB pairs (default: ring only, half, all)")
     p.add_argument("--ids", default="1,2,3,4,5,6,7,8", help="prompt ids (default 1..8)")
+    p.add_argument("--prompt-length", type=int, metavar="N", help="a seeded prompt of N ids instead of --ids: the "
+                   "prefill columns (I/O share, reads hidden behind compute) measured on a prompt that streams")
     p.add_argument("--gen", type=int, default=6, help="ids to generate per run (default 6)")
     p.add_argument("--overhead-gb", type=GB, default=1.5,
                    help="memory allowed above the budgets (Python, numpy, activations; default 1.5)")

@@ -14,8 +14,9 @@ wrong guess costs only the read. Either way a fetch serves the same bytes.
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..interfaces import CachePolicy, ExpertStore, PlanRow, PluginOptions
 from ..units import human
@@ -38,6 +39,7 @@ class CachingOptions(PluginOptions):
     direct_io: bool = True  # O_DIRECT reads where the filesystem allows them
     prefetch: bool = True   # read the engine's guess of a layer's experts while its attention runs
     check_reads: bool = True  # each expert read against its recorded checksums; false only to measure their cost
+    read_ahead: bool = True  # a prefill round's next experts read while this round computes; false only to measure it
 
 
 class CachingStore(ExpertStore):
@@ -82,6 +84,7 @@ class CachingStore(ExpertStore):
         self._spare = list(range(self.slots, self.slots + staged))  # slots a prefetch may fill
         self._staged: dict[tuple[int, int], tuple[int, object, int]] = {}  # key -> (slot, its read, index in it)
         self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="k3-prefetch") if staged else None
+        self._ahead = ThreadPoolExecutor(1, thread_name_prefix="k3-expert-ahead")  # a prefill round's next reads
         self.requests = self.hits = self.prefetched = self.prefetch_used = 0
         self.wait_seconds = 0.0
 
@@ -125,18 +128,49 @@ class CachingStore(ExpertStore):
     def fetch(self, layer, experts):
         started = time.perf_counter()
         try:
-            return self._fetch(layer, experts)
+            return self._finish(self._begin(layer, experts))
         finally:
             self.wait_seconds += time.perf_counter() - started
 
-    def _fetch(self, layer, experts):
+    def fetch_batches(self, layer, experts):
+        """More experts than the cache holds (a prefill chunk's union): rounds of half the slots, the resident and
+        staged experts first, each round's misses read on a background thread while the caller computes with
+        the round before. Fewer: one fetch."""
+        experts = [int(e) for e in experts]
+        half = self.slots // 2
+        if len(experts) <= self.slots or half < 1 or not self.options.read_ahead:
+            yield from super().fetch_batches(layer, experts)
+            return
+        waiting = {key[1]: 1 for key in self._staged if key[0] == layer}
+        experts.sort(key=lambda e: 0 if (layer, e) in self._slot_of else waiting.get(e, 2))  # stable: asked order
+        rounds = [experts[at:at + half] for at in range(0, len(experts), half)]
+        started = time.perf_counter()
+        pending = self._begin(layer, rounds[0], ahead=True)
+        try:
+            for i, now in enumerate(rounds):
+                batch = self._finish(pending)
+                pending = None
+                if i + 1 < len(rounds):  # round i stays resident: it is kept while round i + 1 takes its slots
+                    pending = self._begin(layer, rounds[i + 1], ahead=True, keep=now + rounds[i + 1])
+                self.wait_seconds += time.perf_counter() - started
+                yield batch
+                started = time.perf_counter()
+        finally:
+            if pending is not None:  # the caller stopped early: that round's read lands before its slots move
+                _settle(pending.read)
+                self._release(pending.reserved)
+
+    def _begin(self, layer, experts, ahead: bool = False, keep=None) -> "_Round":
+        """Ask the policy about each expert, adopt staged reads, reserve slots for the misses and start reading
+        them: on the background thread if `ahead`, else on this one when the round is finished."""
         keys = [(layer, int(e)) for e in experts]
         if len(keys) > self.slots:
             raise ValueError(f"{self.name} store has {self.slots} slots, asked for {len(keys)} experts at once")
+        kept = [(layer, int(e)) for e in keep] if keep is not None else keys
         self.requests += len(keys)
         missing = []
         for key in keys:
-            hit, evicted = self.keeper.access(key, keep=keys)
+            hit, evicted = self.keeper.access(key, keep=kept)
             if evicted is not None:
                 slot = self._slot_of.pop(evicted)
                 del self._weights[slot]
@@ -146,17 +180,30 @@ class CachingStore(ExpertStore):
             elif key not in self._staged or self._adopt(key) is None:
                 missing.append(key)
         reserved = [(key, self._free.pop()) for key in missing]  # in flight: not yet resident
+        requests = [(layer, key[1], self._slot(slot)) for key, slot in reserved]
+        read = self._ahead.submit(self.reader.read, requests) if ahead and requests else requests
+        return _Round(keys, reserved, read)
+
+    def _finish(self, pending: "_Round") -> list:
+        """Wait for the round's reads and publish them (only a complete read is published); its experts' weights."""
         try:
-            loaded = self.reader.read([(layer, key[1], self._slot(slot)) for key, slot in reserved])
+            if pending.reserved:
+                loaded = pending.read.result() if isinstance(pending.read, Future) else self.reader.read(pending.read)
+            else:
+                loaded = []
         except BaseException:
-            for key, slot in reserved:
-                self.keeper.discard(key)
-                self._free.append(slot)
+            _settle(pending.read)  # an interrupted wait: the read still writes into the slots until it lands
+            self._release(pending.reserved)
             raise
-        for (key, slot), weights in zip(reserved, loaded):  # published only after a complete read
+        for (key, slot), weights in zip(pending.reserved, loaded):
             self._slot_of[key] = slot
             self._weights[slot] = weights
-        return [self._weights[self._slot_of[key]] for key in keys]
+        return [self._weights[self._slot_of[key]] for key in pending.keys]
+
+    def _release(self, reserved) -> None:
+        for key, slot in reserved:
+            self.keeper.discard(key)
+            self._free.append(slot)
 
     def _slot(self, slot: int) -> memoryview:
         return self._arena[slot * self.slot_bytes:(slot + 1) * self.slot_bytes]
@@ -174,6 +221,7 @@ class CachingStore(ExpertStore):
         self._prefault.stop()
         if self._prefetcher is not None:
             self._prefetcher.shutdown(wait=True)
+        self._ahead.shutdown(wait=True)
         self.reader.close()
 
 
@@ -185,6 +233,18 @@ def nan_scales(reader) -> list[list[int]]:
 def staging_slots(config, slots: int, options) -> int:
     """Staging slots for prefetch: one token's top-k, none when the cache holds every expert or prefetch is off."""
     return config.num_experts_per_token if options.prefetch and slots < all_experts(config) else 0
+
+
+class _Round(NamedTuple):
+    keys: list              # (layer, expert) in the order the caller gets them
+    reserved: list          # (key, slot) of the misses, not resident until the read lands
+    read: object            # a Future of the reads, or the requests to read when the round is finished
+
+
+def _settle(read) -> None:
+    """Wait for a background read to land, whatever it did (its slots are about to be given back)."""
+    if isinstance(read, Future):
+        wait([read])
 
 
 def _landed(read):

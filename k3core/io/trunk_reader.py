@@ -174,6 +174,15 @@ class TrunkReader:
         block = run.blocks[0].restored if run.blocks else ALIGN
         return hi - lo if hi - lo <= 2 * block else align_up(hi - lo + slack(hi - lo, block))
 
+    @staticmethod
+    def disk_bytes(run, lo: int, hi: int) -> int:
+        """Bytes read(run, lo, hi, buf) reads from disk: the blocks covering [lo, hi) as stored, aligned."""
+        if run.codec == RAW:
+            a, z = block_cover(run, lo, hi)
+            return align_up(z - a)
+        first, last = run.blocks[lo // run.block_bytes], run.blocks[(hi - 1) // run.block_bytes]
+        return last.offset + align_up(last.stored) - first.offset
+
     # ---- raw runs ------------------------------------------------------------------------------------------
     def _read_raw(self, run, lo, hi, view, workers) -> int:
         """Blocks covering [lo, hi) into `view` from 0, each checked (check_blocks) on the checking thread while

@@ -49,9 +49,8 @@ def latent_moe(w: Weights, x: np.ndarray, layer: int, c: Config, kr: KernelBacke
     z = kr.linear(w[P + "routed_expert_down_proj.weight"], x)  # H → latent
     outs = np.empty((x.shape[0], ids.shape[1], z.shape[1]), np.float32)  # [T, k, latent]
     wanted = sorted({int(e) for e in ids.flat})  # each expert read once for all the tokens that chose it
-    step = store.capacity()
-    for chunk in range(0, len(wanted), step):
-        for e in store.fetch(layer, wanted[chunk:chunk + step]):
+    for batch in store.fetch_batches(layer, wanted):  # a store may read the next batch while this one computes
+        for e in batch:
             tokens, ranks = np.nonzero(ids == e.expert)
             outs[tokens, ranks] = kr.expert(e, z[tokens], c.situ_beta, c.situ_linear_beta)  # per-token bits
     agg = np.stack([kr.combine(list(outs[t]), weights[t]) for t in range(x.shape[0])])  # rank order

@@ -195,11 +195,11 @@ def auto_context(r: Resolved, config: EngineConfig, available: int) -> int:
 
 
 def auto_chunk(r: Resolved, available: int) -> prefill.ChunkChoice:
-    """prefill_chunk "auto": the chunk plan/prefill.py projects fastest per prompt id for what of this model the
-    plan holds in RAM (the trunk the placer holds, the share of experts the store holds) and this process's
+    """prefill_chunk "auto": the chunk plan/prefill.py projects fastest per prompt id for what of this model the plan
+    reads per pass (the trunk the placer streams; every expert, unless the store holds them all) and this process's
     cores, at the disk and core rates it assumes, within the memory the rest of the plan leaves."""
     shape = prefill.Shape.of_checkpoint(r.checkpoint)
-    where = prefill.where_held(shape, sum(row.bytes for row in r.placer.plan(r.placer_ctx)),
+    where = prefill.where_held(shape, r.placer.streamed_bytes(r.placer_ctx),
                                sum(row.bytes for row in r.store.plan(r.store_ctx)))
     rates = prefill.Rates(prefill.ASSUMED_DISK, r.config.threads or default_threads(),
                           prefill.ASSUMED_MACS_PER_CORE)

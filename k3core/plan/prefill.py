@@ -2,11 +2,15 @@
 "The prompt side").
 
 A pass of T prompt ids whose first sits at position p costs
-    read(T)    = the trunk bytes not held in RAM + moe_layers × union(T) × expert_bytes × miss
+    read(T)    = the trunk bytes the placer streams + moe_layers × union(T) × expert_bytes × miss
     compute(T) = T × macs_per_id + (T·p + T(T+1)/2) × macs_per_pair
-    seconds(T) = read(T) / disk + compute(T) / (cores × macs_per_core)
-— reads and compute take turns inside a pass (no overlap is assumed); `miss` is 0 when the expert cache holds
-every expert, else 1 (where_held says why). union(T), the distinct experts
+    exposed(T) = moe_layers × max(0, first(T) − top_k) × expert_bytes × miss
+    seconds(T) = max(read(T) / disk, compute(T) / (cores × macs_per_core)) + exposed(T) / disk
+— reads run behind compute: the ring reads the next trunk layer while one computes, and an expert cache smaller
+than a layer's union serves it in rounds of half its slots, the next round read while this one computes
+(CachingStore.fetch_batches). What no compute hides is each MoE layer's first round, first(T) = union(T) when it
+fits the cache's slots, else half of them, less the top_k experts read on the router's guess while attention ran.
+`miss` is 0 when the expert cache holds every expert, else 1 (where_held says why). union(T), the distinct experts
 T consecutive ids route to in one MoE layer, is the real model's (K3_UNION, from its routing trace) up to T = 12;
 beyond, the power law fitted to T = 2..12, never more than every expert. macs_per_pair is latent-space MLA
 attention (an id against each earlier position: heads × (2·kv_lora_rank + qk_rope_head_dim) per MLA layer); KDA
@@ -83,15 +87,18 @@ class Where:
     """What of a pass is read from disk."""
     trunk_streamed: float     # trunk bytes read per pass (as stored)
     expert_miss: float = 1.0  # share of routed experts read (1: none cached)
+    slots: float = math.inf   # experts the cache holds at once (its rounds are half of them)
 
 
-def where_held(shape: Shape, trunk_held: float, experts_held: float) -> Where:
-    """What a plan that holds `trunk_held` bytes of the trunk and `experts_held` bytes of experts in RAM leaves a
-    pass to read. An expert cache that cannot hold every expert keeps none for the next pass: a pass visits the
-    layers in order, so the least recently used expert is always the next layer's (`k3 bench prefill` on `wide`,
-    a 1 GB cache and 1.68 GB of experts: every pass read all of them)."""
+def where_held(shape: Shape, trunk_streamed: float, experts_held: float) -> Where:
+    """What a plan whose placer reads `trunk_streamed` trunk bytes per pass (TrunkPlacer.streamed_bytes) and whose
+    store holds `experts_held` bytes of experts leaves a pass to read. An expert cache that cannot hold every
+    expert keeps none for the next pass: a pass visits the layers in order, so the least recently used expert is
+    always the next layer's (`k3 bench prefill` on `wide`, a 1 GB cache and 1.68 GB of experts: every pass read
+    all of them)."""
     every = shape.moe_layers * shape.experts * shape.expert_bytes
-    return Where(max(0.0, shape.trunk_bytes - trunk_held), 0.0 if experts_held >= every else 1.0)
+    slots = max(shape.top_k, experts_held // shape.expert_bytes - shape.top_k)  # less the prefetch's staging slots
+    return Where(trunk_streamed, 0.0 if experts_held >= every else 1.0, slots)
 
 
 @dataclass(frozen=True)
@@ -124,12 +131,17 @@ def _exponent(unions) -> float:
 
 
 def pass_seconds(shape: Shape, where: Where, rates: Rates, rows: int, start: int = 0) -> dict:
-    """One pass of `rows` prompt ids, the first at position `start`: bytes read, disk and CPU seconds."""
-    read = where.trunk_streamed + shape.moe_layers * union(rows, shape.experts, shape.top_k) * shape.expert_bytes \
-        * where.expert_miss
+    """One pass of `rows` prompt ids, the first at position `start`: bytes read, disk and CPU seconds, the read
+    seconds no compute hides, and the pass's seconds."""
+    distinct = union(rows, shape.experts, shape.top_k)
+    per_layer = shape.moe_layers * shape.expert_bytes * where.expert_miss
+    read = where.trunk_streamed + distinct * per_layer
+    first = distinct if distinct <= where.slots else where.slots // 2
     macs = rows * shape.macs_per_id + (rows * start + rows * (rows + 1) / 2) * shape.macs_per_pair
     disk, cpu = read / rates.disk, macs / (rates.cores * rates.macs_per_core)
-    return {"rows": rows, "bytes_read": read, "disk_seconds": disk, "cpu_seconds": cpu, "seconds": disk + cpu}
+    exposed = max(0.0, first - shape.top_k) * per_layer / rates.disk
+    return {"rows": rows, "bytes_read": read, "disk_seconds": disk, "cpu_seconds": cpu, "exposed_seconds": exposed,
+            "seconds": max(disk, cpu) + exposed}
 
 
 def prompt_seconds(shape: Shape, where: Where, rates: Rates, chunk: int, prompt: int, cached: int = 0) -> float:

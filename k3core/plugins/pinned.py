@@ -134,6 +134,21 @@ class PinnedPlacer(TrunkPlacer):
             [PlanRow("trunk codec scratch", trunk_scratch_bytes(trunk), f"{trunk.codec} blocks a range cuts, "
                                                                             "small reads, exponent planes")])
 
+    @classmethod
+    def streamed_bytes(cls, ctx):
+        """The stored bytes of every layer not pinned (a coded pack's held layers are restored, not read), and of
+        lm_head unless pinned."""
+        trunk = load_trunk(ctx.budget.trunk_dir, ctx.checkpoint)
+        lay = layout(trunk, ctx.config, ctx.budget, ctx.options)
+        layers = sum(trunk.layer(L).span for L in range(ctx.config.num_hidden_layers) if L not in lay.pinned)
+        if lay.head_pinned:
+            return layers
+        head, row = _head_tensor(trunk), _head_tensor(trunk).shape[1] * 2
+        rows = _head_rows(trunk, head, lay.slot_bytes)
+        return layers + sum(TrunkReader.disk_bytes(trunk.model, head.offset + r * row,
+                                                   head.offset + min(r + rows, head.shape[0]) * row)
+                            for r in range(0, head.shape[0], rows))
+
     def __init__(self, ctx):
         super().__init__(ctx)
         config = self.config

@@ -55,6 +55,7 @@ def run_report(engine, prompt, generated, stats, load_seconds, mode, prompt_cach
         "expert_bytes_read": s.get("expert_bytes_read", 0),
         "expert_read_rate": per_second(s.get("expert_bytes_read", 0), s.get("expert_read_seconds", 0.0)),
         "io_share_of_wall": io_seconds / wall if wall > 0 else None,
+        "prefill_io": _prefill_io(stats.get("prefill_io"), stamps[0] - started),
         "forward_passes": stats["forward_passes"],
         "draft_proposed": stats["draft_proposed"],
         "draft_accepted": stats["draft_accepted"],
@@ -63,6 +64,25 @@ def run_report(engine, prompt, generated, stats, load_seconds, mode, prompt_cach
         "prompt_cache": prompt_cache.stats() if prompt_cache is not None else None,
         "stats": s,
     }
+
+
+def _prefill_io(io: dict | None, seconds: float) -> dict | None:
+    """The prompt's reads: bytes, its wall time spent waiting for them (I/O share), and the share of the time
+    reads were in flight that compute hid (reads behind compute)."""
+    if not io:
+        return None
+    read, waited = io["read_seconds"], io["wait_seconds"]
+    return {**io, "io_share": waited / seconds if seconds > 0 else None,
+            "hidden": max(0.0, 1 - waited / read) if read > 0 else None}
+
+
+def _prefill_line(r: dict) -> list[str]:
+    io = r.get("prefill_io")
+    if not io or not io["bytes_read"]:
+        return []
+    return [f"prefill read {io['bytes_read'] / 1e9:.3f} GB; waited {io['wait_seconds']:.2f} s for reads, "
+            f"{_pct(io['io_share'])} of its wall time; {_pct(io['hidden'])} of the time reads were in flight hidden "
+            "behind compute"]
 
 
 def _pct(x):
@@ -98,7 +118,7 @@ def report_text(r: dict) -> str:
         + _prefetch_part(r["stats"]) + f"; I/O {_pct(r['io_share_of_wall'])} of wall time",
         f"{r['forward_passes']} forward passes; {_per_token(r['bytes_read_per_token'])} read per generated id after "
         "the first" + _drafts_part(r),
-    ] + _cache_line(r) + _unchecked_line(r["stats"]) + _nan_scale_line(r["stats"]) + _disk_lines(r) + _floor_line(r))
+    ] + _prefill_line(r) + _cache_line(r) + _unchecked_line(r["stats"]) + _nan_scale_line(r["stats"]) + _disk_lines(r) + _floor_line(r))
 
 
 def _cache_line(r: dict) -> list[str]:

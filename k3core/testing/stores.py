@@ -211,6 +211,38 @@ def prefetch_is_only_a_hint(cls, options) -> None:
 
 
 
+def batches_cover_every_expert(cls, options) -> None:
+    ckpt = open_checkpoint(models.model("small"))
+    try:
+        c = ckpt.config
+        for gb in BUDGETS:
+            store = build(cls, ckpt, gb, options)
+            try:
+                cap = store.capacity()
+                for i, layer in enumerate(range(c.first_k_dense_replace, c.num_hidden_layers)):
+                    asked = [int(e) for e in np.random.default_rng(i).permutation(c.num_experts)]
+                    if store.prefetch_capacity():
+                        store.prefetch(layer, asked[-1:])  # a staged read the batches must account for
+                    served, batches, stop = [], store.fetch_batches(layer, asked), i % 2 == 1
+                    for j, batch in enumerate(batches):  # each batch checked while it is the current one
+                        where = f"cache {gb:g} GB, layer {layer}, batch {j} of fetch_batches({len(asked)} experts)"
+                        expect(len(batch) <= cap, f"{where}: {len(batch)} experts, capacity() is {cap}")
+                        own_bytes(ckpt, batch, layer, [e.expert for e in batch], where)
+                        served += [e.expert for e in batch]
+                        if stop:  # every other layer the caller stops after the first batch
+                            batches.close()
+                            break
+                    if not stop:
+                        expect(sorted(served) == sorted(asked), f"cache {gb:g} GB, layer {layer}: fetch_batches "
+                               f"served {sorted(served)}, asked {sorted(asked)} (each exactly once)")
+                    own_bytes(ckpt, store.fetch(layer, asked[:cap]), layer, asked[:cap],
+                              f"cache {gb:g} GB, a fetch after fetch_batches")
+            finally:
+                store.close()
+    finally:
+        ckpt.close()
+
+
 def same_ids_as_lru(cls, options) -> None:
     for shape in ("tiny", "small"):
         for gb in BUDGETS:
@@ -237,5 +269,7 @@ def store_checks(cls, options=None) -> list[Check]:
                   partial(counters_are_honest, cls, options)),
             Check(f"{who}: prefetch hints (right, partly right, wrong) change neither the bytes served nor the hits",
                   partial(prefetch_is_only_a_hint, cls, options)),
+            Check(f"{who}: fetch_batches serves every expert of a layer once, in batches of at most capacity(), "
+                  "and a batch abandoned early leaves the store sound", partial(batches_cover_every_expert, cls, options)),
             Check(f"{who}: ids and logit bytes identical to the lru store at cache 0, 0.0002 and 1 GB",
                   partial(same_ids_as_lru, cls, options))]

@@ -67,6 +67,14 @@ def bytes_read(engine: Engine) -> int:
     return s.get("trunk_bytes_read", 0) + s.get("expert_bytes_read", 0)
 
 
+def io_seconds(engine: Engine) -> tuple[float, float]:
+    """(seconds with a trunk or expert read in flight, seconds the passes stood waiting for one) so far; a store
+    that does not count its waits waited for every read."""
+    s = engine.stats()
+    read = s.get("trunk_read_seconds", 0.0) + s.get("expert_read_seconds", 0.0)
+    return read, s.get("trunk_wait_seconds", 0.0) + s.get("expert_wait_seconds", s.get("expert_read_seconds", 0.0))
+
+
 class Session:
     def __init__(self, engine: Engine, tokenizer: Tokenizer | None = None, prompt_cache: PrefixCache | None = None
                  ) -> None:
@@ -122,6 +130,7 @@ class Session:
         reads: list[int]  # bytes read from disk so far, at each stamp
         generated, reason, stamps, reads = [], "max tokens", [], []
         forwarded_before, passes_before, read_before = engine.tokens_forwarded, engine.forward_passes, bytes_read(engine)
+        io_before = io_first = io_seconds(engine)
         started = time.perf_counter()
         try:
             while len(generated) < params.max_tokens:
@@ -141,7 +150,7 @@ class Session:
                 stamps.append(time.perf_counter())
                 reads.append(bytes_read(engine))
                 if len(stamps) == 1:
-                    passes_first, read_first = engine.forward_passes, reads[0]
+                    passes_first, read_first, io_first = engine.forward_passes, reads[0], io_seconds(engine)
                 generated.append(token)
                 if token in stop_set:
                     reason = "stop id"
@@ -167,6 +176,9 @@ class Session:
             "bytes_read_per_token": (bytes_read(engine) - read_first) / (len(generated) - 1) if len(generated) > 1
             else None,
             "prefill_seconds": stamps[0] - started if stamps else 0.0,
+            # the prompt's passes and the first id: bytes read, time with reads in flight, time waited for them
+            "prefill_io": {"bytes_read": reads[0] - read_before if stamps else 0,
+                           "read_seconds": io_first[0] - io_before[0], "wait_seconds": io_first[1] - io_before[1]},
             "seconds_per_token": (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else None,
             "seed": sampler.seed, "started": started, "stamps": stamps, "reads": reads,
             "open_channel": text.open_channel if text is not None else None})
