@@ -156,15 +156,24 @@ def test_the_real_model_projection_adds_up():
     assert "| suffix, agentic: s/token (K) |" in table and f"| {fast['seconds_per_token']:.1f} (8) |" in table
 
 
-def drafts_doc(kinds=("rewrite", "tool_loop", "plain")) -> dict:
-    """A `k3 bench drafts --transcripts --json` document's shape: ids, passes and drafted ids per kind and K."""
+# a kind's turns, new prompt ids, context ids and reply ids in drafts_doc: agentic (rewrite and tool_loop) has 10
+# turns of 900 new prompt ids after 6,000, replying 110; plain, 2 of 500 after none, replying 300
+CENSUS_FIELDS = ("turns", "prompt_ids", "context_ids", "reply_ids")
+CENSUS = {"rewrite": (4, 6_000, 20_000, 800), "tool_loop": (6, 3_000, 40_000, 300), "plain": (2, 1_000, 0, 600)}
+
+
+def drafts_doc(kinds=("rewrite", "tool_loop", "plain"), fields=CENSUS_FIELDS) -> dict:
+    """A `k3 bench drafts --transcripts --json` document's shape: each kind's census of its turns (`fields` of
+    it), ids, passes and drafted ids per kind and K."""
     def counts(k: int, kind: str) -> dict:
         passes = 100 if kind == "plain" else 100 // k + 10
         return {"ids": 150 if kind == "plain" else 100 + 10 * k, "passes": passes, "proposed": passes * min(k, 3)}
 
     by_k = {name: {"all": counts(k, kinds[0]), "by_kind": {kind: counts(k, kind) for kind in kinds}}
             for name, k in (("1", 1), ("2", 2), ("4", 4), ("8", 8), ("auto", 8))}
-    return {"kinds": {kind: {} for kind in kinds}, "sources": {"suffix": {"counts": by_k}}}
+    census = {kind: dict(zip(CENSUS_FIELDS, CENSUS.get(kind, (1, 100, 0, 50)))) for kind in kinds}
+    return {"kinds": {kind: {f: census[kind][f] for f in fields} for kind in kinds},
+            "sources": {"suffix": {"counts": by_k}}}
 
 
 def test_bench_project_prints_the_ram_table_marking_every_k3_figure_projected(capsys, tmp_path):
@@ -190,6 +199,54 @@ def test_bench_project_prints_the_ram_table_marking_every_k3_figure_projected(ca
     assert list(json.loads(capsys.readouterr().out)["drafts"]) == ["all kinds"]
     assert main(["bench", "project", "--drafts-json", str(drafts), "--draft-source", "ngram"]) == 2
     assert "has no source 'ngram'; it has suffix" in capsys.readouterr().err
+
+
+def test_bench_project_charges_an_agent_turn_its_new_prompt_ids_and_its_reply_ids(capsys, tmp_path):
+    """Each group's mean turn (drafts_doc's CENSUS) costs the prefill of its new prompt ids after its context, in
+    the prompt table's chunk, plus its reply ids at the group's speculative s/token: recomputed here."""
+    from k3core.cli.bench_project import prefill_terms
+    from k3core.machine.cost import Machine
+    from k3core.plan.prefill import K3, prompt_seconds
+
+    drafts = tmp_path / "drafts.json"
+    drafts.write_text(json.dumps(drafts_doc()))
+    assert main(["bench", "project", "--drafts-json", str(drafts), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    mix = doc["turn_mix"]
+    assert [mix["agentic"][f] for f in ("new_prompt_ids_per_turn", "context_ids_per_turn", "reply_ids_per_turn")
+            ] == [900, 6_000, 110]
+    assert [mix["plain"][f] for f in ("new_prompt_ids_per_turn", "context_ids_per_turn", "reply_ids_per_turn")
+            ] == [500, 0, 300]
+    machine = Machine(**doc["machine"])
+    assert len(doc["agent"]) == len(doc["rows"]) == len(doc["prompt"]) == 4
+    for agent, row, prompt in zip(doc["agent"], doc["rows"], doc["prompt"]):
+        where, rates = prefill_terms(row["ram"], machine, doc["prefill_macs_per_core"])
+        assert prompt["ttft"]["2000"]["cold"] == prompt_seconds(K3, where, rates, prompt["chunk"], 2000)  # its terms
+        for group, m in mix.items():
+            context, new, reply = m["context_ids_per_turn"], m["new_prompt_ids_per_turn"], m["reply_ids_per_turn"]
+            prefill = prompt_seconds(K3, where, rates, prompt["chunk"], context + new, context)
+            turn = prefill + reply * row["speculation"][group]["seconds_per_token"]
+            c = agent["groups"][group]
+            assert c["seconds_per_turn"] == pytest.approx(turn) and c["prefill_seconds"] == pytest.approx(prefill)
+            assert c["seconds_per_reply_id"] == pytest.approx(turn / reply)
+        cold = prompt_seconds(K3, where, rates, prompt["chunk"], 6_900)
+        assert agent["groups"]["agentic"]["prefill_seconds"] < cold  # the context is not charged again
+    assert main(["bench", "project", "--drafts-json", str(drafts)]) == 0
+    table = capsys.readouterr().out
+    rows = [line for line in table.splitlines() if line.startswith("| 8 GB | agentic | 10 | 900 | 6,000 | 110 |")]
+    assert len(rows) == 1 and rows[0].count("*projected*") == 5
+    assert main(["bench", "project"]) == 0
+    out = capsys.readouterr().out
+    assert "no --drafts-json, so no agent turns" in out and "| 8 GB | agentic |" not in out
+
+
+def test_bench_project_refuses_a_drafts_json_without_prompt_ids_saying_how_to_write_it_again(capsys, tmp_path):
+    drafts = tmp_path / "old.json"
+    drafts.write_text(json.dumps(drafts_doc(fields=("turns", "reply_ids"))))  # before prompt ids were counted
+    assert main(["bench", "project", "--drafts-json", str(drafts)]) == 2
+    err = capsys.readouterr().err
+    assert f"--drafts-json {drafts}: kinds.rewrite has no prompt_ids or context_ids" in err
+    assert "make bench-drafts-bpe" in err and "Traceback" not in err
 
 
 def test_bench_pair_runs_two_packs_in_one_process_taking_turns(tiny_model, tmp_path, capsys):

@@ -1,7 +1,8 @@
 """`k3 bench drafts --transcripts`: teacher-forced draft acceptance on a hand-written three-conversation JSONL
 (a rewrite, a tool call answered by a `tool` message, one without a kind) with the demo model's tokenizer. An
 oracle's passes match the count by hand, an always-wrong source gives exactly 1.0, ngram gains on the rewrite,
-bad lines are refused naming the line and the field, and --json has the documented shape."""
+a turn's new prompt ids are what its conversation did not already hold, bad lines are refused naming the line and
+the field, and --json has the documented shape."""
 import json
 import math
 from pathlib import Path
@@ -9,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from k3core import load_tokenizer
-from k3core.cli.bench_transcripts import acceptance, pass_cost, read_conversations, scored_turns
+from k3core.cli.bench_transcripts import acceptance, kind_census, pass_cost, read_conversations, scored_turns
 from k3core.cli.main import main
 from k3core.plugin_api import DraftSource
+from k3core.text import chat
 from k3core.text.chat import tool_call_markup
 from k3core.text.openai_messages import MessageError, k3_messages
 
@@ -104,6 +106,46 @@ def test_messages_are_read_by_the_one_converter_the_server_uses_too(transcripts)
     assert (api.value.status, api.value.param, api.value.message) == (400, refused.value.param, str(refused.value))
 
 
+def test_a_turns_new_prompt_ids_are_those_its_conversation_did_not_already_hold(transcripts, tokenizer):
+    """The tool loop's second prompt extends its first prompt and reply: only the tool message and the generation
+    prefix are new, after the first turn's ids. A conversation's first turn is all new, after nothing."""
+    conversations = read_conversations(transcripts)
+    turns = scored_turns(conversations, tokenizer, transcripts)
+    loop = conversations[1].messages
+    first, second = (len(chat.render(loop[:i], tokenizer)) for i in (2, 4))
+    held, whole = (len(chat.render(loop[:i], tokenizer, add_generation_prompt=False)) for i in (3, 5))
+    assert 0 < first < held < second  # the first prompt and reply, then the tool message and the prefix
+    assert kind_census("tool_loop", conversations, turns) == {
+        "conversations": 1, "turns": 2, "reply_ids": (held - first) + (whole - second),
+        "prompt_ids": first + (second - held), "context_ids": held}
+    rewrite = len(chat.render(conversations[0].messages[:1], tokenizer))
+    assert [kind_census("rewrite", conversations, turns)[f] for f in ("prompt_ids", "context_ids")] == [rewrite, 0]
+
+
+def test_a_rerendered_history_counts_the_ids_past_the_common_prefix_as_new(monkeypatch, tmp_path, tokenizer):
+    """A template that renders an assistant message shorter once more follows (as one dropping its thinking
+    would): the second prompt shares only the first prompt's ids with the first turn's, the rest is new."""
+    def render(messages, tokenizer, mode, *, add_generation_prompt=True):
+        ids = []
+        for i, m in enumerate(messages):
+            last = i == len(messages) - 1
+            ids += [1, 2] if m["role"] == "user" else [6, 4, 5] if last else [6, 9]
+        return ids + [6] * add_generation_prompt
+
+    monkeypatch.setattr(chat, "render", render)
+    path = tmp_path / "two.jsonl"
+    path.write_text(json.dumps({"kind": "k", "messages": [{"role": "user", "content": "a"},
+                                                          {"role": "assistant", "content": "b"},
+                                                          {"role": "user", "content": "c"},
+                                                          {"role": "assistant", "content": "d"}]}) + "\n")
+    conversations = read_conversations(path)
+    turns = scored_turns(conversations, tokenizer, path)
+    assert [(t.prompt, t.reply, t.cached) for t in turns] == [((1, 2, 6), (4, 5), 0),
+                                                             ((1, 2, 6, 9, 1, 2, 6), (4, 5), 3)]
+    census = kind_census("k", conversations, turns)  # held [1, 2, 6, 4, 5]: [9, 1, 2, 6] is new, not [2, 6]
+    assert (census["prompt_ids"], census["context_ids"]) == (3 + 4, 3)
+
+
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_an_oracle_takes_one_pass_for_the_first_id_and_one_per_k_plus_one_after(turns, tokenizer, k):
     answers = {t.prompt: t.reply for t in turns}
@@ -146,8 +188,9 @@ def test_ngram_gains_on_the_rewrite_and_json_has_the_documented_shape(transcript
     assert all({"8", "auto"} <= set(v) for v in ngram["by_kind"].values())
     assert ngram["by_kind"]["rewrite"]["8"] > 1 and ngram["by_kind"]["rewrite"]["auto"] > 1
     assert all(v >= 1 for v in ngram["tokens_per_pass"].values())
-    assert doc["turns"] == 4 and doc["kinds"]["tool_loop"] == {"conversations": 1, "turns": 2,
-                                                               "reply_ids": doc["kinds"]["tool_loop"]["reply_ids"]}
+    loop = doc["kinds"]["tool_loop"]
+    assert doc["turns"] == 4 and set(loop) == {"conversations", "turns", "reply_ids", "prompt_ids", "context_ids"}
+    assert (loop["conversations"], loop["turns"]) == (1, 2) and loop["prompt_ids"] > 0 < loop["context_ids"]
     runs = ngram["counts"]["auto"]["all"]
     assert runs["ids"] == doc["reply_ids"] and 0 < runs["accepted"] <= runs["proposed"]
 

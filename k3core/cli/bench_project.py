@@ -1,7 +1,8 @@
 """`k3 bench project`: full Kimi K3 at 8, 32, 64 and 128 GB of RAM, projected from rates measured on this machine
 (k3core/machine/cost.py: the method), beside the C engine's published s/token — serially with a raw and with a
 lossless trunk, and with a draft source's tokens per pass on transcripts (`--drafts-json`, the JSON of
-`k3 bench drafts --transcripts … --json`).
+`k3 bench drafts --transcripts … --json`); then the prompt side (plan/prefill.py), and with the transcripts an
+agent's turn: its new prompt ids prefilled after its context, then its reply at the draft source's s/token.
 
 Not a measurement of the real model: a projection, and it says so.
 """
@@ -30,44 +31,82 @@ PLAIN_KINDS = ("plain",)
 PROMPTS = (2_000, 30_000, 47_000)  # ids: a chat's first prompt, and Claude Code's first prompts (30-47k)
 TURN_IDS = 1_000                   # "cached": all of the prompt but its last turn's ids are in the prompt cache
 EXPERT_CACHE_BYTES = 1e9            # the laptop preset's expert cache, at every RAM size (RAM_BESIDES_TRUNK)
+TURN_FIELDS = ("turns", "prompt_ids", "context_ids", "reply_ids")  # a drafts JSON's census of a kind's turns
+
+
+def kind_groups(doc: dict) -> dict[str, list[str]]:
+    """{group: its kinds} of a `k3 bench drafts --transcripts --json` document: the agentic kinds together and
+    plain, where the file has them, else all its kinds as one group."""
+    kinds = doc.get("kinds", {})
+    groups = {name: [kind for kind in members if kind in kinds]
+              for name, members in (("agentic", AGENTIC_KINDS), ("plain", PLAIN_KINDS))}
+    return {name: members for name, members in groups.items() if members} or {"all kinds": list(kinds)}
 
 
 def draft_groups(doc: dict, source: str | None) -> tuple[str, dict[str, list[Drafts]]]:
-    """(source, {group: Drafts at K = 1, 2, 4, 8}) from a `k3 bench drafts --transcripts --json` document: the
-    agentic kinds together and plain, where the file has them, else all its kinds."""
+    """(source, {group: Drafts at K = 1, 2, 4, 8}) from a `k3 bench drafts --transcripts --json` document."""
     sources = doc.get("sources") or {}
     if source is None:
         source = next(iter(sources)) if len(sources) == 1 else "suffix"
     if source not in sources:
         raise UsageError(f"the drafts JSON has no source {source!r}; it has {', '.join(sources) or 'none'}")
     counts = sources[source]["counts"]
-    groups = {name: [kind for kind in kinds if kind in doc.get("kinds", {})]
-              for name, kinds in (("agentic", AGENTIC_KINDS), ("plain", PLAIN_KINDS))}
-    groups = {name: kinds for name, kinds in groups.items() if kinds}
 
     def drafts(k: str, kinds) -> Drafts:
-        rows = [counts[k]["by_kind"][kind] for kind in kinds] if kinds else [counts[k]["all"]]
+        rows = [counts[k]["by_kind"][kind] for kind in kinds]
         ids, passes, proposed = (sum(r[f] for r in rows) for f in ("ids", "passes", "proposed"))
         return Drafts(int(k), ids / passes, 1 + proposed / passes)
 
-    if not groups:
-        return source, {"all kinds": [drafts(k, None) for k in DRAFT_KS]}
-    return source, {name: [drafts(k, kinds) for k in DRAFT_KS] for name, kinds in groups.items()}
+    return source, {name: [drafts(k, kinds) for k in DRAFT_KS] for name, kinds in kind_groups(doc).items()}
 
 
-def read_drafts(path, source: str | None) -> tuple[str, dict[str, list[Drafts]]]:
-    """draft_groups of the JSON file `path`; a file that is not one is a UsageError naming it."""
+def turn_mix(doc: dict) -> dict[str, dict]:
+    """{group: its kinds, their turns, new prompt ids, context ids and reply ids, and a mean turn's} from a
+    `k3 bench drafts --transcripts --json` document: the prompt ids rounded to whole ids, the reply ids not (they
+    only multiply an s/token)."""
+    out = {}
+    for name, kinds in kind_groups(doc).items():
+        for kind in kinds:
+            missing = [f for f in TURN_FIELDS if f not in doc["kinds"][kind]]
+            if missing:
+                raise UsageError(f"kinds.{kind} has no {' or '.join(missing)}: it was written before `k3 bench drafts` "
+                                 "counted a turn's prompt ids; write it again (`make bench-drafts-bpe`, or "
+                                 "`k3 bench drafts --transcripts … --json`)")
+        total = {f: sum(doc["kinds"][kind][f] for kind in kinds) for f in TURN_FIELDS}
+        out[name] = {"kinds": kinds, **total, "new_prompt_ids_per_turn": round(total["prompt_ids"] / total["turns"]),
+                     "context_ids_per_turn": round(total["context_ids"] / total["turns"]),
+                     "reply_ids_per_turn": total["reply_ids"] / total["turns"]}
+    return out
+
+
+def drafts_file(path) -> dict:
+    """The JSON document of the file `path`; one that is not JSON is a UsageError naming it."""
     try:
-        doc = read_json_limited(Path(path), SMALL_FILE_BYTES, "a drafts JSON")
+        return read_json_limited(Path(path), SMALL_FILE_BYTES, "a drafts JSON")
     except (OSError, ValueError) as exc:
         raise UsageError(f"--drafts-json {path}: not readable JSON ({exc})") from None
+
+
+def from_drafts(path, read, *args):
+    """read(the document of `path`, *args); a document it cannot read is a UsageError naming the file."""
+    doc = drafts_file(path)
     try:
-        return draft_groups(doc, source)
+        return read(doc, *args)
     except UsageError as exc:
         raise UsageError(f"--drafts-json {path}: {exc}") from None
     except (AttributeError, KeyError, TypeError, ZeroDivisionError) as exc:
         raise UsageError(f"--drafts-json {path}: not the JSON of `k3 bench drafts --transcripts … --json` "
                          f"({type(exc).__name__}: {exc})") from None
+
+
+def read_drafts(path, source: str | None) -> tuple[str, dict[str, list[Drafts]]]:
+    """draft_groups of the JSON file `path`; a file that is not one is a UsageError naming it."""
+    return from_drafts(path, draft_groups, source)
+
+
+def read_agent_drafts(path, source: str | None) -> tuple[str, dict[str, list[Drafts]], dict[str, dict]]:
+    """read_drafts and the turn_mix of the JSON file `path`."""
+    return from_drafts(path, lambda doc: (*draft_groups(doc, source), turn_mix(doc)))
 
 
 def cmd_project(args) -> int:
@@ -82,32 +121,58 @@ def cmd_project(args) -> int:
     if len(unions) < rows:
         raise UsageError(f"--trace {args.trace}: its last forward has {len(unions)} positions; a pass of "
                          f"K = {DRAFT_KS[-1]} drafts has {rows} rows")
-    source, drafts = read_drafts(args.drafts_json, args.draft_source) if args.drafts_json else (None, {})
+    source, drafts, mix = (read_agent_drafts(args.drafts_json, args.draft_source) if args.drafts_json
+                           else (None, {}, {}))
+    macs_per_core = args.prefill_macs_per_core * 1e9
     doc = {"machine": vars(machine), "unions": list(unions), "union_source": args.trace or "built in (k3-in-c trace)",
            "drafts_json": args.drafts_json, "draft_source": source,
            "drafts": {g: [vars(d) for d in ds] for g, ds in drafts.items()},
            "rows": [{**ram_row(gb * 1e9, machine, drafts, unions), "c_engine_seconds": C_ENGINE_SECONDS[gb]}
                     for gb in RAM_GB],
-           "prefill_macs_per_core": args.prefill_macs_per_core * 1e9, "turn_ids": TURN_IDS,
-           "prompt": [prompt_row(gb * 1e9, machine, args.prefill_macs_per_core * 1e9) for gb in RAM_GB]}
+           "prefill_macs_per_core": macs_per_core, "turn_ids": TURN_IDS,
+           "prompt": [prompt_row(gb * 1e9, machine, macs_per_core) for gb in RAM_GB], "turn_mix": mix}
+    doc["agent"] = [agent_row(r, p, machine, macs_per_core, mix) for r, p in zip(doc["rows"], doc["prompt"]) if mix]
     print(json.dumps(doc, indent=1) if args.json else project_table(doc))
     return 0
 
 
-def prompt_row(ram: float, machine: Machine, macs_per_core: float) -> dict:
-    """The prompt side at `ram` bytes (plan/prefill.py): the chunk `auto` picks for a raw trunk laid out as the
-    serial column's, its seconds per prompt id beside 512's, and the time to the first token of each of PROMPTS,
-    cold and with all but its last TURN_IDS ids in the prompt cache."""
+def prefill_terms(ram: float, machine: Machine, macs_per_core: float) -> tuple[prefill.Where, prefill.Rates]:
+    """What a prefill pass at `ram` bytes reads (a raw trunk laid out as the serial column's, the expert cache of
+    EXPERT_CACHE_BYTES) and the rates it runs at."""
     layout = layout_for(ram, 1.0)
     where = prefill.Where(layout.streamed * layout.ratio, 1.0, EXPERT_CACHE_BYTES // prefill.K3.expert_bytes)
-    rates = prefill.Rates(machine.disk, machine.cores, macs_per_core)
+    return where, prefill.Rates(machine.disk, machine.cores, macs_per_core)
+
+
+def prompt_row(ram: float, machine: Machine, macs_per_core: float) -> dict:
+    """The prompt side at `ram` bytes (plan/prefill.py): the chunk `auto` picks (prefill_terms), its seconds per
+    prompt id beside 512's, and the time to the first token of each of PROMPTS, cold and with all but its last
+    TURN_IDS ids in the prompt cache."""
+    where, rates = prefill_terms(ram, machine, macs_per_core)
     choice = prefill.choose_chunk(prefill.K3, where, rates, prefill.most_rows(prefill.K3, ram))
     ttft = {str(n): {"cold": prefill.prompt_seconds(prefill.K3, where, rates, choice.chunk, n),
                      "cached": prefill.prompt_seconds(prefill.K3, where, rates, choice.chunk, n, n - TURN_IDS)}
             for n in PROMPTS}
-    return {"ram": ram, "layout": layout.name, "chunk": choice.chunk, "most": choice.most,
+    return {"ram": ram, "layout": layout_for(ram, 1.0).name, "chunk": choice.chunk, "most": choice.most,
             "seconds_per_id": choice.seconds_per_id, "seconds_per_id_at_512": choice.default_seconds_per_id,
             "ttft": ttft}
+
+
+def agent_row(row: dict, prompt: dict, machine: Machine, macs_per_core: float, mix: dict[str, dict]) -> dict:
+    """A mean turn of each group of `mix` (turn_mix) at the RAM of `row` (ram_row) and `prompt` (prompt_row): its
+    new prompt ids prefilled after its context ids in the chunk `auto` picks, then its reply ids at the group's
+    speculative s/token; the seconds of each, of the turn, and of the turn per reply id."""
+    where, rates = prefill_terms(row["ram"], machine, macs_per_core)
+    groups = {}
+    for group, m in mix.items():
+        context = m["context_ids_per_turn"]
+        prefill_seconds = prefill.prompt_seconds(prefill.K3, where, rates, prompt["chunk"],
+                                                 context + m["new_prompt_ids_per_turn"], context)
+        reply_seconds = m["reply_ids_per_turn"] * row["speculation"][group]["seconds_per_token"]
+        turn = prefill_seconds + reply_seconds
+        groups[group] = {"prefill_seconds": prefill_seconds, "reply_seconds": reply_seconds,
+                         "seconds_per_turn": turn, "seconds_per_reply_id": turn / m["reply_ids_per_turn"]}
+    return {"ram": row["ram"], "chunk": prompt["chunk"], "groups": groups}
 
 
 def _duration(seconds: float) -> str:
@@ -156,7 +221,30 @@ def project_table(doc: dict) -> str:
                          f"{c['tokens_per_pass']:.2f} | {c['rows']:.2f} | {c['union']:.2f}× | "
                          f"{human(c['bytes_per_token'])} | {c['disk_seconds']:.1f} | {c['cpu_seconds']:.1f} | "
                          f"{c['seconds_per_token']:.2f} |")
-    return "\n".join(lines + prompt_table(doc))
+    return "\n".join(lines + prompt_table(doc) + agent_table(doc))
+
+
+def agent_table(doc: dict) -> list[str]:
+    """An agent's mean turn as Markdown: its ids from the transcripts, its seconds at each RAM size."""
+    if not doc["agent"]:
+        return ["", "no --drafts-json, so no agent turns (their prompt and reply ids are the transcripts')"]
+    mix, source = doc["turn_mix"], doc["draft_source"]
+    lines = ["", f"an agent's turn, **projected**: the mean turn of each group of kinds in {doc['drafts_json']} (the "
+                 "transcripts' own mix), its new prompt ids (those its conversation did not already hold: no prompt "
+                 f"cache can give them) prefilled after its context in the chunk above, then its reply ids at "
+                 f"`{source}`'s s/token:", "",
+             "| RAM | kinds | turns | new prompt ids / turn | after context ids | reply ids / turn | prefill / turn | "
+             "reply / turn | s / turn | s / reply id, prompt charged | s / reply id, reply alone |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for a, r in zip(doc["agent"], doc["rows"]):
+        for group, c in a["groups"].items():
+            m = mix[group]
+            seconds = [_duration(c[f]) for f in ("prefill_seconds", "reply_seconds", "seconds_per_turn")]
+            seconds += [f"{c['seconds_per_reply_id']:.1f}", f"{r['speculation'][group]['seconds_per_token']:.1f}"]
+            lines.append(f"| {a['ram'] / 1e9:.0f} GB | {group} | {m['turns']} | {m['new_prompt_ids_per_turn']:,} | "
+                         f"{m['context_ids_per_turn']:,} | {m['reply_ids_per_turn']:,.0f} |"
+                         + "".join(f" {cell} *projected* |" for cell in seconds))
+    return lines
 
 
 def add_parser(sub) -> None:
@@ -172,7 +260,8 @@ def add_parser(sub) -> None:
                "> drafts.json\n  k3 bench project --drafts-json drafts.json\n"
                "  k3 bench project --drafts-json drafts.json --disk 4.6 --cores 124   # the C engine's machine")
     p.add_argument("--drafts-json", metavar="FILE", help="`k3 bench drafts --transcripts … --json` output: "
-                   "speculative columns from its tokens per pass at K = 1, 2, 4, 8")
+                   "speculative columns from its tokens per pass at K = 1, 2, 4, 8, and an agent's turn from its "
+                   "prompt and reply ids")
     p.add_argument("--draft-source", metavar="NAME", help="the draft source of FILE to use (default: its only one, "
                    "else suffix)")
     p.add_argument("--disk", type=number("GB/s", above=True), default=7.0, metavar="GB/s", help="disk read rate (default 7)")

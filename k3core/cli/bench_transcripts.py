@@ -18,6 +18,11 @@ Sources see the file as a server sees its requests: a fresh source per turn (beg
 order, so one that learns across requests has learnt the conversations before the turn. Each (source, K) runs in
 its own process, so none has learnt a turn from another K's run of it.
 
+Each kind's census also counts the prompt side of its turns as an agent loop with a prompt cache sends them: a
+turn's new prompt ids are those its conversation did not already hold (the first turn's whole prompt, a later
+turn's prompt past the previous turn's prompt and reply), `prompt_ids` their total over the kind's turns, and
+`context_ids` the total of the ids before them (context_ids / turns: where a mean turn's new ids start).
+
 The ids are MODEL_DIR's tokenizer's, or --tokenizer's (bench_tokenizer.py: e.g. a real-sized BPE where the model is
 the demo one, whose 768 ids overstate acceptance). `python -m k3core.cli.bench_transcripts FILE.json` prints the
 table of a --json document.
@@ -99,6 +104,7 @@ class Turn:
     kind: str
     prompt: tuple[int, ...]
     reply: tuple[int, ...]  # the ids the model would emit, <|end_of_msg|> included
+    cached: int = 0  # the prompt's first ids its conversation already held (scored_turns; 0: none known)
 
 
 def scored_turns(conversations: list[Conversation], tokenizer, path) -> list[Turn]:
@@ -107,6 +113,7 @@ def scored_turns(conversations: list[Conversation], tokenizer, path) -> list[Tur
 
     out = []
     for c in conversations:
+        held = ()  # the conversation's ids so far: its previous turn's prompt and reply
         for i, m in enumerate(c.messages):
             if m["role"] != "assistant":
                 continue
@@ -118,7 +125,10 @@ def scored_turns(conversations: list[Conversation], tokenizer, path) -> list[Tur
             if whole[:len(prompt)] != prompt or len(whole) == len(prompt):
                 raise UsageError(f"{path} line {c.line}: messages[{i}]: the chat template does not render the turn as "
                                  "the generation prefix and a continuation of it; its ids cannot be told apart")
-            out.append(Turn(c.kind, tuple(prompt), tuple(whole[len(prompt):])))
+            # a chat template may render earlier messages otherwise once more follow (e.g. drop their thinking): the
+            # ids past the longest common prefix are new then, as a prompt cache would find them
+            out.append(Turn(c.kind, tuple(prompt), tuple(whole[len(prompt):]), common_prefix(held, prompt)))
+            held = whole
     return out
 
 
@@ -244,9 +254,7 @@ def document(model, path, conversations, turns, results, tokenizer: dict) -> dic
     from .bench_tokenizer import shown
 
     kinds = sorted({t.kind for t in turns})
-    census = {kind: {"conversations": sum(c.kind == kind for c in conversations),
-                     "turns": sum(t.kind == kind for t in turns),
-                     "reply_ids": sum(len(t.reply) for t in turns if t.kind == kind)} for kind in kinds}
+    census = {kind: kind_census(kind, conversations, turns) for kind in kinds}
     sources = {spec: {"tokens_per_pass": {k: runs[k]["all"]["tokens_per_pass"] for k in KS},
                       "by_kind": {kind: {k: runs[k]["by_kind"][kind]["tokens_per_pass"] for k in KS} for kind in kinds},
                       "counts": {k: runs[k] for k in KS}}
@@ -254,6 +262,15 @@ def document(model, path, conversations, turns, results, tokenizer: dict) -> dic
     return {"model": shown(model), "tokenizer": tokenizer, "transcripts": str(path),
             "conversations": len(conversations), "turns": len(turns), "reply_ids": sum(len(t.reply) for t in turns),
             "kinds": census, "sources": sources}
+
+
+def kind_census(kind: str, conversations, turns) -> dict:
+    """One kind's conversations and turns, its turns' reply ids, their new prompt ids (what their conversation did
+    not already hold) and the ids before those."""
+    mine = [t for t in turns if t.kind == kind]
+    return {"conversations": sum(c.kind == kind for c in conversations), "turns": len(mine),
+            "reply_ids": sum(len(t.reply) for t in mine), "prompt_ids": sum(len(t.prompt) - t.cached for t in mine),
+            "context_ids": sum(t.cached for t in mine)}
 
 
 def table(doc: dict) -> str:
