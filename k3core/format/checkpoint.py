@@ -16,6 +16,7 @@ from .safetensors_index import ShardIndex
 
 PREFIX = "language_model.model."
 HEAD = "language_model.lm_head.weight"
+EMBED = PREFIX + "embed_tokens.weight"
 VISION_PREFIXES = ("vision_tower.", "mm_projector.")
 MATRIX = ("BF16",)
 FLOAT = ("BF16", "F16", "F32")
@@ -36,7 +37,7 @@ def model_specs(c: Config) -> list[TensorSpec]:
     """Model-level tensors, full names."""
     H, V = c.hidden_size, c.vocab_size
     return [
-        TensorSpec(PREFIX + "embed_tokens.weight", (V, H), MATRIX),
+        TensorSpec(EMBED, (V, H), MATRIX),
         TensorSpec(PREFIX + "norm.weight", (H,), FLOAT),
         TensorSpec(PREFIX + "output_attn_res_norm.weight", (H,), FLOAT),
         TensorSpec(PREFIX + "output_attn_res_proj.weight", (1, H), FLOAT),

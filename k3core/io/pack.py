@@ -228,41 +228,43 @@ def _lock(out: Path) -> int:
     return fd
 
 
-def _check_target(out: Path) -> None:
-    """TRUNK_DIR is a directory or a new path, and what k3 pack writes or replaces in it is nothing else: the
-    partial file a regular file (never written through a symlink, nor into a FIFO or device), trunk.bin,
-    the manifest and the state no directory. TrunkError (exit 2) naming the path otherwise."""
+def _check_target(out: Path, files=(PARTIAL, TRUNK, MANIFEST, STATE), what: str = "the pack",
+                  flag: str = "TRUNK_DIR") -> None:
+    """`out` (given as `flag`) is a directory or a new path, and what k3 pack writes or replaces in it (`files`,
+    the partial file first) is nothing else: the partial file a regular file (never written through a symlink,
+    nor into a FIFO or device), the others no directory. TrunkError (exit 2) naming the path otherwise."""
     if os.path.lexists(out) and not out.is_dir():
-        raise TrunkError("the pack's directory exists and is not a directory: give TRUNK_DIR as a new path or "
-                         "a directory", file=out)
-    for name in (PARTIAL, TRUNK, MANIFEST, STATE):
+        raise TrunkError(f"{what}'s directory exists and is not a directory: give {flag} as a new path or a "
+                         "directory", file=out)
+    partial = files[0]
+    for name in files:
         try:
             st = os.lstat(out / name)
         except FileNotFoundError:
             continue
         except OSError as exc:
             raise TrunkError(f"cannot look at {name}: {exc.strerror}", file=out / name) from None
-        if name == PARTIAL and stat.S_ISLNK(st.st_mode):
+        if name == partial and stat.S_ISLNK(st.st_mode):
             raise TrunkError(f"{name} is a symlink (to {os.readlink(out / name)}), not the partial file k3 pack "
                              "writes; k3 pack never writes through it: move it away, then run the same command "
                              "again", file=out / name)
-        if stat.S_ISDIR(st.st_mode) or (name == PARTIAL and not stat.S_ISREG(st.st_mode)):
+        if stat.S_ISDIR(st.st_mode) or (name == partial and not stat.S_ISREG(st.st_mode)):
             raise TrunkError(f"{name} is not a regular file; k3 pack neither writes into nor removes it: move it "
                              "away, then run the same command again", file=out / name)
 
 
-def _preflight(out: Path, need: int, freeable: int):
+def _preflight(out: Path, need: int, freeable: int, what: str = "the pack", flag: str = "TRUNK_DIR"):
     probe = out
     while not probe.exists():
         probe = probe.parent
     if os.statvfs(probe).f_flag & os.ST_RDONLY:
-        raise TrunkError(f"the filesystem holding {probe} is mounted read-only: the pack cannot be written there; "
-                         "give a TRUNK_DIR on a writable disk", file=out)
+        raise TrunkError(f"the filesystem holding {probe} is mounted read-only: {what} cannot be written there; "
+                         f"give a {flag} on a writable disk", file=out)
     if not os.access(probe, os.W_OK):
         raise TrunkError(f"no permission to write in {probe}", file=out)
     free, spare = shutil.disk_usage(probe).free, 16 << 20
     if free + freeable < need + spare:
-        raise TrunkError(f"not enough free space: the pack needs {size_text(need)} more (and {size_text(spare)} to "
+        raise TrunkError(f"not enough free space: {what} needs {size_text(need)} more (and {size_text(spare)} to "
                          f"spare) and the filesystem holding {probe} has {size_text(free)} free", file=out)
 
 

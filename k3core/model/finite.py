@@ -16,10 +16,9 @@ import numpy as np
 
 from ..errors import CheckpointError, K3Error
 from ..interfaces import Param, Weights
-from ..format.checkpoint import FLOAT, HEAD, MATRIX, PREFIX
+from ..format.checkpoint import EMBED, FLOAT, HEAD, MATRIX
 
 SMALL = tuple(d for d in FLOAT if d not in MATRIX)  # F16, F32: dtypes only small tensors may have
-EMBED = PREFIX + "embed_tokens.weight"
 SHOWN_IDS = 8
 DAMAGED = "the checkpoint is damaged (`k3 verify --deep` lists every such tensor)"
 
