@@ -2,38 +2,26 @@
 values (codes and scales bit for bit), the error bounds, deterministic bytes, resume after an interruption and a torn
 write, damaged runs caught by the reader and by verify, drafts of another trunk refused, --draft-layers, the
 reference product, and the command's exit codes."""
-import argparse
 import json
 import os
 import re
 import shutil
-import sys
 import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from k3core.cli import pack as pack_cli
-from k3core.errors import K3Error, TrunkError, UnsoundRunError, UsageError
+from k3core.errors import TrunkError, UnsoundRunError, UsageError
 from k3core.format.checkpoint import EMBED, HEAD
 from k3core.io import draft_pack, pack
 from k3core.io.draft_trunk import (COPIED, DATA, INT4, INT8, DraftSpec, draft_bytes, draft_linear, open_draft_trunk,
                                    parse_layers, quantize)
 from k3core.io.trunk import load_trunk, seal
 
+from .test_pack import Stop, cli, stop_after
+
 LIMIT = {"int8": 127, "int4": 7}
-
-
-class Stop(Exception):
-    pass
-
-
-def stop_after(k):
-    def progress(p):
-        if p.run_finished and p.runs_done == k:
-            raise Stop(k)
-    return progress
 
 
 @pytest.fixture(scope="module")
@@ -332,17 +320,6 @@ def test_an_edited_draft_manifest_is_refused(trunk_dir, drafts, tmp_path):
 
 
 # ---- the command ---------------------------------------------------------------------------------------------
-def cli(argv):
-    parser = argparse.ArgumentParser(prog="k3")
-    pack_cli.add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["pack", *map(str, argv)])
-    try:
-        return args.func(args)
-    except K3Error as e:
-        print(f"k3: error: {e}", file=sys.stderr)
-        return e.exit_code
-
-
 def test_the_command_derives_verifies_and_refuses_bad_input(tiny_model, model_factory, tmp_path, capsys):
     t = tmp_path / "T"
     assert cli([tiny_model, t, "--draft", "int4", "--draft-layers", "0-3,12"]) == 0

@@ -19,13 +19,13 @@ import numpy as np
 from .. import _native
 from ..errors import TrunkError, UnsoundRunError
 from ..files.aligned_io import aligned_buffer
-from ..files.atomic import fsync_dir, write_json_atomic
+from ..files.atomic import write_json_atomic
 from ..interfaces import Param
 from .codec import BLOCK
 from .draft_trunk import (COPIED, DATA, FORMAT, KINDS, PARTIAL, STEP, DraftSpec, another_trunk, default_dir, layout,
                           manifest_of, open_draft_trunk, plan_draft, quantize)
 from .pack import (WRITE_ERRORS, Progress, _check_target, _drop_cache, _lock, _pread_full, _preflight, _pwrite_full,
-                   size_text)
+                   kept_runs, publish)
 from .trunk import MANIFEST, SEAL, Trunk, _canon, _read_json, _sha, load_trunk, seal
 from .trunk_reader import TrunkReader
 
@@ -104,22 +104,8 @@ def _resume_point(out: Path, plan_sha: str, plan: list[dict]) -> tuple[list, lis
         return [], [f"{STATE} describes another draft (of another trunk, kind or layers); starting over"]
     if not partial.exists():
         return [], [f"{STATE} has no {PARTIAL} beside it; starting over"] if done else []
-    fd, notes = os.open(partial, os.O_RDONLY | os.O_NOFOLLOW), []
-    try:
-        size = os.fstat(fd).st_size
-        for i, d in enumerate(done):
-            if d["offset"] + d["length"] > size or _checksums(_run_bytes(fd, partial, d))["sha256"] != d["sha256"]:
-                why = "torn write" if i == len(done) - 1 else "changed since it was written"
-                notes.append(f"{d['key']} in {PARTIAL} does not match its recorded sha256 ({why}); deriving it"
-                             f"{' and the runs after it' if i < len(done) - 1 else ''} again")
-                done = done[:i]
-                break
-    finally:
-        os.close(fd)
-    if done:
-        notes.append(f"resuming after {len(done)} of {len(plan)} runs "
-                     f"({size_text(sum(d['length'] for d in done))} already derived)")
-    return done, notes
+    return kept_runs(partial, done, len(plan), lambda fd, d: _checksums(_run_bytes(fd, partial, d))["sha256"],
+                     ("deriving", "derived"))
 
 
 def _run_bytes(fd: int, path: Path, run: dict) -> bytearray:
@@ -220,11 +206,7 @@ def derive_draft(trunk_dir, spec: DraftSpec, draft_dir=None, *, progress=None, s
             stale.unlink(missing_ok=True)
         written = plan[len(done):]
         done = _write_runs(out, trunk, spec, plan, plan_sha, done, kept, total, progress)
-        # manifest first: a kill before the rename leaves a state whose runs all check; the next call finishes
-        write_json_atomic(out / MANIFEST, seal(manifest_of(trunk, spec, plan, total, done)))
-        os.replace(out / PARTIAL, data)
-        fsync_dir(out)
-        (out / STATE).unlink()
+        publish(out, seal(manifest_of(trunk, spec, plan, total, done)), out / PARTIAL, data, out / STATE)
     except OSError as exc:
         if exc.errno not in WRITE_ERRORS:
             raise

@@ -198,22 +198,40 @@ def _resume_point(out: Path, fp, plan, plan_sha, mover) -> tuple[list, list[str]
         return [], ["pack-state.json describes another trunk layout; starting over"]
     if not partial.exists():
         return [], ["pack-state.json has no trunk.bin.partial beside it; starting over"] if done else []
+    def sha(fd, d):
+        return mover.stream([(fd, partial, d["offset"], d.get("stored", d["length"]))])[0]
+
+    return kept_runs(partial, done, len(plan), sha, ("copying", "packed"))
+
+
+def publish(out: Path, manifest: dict, partial: Path, final: Path, state: Path) -> None:
+    """A finished write made visible: the manifest first (a kill before the rename leaves a state whose runs all
+    check, and the next call finishes), then the data file under its name, the directory synced, the state gone."""
+    write_json_atomic(out / MANIFEST, manifest)
+    os.replace(partial, final)
+    fsync_dir(out)
+    state.unlink()
+
+
+def kept_runs(partial: Path, done: list, runs: int, sha, words: tuple[str, str]) -> tuple[list, list[str]]:
+    """The recorded runs `done` whose bytes in `partial` still have their recorded sha256 (sha(fd, run) re-hashes
+    one), those before the first that does not; and notes saying which was written again and where it resumes.
+    `words`: what writing a run again is, and what a written run is ("copying", "packed")."""
     notes, fd = [], os.open(partial, os.O_RDONLY | os.O_NOFOLLOW)
     try:
         size = os.fstat(fd).st_size
         for i, d in enumerate(done):
-            n, sha = d.get("stored", d["length"]), d.get("stored_sha256", d["sha256"])
-            if d["offset"] + n > size or mover.stream([(fd, partial, d["offset"], n)])[0] != sha:
+            if d["offset"] + d.get("stored", d["length"]) > size or sha(fd, d) != d.get("stored_sha256", d["sha256"]):
                 why = "torn write" if i == len(done) - 1 else "changed since it was written"
-                notes.append(f"{d['key']} in trunk.bin.partial does not match its recorded sha256 ({why}); "
-                             f"copying it{' and the runs after it' if i < len(done) - 1 else ''} again")
+                notes.append(f"{d['key']} in {partial.name} does not match its recorded sha256 ({why}); "
+                             f"{words[0]} it{' and the runs after it' if i < len(done) - 1 else ''} again")
                 done = done[:i]
                 break
     finally:
         os.close(fd)
     if done:
-        notes.append(f"resuming after {len(done)} of {len(plan)} runs "
-                     f"({size_text(sum(d['length'] for d in done))} already packed)")
+        notes.append(f"resuming after {len(done)} of {runs} runs "
+                     f"({size_text(sum(d['length'] for d in done))} already {words[1]})")
     return done, notes
 
 
@@ -420,11 +438,7 @@ def pack(model, trunk_dir, *, progress=None, say=None, chunk_bytes: int = CHUNK,
         done, size = _write_runs(out, fp, plan, plan_sha, done, kept, total, mover=mover, sources=sources,
                                  codec=codec, encoders=encoders, window=window, block_bytes=block_bytes,
                                  progress=progress)
-        # manifest first: a kill before the rename leaves a state whose runs all check; the next pack finishes
-        write_json_atomic(out / MANIFEST, seal(_manifest(fp, plan, size, done, codec, block_bytes)))
-        os.replace(out / PARTIAL, trunk)
-        fsync_dir(out)
-        (out / STATE).unlink()
+        publish(out, seal(_manifest(fp, plan, size, done, codec, block_bytes)), out / PARTIAL, trunk, out / STATE)
     except OSError as exc:
         if exc.errno not in WRITE_ERRORS:
             raise
