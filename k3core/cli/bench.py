@@ -328,6 +328,7 @@ def add_parser(subparsers) -> None:
     from .bench_agent import add_parser as add_agent
     from .bench_codec import add_parser as add_codec
     from .bench_decode import add_drafts_parser, add_parser as add_decode
+    from .bench_draft import add_parser as add_draft
     from .bench_pair import add_parser as add_pair
     from .bench_prefill import add_parser as add_prefill
     from .bench_project import add_parser as add_project
@@ -342,3 +343,4 @@ def add_parser(subparsers) -> None:
     add_structured(sub)
     add_agent(sub)
     add_prefill(sub)
+    add_draft(sub)

@@ -203,6 +203,10 @@ class DraftTensor:
     data: np.ndarray            # codes int8 [out, in] | packed uint8 [out, groups * 16] | the copied values
     scales: np.ndarray | None   # float32 [out] | [out, groups] | None
 
+    def f32(self) -> np.ndarray:
+        """Every value as float32, as Param.f32 (what an error report reads)."""
+        return self.dequantized()
+
     def dequantized(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Rows [lo, hi) as float32 [rows, in]: float32(code) * scale; a copied tensor's values widened."""
         if self.kind == COPIED:

@@ -1,0 +1,125 @@
+"""`k3 bench draft`: how often a draft model (k3core/model/draft_model.py: the model on a draft trunk that `k3 pack
+--draft` derived, with fewer routed experts per token) picks the model's own next id, teacher-forced on transcripts,
+and what a forward of it costs beside the model's — what a `self` draft source lives on (issue 40).
+
+Per turn of the chosen kinds of the transcripts (rendered with the model's tokenizer and chat template, as `k3 bench
+drafts --transcripts` does), its prompt and reply ids are forwarded once by the model and once by the draft model at
+each --top-k, each from a fresh state with every position's logits; agreement is the share of the reply's positions
+(those after the prompt) where both pick the same id by argmax. The forwards' seconds per id are timed in the same
+run, so the draft's cost is a ratio to the model's.
+
+Not a test: it measures and prints; it asserts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import UsageError
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_TURNS = 1000  # --turns: a bench, not a corpus pass
+
+
+def top_ks(text: str | None, most: int) -> list[int]:
+    """--top-k "1,2,4" as integers in 1..most; None: the model's own, half of it and 1."""
+    if text is None:
+        return sorted({most, max(1, most // 2), 1}, reverse=True)
+    try:
+        ks = [int(k) for k in text.split(",")]
+    except ValueError:
+        ks = [0]
+    if not ks or min(ks) < 1 or max(ks) > most:
+        raise UsageError(f"--top-k takes routed experts per token in 1..{most} (this model routes to {most}), "
+                         f"comma-separated; got {text!r}")
+    return ks
+
+
+def timed_logits(model, ids) -> tuple[np.ndarray, float]:
+    start = time.perf_counter()
+    logits = model.logits(ids)
+    return logits, time.perf_counter() - start
+
+
+def measure(engine, draft, ks: list[int], turns) -> dict:
+    """Agreement and seconds per id of the draft model at each of `ks` against `engine` on `turns`."""
+    from ..model.draft_model import DraftModel
+
+    rows = {k: {"agreed": 0, "positions": 0, "seconds": 0.0} for k in ks}
+    exact_seconds = ids = 0
+    models = {k: DraftModel(engine, draft, k) for k in ks}
+    for t in turns:
+        whole = [*t.prompt, *t.reply]
+        want, seconds = timed_logits(engine, whole)
+        exact_seconds, ids = exact_seconds + seconds, ids + len(whole)
+        picked = want[len(t.prompt) - 1:-1].argmax(axis=1)  # the model's pick at each reply position
+        for k, model in models.items():
+            got, seconds = timed_logits(model, whole)
+            rows[k]["agreed"] += int((got[len(t.prompt) - 1:-1].argmax(axis=1) == picked).sum())
+            rows[k]["positions"] += len(t.reply)
+            rows[k]["seconds"] += seconds
+    return {"ids": ids, "exact_seconds_per_id": exact_seconds / ids,
+            "rows": [{"top_k": k, "agreement": r["agreed"] / r["positions"], **r, "seconds_per_id": r["seconds"] / ids,
+                      "vs_exact": r["seconds"] / exact_seconds} for k, r in rows.items()]}
+
+
+def cmd_draft(args) -> int:
+    from ..api import EngineConfig, load_tokenizer, open_engine
+    from ..io.draft_trunk import default_dir, open_draft_trunk
+    from .bench_transcripts import read_conversations, scored_turns
+
+    model = Path(args.model) if args.model else REPO / "wizard" / "data" / "demo-model"
+    if not 1 <= args.turns <= MAX_TURNS:
+        raise UsageError(f"--turns takes 1..{MAX_TURNS}, got {args.turns}")
+    kinds = set(args.kinds.split(","))
+    conversations = [c for c in read_conversations(args.transcripts) if c.kind in kinds]
+    if not conversations:
+        raise UsageError(f"--transcripts {args.transcripts} has no conversation of the kinds {args.kinds}")
+    turns = scored_turns(conversations, load_tokenizer(model), args.transcripts)[:args.turns]
+    context = max(4096, max(len(t.prompt) + len(t.reply) for t in turns))
+    with open_engine(EngineConfig(model, trunk=args.trunk, max_context=context, threads=args.threads)) as engine:
+        draft_dir = Path(args.draft_dir) if args.draft_dir else default_dir(args.trunk, "int8")
+        draft = open_draft_trunk(draft_dir, engine.placer.trunk)
+        ks = top_ks(args.top_k, engine.config.num_experts_per_token)
+        doc = {"model": str(model), "draft": str(draft_dir), "kind": draft.spec.kind, "kinds": sorted(kinds),
+               "turns": len(turns), "kernels": engine.kernels.name, **measure(engine, draft, ks, turns)}
+    print(json.dumps(doc, indent=1) if args.json else table(doc))
+    return 0
+
+
+def table(doc: dict) -> str:
+    lines = [f"{doc['kind']} draft ({doc['draft']}) against {doc['model']}, teacher-forced on {doc['turns']} turns of "
+             f"{', '.join(doc['kinds'])}; the model {1000 * doc['exact_seconds_per_id']:.1f} ms per id forwarded "
+             f"({doc['kernels']} kernels)", "",
+             "| routed experts per token | agreement | reply positions | ms per id | ÷ the model's |",
+             "|---:|---:|---:|---:|---:|"]
+    for r in doc["rows"]:
+        lines.append(f"| {r['top_k']} | {100 * r['agreement']:.1f} % | {r['positions']} | "
+                     f"{1000 * r['seconds_per_id']:.1f} | {r['vs_exact']:.2f} |")
+    return "\n".join(lines)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("draft", help="a draft trunk's teacher-forced agreement with the model, and its cost",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description=__doc__.split("\n\n")[1],
+                       epilog="examples:\n  k3 pack wizard/data/demo-model /tmp/demo-trunk --draft int8\n"
+                              "  k3 bench draft --trunk /tmp/demo-trunk\n"
+                              "  k3 bench draft MODEL --trunk TRUNK --draft-dir TRUNK/draft-int4 --top-k 16,8,4 "
+                              "--kinds plain,quote --turns 40")
+    p.add_argument("model", nargs="?", metavar="MODEL_DIR", help="checkpoint (default: the demo model)")
+    p.add_argument("--trunk", required=True, metavar="DIR", help="the packed trunk the draft was derived from")
+    p.add_argument("--draft-dir", metavar="DIR", help="the draft trunk (default: TRUNK/draft-int8)")
+    p.add_argument("--top-k", metavar="A,B,…", help="routed experts per token of the draft model (default: the "
+                   "model's, half of it, 1)")
+    p.add_argument("--transcripts", default=str(REPO / "benchmarks" / "transcripts" / "transcripts.jsonl"),
+                   metavar="FILE", help="conversations, as `k3 bench drafts --transcripts` reads them")
+    p.add_argument("--kinds", default="plain", metavar="A,B", help="kinds of conversation to score (default plain)")
+    p.add_argument("--turns", type=int, default=10, metavar="N", help=f"turns scored, 1..{MAX_TURNS} (default 10)")
+    p.add_argument("--threads", type=int, metavar="N", help="kernel threads (default: every CPU)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_draft)
