@@ -28,7 +28,7 @@ install: $(STAMP)
 # against the built-ins' ids; afterwards `k3` in .venv uses the built-ins, as a user's install does.
 test: $(STAMP)
 	$(PY) -m pip install --quiet --no-deps $(foreach e,$(EXAMPLES),-e $(e))
-	status=0; $(PY) -m pytest -q tests $(EXAMPLES) || status=$$?; \
+	status=0; $(PY) -m pytest -q --durations=12 tests $(EXAMPLES) || status=$$?; \
 	$(PY) -m pip uninstall --quiet --yes $(EXAMPLE_PACKAGES); exit $$status
 
 # The first run, as a user makes it: `k3 setup` installs the trained demo model (copied, every sha256 checked),

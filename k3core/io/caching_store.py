@@ -135,10 +135,11 @@ class CachingStore(ExpertStore):
     def fetch_batches(self, layer, experts):
         """More experts than the cache holds (a prefill chunk's union): rounds of half the slots, the resident and
         staged experts first, each round's misses read on a background thread while the caller computes with
-        the round before. Fewer: one fetch."""
+        the round before. Fewer: one fetch. A subclass that overrides `fetch` has every batch served by it."""
         experts = [int(e) for e in experts]
         half = self.slots // 2
-        if len(experts) <= self.slots or half < 1 or not self.options.read_ahead:
+        overridden = type(self).fetch is not CachingStore.fetch
+        if len(experts) <= self.slots or half < 1 or not self.options.read_ahead or overridden:
             yield from super().fetch_batches(layer, experts)
             return
         waiting = {key[1]: 1 for key in self._staged if key[0] == layer}
