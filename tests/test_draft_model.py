@@ -112,3 +112,11 @@ def test_bench_draft_reports_agreement_and_cost_on_the_demo_model(tmp_path, caps
     for r in doc["rows"]:
         assert 0 <= r["agreement"] <= 1 and r["positions"] > 0 and r["vs_exact"] > 0
     assert doc["rows"][0]["agreement"] > 0.9  # the trained model: int8 with every expert picks its ids
+
+
+def test_bench_draft_refuses_a_tokenizer_whose_ids_the_model_does_not_have(tiny_model, packed, capsys):
+    from k3core.cli.main import main
+
+    assert main(["bench", "draft", str(tiny_model), "--trunk", str(packed), "--tokenizer", str(DEMO_MODEL),
+                 "--turns", "1"]) == 2
+    assert "do not fit this model's vocabulary" in capsys.readouterr().err

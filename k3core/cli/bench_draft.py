@@ -68,8 +68,9 @@ def measure(engine, draft, ks: list[int], turns) -> dict:
 
 
 def cmd_draft(args) -> int:
-    from ..api import EngineConfig, load_tokenizer, open_engine
+    from ..api import EngineConfig, open_engine
     from ..io.draft_trunk import default_dir, open_draft_trunk
+    from .bench_tokenizer import bench_tokenizer
     from .bench_transcripts import read_conversations, scored_turns
 
     model = Path(args.model) if args.model else REPO / "wizard" / "data" / "demo-model"
@@ -79,9 +80,13 @@ def cmd_draft(args) -> int:
     conversations = [c for c in read_conversations(args.transcripts) if c.kind in kinds]
     if not conversations:
         raise UsageError(f"--transcripts {args.transcripts} has no conversation of the kinds {args.kinds}")
-    turns = scored_turns(conversations, load_tokenizer(model), args.transcripts)[:args.turns]
+    tokenizer, _ = bench_tokenizer(args.tokenizer, model)
+    turns = scored_turns(conversations, tokenizer, args.transcripts)[:args.turns]
     context = max(4096, max(len(t.prompt) + len(t.reply) for t in turns))
     with open_engine(EngineConfig(model, trunk=args.trunk, max_context=context, threads=args.threads)) as engine:
+        if tokenizer.vocab_size > engine.config.vocab_size:
+            raise UsageError(f"--tokenizer {args.tokenizer}: its {tokenizer.vocab_size} ids do not fit this model's "
+                             f"vocabulary of {engine.config.vocab_size}")
         draft_dir = Path(args.draft_dir) if args.draft_dir else default_dir(args.trunk, "int8")
         draft = open_draft_trunk(draft_dir, engine.placer.trunk)
         ks = top_ks(args.top_k, engine.config.num_experts_per_token)
@@ -110,7 +115,9 @@ def add_parser(sub) -> None:
                        epilog="examples:\n  k3 pack wizard/data/demo-model /tmp/demo-trunk --draft int8\n"
                               "  k3 bench draft --trunk /tmp/demo-trunk\n"
                               "  k3 bench draft MODEL --trunk TRUNK --draft-dir TRUNK/draft-int4 --top-k 16,8,4 "
-                              "--kinds plain,quote --turns 40")
+                              "--kinds plain,quote --turns 40\n"
+                              "  k3 bench draft /tmp/wide --trunk /tmp/wide-trunk --tokenizer wizard/data/demo-model "
+                              "--turns 2")
     p.add_argument("model", nargs="?", metavar="MODEL_DIR", help="checkpoint (default: the demo model)")
     p.add_argument("--trunk", required=True, metavar="DIR", help="the packed trunk the draft was derived from")
     p.add_argument("--draft-dir", metavar="DIR", help="the draft trunk (default: TRUNK/draft-int8)")
@@ -120,6 +127,8 @@ def add_parser(sub) -> None:
                    metavar="FILE", help="conversations, as `k3 bench drafts --transcripts` reads them")
     p.add_argument("--kinds", default="plain", metavar="A,B", help="kinds of conversation to score (default plain)")
     p.add_argument("--turns", type=int, default=10, metavar="N", help=f"turns scored, 1..{MAX_TURNS} (default 10)")
+    p.add_argument("--tokenizer", metavar="DIR", help="render the transcripts with this tokenizer instead of the "
+                   "model's (a generated test model has none: e.g. the demo model's, whose 768 ids fit any of them)")
     p.add_argument("--threads", type=int, metavar="N", help="kernel threads (default: every CPU)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_draft)
