@@ -187,6 +187,14 @@ class PlanRow(NamedTuple):
     detail: str
 
 
+def io_seconds(stats: Mapping) -> tuple[float, float]:
+    """(seconds with a trunk or expert read in flight, seconds the forward passes stood waiting for one) in an
+    engine's stats (STORE_STATS, PLACER_STATS); a store that does not count its waits waited for every read."""
+    read = stats.get("trunk_read_seconds", 0.0) + stats.get("expert_read_seconds", 0.0)
+    return read, stats.get("trunk_wait_seconds", 0.0) + stats.get("expert_wait_seconds",
+                                                                   stats.get("expert_read_seconds", 0.0))
+
+
 def default_threads() -> int:
     """The CPUs this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

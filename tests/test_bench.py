@@ -111,9 +111,11 @@ def test_bench_stream_compares_two_trunks_against_the_disk_floor(capsys, tiny_mo
     pack(tiny_model, coded, codec="planes", block_bytes=65536)
     assert main(["bench", "stream", str(tiny_model), "--trunk", str(raw), "--compare-trunk", str(coded),
                  "--compare-store-option", "prefetch=false", "--budgets", "0.002:0", "--gen", "2",
-                 "--probe-seconds", "0.1", "--json"]) == 0
+                 "--probe-seconds", "0.1", "--prompt-length", "24", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     first, second, third = doc["runs"]
+    assert all(r["prompt_ids"] == 24 and r["prefill_io"]["bytes_read"] > 0 for r in doc["runs"])
+    assert 0 <= first["prefill_io"]["io_share"] <= 1 and 0 <= first["prefill_io"]["hidden"] <= 1
     assert (first["trunk_codec"], second["trunk_codec"]) == ("raw", "planes"), doc["runs"]
     assert third["options"] == ["prefetch=false"] and third["expert_prefetched"] == 0
     assert first["expert_prefetched"] > 0 and third["vs_first_run_seconds_per_token"] > 0
@@ -129,6 +131,13 @@ def test_bench_stream_compares_two_trunks_against_the_disk_floor(capsys, tiny_mo
     assert small["rate"] > 0 and not small["huge_pages"] and doc["raw_o_direct_probe"]["huge_pages"]
     assert "into 4 KB pages instead of huge ones" in table
     assert "| disk busy | disk while busy, vs probe |" in table and all("disk_activity" in r for r in doc["runs"])
+    assert "| prefill I/O share | prefill reads hidden |" in table
+
+
+def test_bench_stream_refuses_a_prompt_length_past_its_limit_before_anything_runs(capsys, tiny_model, tmp_path):
+    assert main(["bench", "stream", str(tiny_model), "--trunk", str(tmp_path / "trunk"), "--prompt-length", "0"]) == 2
+    assert "--prompt-length takes 1..65536 ids, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "trunk").exists()  # nothing packed
 
 
 def test_the_real_model_projection_adds_up():

@@ -12,7 +12,7 @@ import pytest
 from k3core import EngineConfig, UsageError, open_engine
 from k3core.io import draft_pack, pack
 from k3core.io.draft_trunk import DraftSpec, default_dir, open_draft_trunk
-from k3core.model.draft_model import DraftModel
+from k3core.model.draft_model import DraftModel, DraftPlacer
 
 from .conftest import DEMO_MODEL
 
@@ -37,7 +37,7 @@ def engine(tiny_model, packed):
 
 def draft_model(engine, packed, top_k=None, where=None):
     draft = open_draft_trunk(where or default_dir(packed, "int8"), engine.placer.trunk)
-    return DraftModel(engine, draft, top_k or engine.config.num_experts_per_token)
+    return DraftModel(engine, DraftPlacer(engine, draft), top_k or engine.config.num_experts_per_token)
 
 
 def with_the_model_s_weights(model, engine):
@@ -112,6 +112,10 @@ def test_bench_draft_reports_agreement_and_cost_on_the_demo_model(tmp_path, caps
     for r in doc["rows"]:
         assert 0 <= r["agreement"] <= 1 and r["positions"] > 0 and r["vs_exact"] > 0
     assert doc["rows"][0]["agreement"] > 0.9  # the trained model: int8 with every expert picks its ids
+    for bad, named in ((["--top-k", "3"], "--top-k takes routed experts per token in 1..2"),
+                       (["--turns", "0"], "--turns takes 1..1000"), (["--kinds", "nosuch"], "of the kinds nosuch")):
+        assert main(["bench", "draft", "--trunk", str(trunk), *bad]) == 2
+        assert named in capsys.readouterr().err
 
 
 def test_bench_draft_refuses_a_tokenizer_whose_ids_the_model_does_not_have(tiny_model, packed, capsys):

@@ -47,11 +47,12 @@ def timed_logits(model, ids) -> tuple[np.ndarray, float]:
 
 def measure(engine, draft, ks: list[int], turns) -> dict:
     """Agreement and seconds per id of the draft model at each of `ks` against `engine` on `turns`."""
-    from ..model.draft_model import DraftModel
+    from ..model.draft_model import DraftModel, DraftPlacer
 
     rows = {k: {"agreed": 0, "positions": 0, "seconds": 0.0} for k in ks}
     exact_seconds = ids = 0
-    models = {k: DraftModel(engine, draft, k) for k in ks}
+    weights = DraftPlacer(engine, draft)  # read once for every top-k
+    models = {k: DraftModel(engine, weights, k) for k in ks}
     for t in turns:
         whole = [*t.prompt, *t.reply]
         want, seconds = timed_logits(engine, whole)

@@ -174,6 +174,7 @@ def cmd_stream(args) -> int:
 
     model, trunk = Path(args.model), Path(args.trunk)
     source, drafts = read_drafts(args.drafts_json, args.draft_source) if args.drafts_json else (None, {})
+    ids = args.ids if args.prompt_length is None else seeded_prompt(model, args.prompt_length)
     if not (trunk / "manifest.json").exists():
         print(f"packing {model} into {trunk} first …", file=sys.stderr)
         pack(model, trunk)
@@ -186,7 +187,6 @@ def cmd_stream(args) -> int:
         + tuple(a for o in args.compare_placer_option or () for a in ("--placer-option", o))
     variants = [(trunk, ())] + ([(Path(args.compare_trunk), ())] if args.compare_trunk else []) \
         + ([(trunk, changed)] if changed else [])
-    ids = args.ids if args.prompt_length is None else seeded_prompt(model, args.prompt_length)
     rows = [run_budget(model, d, t, c, ids, args.gen, args.overhead_gb, opts) for t, c in budgets
             for d, opts in variants]
     for r in rows:

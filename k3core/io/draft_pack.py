@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _native
 from ..errors import TrunkError, UnsoundRunError
 from ..files.aligned_io import aligned_buffer
 from ..files.atomic import write_json_atomic
@@ -25,7 +24,7 @@ from .codec import BLOCK
 from .draft_trunk import (COPIED, DATA, FORMAT, KINDS, PARTIAL, STEP, DraftSpec, another_trunk, default_dir, layout,
                           manifest_of, open_draft_trunk, plan_draft, quantize)
 from .pack import (WRITE_ERRORS, Progress, _check_target, _drop_cache, _lock, _pread_full, _preflight, _pwrite_full,
-                   kept_runs, publish)
+                   block_sums, kept_runs, publish)
 from .trunk import MANIFEST, SEAL, Trunk, _canon, _read_json, _sha, load_trunk, seal
 from .trunk_reader import TrunkReader
 
@@ -79,8 +78,7 @@ def _derive_run(reader: TrunkReader, source, planned: dict, kind: str, tick) -> 
 def _checksums(buf) -> dict:
     """A run's sha256 and its block checksums, as a raw trunk run records them."""
     view = memoryview(buf)
-    return {"sha256": hashlib.sha256(view).hexdigest(),
-            "block_sums": [f"{_native.planes_checksum(view[k:k + BLOCK]):016x}" for k in range(0, len(view), BLOCK)]}
+    return {"sha256": hashlib.sha256(view).hexdigest(), "block_sums": block_sums(view, BLOCK)}
 
 
 # ---- resuming -----------------------------------------------------------------------------------------------
@@ -104,7 +102,7 @@ def _resume_point(out: Path, plan_sha: str, plan: list[dict]) -> tuple[list, lis
         return [], [f"{STATE} describes another draft (of another trunk, kind or layers); starting over"]
     if not partial.exists():
         return [], [f"{STATE} has no {PARTIAL} beside it; starting over"] if done else []
-    return kept_runs(partial, done, len(plan), lambda fd, d: _checksums(_run_bytes(fd, partial, d))["sha256"],
+    return kept_runs(partial, done, len(plan), lambda fd, d: hashlib.sha256(_run_bytes(fd, partial, d)).hexdigest(),
                      ("deriving", "derived"))
 
 

@@ -81,6 +81,12 @@ def _drop_cache(fd, at, n):
         os.posix_fadvise(fd, at, n, os.POSIX_FADV_DONTNEED)
 
 
+def block_sums(view: memoryview, block: int) -> list[str]:
+    """The checksum of each `block` bytes of `view` (planes_checksum, the last block shorter), in hex as a raw run's
+    manifest records them."""
+    return [f"{_native.planes_checksum(view[k:k + block]):016x}" for k in range(0, len(view), block)]
+
+
 class _Mover:
     """Streams a run's bytes, given as pieces (fd + offset, or zeros), through two window buffers of whole blocks:
     their sha256 and each block's checksum (planes_checksum), optionally written out."""
@@ -105,7 +111,7 @@ class _Mover:
             view = ahead.result()
             ahead = self.pool.submit(load, i + 1) if i + 1 < len(windows) else None
             hashed = self.pool.submit(h.update, view)
-            sums += [f"{_native.planes_checksum(view[k:k + self.block]):016x}" for k in range(0, len(view), self.block)]
+            sums += block_sums(view, self.block)
             if out_fd is not None:
                 _pwrite_full(out_fd, view, out_at)
             hashed.result()

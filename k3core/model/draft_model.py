@@ -59,10 +59,10 @@ class DraftPlacer:
     def __init__(self, target: Engine, draft: DraftTrunk):
         n = target.config.num_hidden_layers
         if absent := [L for L in range(n) if f"layer.{L}" not in draft.runs]:
-            raise UsageError(f"the draft trunk in {draft.directory} leaves out layers {absent[0]}..{absent[-1]} "
-                             f"({len(absent)} of {n}); the draft model runs every layer: derive it without "
+            raise UsageError(f"the draft trunk in {draft.directory} leaves out {len(absent)} of the model's {n} layers "
+                             f"(the first: {absent[0]}); the draft model runs every layer: derive it without "
                              "--draft-layers")
-        self.target = target.placer
+        self.target, self.kind = target.placer, draft.spec.kind
         self._layers = [Weights(layer_prefix(L), held(draft.layer(L))) for L in range(n)]
         model = held(draft.model())
         self._head = model.pop(HEAD)
@@ -80,31 +80,23 @@ class DraftPlacer:
     def head_blocks(self):
         yield 0, self._head
 
-    @property
-    def nbytes(self) -> int:
-        """The bytes the draft weights hold in RAM."""
-        def size(t):
-            return t.data.nbytes + (t.scales.nbytes if isinstance(t, DraftTensor) else 0)
-        return sum(size(t) for w in [*self._layers, self._model] for t in w.values()) + size(self._head)
-
     def close(self) -> None:
         """The embedding belongs to the engine's placer: nothing of the draft's own to release."""
 
 
 class DraftModel(Engine):
-    """`target`'s graph on `draft`'s weights with `top_k` routed experts per token: new_state, forward, logits,
-    mark and rollback as the engine's (model/engine.py), each state the draft model's own."""
+    """`target`'s graph on the draft weights `placer` holds with `top_k` routed experts per token: new_state, forward,
+    logits, mark and rollback as the engine's (model/engine.py), each state the draft model's own. Draft models of
+    one placer share its weights (read once)."""
 
-    def __init__(self, target: Engine, draft: DraftTrunk, top_k: int):
+    def __init__(self, target: Engine, placer: DraftPlacer, top_k: int):
         most = target.config.num_experts_per_token
         if not (isinstance(top_k, int) and 1 <= top_k <= most):
             raise UsageError(f"the draft's routed experts per token must be an integer in 1..{most} (the model "
                              f"routes each token to {most}), got {top_k!r}")
         self.checkpoint, self.store, self._attention = target.checkpoint, target.store, target._attention
         self.config = replace(target.config, num_experts_per_token=top_k)
-        self.kernels = DraftKernels(target.kernels, draft.spec.kind)
-        self.placer = DraftPlacer(target, draft)
-        self.top_k, self.draft = top_k, draft
+        self.kernels, self.placer = DraftKernels(target.kernels, placer.kind), placer
         self.max_context, self.prefill_chunk = target.max_context, target.prefill_chunk
         self.sequences, self.speculate = 1, target.speculate
         self.tokens_forwarded = self.forward_passes = 0

@@ -97,6 +97,12 @@ def _head_rows(trunk, head, slot_bytes: int) -> int:
     return max(1, trunk_capacity(trunk, slot_bytes) // (head.shape[1] * 2))
 
 
+def _head_range(head, first: int, rows: int) -> tuple[int, int]:
+    """lm_head's bytes [lo, hi) in the model run for its rows first .. first + rows (fewer at its end)."""
+    row = head.shape[1] * 2
+    return head.offset + first * row, head.offset + min(first + rows, head.shape[0]) * row
+
+
 def _through_ring(sizes, pinned: int, held: bool) -> list[int]:
     """Restored sizes of the layers that pass through the ring: the streamed ones, and held ones too."""
     return sizes if held and pinned else sizes[pinned:]
@@ -143,10 +149,9 @@ class PinnedPlacer(TrunkPlacer):
         layers = sum(trunk.layer(L).span for L in range(ctx.config.num_hidden_layers) if L not in lay.pinned)
         if lay.head_pinned:
             return layers
-        head, row = _head_tensor(trunk), _head_tensor(trunk).shape[1] * 2
+        head = _head_tensor(trunk)
         rows = _head_rows(trunk, head, lay.slot_bytes)
-        return layers + sum(TrunkReader.disk_bytes(trunk.model, head.offset + r * row,
-                                                   head.offset + min(r + rows, head.shape[0]) * row)
+        return layers + sum(TrunkReader.disk_bytes(trunk.model, *_head_range(head, r, rows))
                             for r in range(0, head.shape[0], rows))
 
     def __init__(self, ctx):
@@ -206,9 +211,7 @@ class PinnedPlacer(TrunkPlacer):
         if kind == "layer":
             run = self.trunk.layer(i)
             return run, 0, run.length
-        rows, row = min(self._head_rows, self._head.shape[0] - i), self._head.shape[1] * 2
-        lo = self._head.offset + i * row
-        return self.trunk.model, lo, lo + rows * row
+        return (self.trunk.model, *_head_range(self._head, i, self._head_rows))
 
     def _submit(self, unit, slot):
         kind, i = unit

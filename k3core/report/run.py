@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import resource
 
+from ..interfaces import io_seconds
 from ..units import human
 
 
@@ -29,7 +30,7 @@ def run_report(engine, prompt, generated, stats, load_seconds, mode, prompt_cach
     in_ram = [t for t, n in zip(decode, step_reads) if n == 0]
     wall = stamps[-1] - started
     requests = s.get("expert_requests", 0)
-    io_seconds = s.get("trunk_wait_seconds", 0.0) + s.get("expert_wait_seconds", s.get("expert_read_seconds", 0.0))
+    _, waited = io_seconds(s)
     return {
         "model": str(engine.checkpoint.root),
         "prompt_ids": list(prompt),
@@ -54,7 +55,7 @@ def run_report(engine, prompt, generated, stats, load_seconds, mode, prompt_cach
         "expert_retention": (requests - s.get("expert_evictions", 0)) / requests if requests else None,
         "expert_bytes_read": s.get("expert_bytes_read", 0),
         "expert_read_rate": per_second(s.get("expert_bytes_read", 0), s.get("expert_read_seconds", 0.0)),
-        "io_share_of_wall": io_seconds / wall if wall > 0 else None,
+        "io_share_of_wall": waited / wall if wall > 0 else None,
         "prefill_io": _prefill_io(stats.get("prefill_io"), stamps[0] - started),
         "forward_passes": stats["forward_passes"],
         "draft_proposed": stats["draft_proposed"],
@@ -118,7 +119,8 @@ def report_text(r: dict) -> str:
         + _prefetch_part(r["stats"]) + f"; I/O {_pct(r['io_share_of_wall'])} of wall time",
         f"{r['forward_passes']} forward passes; {_per_token(r['bytes_read_per_token'])} read per generated id after "
         "the first" + _drafts_part(r),
-    ] + _prefill_line(r) + _cache_line(r) + _unchecked_line(r["stats"]) + _nan_scale_line(r["stats"]) + _disk_lines(r) + _floor_line(r))
+    ] + _prefill_line(r) + _cache_line(r) + _unchecked_line(r["stats"]) + _nan_scale_line(r["stats"])
+        + _disk_lines(r) + _floor_line(r))
 
 
 def _cache_line(r: dict) -> list[str]:

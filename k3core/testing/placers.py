@@ -117,6 +117,35 @@ def plan_and_counters(cls, options) -> None:
 
 
 
+def _read_after(cls, ctx, passes: int) -> int:
+    """trunk_bytes_read once `passes` passes (every layer, the model tensors, lm_head) are done and the placer is
+    closed (so no read-ahead is still in flight)."""
+    placer = cls(ctx)
+    try:
+        for _ in range(passes):
+            for L in range(ctx.config.num_hidden_layers):
+                placer.layer(L)
+            placer.model()
+            for _ in placer.head_blocks():
+                pass
+    finally:
+        placer.close()
+    return placer.stats()["trunk_bytes_read"]
+
+
+def streamed_bytes_is_a_pass(cls, options) -> None:
+    ckpt = open_checkpoint(models.model("tiny"))
+    try:
+        for budget, ctx in _contexts(cls, ckpt, "tiny", options):
+            said = cls.streamed_bytes(ctx)
+            read = _read_after(cls, ctx, 2) - _read_after(cls, ctx, 1)
+            expect(said == read, f"{budget.pinned_layers if budget.trunk_dir else 'no'} layers pinned: "
+                   f"streamed_bytes() says a pass reads {said!r} bytes of trunk, one more pass read {read} "
+                   "(trunk_bytes_read): what --prefill-chunk auto weighs")
+    finally:
+        ckpt.close()
+
+
 def same_ids_as_resident(cls, options) -> None:
     for shape in ("tiny", "small"):
         want = greedy_run(models.model(shape), trunk_placer="resident")
@@ -142,5 +171,7 @@ def placer_checks(cls, options=None) -> list[Check]:
                   "rows and every lm_head row", partial(serves_the_checkpoint_bytes, cls, options)),
             Check(f"{who}: plan() rows and stats()['trunk_bytes_read'] are sound",
                   partial(plan_and_counters, cls, options)),
+            Check(f"{who}: streamed_bytes() is what one more pass reads",
+                  partial(streamed_bytes_is_a_pass, cls, options)),
             Check(f"{who}: ids and logit bytes identical to the resident placer at several budgets",
                   partial(same_ids_as_resident, cls, options))]

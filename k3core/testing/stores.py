@@ -270,6 +270,7 @@ def store_checks(cls, options=None) -> list[Check]:
             Check(f"{who}: prefetch hints (right, partly right, wrong) change neither the bytes served nor the hits",
                   partial(prefetch_is_only_a_hint, cls, options)),
             Check(f"{who}: fetch_batches serves every expert of a layer once, in batches of at most capacity(), "
-                  "and a batch abandoned early leaves the store sound", partial(batches_cover_every_expert, cls, options)),
+                  "and a batch abandoned early leaves the store sound",
+                  partial(batches_cover_every_expert, cls, options)),
             Check(f"{who}: ids and logit bytes identical to the lru store at cache 0, 0.0002 and 1 GB",
                   partial(same_ids_as_lru, cls, options))]

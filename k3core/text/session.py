@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from ..errors import K3Error, UsageError
+from ..interfaces import io_seconds
 from ..model.engine import Observer
 from .channels import Event, TextStream
 from .generate import Speculation, generate_ids
@@ -65,14 +66,6 @@ def bytes_read(engine: Engine) -> int:
     """Trunk and expert bytes the engine has read from disk so far."""
     s = engine.stats()
     return s.get("trunk_bytes_read", 0) + s.get("expert_bytes_read", 0)
-
-
-def io_seconds(engine: Engine) -> tuple[float, float]:
-    """(seconds with a trunk or expert read in flight, seconds the passes stood waiting for one) so far; a store
-    that does not count its waits waited for every read."""
-    s = engine.stats()
-    read = s.get("trunk_read_seconds", 0.0) + s.get("expert_read_seconds", 0.0)
-    return read, s.get("trunk_wait_seconds", 0.0) + s.get("expert_wait_seconds", s.get("expert_read_seconds", 0.0))
 
 
 class Session:
@@ -130,7 +123,7 @@ class Session:
         reads: list[int]  # bytes read from disk so far, at each stamp
         generated, reason, stamps, reads = [], "max tokens", [], []
         forwarded_before, passes_before, read_before = engine.tokens_forwarded, engine.forward_passes, bytes_read(engine)
-        io_before = io_first = io_seconds(engine)
+        io_before = io_first = io_seconds(engine.stats())
         started = time.perf_counter()
         try:
             while len(generated) < params.max_tokens:
@@ -150,7 +143,7 @@ class Session:
                 stamps.append(time.perf_counter())
                 reads.append(bytes_read(engine))
                 if len(stamps) == 1:
-                    passes_first, read_first, io_first = engine.forward_passes, reads[0], io_seconds(engine)
+                    passes_first, read_first, io_first = engine.forward_passes, reads[0], io_seconds(engine.stats())
                 generated.append(token)
                 if token in stop_set:
                     reason = "stop id"
