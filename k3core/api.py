@@ -21,6 +21,7 @@ from .files.limits import LimitError
 from .interfaces import PlanRow
 from .io.profile import Profile, ProfileError, load_profile, profile_path
 from .model.state_file import StateFileError, load_state, save_state
+from .model.draft_weights import open_draft
 from .model.engine import DecodeState, Engine, Observer
 from .plan.budget import PRESETS, Plan, auto_preset, mem_available
 from .plan.engine_config import EngineConfig, resolve
@@ -68,6 +69,7 @@ def memory_plan(config: EngineConfig, *, available: int | None = None, plugins=(
     replaces MemAvailable, e.g. to count memory a running engine will give back."""
     r = resolve(config, _manager(plugins))
     try:
+        open_draft(r)
         return r.plan(available)
     finally:
         r.checkpoint.close()

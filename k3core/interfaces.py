@@ -525,9 +525,15 @@ class DraftSource(ABC):
     name: ClassVar[str]
     description: ClassVar[str] = ""
     memory_bytes: ClassVar[int] = 0  # what it keeps across generations unless told (`reserve`); the plan counts it
+    uses_draft_model: ClassVar[bool] = False  # it runs DraftTarget.draft_model: the engine must hold one
 
     def __init__(self, argument: str | None = None):
         self.argument = argument
+
+    def attach(self, target: DraftTarget) -> None:
+        """Called once before `begin` with what the engine offers a draft source (DraftTarget): the model's config
+        and, when the engine was opened with a draft trunk, its draft model. A source that needs something the
+        engine lacks refuses here (a UsageError saying how to open it)."""
 
     @classmethod
     def reserve(cls, memory_bytes: int) -> None:
@@ -554,3 +560,23 @@ class DraftSource(ABC):
     def propose(self, history: Sequence[int], generated: int, k: int) -> list[int]:
         """Up to `k` ids to follow `history` (prompt + the `generated` ids emitted so far); fewer, or none,
         when there is nothing worth proposing."""
+
+    def state_ids(self) -> Sequence[int] | None:
+        """The ids a source that keeps a decode state holds (after propose: the history it was given, or a prefix of
+        it, then its own drafts); None for a source without one. The conformance kit checks a state follows the
+        accepted ids: one that kept a rejected draft would drift from the text it drafts for."""
+        return None
+
+
+@dataclass(frozen=True)
+class DraftTarget:
+    """What the engine offers a draft source (DraftSource.attach). `draft_model` is the model run on a draft trunk
+    (`k3 pack --draft`, opened with --draft-trunk) with fewer routed experts per token, or None. It is used as the
+    engine is: `new_state()`, `forward(ids, state, all_logits=False)` → logits, `mark(state)` and `rollback(state,
+    kept)` (keep the first `kept` ids forwarded since the mark), `prefill_chunk` (ids per forward, at most); and it
+    keeps states between generations for the sources that run on it: `take_state(prompt)` gives the kept state
+    holding the longest strict prefix of `prompt` (or a fresh one), `keep_state(state)` gives one back (a state must
+    hold a strict prefix of the history it was given, without a mark)."""
+
+    config: Config
+    draft_model: Any = None

@@ -7,8 +7,8 @@ every run; a third-party package does the same:
 What is here, by use:
 - registering: `hookimpl` (the hooks are in k3core.hookspecs; see PLUGINS.md);
 - the interfaces: KernelBackend, AttentionBackend, ExpertStore, TrunkPlacer, CachePolicy (and
-  LRUPolicy, the reference rule), DraftSource, with the types they pass: Param, Weights, ExpertWeights,
-  TensorSpec, and DTYPES (safetensors dtype → itemsize, numpy dtype);
+  LRUPolicy, the reference rule), DraftSource (and DraftTarget, what the engine offers one), with the
+  types they pass: Param, Weights, ExpertWeights, TensorSpec, and DTYPES (safetensors dtype → itemsize, numpy dtype);
 - what a placer or store receives: PluginContext (checkpoint, Budget, its own PluginOptions) and
   returns from plan(): PlanRow;
 - a ready expert store to subclass: CachingStore (a slot arena kept by the CachePolicy you give it);
@@ -29,7 +29,7 @@ from __future__ import annotations
 from . import _native as native
 from .errors import CheckpointError, PlanError, PluginError, UnsoundRunError, UsageError
 from .hookspecs import hookimpl
-from .interfaces import (AttentionBackend, Budget, CachePolicy, DraftSource, ExpertStore, ExpertWeights,
+from .interfaces import (AttentionBackend, Budget, CachePolicy, DraftSource, DraftTarget, ExpertStore, ExpertWeights,
                          KernelBackend, LRUPolicy, Param, PlanRow, PluginContext, PluginOptions, TensorSpec,
                          TrunkPlacer, Weights, default_threads)
 from .files.aligned_io import (ALIGN, Opened, Prefault, Span, align_down, align_up, aligned_buffer, open_for_reading,
@@ -91,6 +91,7 @@ def builtin_kernels(name: str | None = None) -> KernelBackend:
 __all__ = [
     "hookimpl",
     "KernelBackend", "AttentionBackend", "ExpertStore", "TrunkPlacer", "CachePolicy", "LRUPolicy", "DraftSource",
+    "DraftTarget",
     "Param", "Weights", "ExpertWeights", "TensorSpec", "DTYPES",
     "PluginContext", "Budget", "PluginOptions", "PlanRow",
     "CachingStore", "CachingOptions", "cache_slots", "ExpertReader", "expert_slot_bytes", "ALIGN", "Opened", "align_down", "align_up", "aligned_buffer", "Prefault",

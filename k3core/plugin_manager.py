@@ -25,7 +25,7 @@ BUILTIN_PREFIX = "k3."
 # Every built-in hook is `trylast`, so an installed plugin comes first; among trylast hooks pluggy calls
 # the earlier registered first, so the native kernels come before the numpy reference.
 BUILTINS = ("kda", "mla", "native_kernels", "reference_kernels", "resident", "pinned", "lru_store", "direct_store",
-            "drafts", "suffix")
+            "drafts", "suffix", "self_draft")
 
 
 class K3PluginManager(pluggy.PluginManager):

@@ -1,4 +1,4 @@
-"""The draft model (k3core/model/draft_model.py): the engine's graph on a draft trunk with fewer routed experts. Its
+"""The draft model (k3core/model/engine.py DraftModel, its weights model/draft_weights.py): the engine's graph on a draft trunk with fewer routed experts. Its
 logits need not match the model's, but with the model's own weights it must give the model's bits (so the graph,
 the shared kernels, store, attention and embedding are the engine's); its states follow mark and rollback; and the
 model's own bits never depend on a draft model having run beside it (issue 40)."""
@@ -12,7 +12,8 @@ import pytest
 from k3core import EngineConfig, UsageError, open_engine
 from k3core.io import draft_pack, pack
 from k3core.io.draft_trunk import DraftSpec, default_dir, open_draft_trunk
-from k3core.model.draft_model import DraftModel, DraftPlacer
+from k3core.model.draft_weights import DraftPlacer
+from k3core.model.engine import DraftModel
 
 from .conftest import DEMO_MODEL
 

@@ -1,4 +1,4 @@
-"""`k3 bench draft`: how often a draft model (k3core/model/draft_model.py: the model on a draft trunk that `k3 pack
+"""`k3 bench draft`: how often a draft model (k3core/model/engine.py DraftModel: the model on a draft trunk that `k3 pack
 --draft` derived, with fewer routed experts per token) picks the model's own next id, teacher-forced on transcripts,
 and what a forward of it costs beside the model's — what a `self` draft source lives on (issue 40).
 
@@ -47,7 +47,8 @@ def timed_logits(model, ids) -> tuple[np.ndarray, float]:
 
 def measure(engine, draft, ks: list[int], turns) -> dict:
     """Agreement and seconds per id of the draft model at each of `ks` against `engine` on `turns`."""
-    from ..model.draft_model import DraftModel, DraftPlacer
+    from ..model.draft_weights import DraftPlacer
+    from ..model.engine import DraftModel
 
     rows = {k: {"agreed": 0, "positions": 0, "seconds": 0.0} for k in ks}
     exact_seconds = ids = 0

@@ -121,6 +121,13 @@ def add_speculation_arguments(p: argparse.ArgumentParser) -> None:
                    help="where drafts come from: ngram (default: the longest earlier repeat of the last ids), "
                         "suffix (the same over every conversation this process has seen), replay:PATH (ids from a "
                         "file), or an installed draft-source plugin (`k3 plugins`)")
+    g.add_argument("--draft-trunk", metavar="DIR|int8|int4", default=None,
+                   help="draft with the model itself (--draft self, the default with this flag): run it on this draft "
+                        "of --trunk with fewer routed experts; int8 / int4 name TRUNK/draft-int8 / draft-int4, which "
+                        "`k3 pack MODEL_DIR TRUNK_DIR --draft int8` derives (docs/DRAFT-TRUNK.md). Held in RAM: the "
+                        "memory plan counts it")
+    g.add_argument("--draft-topk", type=int, metavar="N", default=None,
+                   help="routed experts per token of the draft model (default: half the model's)")
     g.add_argument("--draft-memory", type=GB, metavar="GB", default=None,
                    help="memory a draft source keeps across conversations (suffix's index; default 0.067 GB), "
                         "counted in the memory plan")
@@ -190,8 +197,9 @@ def speculate_k(args) -> int:
 
     value = getattr(args, "speculate", None)
     if value is None:
-        if getattr(args, "draft", None):
-            raise UsageError("--draft needs --speculate K or --speculate auto")
+        for flag in ("draft", "draft_trunk", "draft_topk"):
+            if getattr(args, flag, None) is not None:
+                raise UsageError(f"--{flag.replace('_', '-')} needs --speculate K or --speculate auto")
         return 0
     if value == "auto":
         return AUTO_K
@@ -207,9 +215,14 @@ def speculation_from_args(args):
     k = speculate_k(args)
     if not k:
         return None
-    spec = build(args.draft or "ngram", "auto" if args.speculate == "auto" else k)
+    spec = build(draft_name(args), "auto" if args.speculate == "auto" else k)
     type(spec.draft).reserve(draft_memory_bytes(args, spec.draft))
     return spec
+
+
+def draft_name(args) -> str:
+    """--draft, else `self` with --draft-trunk, else ngram."""
+    return args.draft or ("self" if getattr(args, "draft_trunk", None) else "ngram")
 
 
 def check_stop_ids(stop_ids, vocab_size: int) -> None:
@@ -284,7 +297,8 @@ def engine_config_from_args(args):
                   tokenizer=getattr(args, "tok", None), speculate=speculate_k(args),
                   sequences=getattr(args, "sequences", 1), kept_states=getattr(args, "keep_states", 0),
                   prompt_cache_gb=getattr(args, "prompt_cache_gb", 0.0),
-                  draft_memory_gb=draft_memory_gb(args) if hasattr(args, "speculate") else 0.0)
+                  draft_memory_gb=draft_memory_gb(args) if hasattr(args, "speculate") else 0.0,
+                  draft_trunk=getattr(args, "draft_trunk", None), draft_topk=getattr(args, "draft_topk", None))
     check_threads(args.threads)
     if args.model:
         check_model_dir(args.model)

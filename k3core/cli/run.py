@@ -25,7 +25,7 @@ from ..files.atomic import Output, unwritable, write_output
 from ..files.limits import read_limited
 from ..format.checkpoint import EXPERT_PARTS, expert_prefix
 from .options import (EXIT_CODES, SECONDS, add_engine_arguments, add_prompt_cache_arguments, add_sampling_arguments,
-                      add_speculation_arguments, check_stop_ids, engine_config_from_args,
+                      add_speculation_arguments, check_stop_ids, draft_name, engine_config_from_args,
                       missing_model_dir, open_engine, parse_ids, prompt_cache_from_args, sampling_params_from_args,
                       speculation_from_args)
 
@@ -396,7 +396,7 @@ def _run(args, config, kind, prompt, params, speculate, outputs) -> int:
         report = run_report(engine, ids, generated, done.stats, load_seconds,
                             "full-recompute" if args.full_recompute else "incremental", cache)
         report.update(disks.report(), threads=args.threads, stop_reason=done.reason, seed=done.stats["seed"],
-                      speculate=args.speculate, draft=(args.draft or "ngram") if args.speculate else None)
+                      speculate=args.speculate, draft=draft_name(args) if args.speculate else None)
         if trace is not None:
             trace.write(args.dump_trace, engine)
     if args.disk_floor:

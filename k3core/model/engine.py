@@ -7,15 +7,17 @@ to watch a pass (progress, routing) passes Observers as an argument; nothing is 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from ..errors import InputError, K3Error, PluginError
+from ..errors import InputError, K3Error, PluginError, UsageError
 from .attnres import Residual, fold
 from ..format.checkpoint import PREFIX
+from ..interfaces import DraftTarget
 from ..plan.engine_config import EngineConfig, resolve
+from .draft_weights import DraftKernels, DraftPlacer, draft_topk, open_draft
 from .finite import BindCheck, check_embed_rows, head_error, output_error
 from .mlp import dense_mlp
 from .moe import latent_moe, prefetch_guess
@@ -80,6 +82,7 @@ class Engine:
             self.checkpoint, self.kernels = r.checkpoint, r.kernels
             self.config = r.checkpoint.config
             self._attention, self.notices = r.attention, r.notices
+            draft = open_draft(r)
             self.plan = r.plan(available)
             if on_plan is not None:
                 on_plan(self.plan)
@@ -101,6 +104,14 @@ class Engine:
         self.tokens_forwarded = self.forward_passes = 0
         self._bound = BindCheck()  # what the placer hands out, checked for NaN and infinity (model/finite.py)
         self._snapshots: dict[int, list[str]] = {}  # layer -> its state arrays that are not positional
+        self.draft: DraftModel | None = None  # the model on a draft trunk (--draft-trunk): what `self` drafts run
+        if draft is not None:
+            try:
+                self.draft = DraftModel(self, DraftPlacer(self, draft),
+                                        draft_topk(config, self.config.num_experts_per_token))
+            except BaseException:
+                self.close()
+                raise
 
     def attention_for(self, layer: int) -> AttentionBackend:
         return self._attention[self.config.attention_kind(layer)]
@@ -108,6 +119,10 @@ class Engine:
     def new_state(self) -> DecodeState:
         c = self.config
         return DecodeState([self.attention_for(L).new_state(c, L) for L in range(c.num_hidden_layers)])
+
+    def draft_target(self) -> DraftTarget:
+        """What this engine offers a draft source (DraftSource.attach)."""
+        return DraftTarget(self.config, self.draft)
 
     def check_ids(self, ids: Sequence[int]) -> None:
         bad = [(i, t) for i, t in enumerate(ids) if not (isinstance(t, (int, np.integer)) and 0 <= t < self.config.vocab_size)]
@@ -290,3 +305,47 @@ def decoder_layer(L: int, w: Weights, stream: Residual, segments: Sequence[tuple
     h = stream.mix(kr, fold(w, "mlp_res"), c.rms_norm_eps)
     x = kr.rmsnorm(h, w.vec("post_attention_layernorm.weight"), c.rms_norm_eps)
     stream.add(dense_mlp(w, x, c, kr) if c.is_dense(L) else latent_moe(w, x, L, c, kr, store, observers))
+
+
+class DraftModel(Engine):
+    """`target`'s graph on the draft weights `placer` holds with `top_k` routed experts per token: new_state, forward,
+    logits, mark and rollback as the engine's (model/engine.py), each state the draft model's own. Draft models of
+    one placer share its weights (read once)."""
+
+    def __init__(self, target: Engine, placer: DraftPlacer, top_k: int):
+        most = target.config.num_experts_per_token
+        if not (isinstance(top_k, int) and 1 <= top_k <= most):
+            raise UsageError(f"the draft's routed experts per token must be an integer in 1..{most} (the model "
+                             f"routes each token to {most}), got {top_k!r}")
+        self.checkpoint, self.store, self._attention = target.checkpoint, target.store, target._attention
+        self.config = replace(target.config, num_experts_per_token=top_k)
+        self.kernels, self.placer = DraftKernels(target.kernels, placer.kind), placer
+        self.max_context, self.prefill_chunk = target.max_context, target.prefill_chunk
+        self.sequences, self.speculate = 1, target.speculate
+        self.tokens_forwarded = self.forward_passes = 0
+        self._bound, self._snapshots = BindCheck(), {}
+        self._kept: list[DecodeState] = []     # states of ended generations, the longest-unused first
+        self._in_use, self._most = 0, target.sequences  # states out at once, and alive at once, at most (the plan's)
+
+    def take_state(self, prompt: Sequence[int]) -> DecodeState:
+        """A state for a generation after `prompt`: the kept one holding the longest strict prefix of it (a
+        conversation's next turn goes on from its last), else a fresh one."""
+        prompt = list(prompt)
+        fits = [s for s in self._kept if len(s.ids) < len(prompt) and prompt[:len(s.ids)] == s.ids]
+        best = max(fits, key=lambda s: len(s.ids), default=None)
+        if best is not None:
+            self._kept.remove(best)
+        self._in_use += 1
+        return best if best is not None else self.new_state()
+
+    def keep_state(self, state: DecodeState) -> None:
+        """A generation gives its state back (without a mark); the longest-unused kept states go so that no more than
+        the plan's `sequences` are alive."""
+        if state.mark is not None:
+            raise K3Error("keep_state: the state holds a mark; roll it back first")
+        self._in_use = max(0, self._in_use - 1)
+        self._kept.append(state)
+        del self._kept[:max(0, len(self._kept) + self._in_use - self._most)]
+
+    def close(self) -> None:
+        """The checkpoint, the store and the embedding are the engine's: it closes them."""

@@ -40,6 +40,9 @@ def auto_preset(available: int) -> str:
     return max(fitting, key=lambda n: sum(PRESETS[n]))
 
 
+DRAFT_ROWS = ("draft trunk", "draft decode state")  # the draft model's rows (model/draft_weights.py plan_rows)
+
+
 @dataclass
 class Plan:
     """The memory plan: what the placer, the store and the decode state will hold, before anything loads."""
@@ -73,11 +76,17 @@ class Plan:
                 "total_bytes": self.total, "available_bytes": self.available}
 
     def check(self) -> None:
-        """Refuse a plan that does not fit, saying what to change."""
+        """Refuse a plan that does not fit, saying what to change (with a draft model: what the plan needs without
+        it, and the smaller derivation)."""
         if not self.fits:
+            draft = sum(r.bytes for r in self.rows if r.item in DRAFT_ROWS)
+            without = (f"; the draft model takes {human(draft)}: without --draft-trunk the plan needs "
+                       f"{human(self.total - draft)} (an int4 draft, `k3 pack MODEL TRUNK --draft int4`, holds about "
+                       "5/8 of an int8 one)") if draft else ""
             raise PlanError("the model does not fit in the memory available with these budgets; lower --trunk-gb or "
                             "--cache-gb, pick a smaller --preset, pack the trunk (k3 pack) to stream it, or lower "
-                            "--max-context (a server: --sequences, --prompt-cache-gb; the browser UI: --keep-states)\n" + self.text())
+                            "--max-context (a server: --sequences, --prompt-cache-gb; the browser UI: --keep-states)"
+                            + without + "\n" + self.text())
 
 
 def prefill_bytes(c, chunk: int) -> int:

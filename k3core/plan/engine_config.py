@@ -12,13 +12,13 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Mapping
+from typing import Callable, Mapping
 
 from .. import plugin_manager as plugins
 from ..errors import PluginError, UsageError
 from ..interfaces import Budget, PluginContext, PluginOptions, default_threads
 from . import budget as budgets, prefill
-from .budget import DEFAULT_CONTEXT, PRESETS, Plan, auto_preset, state_rows
+from .budget import DEFAULT_CONTEXT, PRESETS, Plan, PlanRow, auto_preset, state_rows
 from ..format.checkpoint import Checkpoint, check_binding, open_checkpoint
 from ..format.config import context_limit
 
@@ -58,6 +58,8 @@ class EngineConfig:
     placer_options: Mapping | PluginOptions | None = None  # the trunk placer's own options
     store_options: Mapping | PluginOptions | None = None   # the expert store's own options
     tokenizer: str | os.PathLike | None = None    # tokenizer directory; None: the model directory
+    draft_trunk: str | os.PathLike | None = None  # a draft of `trunk` (`k3 pack --draft`), or "int8"/"int4": TRUNK/draft-KIND
+    draft_topk: int | None = None                 # the draft model's routed experts per token; None: half the model's
 
     def __post_init__(self):
         problems = []
@@ -104,6 +106,15 @@ class EngineConfig:
         if self.trunk is None and (self.trunk_gb is not None or self.pin_layers is not None):
             problems.append("trunk_gb and pin_layers apply to a packed trunk: give trunk (made by `k3 pack`), or leave "
                             "them out to hold the whole trunk in RAM")
+        check(self.draft_trunk is None or isinstance(self.draft_trunk, (str, os.PathLike)) and str(self.draft_trunk),
+              "draft_trunk", "a draft trunk directory, int8 or int4, or None")
+        check(self.draft_topk is None or _is_int(self.draft_topk) and self.draft_topk >= 1, "draft_topk",
+              "an integer >= 1 (routed experts per token of the draft model), or None")
+        if self.draft_trunk is not None and self.trunk is None:
+            problems.append("draft_trunk is derived from a packed trunk and read beside it: give trunk too (the one "
+                            "`k3 pack --draft` derived it from)")
+        if self.draft_topk is not None and self.draft_trunk is None:
+            problems.append("draft_topk sets the draft model's routed experts: give draft_trunk too")
         if problems:
             raise UsageError("bad engine config:\n" + "\n".join(f"  - {p}" for p in problems))
         object.__setattr__(self, "attention", MappingProxyType(dict(self.attention)))
@@ -160,6 +171,8 @@ class Resolved:
     placer_ctx: PluginContext
     store_ctx: PluginContext
     notices: list[str]               # one line per installed plugin in use as a default
+    # the rows of what the engine holds besides the plugins' (the draft model: model/draft_weights.py), per config
+    more_rows: Callable[[EngineConfig], list[PlanRow]] = lambda config: []
 
     def attention_for(self, layer: int):
         return self.attention[self.checkpoint.config.attention_kind(layer)]
@@ -180,7 +193,8 @@ class Resolved:
 
     def _plan(self, config: EngineConfig, available: int, chunk_why: str | None = None) -> Plan:
         return Plan(self.placer.plan(self.placer_ctx), self.store.plan(self.store_ctx),
-                    state_rows(self.checkpoint.config, self.attention_for, config, chunk_why), available)
+                    state_rows(self.checkpoint.config, self.attention_for, config, chunk_why) + self.more_rows(config),
+                    available)
 
 
 def auto_context(r: Resolved, config: EngineConfig, available: int) -> int:

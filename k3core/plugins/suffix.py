@@ -226,7 +226,10 @@ class SuffixDraft(DraftSource):
         super().__init__(argument)
         if argument is not None:
             raise UsageError(f"--draft suffix takes no argument (its memory is --draft-memory), got suffix:{argument}")
-        self.index, self.doc = SuffixIndex.shared(), None
+        self.index, self.doc, self.vocab = SuffixIndex.shared(), None, None
+
+    def check(self, vocab_size):
+        self.vocab = vocab_size
 
     def begin(self, prompt):
         if self.doc is not None:  # a generation that was never ended: its document is finished now
@@ -237,7 +240,10 @@ class SuffixDraft(DraftSource):
         if self.doc is None:
             self.begin(history)
         self.index.extend(self.doc, history)
-        return self.index.propose(self.doc, k)
+        ids = self.index.propose(self.doc, k)
+        if self.vocab is not None:  # the index is the process's: another model's documents may hold ids past this one's
+            ids = ids[:next((i for i, t in enumerate(ids) if t >= self.vocab), len(ids))]
+        return ids
 
     def end(self, history):
         if self.doc is not None:

@@ -1,7 +1,8 @@
 """Conformance checks of a draft source (speculative decoding): it is a DraftSource subclass, what it proposes is
-well-formed, and
-generating with it gives exactly the serial ids, logits and decode state — greedy and seeded sampling,
-fixed K and adaptive, on generated models. Proposals may be as wrong as they like; only time may change."""
+well-formed, a decode state it keeps (DraftSource.state_ids) follows the history it is given, and generating with it
+gives exactly the serial ids, logits and decode state — greedy and seeded sampling, fixed K and adaptive, on
+generated models. A source that runs the engine's draft model (uses_draft_model) gets engines opened on a packed
+trunk with an int8 draft of it. Proposals may be as wrong as they like; only time may change."""
 from __future__ import annotations
 
 from ..interfaces import DraftSource
@@ -19,6 +20,14 @@ STEPS = 12
 PARAMS = (("greedy", SamplingParams()), ("seeded sampling", SamplingParams(temperature=0.9, top_k=40, seed=5)))
 
 
+def engine_for(cls, shape: str) -> Engine:
+    """An engine of the `shape` test model that speculates up to AUTO_K ids; for a source that runs the draft model,
+    opened on its packed trunk with an int8 draft of it."""
+    drafted = dict(trunk=models.packed_trunk(shape), draft_trunk=models.draft_trunk(shape)) \
+        if getattr(cls, "uses_draft_model", False) else {}
+    return Engine(EngineConfig(models.model(shape), speculate=AUTO_K, **drafted), available=1 << 40)
+
+
 def draft_checks(cls) -> list[Check]:
     """Every check of the draft source class `cls` (built as cls(cls.example_argument(directory)))."""
     who = f"draft source {getattr(cls, 'name', cls)!r}"
@@ -32,25 +41,32 @@ def draft_checks(cls) -> list[Check]:
                               f"it `class {getattr(cls, '__name__', 'MyDraft')}(DraftSource)` with `from "
                               "k3core.plugin_api import DraftSource`")
         draft, vocab = build(), shape_config("tiny").vocab_size
-        try:  # speculation calls it first: the kit's own argument must pass
-            draft.check(vocab)
-        except Exception as exc:
-            raise CheckFailed(f"check(vocab_size={vocab}) refused the example argument "
-                              f"{cls.example_argument.__qualname__} gave: {exc}") from None
-        for prompt in PROMPTS:
-            draft.begin(prompt)
-            history = list(prompt)
-            for generated in range(6):
-                for k in (1, 3, 8):
-                    ids = list(draft.propose(tuple(history), generated, k))
-                    expect(len(ids) <= k, f"propose(k={k}) returned {len(ids)} ids")
-                    expect(all(isinstance(t, int) and 0 <= t < vocab for t in ids),
-                           f"propose returned {ids[:5]!r}: not token ids (ints in 0..{vocab - 1} on this model)")
-                history.append((generated * 37) % vocab)
+        engine = engine_for(cls, "tiny")
+        try:
+            try:  # speculation calls them first: the engine's offer and the kit's own argument must pass
+                draft.attach(engine.draft_target())
+                draft.check(vocab)
+            except Exception as exc:
+                raise CheckFailed(f"attach() or check(vocab_size={vocab}) refused the kit's engine or the example "
+                                  f"argument {cls.example_argument.__qualname__} gave: {exc}") from None
+            for prompt in PROMPTS:
+                draft.begin(prompt)
+                history = list(prompt)
+                for generated in range(6):
+                    for k in (1, 3, 8):
+                        ids = list(draft.propose(tuple(history), generated, k))
+                        expect(len(ids) <= k, f"propose(k={k}) returned {len(ids)} ids")
+                        expect(all(isinstance(t, int) and 0 <= t < vocab for t in ids),
+                               f"propose returned {ids[:5]!r}: not token ids (ints in 0..{vocab - 1} on this model)")
+                        follows_history(draft, history, ids)
+                    history.append((generated * 37) % vocab)
+                draft.end(tuple(history))
+        finally:
+            engine.close()
 
     def speculation_gives_serial_output():
         for shape in ("tiny", "small"):
-            engine = Engine(EngineConfig(models.model(shape), speculate=AUTO_K), available=1 << 40)
+            engine = engine_for(cls, shape)
             try:
                 for prompt in PROMPTS:
                     for how, params in PARAMS:
@@ -65,7 +81,23 @@ def draft_checks(cls) -> list[Check]:
             finally:
                 engine.close()
 
-    return [Check(f"{who}: a DraftSource subclass that proposes at most k token ids of the model",
-                  proposals_are_token_ids),
+    return [Check(f"{who}: a DraftSource subclass that proposes at most k token ids of the model (a state it "
+                  "keeps follows the history)", proposals_are_token_ids),
             Check(f"{who}: speculation with it gives the serial ids, logit bytes and decode state (greedy, seeded "
                   "sampling; K=4 and auto)", speculation_gives_serial_output)]
+
+
+def follows_history(draft, history: list[int], proposed: list[int]) -> None:
+    """A source with a decode state holds, after proposing, a prefix of the history it was given followed by nothing
+    but its own proposals: never an id the history does not have (a rejected draft kept is a state that drifts)."""
+    held = draft.state_ids()
+    if held is None:
+        return
+    held = list(held)
+    n = min(len(held), len(history))
+    if held[:n] != history[:n]:
+        at = next(i for i in range(n) if held[i] != history[i])
+        raise CheckFailed(f"after propose its state holds {len(held)} ids that leave the history at position {at}: "
+                          "it drifted (a rejected draft kept?)")
+    expect(held[n:] == proposed[:len(held) - n], f"after propose its state holds ids past the history that it did not "
+                                                 f"propose: {held[n:][:5]!r}, proposed {proposed[:5]!r}")

@@ -10,7 +10,10 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
+from ..io.draft_pack import derive_draft
+from ..io.draft_trunk import DraftSpec, default_dir, trunk_layers
 from ..io.pack import pack
+from ..io.trunk import load_trunk
 from ..testmodel.make import make_model
 
 
@@ -37,6 +40,14 @@ def packed_trunk(shape: str = "tiny") -> Path:
     out = _root() / f"{shape}-trunk"
     pack(model(shape), out)
     return out
+
+
+@lru_cache(maxsize=None)
+def draft_trunk(shape: str = "tiny") -> Path:
+    """`k3 pack --draft int8` of packed_trunk(shape): every layer, in TRUNK/draft-int8."""
+    trunk = packed_trunk(shape)
+    derive_draft(trunk, DraftSpec("int8", tuple(range(trunk_layers(load_trunk(trunk))))))
+    return default_dir(trunk, "int8")
 
 
 def scratch(name: str) -> Path:

@@ -180,6 +180,7 @@ def check_speculation(engine: Engine, speculation: Speculation, full_recompute: 
     if speculation.k > engine.speculate:
         raise UsageError(f"speculate {speculation.k}: this engine's memory plan reserves rollback for "
                          f"{engine.speculate} drafted ids per pass (EngineConfig.speculate, --speculate when opening)")
+    speculation.draft.attach(engine.draft_target())
     speculation.draft.check(engine.config.vocab_size)
 
 
