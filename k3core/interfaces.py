@@ -561,6 +561,11 @@ class DraftSource(ABC):
         """Up to `k` ids to follow `history` (prompt + the `generated` ids emitted so far); fewer, or none,
         when there is nothing worth proposing."""
 
+    def proposal_cost(self, k: int) -> tuple[float, float]:
+        """(weight bytes touched in RAM, bytes read from disk) of proposing `k` ids: what `--speculate auto` charges a
+        draft beside the verify pass it fills. (0, 0) for a lookup; a draft model's forwards cost their weights."""
+        return 0.0, 0.0
+
     def state_ids(self) -> Sequence[int] | None:
         """The ids a source that keeps a decode state holds (after propose: the history it was given, or a prefix of
         it, then its own drafts); None for a source without one. The conformance kit checks a state follows the
@@ -573,7 +578,8 @@ class DraftTarget:
     """What the engine offers a draft source (DraftSource.attach). `draft_model` is the model run on a draft trunk
     (`k3 pack --draft`, opened with --draft-trunk) with fewer routed experts per token, or None. It is used as the
     engine is: `new_state()`, `forward(ids, state, all_logits=False)` → logits, `mark(state)` and `rollback(state,
-    kept)` (keep the first `kept` ids forwarded since the mark), `prefill_chunk` (ids per forward, at most); and it
+    kept)` (keep the first `kept` ids forwarded since the mark), `prefill_chunk` (ids per forward, at most),
+    `forward_cost()` (bytes touched and read per id forwarded, for DraftSource.proposal_cost); and it
     keeps states between generations for the sources that run on it: `take_state(prompt)` gives the kept state
     holding the longest strict prefix of `prompt` (or a fresh one), `keep_state(state)` gives one back (a state must
     hold a strict prefix of the history it was given, without a mark)."""

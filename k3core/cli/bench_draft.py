@@ -69,8 +69,50 @@ def measure(engine, draft, ks: list[int], turns) -> dict:
                       "vs_exact": r["seconds"] / exact_seconds} for k, r in rows.items()]}
 
 
+def first_questions(conversations, turns: int) -> list[str]:
+    """The first user message of each conversation, at most `turns` of them: what a person opens a chat with."""
+    out = [next((m["content"] for m in c.messages if m["role"] == "user" and isinstance(m["content"], str)), None)
+           for c in conversations]
+    return [q for q in out if q][:turns]
+
+
+def live(engine, ks: list[int], questions: list[str], tokenizer, gen: int, speculate: int) -> dict:
+    """Each question answered serially, with `suffix` and with `self` at each of `ks` routed experts, K = `speculate`
+    and auto: ids generated, verify passes, drafts proposed and accepted, seconds, and whether the answer is the serial
+    one. The engine's draft model is swapped per top-k (one set of weights)."""
+    from ..api import AUTO_K, ChatSession, SamplingParams, speculation
+    from ..model.engine import DraftModel
+
+    weights, runs = engine.draft.placer, [("serial", None, None), ("suffix", None, ("suffix", speculate))]
+    most = engine.config.num_experts_per_token
+    runs += [(f"self, {k} of {most} experts, K={kk}", k, ("self", kk)) for k in ks for kk in (speculate, "auto")]
+    rows = {how: {"ids": 0, "passes": 0, "drafted": 0, "accepted": 0, "seconds": 0.0, "same": 0} for how, _, _ in runs}
+    for q in questions:
+        serial = None
+        for how, k, spec in runs:
+            if k is not None:
+                engine.draft = DraftModel(engine, weights, k)
+            chat, start = ChatSession(engine, tokenizer), time.perf_counter()
+            for _ in chat.ask(q, SamplingParams(max_tokens=gen), speculation=speculation(*spec) if spec else None):
+                pass
+            last, r = chat.last, rows[how]
+            serial = last["answer"] if serial is None else serial
+            r["seconds"] += time.perf_counter() - start
+            r["ids"] += last["generated_tokens"]
+            r["passes"] += last["decode_passes"] + 1  # the prompt's pass emits the first id
+            r["drafted"] += last["draft_proposed"]
+            r["accepted"] += last["draft_accepted"]
+            r["same"] += last["answer"] == serial
+    out = []
+    for how, r in rows.items():
+        out.append({"run": how, **r, "tokens_per_pass": r["ids"] / r["passes"],
+                    "acceptance": r["accepted"] / r["drafted"] if r["drafted"] else None,
+                    "vs_serial_seconds": r["seconds"] / rows["serial"]["seconds"]})
+    return {"questions": len(questions), "gen": gen, "speculate": speculate, "auto_k": AUTO_K, "live": out}
+
+
 def cmd_draft(args) -> int:
-    from ..api import EngineConfig, open_engine
+    from ..api import AUTO_K, EngineConfig, open_engine
     from ..io.draft_trunk import default_dir, open_draft_trunk
     from .bench_tokenizer import bench_tokenizer
     from .bench_transcripts import read_conversations, scored_turns
@@ -83,19 +125,42 @@ def cmd_draft(args) -> int:
     if not conversations:
         raise UsageError(f"--transcripts {args.transcripts} has no conversation of the kinds {args.kinds}")
     tokenizer, _ = bench_tokenizer(args.tokenizer, model)
-    turns = scored_turns(conversations, tokenizer, args.transcripts)[:args.turns]
-    context = max(4096, max(len(t.prompt) + len(t.reply) for t in turns))
-    with open_engine(EngineConfig(model, trunk=args.trunk, max_context=context, threads=args.threads)) as engine:
+    if args.live:
+        if args.speculate < 1 or args.gen < 1:
+            raise UsageError(f"--speculate and --gen take 1 or more, got {args.speculate} and {args.gen}")
+        turns, context = first_questions(conversations, args.turns), 4096
+    else:
+        turns = scored_turns(conversations, tokenizer, args.transcripts)[:args.turns]
+        context = max(4096, max(len(t.prompt) + len(t.reply) for t in turns))
+    draft_dir = Path(args.draft_dir) if args.draft_dir else default_dir(args.trunk, "int8")
+    config = EngineConfig(model, trunk=args.trunk, max_context=context, threads=args.threads)
+    if args.live:
+        config = config.replace(draft_trunk=draft_dir, speculate=max(args.speculate, AUTO_K))
+    with open_engine(config) as engine:
         if tokenizer.vocab_size > engine.config.vocab_size:
             raise UsageError(f"--tokenizer {args.tokenizer}: its {tokenizer.vocab_size} ids do not fit this model's "
                              f"vocabulary of {engine.config.vocab_size}")
-        draft_dir = Path(args.draft_dir) if args.draft_dir else default_dir(args.trunk, "int8")
         draft = open_draft_trunk(draft_dir, engine.placer.trunk)
         ks = top_ks(args.top_k, engine.config.num_experts_per_token)
         doc = {"model": str(model), "draft": str(draft_dir), "kind": draft.spec.kind, "kinds": sorted(kinds),
-               "turns": len(turns), "kernels": engine.kernels.name, **measure(engine, draft, ks, turns)}
-    print(json.dumps(doc, indent=1) if args.json else table(doc))
+               "turns": len(turns), "kernels": engine.kernels.name,
+               **(live(engine, ks, turns, tokenizer, args.gen, args.speculate) if args.live
+                  else measure(engine, draft, ks, turns))}
+    print(json.dumps(doc, indent=1) if args.json else live_table(doc) if args.live else table(doc))
     return 0
+
+
+def live_table(doc: dict) -> str:
+    lines = [f"{doc['kind']} draft ({doc['draft']}) against {doc['model']}, live: the first question of "
+             f"{doc['turns']} conversations of {', '.join(doc['kinds'])}, greedy, up to {doc['gen']} ids each "
+             f"({doc['kernels']} kernels); auto drafts up to {doc['auto_k']}", "",
+             "| run | ids | passes | tokens per pass | drafts accepted | same answer | time ÷ serial |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in doc["live"]:
+        share = f"{r['accepted']} of {r['drafted']} ({100 * r['acceptance']:.0f} %)" if r["drafted"] else "–"
+        lines.append(f"| {r['run']} | {r['ids']} | {r['passes']} | {r['tokens_per_pass']:.2f} | {share} | "
+                     f"{r['same']} of {doc['turns']} | {r['vs_serial_seconds']:.2f} |")
+    return "\n".join(lines)
 
 
 def table(doc: dict) -> str:
@@ -131,6 +196,11 @@ def add_parser(sub) -> None:
     p.add_argument("--turns", type=int, default=10, metavar="N", help=f"turns scored, 1..{MAX_TURNS} (default 10)")
     p.add_argument("--tokenizer", metavar="DIR", help="render the transcripts with this tokenizer instead of the "
                    "model's (a generated test model has none: e.g. the demo model's, whose 768 ids fit any of them)")
+    p.add_argument("--live", action="store_true", help="generate instead: answer each conversation's first "
+                   "question serially, with suffix drafts and with the self draft source (K = --speculate and auto) "
+                   "at each --top-k; tokens per pass, acceptance, time, and whether each answer is the serial one")
+    p.add_argument("--speculate", type=int, default=4, metavar="K", help="with --live: drafted ids per pass (default 4)")
+    p.add_argument("--gen", type=int, default=64, metavar="N", help="with --live: ids per answer at most (default 64)")
     p.add_argument("--threads", type=int, metavar="N", help="kernel threads (default: every CPU)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_draft)

@@ -126,6 +126,7 @@ class DraftPlacer:
         model = held(draft.model())
         self._head = model.pop(HEAD)
         self._model = Weights("", model)
+        self.held = held_bytes(draft)
 
     def layer(self, layer: int) -> Weights:
         return self._layers[layer]
@@ -138,6 +139,10 @@ class DraftPlacer:
 
     def head_blocks(self):
         yield 0, self._head
+
+    def stats(self) -> dict:
+        """Nothing is read after open: no counters."""
+        return {}
 
     def close(self) -> None:
         """The embedding belongs to the engine's placer: nothing of the draft's own to release."""

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import InputError, K3Error, PluginError, UsageError
 from .attnres import Residual, fold
-from ..format.checkpoint import PREFIX
+from ..format.checkpoint import PREFIX, expert_bytes
 from ..interfaces import DraftTarget
 from ..plan.engine_config import EngineConfig, resolve
 from .draft_weights import DraftKernels, DraftPlacer, draft_topk, open_draft
@@ -326,6 +326,21 @@ class DraftModel(Engine):
         self._bound, self._snapshots = BindCheck(), {}
         self._kept: list[DecodeState] = []     # states of ended generations, the longest-unused first
         self._in_use, self._most = 0, target.sequences  # states out at once, and alive at once, at most (the plan's)
+        moe_layers = self.config.num_hidden_layers - min(self.config.first_k_dense_replace, self.config.num_hidden_layers)
+        self._touched = placer.held + moe_layers * top_k * expert_bytes(self.checkpoint)  # a one-id forward's
+        self._read = [0, 0]  # [expert bytes read by its forwards, ids forwarded]
+
+    def forward_batch(self, batch, all_logits=False, observers=(), keep_at=None):
+        before = self.store.stats().get("expert_bytes_read", 0)
+        out = super().forward_batch(batch, all_logits, observers, keep_at)
+        self._read[0] += self.store.stats().get("expert_bytes_read", 0) - before
+        self._read[1] += sum(len(ids) for ids, _ in batch)
+        return out
+
+    def forward_cost(self) -> tuple[float, float]:
+        """(bytes touched in RAM, bytes read from disk) of forwarding one id: the draft trunk and top_k experts a MoE
+        layer; and the expert bytes its forwards have read per id so far (0 before any)."""
+        return float(self._touched), self._read[0] / self._read[1] if self._read[1] else 0.0
 
     def take_state(self, prompt: Sequence[int]) -> DecodeState:
         """A state for a generation after `prompt`: the kept one holding the longest strict prefix of it (a

@@ -72,6 +72,9 @@ class PassCost(Observer):
             self._open[0] = rows
             self._open[1] += distinct
 
+    def on_token(self, token: int, logits: np.ndarray) -> None:
+        self._close()  # the pass's reads are done; a draft source's, before the next pass, are not its
+
     def _read_so_far(self) -> tuple[int, int]:
         s = self.stats()
         return s.get("trunk_bytes_read", 0), s.get("expert_bytes_read", 0)

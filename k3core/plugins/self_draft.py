@@ -65,6 +65,12 @@ class SelfDraft(DraftSource):
                 logits = model.forward(drafts[-1:], state)
         return drafts
 
+    def proposal_cost(self, k):
+        if self.model is None:
+            return 0.0, 0.0
+        touched, read = self.model.forward_cost()
+        return k * touched, k * read  # k forwards of one id: the last one and k - 1 drafts
+
     def end(self, history):
         if self.state is not None:
             self.model.keep_state(self._settled(self.state, list(history)))

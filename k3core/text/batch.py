@@ -110,7 +110,8 @@ class BatchGenerator:
                 self.observers = (*self.observers, self.cost)
         handle, self._next = self._next, self._next + 1
         self.sequences[handle] = _Sequence(state, sampler or Sampler(), history, history[len(state.ids):], speculation,
-                                           DraftLength(speculation.k, speculation.adaptive, self.cost)
+                                           DraftLength(speculation.k, speculation.adaptive, self.cost,
+                                                       speculation.draft)
                                            if speculation else None,
                                            prompt_rows=prompt_rows,
                                            checkpoints=sorted({int(p) for p in checkpoints

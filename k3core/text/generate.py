@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import InputError, PluginError, UsageError
 from ..interfaces import DraftSource
 from ..plan.engine_config import MAX_SPECULATE
-from ..model.pass_cost import PassCost
+from ..model.pass_cost import READ_WEIGHT, PassCost
 from .sampling import Sampler
 
 if TYPE_CHECKING:
@@ -60,17 +60,18 @@ class Speculation:
 class DraftLength:
     """How many ids to draft for the next pass. Fixed: always k. Adaptive (--speculate auto): the length n that
     minimises the expected weight bytes per emitted id. A pass of 1 + n rows costs `cost.bytes(1 + n)` (the trunk
-    once, the experts of its rows' union: model/pass_cost.py) and emits 1 + Σ_{j≤n} Π_{i≤j} p_i ids, p_i being the
+    once, the experts of its rows' union: model/pass_cost.py) plus what proposing n ids costs the draft source
+    (DraftSource.proposal_cost: nothing for a lookup, a draft model's n forwards for `self`) and emits 1 + Σ_{j≤n} Π_{i≤j} p_i ids, p_i being the
     share of passes that reached drafted position i and had it accepted (position 1's prior Beta(PRIOR_ACCEPTED,
     PRIOR_REJECTED): a source is presumed weak until it shows otherwise; position i's prior is that strength around
     position i − 1's estimate, so a source accepted at 1 is tried at 2 before it is ever reached). When no length beats none, it drafts
     one id to keep measuring, resting 1, 2, 4 … AUTO_REST_MAX steps between such tries while they fail, and at
     least long enough that they cost PROBE_SHARE of the passes."""
 
-    def __init__(self, k: int, adaptive: bool, cost: PassCost | None = None) -> None:
+    def __init__(self, k: int, adaptive: bool, cost: PassCost | None = None, draft: DraftSource | None = None) -> None:
         if adaptive and cost is None:
             raise UsageError("an adaptive draft length needs the pass cost (k3core.model.pass_cost.PassCost)")
-        self.limit, self.adaptive, self.cost = k, adaptive, cost
+        self.limit, self.adaptive, self.cost, self.draft = k, adaptive, cost, draft
         self.reached, self.accepted = [0] * (k + 1), [0] * (k + 1)
         self.rest = self.misses = 0
 
@@ -91,10 +92,17 @@ class DraftLength:
             p = (self.accepted[n] + weight * p) / (self.reached[n] + weight)  # an untried position: the one before's
             chance *= p
             tokens += chance
-            per_id = self.cost.bytes(1 + n) / tokens
+            per_id = (self.cost.bytes(1 + n) + self.drafting(n)) / tokens
             if per_id < best_bytes:
                 best, best_bytes = n, per_id
         return best
+
+    def drafting(self, n: int) -> float:
+        """What proposing n ids costs the draft source, weighed as a pass is (PassCost.bytes)."""
+        if self.draft is None:
+            return 0.0
+        touched, read = self.draft.proposal_cost(n)
+        return touched + READ_WEIGHT * read
 
     def update(self, drafted: int, accepted: int) -> None:
         if not self.adaptive:
@@ -106,7 +114,7 @@ class DraftLength:
             self.misses = 0
         else:
             self.misses += 1
-            extra = self.cost.bytes(2) / self.cost.bytes(1) - 1  # what a fruitless one-id try costs, in passes
+            extra = (self.cost.bytes(2) + self.drafting(1)) / self.cost.bytes(1) - 1  # a fruitless one-id try, in passes
             self.rest = min(AUTO_REST_MAX, max(2 ** (self.misses - 1), math.ceil(extra / PROBE_SHARE)))
 
 
@@ -188,7 +196,7 @@ def speculative(engine: Engine, history: list[int], state: DecodeState, sampler:
                 spec: Speculation, observers: Sequence[Observer]) -> Generator[tuple[int, np.ndarray], None, None]:
     """generate_ids after the prompt, with verify passes; `logits` are the prompt's last position's."""
     spec.draft.begin(tuple(history))
-    length = DraftLength(spec.k, spec.adaptive, PassCost.of(engine) if spec.adaptive else None)
+    length = DraftLength(spec.k, spec.adaptive, PassCost.of(engine) if spec.adaptive else None, spec.draft)
     drafted: list[int]
     rows, drafted, generated, kept, agreed = logits[None], [], 0, 0, 0
     try:
