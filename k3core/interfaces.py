@@ -526,6 +526,7 @@ class DraftSource(ABC):
     description: ClassVar[str] = ""
     memory_bytes: ClassVar[int] = 0  # what it keeps across generations unless told (`reserve`); the plan counts it
     uses_draft_model: ClassVar[bool] = False  # it runs DraftTarget.draft_model: the engine must hold one
+    hidden_layers: ClassVar[tuple[int, ...]] = ()  # the model's layers whose hidden states it reads (see_hidden)
 
     def __init__(self, argument: str | None = None):
         self.argument = argument
@@ -560,6 +561,15 @@ class DraftSource(ABC):
     def propose(self, history: Sequence[int], generated: int, k: int) -> list[int]:
         """Up to `k` ids to follow `history` (prompt + the `generated` ids emitted so far); fewer, or none,
         when there is nothing worth proposing."""
+
+    def see_hidden(self, layer: int, position: int, rows: np.ndarray) -> None:
+        """For a source that lists `hidden_layers` (a trained draft head: EAGLE-style heads read a few of the model's
+        hidden states): the model's hidden state after `layer` at positions position … position + n − 1 of this
+        generation's sequence, float32 [n, H] — the residual stream's plain sum (the embedding plus every layer's
+        output so far), from every pass that forwards ids: the prompt's chunks and each verify pass, whose rows
+        include drafts it then rejects (the next propose's history says which ids were kept). Positions the decode
+        state already held (a kept conversation, a prompt cache hit) are not replayed. The array is the engine's and
+        valid during the call only: copy what you keep. Never called for a source that lists no layers."""
 
     def proposal_cost(self, k: int) -> tuple[float, float]:
         """(weight bytes touched in RAM, bytes read from disk) of proposing `k` ids: what `--speculate auto` charges a

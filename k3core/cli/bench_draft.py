@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UsageError
+from ..model.engine import Observer
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_TURNS = 1000  # --turns: a bench, not a corpus pass
@@ -76,33 +77,55 @@ def first_questions(conversations, turns: int) -> list[str]:
     return [q for q in out if q][:turns]
 
 
+class Drafts(Observer):
+    """Counts drafted and accepted ids."""
+
+    drafted = accepted = 0
+
+    def on_draft(self, drafted: int, accepted: int) -> None:
+        self.drafted, self.accepted = self.drafted + drafted, self.accepted + accepted
+
+
+def answer(engine, prompt: list[int], stop: set[int], gen: int, spec) -> tuple[list[int], int, Drafts]:
+    """Greedy ids after `prompt` up to a stop id or `gen` of them, the passes that took, and the drafts counted."""
+    from ..api import generate_ids
+
+    counted, passes = Drafts(), engine.forward_passes
+    ids, steps = [], generate_ids(engine, prompt, engine.new_state(), observers=[counted], speculation=spec)
+    for token, _ in steps:
+        ids.append(token)
+        if token in stop or len(ids) >= gen:
+            break
+    steps.close()
+    return ids, engine.forward_passes - passes, counted
+
+
 def live(engine, ks: list[int], questions: list[str], tokenizer, gen: int, speculate: int) -> dict:
-    """Each question answered serially, with `suffix` and with `self` at each of `ks` routed experts, K = `speculate`
-    and auto: ids generated, verify passes, drafts proposed and accepted, seconds, and whether the answer is the serial
-    one. The engine's draft model is swapped per top-k (one set of weights)."""
-    from ..api import AUTO_K, ChatSession, SamplingParams, speculation
+    """Each question (rendered with the chat template) answered serially, with `suffix` and with `self` at each of
+    `ks` routed experts, K = `speculate` and auto, at the id level (a --tokenizer other than the model's need not
+    decode what the model emits): ids, passes (the prompt's included: it emits the first id), drafts proposed and
+    accepted, seconds, and whether the ids are the serial ones. The engine's draft model is swapped per top-k (one set
+    of weights)."""
+    from ..api import AUTO_K, Conversation, speculation
     from ..model.engine import DraftModel
 
-    weights, runs = engine.draft.placer, [("serial", None, None), ("suffix", None, ("suffix", speculate))]
-    most = engine.config.num_experts_per_token
+    weights, most = engine.draft.placer, engine.config.num_experts_per_token
+    runs = [("serial", None, None), ("suffix", None, ("suffix", speculate))]
     runs += [(f"self, {k} of {most} experts, K={kk}", k, ("self", kk)) for k in ks for kk in (speculate, "auto")]
     rows = {how: {"ids": 0, "passes": 0, "drafted": 0, "accepted": 0, "seconds": 0.0, "same": 0} for how, _, _ in runs}
     for q in questions:
-        serial = None
+        conv = Conversation(tokenizer, "instruct")
+        conv.add_user(q)
+        prompt, serial = conv.prompt(), None
         for how, k, spec in runs:
             if k is not None:
                 engine.draft = DraftModel(engine, weights, k)
-            chat, start = ChatSession(engine, tokenizer), time.perf_counter()
-            for _ in chat.ask(q, SamplingParams(max_tokens=gen), speculation=speculation(*spec) if spec else None):
-                pass
-            last, r = chat.last, rows[how]
-            serial = last["answer"] if serial is None else serial
+            start = time.perf_counter()
+            ids, passes, drafts = answer(engine, prompt, conv.stop_ids, gen, speculation(*spec) if spec else None)
+            serial, r = serial or ids, rows[how]
             r["seconds"] += time.perf_counter() - start
-            r["ids"] += last["generated_tokens"]
-            r["passes"] += last["decode_passes"] + 1  # the prompt's pass emits the first id
-            r["drafted"] += last["draft_proposed"]
-            r["accepted"] += last["draft_accepted"]
-            r["same"] += last["answer"] == serial
+            r["ids"], r["passes"], r["same"] = r["ids"] + len(ids), r["passes"] + passes, r["same"] + (ids == serial)
+            r["drafted"], r["accepted"] = r["drafted"] + drafts.drafted, r["accepted"] + drafts.accepted
     out = []
     for how, r in rows.items():
         out.append({"run": how, **r, "tokens_per_pass": r["ids"] / r["passes"],

@@ -35,3 +35,12 @@ class Residual:
 
     def add(self, x: np.ndarray) -> None:
         self.prefix = x if self.prefix is None else self.prefix + x
+
+    def plain_sum(self) -> np.ndarray:
+        """The stream as a plain residual sum: every block snapshot, then the partial sum, added in order (float32);
+        what a hidden state is to a reader that knows no attention residuals (a draft head)."""
+        parts = self.blocks + ([self.prefix] if self.prefix is not None else [])
+        out = parts[0].copy()
+        for part in parts[1:]:
+            out += part
+        return out

@@ -48,6 +48,14 @@ class Observer:
     def on_draft(self, drafted: int, accepted: int) -> None:
         """A speculative verify pass checked `drafted` drafted ids and the model agreed with the first `accepted`."""
 
+    hidden_layers: tuple[int, ...] = ()  # the layers whose hidden states on_hidden is given (none: never called)
+
+    def on_hidden(self, layer: int, hidden: np.ndarray, spans: Sequence[tuple[int, int, int]]) -> None:
+        """Layer `layer` (one of `hidden_layers`) is done: `hidden` float32 [T, H] is the residual stream's plain sum
+        after it (the embedding plus every layer's output so far: the attention-residual blocks and the partial sum,
+        added in order) for every row of the pass; `spans` gives each sequence's rows as (first row, end row, the
+        position of its first row in its sequence). The engine's array, valid during the call: copy what you keep."""
+
 
 @dataclass
 class DecodeState:
@@ -158,6 +166,7 @@ class Engine:
         rows = self.placer.embed_rows(ids)
         check_embed_rows(rows, ids)
         stream = Residual(rows)
+        hidden = [o for o in observers if getattr(o, "hidden_layers", ())]  # no sum is made unless one asks
         for L in range(c.num_hidden_layers):
             for o in observers:
                 o.on_layer(L, c.num_hidden_layers)
@@ -166,6 +175,11 @@ class Engine:
             decoder_layer(L, w, stream, segments, c, kr, self.attention_for(L), self.store, observers)
             if not np.isfinite(stream.prefix).all():  # say where, instead of sampling from NaN logits
                 raise output_error(L, w)
+            if asking := [o for o in hidden if L in o.hidden_layers]:
+                plain = stream.plain_sum()
+                spans = [(a, b, len(state.ids)) for a, b, (_, state) in zip(starts, ends, batch)]
+                for o in asking:
+                    o.on_hidden(L, plain, spans)
         model = self._bound.model(self.placer.model())
         h = stream.mix(kr, fold(model, PREFIX + "output_attn_res"), c.rms_norm_eps)
         wanted = [range(a, b) if all_ else range(b - 1, b) for a, b, all_ in zip(starts, ends, every)]

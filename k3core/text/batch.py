@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 import numpy as np
 
 from ..errors import K3Error, UsageError
-from .generate import DraftLength, Speculation, check_speculation, checked_prompt, pick, proposals, tell_draft
+from .generate import (DraftLength, Speculation, check_speculation, checked_prompt, pick, proposals, tell_draft,
+                       with_hidden)
 from ..model.pass_cost import PassCost
 from .sampling import Sampler
 
@@ -171,7 +172,10 @@ class BatchGenerator:
             chunks.append((handle, n, scored))
             every.append(len(row) > n or scored)
             keep.append([p for p in seq.checkpoints if p <= len(seq.state.ids) + n])
-        rows = self.engine.forward_batch(batch, all_logits=every, observers=self.observers, keep_at=keep)
+        drafts = {i: self.sequences[h].speculation.draft for i, (h, _, _) in enumerate(chunks)
+                  if self.sequences[h].speculation is not None}
+        rows = self.engine.forward_batch(batch, all_logits=every, observers=with_hidden(self.observers, drafts),
+                                         keep_at=keep)
         out = []
         for (handle, n, scored), logits, every_row, kept in zip(chunks, rows, every, keep):
             seq = self.sequences[handle]

@@ -26,11 +26,12 @@ import numpy as np
 from ..errors import InputError, PluginError, UsageError
 from ..interfaces import DraftSource
 from ..plan.engine_config import MAX_SPECULATE
+from ..model.engine import Observer
 from ..model.pass_cost import READ_WEIGHT, PassCost
 from .sampling import Sampler
 
 if TYPE_CHECKING:
-    from ..model.engine import DecodeState, Engine, Observer
+    from ..model.engine import DecodeState, Engine
 
 AUTO_K = 8          # the most ids an adaptive K (--speculate auto) drafts per pass
 AUTO_REST_MAX = 64  # steps an adaptive K rests at zero drafts, at most, between tries
@@ -147,6 +148,8 @@ def generate_ids(engine: Engine, prompt: Sequence[int], state: DecodeState, samp
                 return
     if speculation is not None and speculation.adaptive:  # the passes teach auto's pass cost what they read
         observers = [*observers, PassCost.of(engine)]
+    if speculation is not None:
+        observers = with_hidden(observers, {0: speculation.draft})
     logits = prefill(engine, history[len(done):], state, observers, checkpoints, on_checkpoint)
     if speculation is not None:
         yield from speculative(engine, history, state, sampler, logits, speculation, observers)
@@ -182,6 +185,27 @@ def pick(sampler: Sampler, logits: np.ndarray, history: Sequence[int], observers
     return token
 
 
+class HiddenFeed(Observer):
+    """An Observer handing draft sources the hidden states they list (DraftSource.hidden_layers): `drafts` maps a
+    sequence's index in the pass to its source."""
+
+    def __init__(self, drafts: dict[int, DraftSource]) -> None:
+        self.drafts = {i: d for i, d in drafts.items() if d.hidden_layers}
+        self.hidden_layers = tuple(sorted({L for d in self.drafts.values() for L in d.hidden_layers}))
+
+    def on_hidden(self, layer: int, hidden: np.ndarray, spans) -> None:
+        for i, draft in self.drafts.items():
+            if layer in draft.hidden_layers:
+                first, end, position = spans[i]
+                draft.see_hidden(layer, position, hidden[first:end])
+
+
+def with_hidden(observers: Sequence[Observer], drafts: dict[int, DraftSource]) -> list:
+    """`observers`, and a HiddenFeed when a draft source reads hidden states."""
+    feed = HiddenFeed(drafts)
+    return [*observers, feed] if feed.hidden_layers else list(observers)
+
+
 def check_speculation(engine: Engine, speculation: Speculation, full_recompute: bool) -> None:
     if full_recompute:
         raise UsageError("speculation and full recompute do not combine: full recompute forwards every id alone")
@@ -190,6 +214,10 @@ def check_speculation(engine: Engine, speculation: Speculation, full_recompute: 
                          f"{engine.speculate} drafted ids per pass (EngineConfig.speculate, --speculate when opening)")
     speculation.draft.attach(engine.draft_target())
     speculation.draft.check(engine.config.vocab_size)
+    layers, draft = engine.config.num_hidden_layers, speculation.draft
+    if bad := [L for L in draft.hidden_layers if not (isinstance(L, int) and 0 <= L < layers)]:
+        raise PluginError(f"draft source {draft.name!r}: hidden_layers {bad!r} are not layers of this model "
+                          f"(0..{layers - 1})")
 
 
 def speculative(engine: Engine, history: list[int], state: DecodeState, sampler: Sampler, logits: np.ndarray,
