@@ -91,13 +91,18 @@ def draft_source(spec: str = "ngram", plugins=()):
     return choose_draft(_manager(plugins), spec)
 
 
+AUTO_SOURCES = ("suffix", "self")  # what --draft auto chooses among, each pass (self where the engine has a draft)
+
+
 def speculation(draft: str = "ngram", k: int | str = "auto", plugins=()) -> Speculation:
     """Speculative decoding settings for Session.generate / ChatSession.ask / generate_ids: the draft source
-    `draft` names, and `k` drafted ids per pass, or "auto" (adaptive, up to AUTO_K). The engine must have
-    been opened with EngineConfig(speculate=...) at least that large."""
+    `draft` names — or "auto": each pass the one of AUTO_SOURCES that promises the fewest bytes per emitted id
+    (text/generate.py Drafting) — and `k` drafted ids per pass, or "auto" (adaptive, up to AUTO_K). The engine must
+    have been opened with EngineConfig(speculate=...) at least that large."""
+    first, *rest = [draft_source(name, plugins) for name in (AUTO_SOURCES if draft == "auto" else (draft,))]
     if k == "auto":
-        return Speculation(draft_source(draft, plugins), AUTO_K, adaptive=True)
-    return Speculation(draft_source(draft, plugins), k)
+        return Speculation(first, AUTO_K, adaptive=True, alternatives=tuple(rest))
+    return Speculation(first, k, alternatives=tuple(rest))
 
 
 def _manager(plugins):

@@ -11,11 +11,12 @@ import sys
 import pytest
 
 from k3core import (AUTO_K, BatchGenerator, ChatSession, Conversation, EngineConfig, PlanError, Sampler, SamplingParams,
-                    Speculation, TrunkError, UsageError, load_tokenizer, memory_plan, open_engine)
+                    Speculation, TrunkError, UsageError, load_tokenizer, memory_plan, open_engine, speculation)
 from k3core import _native
 from k3core.io import draft_pack, pack
 from k3core.io.draft_trunk import DraftSpec, default_dir
 from k3core.model.draft_weights import held_bytes
+from k3core.plugin_api import DraftSource
 from k3core.plugins.self_draft import SelfDraft
 from k3core.testing import draft_source_checks
 from k3core.testing.checks import CheckFailed
@@ -210,3 +211,50 @@ def test_k3_run_drafts_with_self_from_the_draft_trunk_flag(demo_trunk):
     assert serial.stdout == done.stdout
     refused = subprocess.run(base + ["--draft-trunk", "int8"], capture_output=True, text=True)
     assert refused.returncode == 2 and "--draft-trunk needs --speculate" in refused.stderr
+
+
+class Listed(DraftSource):
+    """A lookup (it costs nothing to ask) proposing from a fixed list: the i-th id after the i-th generated."""
+
+    name = "listed"
+
+    def __init__(self, ids):
+        super().__init__(None)
+        self.ids = list(ids)
+
+    def propose(self, history, generated, k):
+        return self.ids[generated:generated + k]
+
+
+def test_auto_chooses_the_source_that_promises_fewer_bytes_and_keeps_the_serial_ids(demo):
+    """A free lookup that is always right leaves the draft model idle; one that is always wrong loses the passes to
+    `self` once its acceptance shows; `--draft auto` (suffix or self) gives the serial answers."""
+    engine, tok = demo
+    conv = Conversation(tok, "instruct")
+    conv.add_user(QUESTIONS[2])
+    prompt = conv.prompt()
+    want = generation(engine, prompt, 40, GREEDY)
+    model = engine.draft
+    before = model.tokens_forwarded
+    right = Speculation(Listed(want[0]), AUTO_K, adaptive=True, alternatives=(SelfDraft(),))
+    assert generation(engine, prompt, 40, GREEDY, right) == want
+    assert model.tokens_forwarded == before
+    wrong = Speculation(Listed([0] * 40), AUTO_K, adaptive=True, alternatives=(SelfDraft(),))
+    passes = engine.forward_passes
+    assert generation(engine, prompt, 40, GREEDY, wrong) == want
+    assert model.tokens_forwarded > before and engine.forward_passes - passes < 40 / 2
+    for q in QUESTIONS:
+        for how in ("auto", 4):
+            chat = ChatSession(engine, tok)
+            for _ in chat.ask(q, SamplingParams(max_tokens=32), speculation=speculation("auto", how)):
+                pass
+            serial = ChatSession(engine, tok)
+            for _ in serial.ask(q, SamplingParams(max_tokens=32)):
+                pass
+            assert chat.last["answer"] == serial.last["answer"]
+
+
+def test_auto_without_a_draft_trunk_drafts_with_suffix_alone(tiny_model):
+    with open_engine(EngineConfig(tiny_model, speculate=AUTO_K), available=1 << 40) as engine:
+        want = generation(engine, PROMPT * 3, 12, GREEDY)
+        assert generation(engine, PROMPT * 3, 12, GREEDY, speculation("auto", "auto")) == want

@@ -119,6 +119,8 @@ def add_speculation_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: off)")
     g.add_argument("--draft", metavar="NAME", default=None,
                    help="where drafts come from: ngram (default: the longest earlier repeat of the last ids), "
+                        "self (the model on its draft trunk: --draft-trunk), auto (each pass suffix or self, whichever "
+                        "promises fewer bytes per id), "
                         "suffix (the same over every conversation this process has seen), replay:PATH (ids from a "
                         "file), or an installed draft-source plugin (`k3 plugins`)")
     g.add_argument("--draft-trunk", metavar="DIR|int8|int4", default=None,

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 import numpy as np
 
 from ..errors import K3Error, UsageError
-from .generate import (DraftLength, Speculation, check_speculation, checked_prompt, pick, proposals, tell_draft,
+from .generate import (Drafting, Speculation, check_speculation, checked_prompt, pick, sources, tell_draft,
                        with_hidden)
 from ..model.pass_cost import PassCost
 from .sampling import Sampler
@@ -67,7 +67,7 @@ class _Sequence:
     history: list[int]
     pending: list[int] = field(default_factory=list)  # ids to forward before the next pick
     speculation: Speculation | None = None
-    length: DraftLength | None = None
+    drafting: Drafting | None = None
     drafted: list[int] = field(default_factory=list)  # in this step's row after the last id (the state is marked)
     emitted: int = 0                                    # ids the last verify pass emitted (kept unless told less)
     generated: int = 0
@@ -103,17 +103,17 @@ class BatchGenerator:
         if any(s.state is state for s in self.sequences.values()):
             raise UsageError("this decode state is already in the batch: each sequence needs its own")
         history = checked_prompt(self.engine, prompt, state)
+        drafting = None
         if speculation is not None:
             check_speculation(self.engine, speculation, False)
-            speculation.draft.begin(tuple(history))
-            if speculation.adaptive and self.cost is None:
+            drafting = Drafting(self.engine, speculation)
+            drafting.begin(history)
+            if (speculation.adaptive or speculation.alternatives) and self.cost is None:
                 self.cost = PassCost.of(self.engine)
                 self.observers = (*self.observers, self.cost)
         handle, self._next = self._next, self._next + 1
         self.sequences[handle] = _Sequence(state, sampler or Sampler(), history, history[len(state.ids):], speculation,
-                                           DraftLength(speculation.k, speculation.adaptive, self.cost,
-                                                       speculation.draft)
-                                           if speculation else None,
+                                           drafting,
                                            prompt_rows=prompt_rows,
                                            checkpoints=sorted({int(p) for p in checkpoints
                                                                if len(state.ids) < p < len(history)}
@@ -134,7 +134,7 @@ class BatchGenerator:
         kept = seq.emitted if used is None else used
         self._settle(seq, kept)
         if seq.speculation is not None:
-            seq.speculation.draft.end(tuple(seq.history[:len(seq.history) - (seq.emitted - kept)]))
+            seq.drafting.end(seq.history[:len(seq.history) - (seq.emitted - kept)])
         return seq.state
 
     def _settle(self, seq: _Sequence, used: int) -> None:
@@ -172,7 +172,7 @@ class BatchGenerator:
             chunks.append((handle, n, scored))
             every.append(len(row) > n or scored)
             keep.append([p for p in seq.checkpoints if p <= len(seq.state.ids) + n])
-        drafts = {i: self.sequences[h].speculation.draft for i, (h, _, _) in enumerate(chunks)
+        drafts = {i: sources(self.sequences[h].speculation) for i, (h, _, _) in enumerate(chunks)
                   if self.sequences[h].speculation is not None}
         rows = self.engine.forward_batch(batch, all_logits=every, observers=with_hidden(self.observers, drafts),
                                          keep_at=keep)
@@ -199,7 +199,7 @@ class BatchGenerator:
         """A failed sequence leaves the batch; its state is not rolled back (no consumer keeps it)."""
         seq = self.sequences.pop(handle)
         if seq.speculation is not None:
-            seq.speculation.draft.end(tuple(seq.history))
+            seq.drafting.end(seq.history)
         return exc
 
     def _chunk_limit(self, seq: _Sequence) -> int:
@@ -210,10 +210,8 @@ class BatchGenerator:
 
     def _drafts(self, seq: _Sequence) -> list[int]:
         """Drafted ids to verify after the last id (the state is marked when there are any)."""
-        spec = seq.speculation
-        k = min(seq.length.next(), self.engine.max_context - 1 - len(seq.history))
-        seq.drafted = seq.sampler.drafts(proposals(spec.draft, seq.history, seq.generated, k,
-                                                   self.engine.config.vocab_size), k) if k > 0 else []
+        seq.drafted = seq.drafting.propose(seq.history, seq.generated, self.engine.max_context - 1 - len(seq.history),
+                                           seq.sampler)
         if seq.drafted:
             self.engine.mark(seq.state)
         return seq.drafted
@@ -231,7 +229,7 @@ class BatchGenerator:
         seq.emitted = len(out)
         if drafted:
             accepted = sum(1 for j, e in enumerate(out) if j < len(drafted) and e.token == drafted[j])
-            seq.length.update(len(drafted), accepted)
+            seq.drafting.update(len(drafted), accepted)
             tell_draft(self.observers, drafted, accepted)
         if out[-1].last:
             self.remove(handle)

@@ -44,16 +44,20 @@ class Speculation:
     """Speculative decoding for one generation: `draft` proposes ids, and each verify pass forwards the
     last id plus up to `k` of them. `adaptive` (--speculate auto) lets the number drafted move between 0 and
     `k` by the expected bytes per emitted id (DraftLength), so a draft source that is always wrong costs almost
-    nothing."""
+    nothing. With `alternatives`, each pass drafts with whichever source promises the fewest bytes per emitted id
+    (Drafting); an alternative the engine cannot run (`self` without a draft trunk) refuses at attach and is left
+    out."""
 
     draft: DraftSource
     k: int = 4
     adaptive: bool = False
+    alternatives: tuple[DraftSource, ...] = ()  # more sources to choose from each pass (Drafting); --draft auto
 
     def __post_init__(self) -> None:
-        if not isinstance(self.draft, DraftSource):
-            raise UsageError(f"speculation needs a DraftSource instance (k3core.plugin_api.DraftSource), got "
-                             f"{type(self.draft).__name__}")
+        for d in (self.draft, *self.alternatives):
+            if not isinstance(d, DraftSource):
+                raise UsageError(f"speculation needs DraftSource instances (k3core.plugin_api.DraftSource), got "
+                                 f"{type(d).__name__}")
         if not (isinstance(self.k, int) and not isinstance(self.k, bool) and 1 <= self.k <= MAX_SPECULATE):
             raise UsageError(f"speculate must be an integer in 1..{MAX_SPECULATE} drafted ids per pass, got {self.k!r}")
 
@@ -86,17 +90,20 @@ class DraftLength:
 
     def best(self) -> int:
         """The draft length with the fewest expected bytes per emitted id under the acceptance measured so far."""
-        best, best_bytes, tokens, chance = 0, self.cost.bytes(1), 1.0, 1.0
+        costs = self.per_id()
+        return min(range(len(costs)), key=lambda n: (costs[n], n))
+
+    def per_id(self) -> list[float]:
+        """Expected weight bytes per emitted id when drafting n = 0 … k ids, under the acceptance measured so far."""
+        out, tokens, chance = [self.cost.bytes(1)], 1.0, 1.0
         weight = PRIOR_ACCEPTED + PRIOR_REJECTED
         p = PRIOR_ACCEPTED / weight
         for n in range(1, self.limit + 1):
             p = (self.accepted[n] + weight * p) / (self.reached[n] + weight)  # an untried position: the one before's
             chance *= p
             tokens += chance
-            per_id = (self.cost.bytes(1 + n) + self.drafting(n)) / tokens
-            if per_id < best_bytes:
-                best, best_bytes = n, per_id
-        return best
+            out.append((self.cost.bytes(1 + n) + self.drafting(n)) / tokens)
+        return out
 
     def drafting(self, n: int) -> float:
         """What proposing n ids costs the draft source, weighed as a pass is (PassCost.bytes)."""
@@ -117,6 +124,66 @@ class DraftLength:
             self.misses += 1
             extra = (self.cost.bytes(2) + self.drafting(1)) / self.cost.bytes(1) - 1  # a fruitless one-id try, in passes
             self.rest = min(AUTO_REST_MAX, max(2 ** (self.misses - 1), math.ceil(extra / PROBE_SHARE)))
+
+
+class Drafting:
+    """A speculation's draft sources at work in one generation, each with its own DraftLength (its acceptance measured
+    as it runs). With one source: its ids, as many as its length says. With several (Speculation.alternatives, --draft
+    auto): each pass asks every source that is not resting for its length n; a source that costs nothing to ask (a
+    lookup: proposal_cost (0, 0)) proposes at once, and is scored by the ids it actually proposed; a draft model is
+    scored by n, and runs only when chosen. The source with the fewest expected weight bytes per emitted id
+    (DraftLength.per_id, its own cost included) drafts; only its length learns from the verify. A source left unchosen
+    keeps its estimate; one whose state falls behind (self) forwards what it missed when next chosen."""
+
+    def __init__(self, engine: Engine, spec: Speculation) -> None:
+        self.sources = [spec.draft] + [d for d in spec.alternatives if attached(engine, d)]
+        cost = PassCost.of(engine) if spec.adaptive or len(self.sources) > 1 else None
+        self.lengths = [DraftLength(spec.k, spec.adaptive, cost, d) for d in self.sources]
+        self.vocab, self.chosen = engine.config.vocab_size, 0
+
+    def begin(self, history: Sequence[int]) -> None:
+        for d in self.sources:
+            d.begin(tuple(history))
+
+    def end(self, history: Sequence[int]) -> None:
+        for d in self.sources:
+            d.end(tuple(history))
+
+    def propose(self, history: Sequence[int], generated: int, room: int, sampler: Sampler) -> list[int]:
+        """The ids to verify after the last one (at most `room`), as the sampler lets them stand."""
+        if len(self.sources) == 1:
+            k = min(self.lengths[0].next(), room)
+            return sampler.drafts(proposals(self.sources[0], history, generated, k, self.vocab), k) if k > 0 else []
+        best = None
+        for i, (draft, length) in enumerate(zip(self.sources, self.lengths)):
+            n = min(length.next(), room)
+            if n <= 0:
+                continue
+            ids = sampler.drafts(proposals(draft, history, generated, n, self.vocab), n) \
+                if draft.proposal_cost(n) == (0.0, 0.0) else None
+            if ids is not None and not ids:
+                continue
+            score = length.per_id()[n if ids is None else len(ids)]
+            if best is None or score < best[0]:
+                best = (score, i, n, ids)
+        if best is None:
+            return []
+        _, self.chosen, n, ids = best
+        if ids is None:
+            ids = sampler.drafts(proposals(self.sources[self.chosen], history, generated, n, self.vocab), n)
+        return ids
+
+    def update(self, drafted: int, accepted: int) -> None:
+        self.lengths[self.chosen].update(drafted, accepted)
+
+
+def attached(engine: Engine, draft: DraftSource) -> bool:
+    """Whether an alternative source can run on this engine (DraftSource.attach does not refuse it)."""
+    try:
+        draft.attach(engine.draft_target())
+    except UsageError:
+        return False
+    return True
 
 
 def generate_ids(engine: Engine, prompt: Sequence[int], state: DecodeState, sampler: Sampler | None = None, *,
@@ -146,10 +213,10 @@ def generate_ids(engine: Engine, prompt: Sequence[int], state: DecodeState, samp
             history.append(token)
             if len(history) >= engine.max_context:
                 return
-    if speculation is not None and speculation.adaptive:  # the passes teach auto's pass cost what they read
-        observers = [*observers, PassCost.of(engine)]
+    if speculation is not None and (speculation.adaptive or speculation.alternatives):  # the passes teach the pass
+        observers = [*observers, PassCost.of(engine)]                                    # cost what they read
     if speculation is not None:
-        observers = with_hidden(observers, {0: speculation.draft})
+        observers = with_hidden(observers, {0: sources(speculation)})
     logits = prefill(engine, history[len(done):], state, observers, checkpoints, on_checkpoint)
     if speculation is not None:
         yield from speculative(engine, history, state, sampler, logits, speculation, observers)
@@ -189,19 +256,25 @@ class HiddenFeed(Observer):
     """An Observer handing draft sources the hidden states they list (DraftSource.hidden_layers): `drafts` maps a
     sequence's index in the pass to its source."""
 
-    def __init__(self, drafts: dict[int, DraftSource]) -> None:
-        self.drafts = {i: d for i, d in drafts.items() if d.hidden_layers}
-        self.hidden_layers = tuple(sorted({L for d in self.drafts.values() for L in d.hidden_layers}))
+    def __init__(self, drafts: dict[int, Sequence[DraftSource]]) -> None:
+        self.drafts = {i: [d for d in ds if d.hidden_layers] for i, ds in drafts.items()}
+        self.hidden_layers = tuple(sorted({L for ds in self.drafts.values() for d in ds for L in d.hidden_layers}))
 
     def on_hidden(self, layer: int, hidden: np.ndarray, spans) -> None:
-        for i, draft in self.drafts.items():
-            if layer in draft.hidden_layers:
-                first, end, position = spans[i]
-                draft.see_hidden(layer, position, hidden[first:end])
+        for i, drafts in self.drafts.items():
+            first, end, position = spans[i]
+            for draft in drafts:
+                if layer in draft.hidden_layers:
+                    draft.see_hidden(layer, position, hidden[first:end])
 
 
-def with_hidden(observers: Sequence[Observer], drafts: dict[int, DraftSource]) -> list:
-    """`observers`, and a HiddenFeed when a draft source reads hidden states."""
+def sources(spec: Speculation) -> list[DraftSource]:
+    return [spec.draft, *spec.alternatives]
+
+
+def with_hidden(observers: Sequence[Observer], drafts: dict[int, Sequence[DraftSource]]) -> list:
+    """`observers`, and a HiddenFeed when a draft source reads hidden states (`drafts`: a pass's sequence index ->
+    its sources)."""
     feed = HiddenFeed(drafts)
     return [*observers, feed] if feed.hidden_layers else list(observers)
 
@@ -214,17 +287,18 @@ def check_speculation(engine: Engine, speculation: Speculation, full_recompute: 
                          f"{engine.speculate} drafted ids per pass (EngineConfig.speculate, --speculate when opening)")
     speculation.draft.attach(engine.draft_target())
     speculation.draft.check(engine.config.vocab_size)
-    layers, draft = engine.config.num_hidden_layers, speculation.draft
-    if bad := [L for L in draft.hidden_layers if not (isinstance(L, int) and 0 <= L < layers)]:
-        raise PluginError(f"draft source {draft.name!r}: hidden_layers {bad!r} are not layers of this model "
-                          f"(0..{layers - 1})")
+    layers = engine.config.num_hidden_layers
+    for draft in sources(speculation):
+        if bad := [L for L in draft.hidden_layers if not (isinstance(L, int) and 0 <= L < layers)]:
+            raise PluginError(f"draft source {draft.name!r}: hidden_layers {bad!r} are not layers of this model "
+                              f"(0..{layers - 1})")
 
 
 def speculative(engine: Engine, history: list[int], state: DecodeState, sampler: Sampler, logits: np.ndarray,
                 spec: Speculation, observers: Sequence[Observer]) -> Generator[tuple[int, np.ndarray], None, None]:
     """generate_ids after the prompt, with verify passes; `logits` are the prompt's last position's."""
-    spec.draft.begin(tuple(history))
-    length = DraftLength(spec.k, spec.adaptive, PassCost.of(engine) if spec.adaptive else None, spec.draft)
+    drafting = Drafting(engine, spec)
+    drafting.begin(history)
     drafted: list[int]
     rows, drafted, generated, kept, agreed = logits[None], [], 0, 0, 0
     try:
@@ -244,11 +318,9 @@ def speculative(engine: Engine, history: list[int], state: DecodeState, sampler:
                 i += 1
             if drafted:  # i drafted ids were accepted: keep [last id, those i]
                 engine.rollback(state, i + 1)
-                length.update(len(drafted), i)
+                drafting.update(len(drafted), i)
                 tell_draft(observers, drafted, i)
-            k = min(length.next(), engine.max_context - 1 - len(history))
-            drafted = sampler.drafts(proposals(spec.draft, history, generated, k, engine.config.vocab_size), k) if k > 0 \
-                else []
+            drafted = drafting.propose(history, generated, engine.max_context - 1 - len(history), sampler)
             if drafted:
                 engine.mark(state)
             kept = agreed = 0
@@ -257,7 +329,7 @@ def speculative(engine: Engine, history: list[int], state: DecodeState, sampler:
         if state.mark is not None:  # stopped inside a verify pass's ids
             engine.rollback(state, kept)
             tell_draft(observers, drafted, agreed)
-        spec.draft.end(tuple(history))
+        drafting.end(history)
 
 
 def tell_draft(observers: Sequence[Observer], drafted: Sequence[int], accepted: int) -> None:
