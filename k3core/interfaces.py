@@ -585,9 +585,10 @@ class DraftSource(ABC):
 
 @dataclass(frozen=True)
 class DraftTarget:
-    """What the engine offers a draft source (DraftSource.attach). `draft_model` is the model run on a draft trunk
-    (`k3 pack --draft`, opened with --draft-trunk) with fewer routed experts per token, or None. It is used as the
-    engine is: `new_state()`, `forward(ids, state, all_logits=False)` → logits, `mark(state)` and `rollback(state,
+    """What the engine offers a draft source (DraftSource.attach): the model's `config`; `embed` and `head_logits`,
+    the model's own embedding and output head (what a trained draft head shares with it); and `draft_model`, the model
+    run on a draft trunk (`k3 pack --draft`, opened with --draft-trunk) with fewer routed experts per token, or None.
+    It is used as the engine is: `new_state()`, `forward(ids, state, all_logits=False)` → logits, `mark(state)` and `rollback(state,
     kept)` (keep the first `kept` ids forwarded since the mark), `prefill_chunk` (ids per forward, at most),
     `forward_cost()` (bytes touched and read per id forwarded, for DraftSource.proposal_cost); and it
     keeps states between generations for the sources that run on it: `take_state(prompt)` gives the kept state
@@ -596,3 +597,5 @@ class DraftTarget:
 
     config: Config
     draft_model: Any = None
+    embed: Any = None        # ids -> the model's embedding rows, float32 [T, H]
+    head_logits: Any = None  # hidden rows float32 [T, H] -> the model's final norm and lm_head: logits [T, V]

@@ -103,3 +103,16 @@ def test_no_hidden_state_is_summed_when_no_source_asks(engine, monkeypatch):
 def test_a_head_asking_for_a_layer_the_model_lacks_is_named(engine):
     with pytest.raises(PluginError, match="hidden_layers \\[99\\] are not layers of this model"):
         generation(engine, PROMPT, 4, SamplingParams(), Speculation(Head([], (99,)), 4))
+
+
+def test_a_head_shares_the_model_s_embedding_and_output_head(engine, monkeypatch):
+    """DraftTarget.embed and head_logits are the model's own: the rows entering the final norm (the output AttnRes
+    mix) through head_logits give a forward's logits bytes."""
+    target, mixes = engine.draft_target(), []
+    mix = attnres.Residual.mix
+    monkeypatch.setattr(attnres.Residual, "mix", lambda self, *a: mixes.append(mix(self, *a)) or mixes[-1])
+    want = engine.forward(PROMPT, engine.new_state(), all_logits=True)
+    assert target.head_logits(mixes[-1]).tobytes() == want.tobytes()
+    assert target.embed(PROMPT).tobytes() == engine.placer.embed_rows(PROMPT).tobytes()
+    with pytest.raises(Exception, match="head_logits takes float32"):
+        target.head_logits(mixes[-1][:, :3])

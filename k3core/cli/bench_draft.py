@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..model.engine import Observer
+from ..units import human
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_TURNS = 1000  # --turns: a bench, not a corpus pass
@@ -100,6 +101,12 @@ def answer(engine, prompt: list[int], stop: set[int], gen: int, spec) -> tuple[l
     return ids, engine.forward_passes - passes, counted
 
 
+def bytes_read(engine) -> int:
+    """What the engine (and the draft model, through the shared store) has read from disk so far."""
+    stats = engine.stats()
+    return stats.get("trunk_bytes_read", 0) + stats.get("expert_bytes_read", 0)
+
+
 def live(engine, ks: list[int], questions: list[str], tokenizer, gen: int, speculate: int) -> dict:
     """Each question (rendered with the chat template) answered serially, with `suffix` and with `self` at each of
     `ks` routed experts, K = `speculate` and auto, at the id level (a --tokenizer other than the model's need not
@@ -111,8 +118,10 @@ def live(engine, ks: list[int], questions: list[str], tokenizer, gen: int, specu
 
     weights, most = engine.draft.placer, engine.config.num_experts_per_token
     runs = [("serial", None, None), ("suffix", None, ("suffix", speculate))]
-    runs += [(f"self, {k} of {most} experts, K={kk}", k, ("self", kk)) for k in ks for kk in (speculate, "auto")]
-    rows = {how: {"ids": 0, "passes": 0, "drafted": 0, "accepted": 0, "seconds": 0.0, "same": 0} for how, _, _ in runs}
+    runs += [(f"{source}, {k} of {most} experts, K={kk}", k, (source, kk)) for k in ks
+             for source, kk in (("self", speculate), ("self", "auto"), ("auto", "auto"))]
+    rows = {how: {"ids": 0, "passes": 0, "drafted": 0, "accepted": 0, "seconds": 0.0, "same": 0, "read": 0}
+            for how, _, _ in runs}
     for q in questions:
         conv = Conversation(tokenizer, "instruct")
         conv.add_user(q)
@@ -120,15 +129,16 @@ def live(engine, ks: list[int], questions: list[str], tokenizer, gen: int, specu
         for how, k, spec in runs:
             if k is not None:
                 engine.draft = DraftModel(engine, weights, k)
-            start = time.perf_counter()
+            start, read = time.perf_counter(), bytes_read(engine)
             ids, passes, drafts = answer(engine, prompt, conv.stop_ids, gen, speculation(*spec) if spec else None)
             serial, r = serial or ids, rows[how]
             r["seconds"] += time.perf_counter() - start
+            r["read"] += bytes_read(engine) - read
             r["ids"], r["passes"], r["same"] = r["ids"] + len(ids), r["passes"] + passes, r["same"] + (ids == serial)
             r["drafted"], r["accepted"] = r["drafted"] + drafts.drafted, r["accepted"] + drafts.accepted
     out = []
     for how, r in rows.items():
-        out.append({"run": how, **r, "tokens_per_pass": r["ids"] / r["passes"],
+        out.append({"run": how, **r, "tokens_per_pass": r["ids"] / r["passes"], "read_per_id": r["read"] / r["ids"],
                     "acceptance": r["accepted"] / r["drafted"] if r["drafted"] else None,
                     "vs_serial_seconds": r["seconds"] / rows["serial"]["seconds"]})
     return {"questions": len(questions), "gen": gen, "speculate": speculate, "auto_k": AUTO_K, "live": out}
@@ -156,7 +166,8 @@ def cmd_draft(args) -> int:
         turns = scored_turns(conversations, tokenizer, args.transcripts)[:args.turns]
         context = max(4096, max(len(t.prompt) + len(t.reply) for t in turns))
     draft_dir = Path(args.draft_dir) if args.draft_dir else default_dir(args.trunk, "int8")
-    config = EngineConfig(model, trunk=args.trunk, max_context=context, threads=args.threads)
+    config = EngineConfig(model, trunk=args.trunk, max_context=context, threads=args.threads, trunk_gb=args.trunk_gb,
+                          cache_gb=args.cache_gb)
     if args.live:
         config = config.replace(draft_trunk=draft_dir, speculate=max(args.speculate, AUTO_K))
     with open_engine(config) as engine:
@@ -177,12 +188,12 @@ def live_table(doc: dict) -> str:
     lines = [f"{doc['kind']} draft ({doc['draft']}) against {doc['model']}, live: the first question of "
              f"{doc['turns']} conversations of {', '.join(doc['kinds'])}, greedy, up to {doc['gen']} ids each "
              f"({doc['kernels']} kernels); auto drafts up to {doc['auto_k']}", "",
-             "| run | ids | passes | tokens per pass | drafts accepted | same answer | time ÷ serial |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "| run | ids | passes | tokens per pass | drafts accepted | same answer | read per id | time ÷ serial |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in doc["live"]:
         share = f"{r['accepted']} of {r['drafted']} ({100 * r['acceptance']:.0f} %)" if r["drafted"] else "–"
         lines.append(f"| {r['run']} | {r['ids']} | {r['passes']} | {r['tokens_per_pass']:.2f} | {share} | "
-                     f"{r['same']} of {doc['turns']} | {r['vs_serial_seconds']:.2f} |")
+                     f"{r['same']} of {doc['turns']} | {human(r['read_per_id'])} | {r['vs_serial_seconds']:.2f} |")
     return "\n".join(lines)
 
 
@@ -220,10 +231,13 @@ def add_parser(sub) -> None:
     p.add_argument("--tokenizer", metavar="DIR", help="render the transcripts with this tokenizer instead of the "
                    "model's (a generated test model has none: e.g. the demo model's, whose 768 ids fit any of them)")
     p.add_argument("--live", action="store_true", help="generate instead: answer each conversation's first "
-                   "question serially, with suffix drafts and with the self draft source (K = --speculate and auto) "
-                   "at each --top-k; tokens per pass, acceptance, time, and whether each answer is the serial one")
+                   "question serially, with suffix drafts, with the self draft source (K = --speculate and auto) and with "
+                   "--draft auto (suffix or self) at each --top-k; tokens per pass, acceptance, disk bytes read per id, "
+                   "time, and whether each answer is the serial one")
     p.add_argument("--speculate", type=int, default=4, metavar="K", help="with --live: drafted ids per pass (default 4)")
     p.add_argument("--gen", type=int, default=64, metavar="N", help="with --live: ids per answer at most (default 64)")
+    p.add_argument("--trunk-gb", type=float, metavar="GB", help="RAM for the packed trunk (default: all of it)")
+    p.add_argument("--cache-gb", type=float, metavar="GB", help="RAM for the expert cache (default 1)")
     p.add_argument("--threads", type=int, metavar="N", help="kernel threads (default: every CPU)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_draft)

@@ -130,7 +130,7 @@ class Engine:
 
     def draft_target(self) -> DraftTarget:
         """What this engine offers a draft source (DraftSource.attach)."""
-        return DraftTarget(self.config, self.draft)
+        return DraftTarget(self.config, self.draft, self.embed, self.head_logits)
 
     def check_ids(self, ids: Sequence[int]) -> None:
         bad = [(i, t) for i, t in enumerate(ids) if not (isinstance(t, (int, np.integer)) and 0 <= t < self.config.vocab_size)]
@@ -185,12 +185,7 @@ class Engine:
         wanted = [range(a, b) if all_ else range(b - 1, b) for a, b, all_ in zip(starts, ends, every)]
         if not all(every):
             h = h[[i for r in wanted for i in r]]
-        x = kr.rmsnorm(h, model.vec(PREFIX + "norm.weight"), c.rms_norm_eps)
-        logits = np.empty((x.shape[0], c.vocab_size), np.float32)
-        for row, block in self.placer.head_blocks():
-            logits[:, row:row + block.shape[0]] = part = kr.linear(block, x)
-            if not np.isfinite(part).all():  # x is finite: the block's rows, or an overflow
-                raise head_error(row, block, part)
+        logits = self._head(h, model)
         for (seq, state), positions in zip(batch, keeps):
             if positions:
                 self._take(state, positions)
@@ -202,6 +197,29 @@ class Engine:
             out.append(logits[at:at + len(r)] if all_ else logits[at])
             at += len(r)
         return out
+
+    def _head(self, h: np.ndarray, model: Weights) -> np.ndarray:
+        """Logits [T, V] of the rows `h` entering the final norm: the norm, then lm_head block by block."""
+        kr, c = self.kernels, self.config
+        x = kr.rmsnorm(h, model.vec(PREFIX + "norm.weight"), c.rms_norm_eps)
+        logits = np.empty((x.shape[0], c.vocab_size), np.float32)
+        for row, block in self.placer.head_blocks():
+            logits[:, row:row + block.shape[0]] = part = kr.linear(block, x)
+            if not np.isfinite(part).all():  # x is finite: the block's rows, or an overflow
+                raise head_error(row, block, part)
+        return logits
+
+    def head_logits(self, h: np.ndarray) -> np.ndarray:
+        """The model's final norm and lm_head on hidden rows `h` float32 [T, H]: logits [T, V] (a draft head's)."""
+        h = np.ascontiguousarray(h, np.float32)
+        if h.ndim != 2 or h.shape[1] != self.config.hidden_size:
+            raise InputError(f"head_logits takes float32 [T, {self.config.hidden_size}], got {list(h.shape)}")
+        return self._head(h, self._bound.model(self.placer.model()))
+
+    def embed(self, ids: Sequence[int]) -> np.ndarray:
+        """The model's embedding rows of `ids`, float32 [T, H] (a draft head's input)."""
+        self.check_ids(ids)
+        return self.placer.embed_rows([int(t) for t in ids])
 
     def _ask_keep(self, batch, keep_at) -> list[list[int]]:
         """Each sequence's keep_at positions inside its rows, relative to its first row, asked of every layer whose
