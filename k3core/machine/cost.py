@@ -164,6 +164,50 @@ def ram_row(ram: float, machine: Machine, drafts: dict[str, list[Drafts]], union
             "speculation": {group: fastest([raw, *lossless], machine, d, unions) for group, d in drafts.items()}}
 
 
+# `self` drafts on the real model (issue 40): the draft trunks `k3 pack --draft` derives from its tensor table
+# (docs/DRAFT-TRUNK.md, held in RAM beside the model), the C engine's real-model acceptance (its notes: 94.2 % of
+# teacher-forced positions agree for its int8 derivation; 66.7 % of drafts accepted in a first live run), and the
+# draft's routed experts per token (half the model's 16: --draft-topk's default)
+K3_DRAFT_BYTES = {"int8": 55.64e9, "int4": 34.77e9}
+C_ENGINE_ACCEPTANCE = {"live": 0.667, "teacher-forced": 0.942}
+DRAFT_TOPK = 8
+MIN_TARGET_RAM = 8e9  # what the model itself needs beside a draft: the laptop preset's 8 GB
+SELF_KS = (1, 2, 4, 8)
+
+
+def draft_pass(machine: Machine, kind: str, k: int, unions=K3_UNION) -> dict:
+    """Proposing k ids with a `kind` draft: k forwards of one id each, every one through the whole draft trunk (held)
+    and DRAFT_TOPK experts a MoE layer, read from disk as the model's are (no cache hits: the same rule as pass_cost);
+    the k ids' experts are the union of k consecutive tokens' (the model's routing, at half its experts)."""
+    share = DRAFT_TOPK / (K3_EXPERTS_PER_TOKEN / 92)
+    read = TOKEN_EXPERT_BYTES * share * union_ratio(k, unions)
+    cpu = k * (K3_DRAFT_BYTES[kind] + TOKEN_EXPERT_BYTES * share) / machine.compute_per_core / machine.cores
+    return {"bytes_read": read, "disk_seconds": read / machine.disk, "cpu_seconds": cpu,
+            "seconds": max(read / machine.disk, cpu) * machine.overhead}
+
+
+def self_row(ram: float, machine: Machine, kind: str, acceptance: float, unions=K3_UNION) -> dict | None:
+    """`self` drafts at `ram` bytes: the draft trunk held, the model laid out in what is left (the fastest of its raw
+    and lossless layouts), each drafted id accepted with probability `acceptance` until the first miss (a pass of K
+    drafts yields 1 + p + … + p^K ids), a token costing (draft + verify) ÷ that; the fastest K of SELF_KS. None when
+    the draft leaves the model less than MIN_TARGET_RAM."""
+    left = ram - K3_DRAFT_BYTES[kind]
+    if left < MIN_TARGET_RAM:
+        return None
+    best = None
+    for layout in (layout_for(left, 1.0), layout_for(left, PLANES_RATIO), layout_for(left, PLANES_RATIO, coded=True)):
+        for k in SELF_KS:
+            tokens = sum(acceptance ** j for j in range(k + 1))
+            verify, draft = pass_cost(layout, machine, 1 + k, unions), draft_pass(machine, kind, k, unions)
+            seconds = (verify["seconds"] + draft["seconds"]) / tokens
+            if best is None or seconds < best["seconds_per_token"]:
+                best = {"layout": layout.name, "k": k, "tokens_per_pass": tokens, "verify_seconds": verify["seconds"],
+                        "draft_seconds": draft["seconds"], "bytes_per_token": (verify["bytes_read"]
+                                                                               + draft["bytes_read"]) / tokens,
+                        "seconds_per_token": seconds}
+    return best
+
+
 def choose_trunk_codec(disk_bytes_per_second: float, cores: int | None = None, seconds: float = 0.3) -> CodecChoice:
     """The trunk codec (`k3 pack --codec`) this machine streams the full model faster with, from the disk rate
     given (`k3 doctor`'s disk read) and the restore and bf16 kernel rates measured here on every core at once,
