@@ -100,6 +100,12 @@ clean:
 neon-check:
 	bash native/neon-check.sh
 
+# The AVX-512 backend on a CPU without AVX-512: native/avx512.cpp on SIMDe's emulated intrinsics (libsimde-dev from
+# Debian, installed if missing), run by native/test_driver.cpp against scalar, byte for byte.
+.PHONY: avx512-check
+avx512-check:
+	bash native/avx512-check.sh
+
 # The chat page in a real headless browser: Debian's chromium (installed if missing) driven by Playwright
 # from PyPI (never Playwright's own browser download). Types a prompt, watches it stream, presses Stop,
 # runs the Setup tab on the demo source; screenshots in build/screenshots/. `make test` skips tests/browser.

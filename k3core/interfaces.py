@@ -225,6 +225,20 @@ class KernelBackend(ABC):
     def mxfp4_linear(self, packed: np.ndarray, scale: np.ndarray, x: np.ndarray) -> np.ndarray:
         """The same product from MXFP4 bytes, never a dequantised copy of the weight."""
 
+    has_draft_kernels: ClassVar[bool] = False  # it implements int8_linear and int4_linear (a draft model needs them)
+
+    def int8_linear(self, codes: np.ndarray, scales: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """A draft trunk's int8 rows (io/draft_trunk.py): codes int8 [O, I], scales float32 [O], x [T, I] →
+        float32 [T, O] = f32(scales[o] · lane_dot(codes[o], x[t])), the scale applied once to the row's sum.
+        Optional: only a draft model (--draft-trunk) calls it; a backend that has both sets has_draft_kernels."""
+        raise NotImplementedError(f"kernel backend {self.name!r} has no int8_linear, which a draft model needs")
+
+    def int4_linear(self, packed: np.ndarray, scales: np.ndarray, cols: int, x: np.ndarray) -> np.ndarray:
+        """A draft trunk's int4 groups of 32 columns: packed uint8 [O, G·16] (column 2k the LOW nibble of byte k,
+        code = nibble − 8), scales float32 [O, G], G = ceil(cols / 32), x [T, cols] → float32 [T, O] =
+        f32(lane_dot(code · scale, x[t])); the last group's padding is never read. Optional, as int8_linear."""
+        raise NotImplementedError(f"kernel backend {self.name!r} has no int4_linear, which a draft model needs")
+
     @abstractmethod
     def expert(self, e: ExpertWeights, z: np.ndarray, beta: float, linear_beta: float) -> np.ndarray:
         """w2 · SiTU-GLU(w1 z, w3 z) for z [T, latent]."""
@@ -433,6 +447,11 @@ class ExpertStore(ABC):
     def prefetch_capacity(self) -> int:
         """How many guessed experts one `prefetch` may start reading; 0 (the default): the store takes no hints."""
         return 0
+
+    def held(self, layer: int) -> Sequence[int]:
+        """The experts of `layer` whose bytes this store holds now, so that fetching them reads nothing: what a draft
+        model run with --draft-cache-only routes to. The default: none (a store that keeps nothing)."""
+        return ()
 
     def prefetch(self, layer: int, experts: Sequence[int]) -> None:
         """A hint, before `layer`'s attention runs: `experts` (distinct, likeliest first, at most

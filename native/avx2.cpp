@@ -3,7 +3,8 @@
 // per call, zero padded to a multiple of 16 (+0.0 * +0.0 added to a lane changes no bit: a lane that
 // starts at +0.0 is never -0.0). BF16/F16/F32 weights are widened 8 at a time through float32 (exact;
 // F16 with integer ops, as AVX2 does not promise F16C); MXFP4 weights straight to double by byte tables, two
-// rows at once (pair_group).
+// rows at once (pair_group). The draft trunk's int8 codes go the BF16 way (I8: sign-extended, converted; the row's
+// scale multiplies the folded sum), its int4 codes a group of 32 at a time (int4_direct, WidenInt4).
 //
 // Two walks, chosen by the token count. Each only schedules work: every (row, token) adds the same products
 // in the same order (docs/NUMERICS.md, "The AVX2 kernels and the FMA bound").
@@ -69,11 +70,20 @@ const double* widen_x_pairs(const float* x, size_t in, size_t tokens, size_t str
     return buf;
 }
 
-float fold(const __m256d lanes[4]) {
+double fold(const __m256d lanes[4]) {
     alignas(32) double acc[kLanes];
     for (int h = 0; h < 4; ++h) _mm256_store_pd(acc + 4 * h, lanes[h]);
-    return to_f32(lane_combine(acc));
+    return lane_combine(acc);
 }
+
+// What row o's folded lanes v become in y: the float32 of v, or of the int8 product's scale times v (kernels.h).
+struct Plain {
+    float operator()(size_t, double v) const { return to_f32(v); }
+};
+struct RowScaled {
+    const float* scale;
+    float operator()(size_t o, double v) const { return to_f32(static_cast<double>(scale[o]) * v); }
+};
 
 // 8 float32 values widened exactly to two ymm of doubles (elements 0..3, 4..7).
 inline void widen8(__m256 f, __m256d& a, __m256d& b) {
@@ -115,6 +125,19 @@ struct F32 {
     static void eight(const Elem* p, __m256d& a, __m256d& b) {
         a = _mm256_cvtps_pd(_mm_loadu_ps(p));
         b = _mm256_cvtps_pd(_mm_loadu_ps(p + 4));
+    }
+};
+
+// 8 int32 as two ymm of doubles (elements 0..3, 4..7), exact.
+inline void int32_to_f64(__m256i v, __m256d& a, __m256d& b) {
+    a = _mm256_cvtepi32_pd(_mm256_castsi256_si128(v));
+    b = _mm256_cvtepi32_pd(_mm256_extracti128_si256(v, 1));
+}
+
+struct I8 {  // the draft's int8 codes: sign-extended to int32, then converted (exact)
+    using Elem = int8_t;
+    static void eight(const Elem* p, __m256d& a, __m256d& b) {
+        int32_to_f64(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))), a, b);
     }
 };
 
@@ -222,19 +245,19 @@ inline void zero(__m256d (&acc)[R][TT][4]) {
     for (int k = 0; k < R * TT * 4; ++k) acc[k / (4 * TT)][k / 4 % TT][k % 4] = _mm256_setzero_pd();
 }
 
-template <int R, int TT>
-inline void fold_into(const __m256d (&acc)[R][TT][4], float* y, size_t out, size_t o) {
+template <int R, int TT, class Finish>
+inline void fold_into(const __m256d (&acc)[R][TT][4], float* y, size_t out, size_t o, const Finish& finish) {
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-        for (int t = 0; t < TT; ++t) y[t * out + o + r] = fold(acc[r][t]);
+        for (int t = 0; t < TT; ++t) y[t * out + o + r] = finish(o + r, fold(acc[r][t]));
 }
 
 // Rows o..o+R-1 of y for tokens 0..TT-1 (x of token t at xd + t * stride), 16 columns (a block of lanes) a
 // step, the weights widened straight into registers once for all TT tokens.
-template <class W, int R, int TT>
+template <class W, int R, int TT, class Finish>
 void linear_direct(const typename W::Elem* w, size_t in, const double* xd, size_t stride, float* y, size_t out,
-                   size_t o) {
+                   size_t o, const Finish& finish) {
     __m256d acc[R][TT][4];
     zero<R, TT>(acc);
     const typename W::Elem* row = w + o * in;
@@ -257,15 +280,94 @@ void linear_direct(const typename W::Elem* w, size_t in, const double* xd, size_
     for (size_t i = 0; i < full; i += kLanes)
         step(i, [&](int r, size_t k, __m256d& a, __m256d& b) { W::eight(row + r * in + k, a, b); });
     if (full < in) step(full, [&](int r, size_t k, __m256d& a, __m256d& b) { eight_at<W>(row + r * in, in, k, a, b); });
-    fold_into<R, TT>(acc, y, out, o);
+    fold_into<R, TT>(acc, y, out, o, finish);
 }
 
-template <class W, int R, int TT>
+template <class W, int R, int TT, class Finish = Plain>
 void linear_direct_rows(const typename W::Elem* w, size_t in, const double* xd, size_t stride, float* y, size_t out,
-                        size_t r0, size_t r1) {
+                        size_t r0, size_t r1, const Finish& finish = Finish()) {
     size_t o = r0;
-    for (; o + R <= r1; o += R) linear_direct<W, R, TT>(w, in, xd, stride, y, out, o);
-    for (; o < r1; ++o) linear_direct<W, 1, TT>(w, in, xd, stride, y, out, o);
+    for (; o + R <= r1; o += R) linear_direct<W, R, TT>(w, in, xd, stride, y, out, o, finish);
+    for (; o < r1; ++o) linear_direct<W, 1, TT>(w, in, xd, stride, y, out, o, finish);
+}
+
+// ---- the draft's int4: one group of 32 columns a step ------------------------------------------------------
+
+// The 32 codes of a group (16 packed bytes) as signed bytes, columns 0..15 in c[0] and 16..31 in c[1].
+inline void int4_codes(const uint8_t* p, __m128i (&c)[2]) {
+    const __m128i nibble = _mm_set1_epi8(0x0F), bias = _mm_set1_epi8(8);
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i low = _mm_and_si128(bytes, nibble), high = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble);
+    c[0] = _mm_sub_epi8(_mm_unpacklo_epi8(low, high), bias);  // column 2k: the LOW nibble of byte k; code = nibble - 8
+    c[1] = _mm_sub_epi8(_mm_unpackhi_epi8(low, high), bias);
+}
+
+// Columns 8e..8e+7 of a group as weights code * s (exact): a holds 8e..8e+3, b 8e+4..8e+7.
+inline void int4_eight(const __m128i (&c)[2], int e, __m256d s, __m256d& a, __m256d& b) {
+    const __m128i half = c[e / 2];
+    int32_to_f64(_mm256_cvtepi8_epi32(e % 2 ? _mm_unpackhi_epi64(half, half) : half), a, b);
+    a = _mm256_mul_pd(a, s);
+    b = _mm256_mul_pd(b, s);
+}
+
+// A padded last group of one row (columns 32 g ..): its weights in scalar, +0.0 from column `in` on.
+inline void int4_last_group(const uint8_t* p, const float* s, size_t in, size_t g, double* w) {
+    for (size_t i = 0; i < kGroup; ++i) {
+        const size_t col = kGroup * g + i;
+        const uint8_t byte = p[col / 2];
+        w[i] = col < in ? int4_code(col % 2 ? byte >> 4 : byte & 0x0F) * static_cast<double>(s[g]) : 0.0;
+    }
+}
+
+// Rows o..o+R-1 of y for tokens 0..TT-1 (x of token t at xd + t * stride, +0.0 past `in`), a group a step: each
+// row's 32 codes decoded into two registers, then 8 columns at a time widened and scaled, used by every token.
+template <int R, int TT>
+void int4_direct(const uint8_t* packed, const float* scale, size_t in, const double* xd, size_t stride, float* y,
+                 size_t out, size_t o) {
+    const size_t groups = int4_groups_of(in), row_bytes = groups * (kGroup / 2), full = in / kGroup;
+    const uint8_t* p = packed + o * row_bytes;
+    const float* s = scale + o * groups;
+    __m256d acc[R][TT][4];
+    zero<R, TT>(acc);
+    for (size_t g = 0; g < full; ++g) {
+        __m128i c[R][2];
+        __m256d sv[R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+            if (g % 4 == 0)  // stream every row 2 KB ahead, a line at a time
+                _mm_prefetch(reinterpret_cast<const char*>(p + r * row_bytes + 16 * g) + 2048, _MM_HINT_T1);
+            int4_codes(p + r * row_bytes + 16 * g, c[r]);
+            sv[r] = _mm256_set1_pd(static_cast<double>(s[r * groups + g]));
+        }
+#pragma GCC unroll 4
+        for (int e = 0; e < 4; ++e) {
+            __m256d a[R], b[R];
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) int4_eight(c[r], e, sv[r], a[r], b[r]);
+            accumulate8<R, TT>(acc, a, b, e % 2, xd, stride, kGroup * g + 8 * e);
+        }
+    }
+    if (full < groups) {  // apart from the main loop, as linear_direct's tail
+        alignas(32) double last[R][kGroup];
+        for (int r = 0; r < R; ++r) int4_last_group(p + r * row_bytes, s + r * groups, in, full, last[r]);
+        for (int e = 0; e < 4; ++e) {
+            __m256d a[R], b[R];
+            for (int r = 0; r < R; ++r) {
+                a[r] = _mm256_load_pd(last[r] + 8 * e);
+                b[r] = _mm256_load_pd(last[r] + 8 * e + 4);
+            }
+            accumulate8<R, TT>(acc, a, b, e % 2, xd, stride, kGroup * full + 8 * e);
+        }
+    }
+    fold_into<R, TT>(acc, y, out, o, Plain());
+}
+
+template <int R, int TT>
+void int4_direct_rows(const uint8_t* packed, const float* scale, size_t in, const double* xd, size_t stride, float* y,
+                      size_t out, size_t r0, size_t r1) {
+    size_t o = r0;
+    for (; o + R <= r1; o += R) int4_direct<R, TT>(packed, scale, in, xd, stride, y, out, o);
+    for (; o < r1; ++o) int4_direct<1, TT>(packed, scale, in, xd, stride, y, out, o);
 }
 
 // Lanes of rows o0 and o1 (see pair_group for Half) for tokens 0..TT-1 (x of token t at xd + t * 2 * stride,
@@ -389,9 +491,9 @@ void dot_tile(size_t rows, size_t tokens, const double* w, size_t n, const doubl
 // columns [c, c + n) of rows o0..o0+rows-1 as doubles at buf + r * kChunk, zero padded past `in`; n is a
 // multiple of 16 (of 32 for MXFP4, whose rows are). A block of kBlockRows rows goes a chunk of columns at a
 // time; within a chunk each token tile's x serves the block's row tiles from L1.
-template <class Widen>
+template <class Widen, class Finish = Plain>
 void gemm(const Widen& widen, size_t columns, size_t stride, const double* xd, size_t tokens, float* y,
-          size_t out, size_t r0, size_t r1) {
+          size_t out, size_t r0, size_t r1, const Finish& finish = Finish()) {
     thread_local std::vector<double> buf_store, lanes_store;
     double* buf = line_aligned(buf_store, kBlockRows * kChunk);
     double* lanes = line_aligned(lanes_store, kBlockRows * tokens * kLanes);
@@ -412,7 +514,7 @@ void gemm(const Widen& widen, size_t columns, size_t stride, const double* xd, s
         }
         for (size_t r = 0; r < rows; ++r)
             for (size_t t = 0; t < tokens; ++t)
-                y[t * out + o0 + r] = to_f32(lane_combine(lanes + (r * tokens + t) * kLanes));
+                y[t * out + o0 + r] = finish(o0 + r, lane_combine(lanes + (r * tokens + t) * kLanes));
     }
 }
 
@@ -464,6 +566,43 @@ struct WidenMxfp4 {
     }
 };
 
+// The draft's int4 rows: whole groups decoded and scaled 8 columns at a time, the padded last one in scalar
+// (+0.0 past `in`). A chunk starts on a group (kChunk is a multiple of 32) and ends at most 16 columns past `in`.
+struct WidenInt4 {
+    const uint8_t* packed;
+    const float* scale;
+    size_t in;
+    void row(size_t o, size_t c, size_t n, double* out) const {
+        const size_t groups = int4_groups_of(in), row_bytes = groups * (kGroup / 2);
+        const uint8_t* p = packed + o * row_bytes;
+        const float* s = scale + o * groups;
+        for (size_t k = 0; k < n / 2; k += 64)  // the row's chunks 1 KB ahead
+            _mm_prefetch(reinterpret_cast<const char*>(p + c / 2 + k) + 1024, _MM_HINT_T0);
+        for (size_t g = c / kGroup; kGroup * g < c + n; ++g) {
+            double* w = out + kGroup * g - c;
+            if (kGroup * (g + 1) > in) {
+                alignas(32) double last[kGroup];
+                int4_last_group(p, s, in, g, last);
+                for (size_t i = 0; kGroup * g + i < c + n; ++i) w[i] = last[i];
+                continue;
+            }
+            __m128i codes[2];
+            int4_codes(p + 16 * g, codes);
+            const __m256d sv = _mm256_set1_pd(static_cast<double>(s[g]));
+#pragma GCC unroll 4
+            for (int e = 0; e < 4; ++e) {
+                __m256d a, b;
+                int4_eight(codes, e, sv, a, b);
+                _mm256_store_pd(w + 8 * e, a);
+                _mm256_store_pd(w + 8 * e + 4, b);
+            }
+        }
+    }
+    void operator()(size_t o0, size_t rows, size_t c, size_t n, double* buf) const {
+        for (size_t r = 0; r < rows; ++r) row(o0 + r, c, n, buf + r * kChunk);
+    }
+};
+
 // ---- the entry points --------------------------------------------------------------------------------------
 
 template <class W>
@@ -500,6 +639,31 @@ void mxfp4(const uint8_t* packed, const uint8_t* scale, size_t in, const float* 
     }
 }
 
+void int8_rows(const int8_t* codes, const float* scale, size_t in, const float* x, size_t tokens, float* y,
+               size_t out, size_t r0, size_t r1) {
+    const size_t stride = x_stride(in);
+    const double* xd = widen_x(x, in, tokens, stride);
+    const RowScaled finish{scale};
+    switch (tokens) {
+        case 1: return linear_direct_rows<I8, 2, 1>(codes, in, xd, stride, y, out, r0, r1, finish);
+        case 2: return linear_direct_rows<I8, 1, 2>(codes, in, xd, stride, y, out, r0, r1, finish);
+        case 3: return linear_direct_rows<I8, 1, 3>(codes, in, xd, stride, y, out, r0, r1, finish);
+        default: return gemm(WidenLinear<I8>{codes, in}, stride - kLanes, stride, xd, tokens, y, out, r0, r1, finish);
+    }
+}
+
+void int4_groups(const uint8_t* packed, const float* scale, size_t in, const float* x, size_t tokens, float* y,
+                 size_t out, size_t r0, size_t r1) {
+    const size_t stride = x_stride(in);  // >= 32 G: a padded last group reads x's zeros
+    const double* xd = widen_x(x, in, tokens, stride);
+    switch (tokens) {
+        case 1: return int4_direct_rows<2, 1>(packed, scale, in, xd, stride, y, out, r0, r1);
+        case 2: return int4_direct_rows<1, 2>(packed, scale, in, xd, stride, y, out, r0, r1);
+        case 3: return int4_direct_rows<1, 3>(packed, scale, in, xd, stride, y, out, r0, r1);
+        default: return gemm(WidenInt4{packed, scale, in}, stride - kLanes, stride, xd, tokens, y, out, r0, r1);
+    }
+}
+
 uint64_t fma_probe(size_t rounds) {
     __m256d acc[kProbeChains];
     for (int k = 0; k < kProbeChains; ++k) acc[k] = _mm256_set1_pd(k);
@@ -515,6 +679,6 @@ uint64_t fma_probe(size_t rounds) {
 
 }  // namespace
 
-const MatrixKernels kAvx2 = {"avx2", linear, mxfp4, fma_probe};
+const MatrixKernels kAvx2 = {"avx2", linear, mxfp4, int8_rows, int4_groups, fma_probe};
 
 }  // namespace k3

@@ -1,7 +1,8 @@
 // The AVX-512 (F/BW/VL) backend of kernels.h. Each (row, token) keeps its 16 double lanes in two zmm:
-// for BF16/F16/F32 the first holds lanes 0..7 and the second lanes 8..15; for MXFP4 the first holds the
-// even lanes 0, 2, .., 14 and the second the odd lanes (the low nibbles of 8 packed bytes are 8 even
-// lanes). x is widened to double once per call in the matching order; the fold is the scalar one.
+// for BF16/F16/F32 and the draft's int8 the first holds lanes 0..7 and the second lanes 8..15; for MXFP4 and
+// the draft's int4 the first holds the even lanes 0, 2, .., 14 and the second the odd lanes (the low nibbles
+// of 8 packed bytes are 8 even lanes). x is widened to double once per call in the matching order; the fold
+// is the scalar one.
 // GCC 12 warns falsely inside its own AVX-512 headers (_mm512_undefined_*, GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
@@ -58,14 +59,43 @@ const double* widen_x_even_odd(const float* x, size_t in, size_t tokens) {
     return buf;
 }
 
+// The int4 order, per token: stride = 32 G doubles (G groups), each 16 columns as widen_x_even_odd puts them,
+// +0.0 past `in` (the padded last group's columns).
+const double* widen_x_even_odd_padded(const float* x, size_t in, size_t tokens, size_t stride) {
+    thread_local std::vector<double> store;
+    double* buf = line_aligned(store, tokens * stride);
+    for (size_t t = 0; t < tokens; ++t) {
+        const float* xt = x + t * in;
+        double* dt = buf + t * stride;
+        for (size_t b = 0; b < stride; b += kLanes)
+            for (size_t k = 0; k < kLanes / 2; ++k) {
+                const size_t even = b + 2 * k, odd = even + 1;
+                dt[b + k] = even < in ? static_cast<double>(xt[even]) : 0.0;
+                dt[b + kLanes / 2 + k] = odd < in ? static_cast<double>(xt[odd]) : 0.0;
+            }
+    }
+    return buf;
+}
+
 // ---- the fold ----------------------------------------------------------------------------------------------
 
-float fold(__m512d lanes0to7, __m512d lanes8to15) {
+double lanes_sum(__m512d lanes0to7, __m512d lanes8to15) {
     alignas(64) double acc[kLanes];
     _mm512_store_pd(acc, lanes0to7);
     _mm512_store_pd(acc + 8, lanes8to15);
-    return to_f32(lane_combine(acc));
+    return lane_combine(acc);
 }
+
+float fold(__m512d lanes0to7, __m512d lanes8to15) { return to_f32(lanes_sum(lanes0to7, lanes8to15)); }
+
+// What row o's folded lanes v become in y: the float32 of v, or of the int8 product's scale times v (kernels.h).
+struct Plain {
+    float operator()(size_t, double v) const { return to_f32(v); }
+};
+struct RowScaled {
+    const float* scale;
+    float operator()(size_t o, double v) const { return to_f32(static_cast<double>(scale[o]) * v); }
+};
 
 float fold_even_odd(__m512d even, __m512d odd) {
     const __m512i lo = _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11);
@@ -101,6 +131,15 @@ struct F32 {
     }
 };
 
+struct I8 {  // the draft's int8 codes: sign-extended to int32, then converted (exact)
+    using Elem = int8_t;
+    static void load(const Elem* p, __m512d& lo, __m512d& hi) {
+        const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+        lo = _mm512_cvtepi32_pd(_mm512_castsi512_si256(v));
+        hi = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(v, 1));
+    }
+};
+
 // The last n < 16 weights of a row, zero padded (x is zero there too).
 template <class W>
 void load_tail(const typename W::Elem* p, size_t n, __m512d& lo, __m512d& hi) {
@@ -109,7 +148,7 @@ void load_tail(const typename W::Elem* p, size_t n, __m512d& lo, __m512d& hi) {
     W::load(buf, lo, hi);
 }
 
-template <class W>
+template <class W, class Finish = Plain>
 struct LinearTile {
     static constexpr int kRowsGemv = 4, kRowsGemm = 3, kTokens = 4;
     const typename W::Elem* w;
@@ -118,6 +157,7 @@ struct LinearTile {
     size_t stride;
     float* y;
     size_t out;
+    Finish finish;
 
     template <int R>
     void run_tokens(size_t o, size_t t, size_t tt) const { run_tokens_dispatch<R>(*this, o, t, tt); }
@@ -154,7 +194,8 @@ struct LinearTile {
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-            for (int t = 0; t < TT; ++t) y[(t0 + t) * out + o + r] = fold(acc[r][t][0], acc[r][t][1]);
+            for (int t = 0; t < TT; ++t)
+                y[(t0 + t) * out + o + r] = finish(o + r, lanes_sum(acc[r][t][0], acc[r][t][1]));
     }
 };
 
@@ -163,7 +204,7 @@ void linear_rows(const void* w, size_t in, const float* x, size_t tokens, float*
                  size_t r1) {
     const size_t stride = (in + kLanes - 1) / kLanes * kLanes;
     const auto* wt = static_cast<const typename W::Elem*>(w);
-    const LinearTile<W> tile{wt, in, widen_x(x, in, tokens, stride), stride, y, out};
+    const LinearTile<W> tile{wt, in, widen_x(x, in, tokens, stride), stride, y, out, Plain{}};
     for_tiles(r0, r1, tokens, tile);
 }
 
@@ -254,6 +295,93 @@ void mxfp4(const uint8_t* packed, const uint8_t* scale, size_t in, const float* 
     for_tiles(r0, r1, tokens, tile);
 }
 
+// ---- the draft's int8 and int4 ------------------------------------------------------------------------------
+
+void int8_rows(const int8_t* codes, const float* scale, size_t in, const float* x, size_t tokens, float* y,
+               size_t out, size_t r0, size_t r1) {
+    const size_t stride = (in + kLanes - 1) / kLanes * kLanes;
+    const LinearTile<I8, RowScaled> tile{codes, in, widen_x(x, in, tokens, stride), stride, y, out, RowScaled{scale}};
+    for_tiles(r0, r1, tokens, tile);
+}
+
+// Mx4Tile's walk with the group's table computed, not looked up: (nibble - 8) * s for nibbles 0..7 and 8..15, two
+// multiplies a row and group, exactly the scalar weights. Lanes of a padded last group's columns past `in` are
+// zeroed by the permute's mask (+0.0, whatever the padding's nibbles and the scale hold); x is +0.0 there too.
+struct Int4Tile {
+    static constexpr int kRowsGemv = 4, kRowsGemm = 2, kTokens = 4;
+    const uint8_t* packed;
+    const float* scale;
+    size_t in;
+    const double* xd;
+    size_t stride;  // 32 G
+    float* y;
+    size_t out;
+
+    template <int R>
+    void run_tokens(size_t o, size_t t, size_t tt) const { run_tokens_dispatch<R>(*this, o, t, tt); }
+
+    // The lanes below n of 8 as a mask: lane k holds a column when k < n.
+    static __mmask8 below(size_t n) { return n >= 8 ? 0xFF : static_cast<__mmask8>((1u << n) - 1); }
+
+    template <int R, int TT>
+    void run(size_t o, size_t t0) const {
+        __m512d even[R][TT], odd[R][TT];
+#pragma GCC unroll 16
+        for (int k = 0; k < R * TT; ++k) even[k / TT][k % TT] = odd[k / TT][k % TT] = _mm512_setzero_pd();
+        const size_t groups = stride / kGroup, row_bytes = groups * (kGroup / 2);
+        const uint8_t* p = packed + o * row_bytes;
+        const float* s = scale + o * groups;
+        const char* next = reinterpret_cast<const char*>(p + R * row_bytes);  // the next tile: a line per group
+        const __m512d codes_lo = _mm512_setr_pd(-8, -7, -6, -5, -4, -3, -2, -1);
+        const __m512d codes_hi = _mm512_setr_pd(0, 1, 2, 3, 4, 5, 6, 7);
+        for (size_t g = 0; g < groups; ++g) {
+            _mm_prefetch(next + 64 * g, _MM_HINT_T0);
+            __m512d table_lo[R], table_hi[R];
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) {
+                const __m512d sv = _mm512_set1_pd(static_cast<double>(s[r * groups + g]));
+                table_lo[r] = _mm512_mul_pd(codes_lo, sv);
+                table_hi[r] = _mm512_mul_pd(codes_hi, sv);
+            }
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; ++h) {  // columns 0..15, then 16..31 of the group
+                const size_t first = kGroup * g + kLanes * h;  // even lane k: column first + 2k; odd: + 1
+                const size_t left = in > first ? in - first : 0;
+                const __mmask8 me = below((left + 1) / 2), mo = below(left / 2);
+                __m512d we[R], wo[R];
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) {
+                    const uint8_t* bytes = p + r * row_bytes + 16 * g + 8 * h;
+                    const __m512i idx = _mm512_cvtepu8_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes)));
+                    we[r] = _mm512_maskz_permutex2var_pd(me, table_lo[r], idx, table_hi[r]);
+                    wo[r] = _mm512_maskz_permutex2var_pd(mo, table_lo[r], _mm512_srli_epi64(idx, 4), table_hi[r]);
+                }
+#pragma GCC unroll 8
+                for (int t = 0; t < TT; ++t) {
+                    const double* xt = xd + (t0 + t) * stride + first;
+                    const __m512d xe = _mm512_loadu_pd(xt), xo = _mm512_loadu_pd(xt + 8);
+#pragma GCC unroll 8
+                    for (int r = 0; r < R; ++r) {
+                        even[r][t] = _mm512_fmadd_pd(we[r], xe, even[r][t]);
+                        odd[r][t] = _mm512_fmadd_pd(wo[r], xo, odd[r][t]);
+                    }
+                }
+            }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+            for (int t = 0; t < TT; ++t) y[(t0 + t) * out + o + r] = fold_even_odd(even[r][t], odd[r][t]);
+    }
+};
+
+void int4_groups(const uint8_t* packed, const float* scale, size_t in, const float* x, size_t tokens, float* y,
+                 size_t out, size_t r0, size_t r1) {
+    const size_t stride = int4_groups_of(in) * kGroup;
+    const Int4Tile tile{packed, scale, in, widen_x_even_odd_padded(x, in, tokens, stride), stride, y, out};
+    for_tiles(r0, r1, tokens, tile);
+}
+
 uint64_t fma_probe(size_t rounds) {
     __m512d acc[kProbeChains];
     for (int k = 0; k < kProbeChains; ++k) acc[k] = _mm512_set1_pd(k);
@@ -271,6 +399,6 @@ uint64_t fma_probe(size_t rounds) {
 
 }  // namespace
 
-const MatrixKernels kAvx512 = {"avx512", linear, mxfp4, fma_probe};
+const MatrixKernels kAvx512 = {"avx512", linear, mxfp4, int8_rows, int4_groups, fma_probe};
 
 }  // namespace k3

@@ -1,5 +1,5 @@
 // Helpers shared by every backend: the lane fold, float32 rounding with a canonical NaN, and the
-// exact widening of BF16, F16, E2M1 and E8M0 to double.
+// exact widening of BF16, F16, E2M1, E8M0 and the draft int4 codes to double.
 #include <cmath>
 #include <cstring>
 
@@ -57,6 +57,8 @@ double e2m1(uint8_t code) {
 double e8m0(uint8_t scale) {
     return scale == 255 ? 0.0 : std::ldexp(1.0, static_cast<int>(scale) - 127);
 }
+
+double int4_code(uint8_t nibble) { return static_cast<double>(static_cast<int>(nibble & 0x0F) - 8); }
 
 double* line_aligned(std::vector<double>& v, size_t n) {
     constexpr size_t kLine = 64;

@@ -15,6 +15,21 @@
 //
 // Layouts (row-major, C-contiguous): W [O, I]; x [T, I]; y [T, O]. MXFP4: packed [O, I/2] (element 2k
 // in the LOW nibble of byte k, 2k+1 in the high one), scale [O, I/32]; I is a multiple of 32.
+//
+// The draft trunk's products (k3core/io/draft_trunk.py, docs/DRAFT-TRUNK.md), with float32 scales s:
+//   int8_rows    codes c [O, I] int8, s [O]: y[t,o] = to_f32(double(s[o]) * lane_dot(c[o,:], x[t,:])).
+//                c * x is exact in double (|c| <= 128: at most 7 significant bits, times x's 24; magnitudes
+//                2^-149 .. 2^135), so the lane additions round, then the product by the row's scale rounds to
+//                double, then to_f32 rounds to float32: two roundings after the sum, the same on every backend.
+//                (Widening c * s first would not be exact: its 31 bits times x's 24 exceed double's 53.)
+//   int4_groups  packed [O, G*16] with G = ceil(I/32) groups of 32 columns, s [O, G]: column i of row o is
+//                nibble i % 2 (0: the LOW one) of byte i / 2 of the row, code = nibble - 8 (offset binary:
+//                k3 writes 1..15 for -7..7; 0 reads as -8), w = double(code) * double(s[o, i/32]): at most
+//                3 + 24 = 27 significant bits, exact, and w * x at most 27 + 24 = 51, exact too, so
+//                y[t,o] = to_f32(lane_dot(w[o,:], x[t,:])) rounds only in the additions, as MXFP4 does.
+//                Columns I..32G-1 of the last group are padding: never read as data, whatever their bytes and
+//                scale hold (a backend that runs a whole group gives them the weight +0.0 and x +0.0).
+// Scales are used as stored: 0, subnormal, huge, inf or NaN follow IEEE (s = 0 with an infinite x gives NaN).
 #pragma once
 
 #include <cstddef>
@@ -35,6 +50,10 @@ struct MatrixKernels {
                    float* y, size_t out, size_t r0, size_t r1);
     void (*mxfp4)(const uint8_t* packed, const uint8_t* scale, size_t in, const float* x, size_t tokens,
                   float* y, size_t out, size_t r0, size_t r1);
+    void (*int8_rows)(const int8_t* codes, const float* scale, size_t in, const float* x, size_t tokens,
+                      float* y, size_t out, size_t r0, size_t r1);
+    void (*int4_groups)(const uint8_t* packed, const float* scale, size_t in, const float* x, size_t tokens,
+                        float* y, size_t out, size_t r0, size_t r1);
     // The FMA bound the products above can reach: `rounds` rounds of 12 independent chains of this backend's
     // widest double multiply-add (enough chains to cover its latency on every core k3 has met). Returns the
     // number of double multiply-adds done; timing it gives this core's ceiling (`k3 bench kernels`, %FMA).
@@ -56,6 +75,8 @@ double bf16_to_f64(uint16_t bits);
 double f16_to_f64(uint16_t bits);
 double e2m1(uint8_t code);          // E2M1 value of a 4-bit code
 double e8m0(uint8_t scale);         // 2^(scale - 127); 255 gives 0.0
+double int4_code(uint8_t nibble);   // a draft int4 code: nibble (0..15) - 8
+inline size_t int4_groups_of(size_t in) { return (in + kGroup - 1) / kGroup; }  // G; a row is G * 16 bytes
 
 // n doubles inside v starting at a 64-byte boundary (v grows as needed): a SIMD backend's x and scratch rows, so
 // that no vector load of them straddles two cache lines (malloc promises 16 bytes; a straddling load costs two).

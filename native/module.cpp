@@ -228,6 +228,42 @@ class Kernels {
         return y;
     }
 
+    // The draft trunk's int8 rows: codes int8 [O, I], one float32 scale a row.
+    py::array_t<float> int8_linear(const py::array& codes_array, const py::array& scale_array,
+                                   const py::array& x_array) {
+        const Call call("int8_linear");
+        const auto codes = call.view<int8_t>(codes_array, "codes");
+        const auto x = call.view<float>(x_array, "x"), scale = call.view<float>(scale_array, "scales", 1);
+        if (scale.size != codes.rows())
+            call.refuse("scales has " + std::to_string(scale.size) + " values, codes " + std::to_string(codes.rows()) +
+                        " rows: an int8 draft matrix has one scale a row");
+        call.require_columns("x", x.cols(), "the weight", codes.cols());
+        return draft_product(x, codes.rows(), [&](const float* xp, size_t n, float* yp, size_t r0, size_t r1) {
+            mk_->int8_rows(codes.ptr, scale.ptr, codes.cols(), xp, n, yp, codes.rows(), r0, r1);
+        });
+    }
+
+    // The draft trunk's int4 groups: packed uint8 [O, G * 16] and float32 scales [O, G] of a matrix [O, cols],
+    // G = ceil(cols / 32).
+    py::array_t<float> int4_linear(const py::array& packed_array, const py::array& scale_array, size_t cols,
+                                   const py::array& x_array) {
+        const Call call("int4_linear");
+        const auto packed = call.view<uint8_t>(packed_array, "packed");
+        const auto scale = call.view<float>(scale_array, "scales"), x = call.view<float>(x_array, "x");
+        const size_t groups = k3::int4_groups_of(cols), rows = packed.rows();
+        if (packed.cols() != groups * (k3::kGroup / 2))
+            call.refuse(packed.text() + " does not hold " + std::to_string(cols) + " columns: an int4 draft row is " +
+                        std::to_string(groups) + " groups of " + std::to_string(k3::kGroup / 2) + " bytes");
+        if (scale.shape != std::vector<size_t>{rows, groups})
+            call.refuse(scale.text() + " does not fit " + packed.text() + ": one scale a row and group of " +
+                        std::to_string(k3::kGroup) + " columns, [" + std::to_string(rows) + ", " +
+                        std::to_string(groups) + "]");
+        call.require_columns("x", x.cols(), "the weight", cols);
+        return draft_product(x, rows, [&](const float* xp, size_t n, float* yp, size_t r0, size_t r1) {
+            mk_->int4_groups(packed.ptr, scale.ptr, cols, xp, n, yp, rows, r0, r1);
+        });
+    }
+
     // w2 · SiTU-GLU(w1 z, w3 z) in one call, float32 between the steps. The packed arrays are checked
     // against z and each other before each scale against its packed array, so a refusal names the wrong one.
     py::array_t<float> expert(const py::array& w1p, const py::array& w1s, const py::array& w2p,
@@ -465,6 +501,23 @@ class Kernels {
         return y;
     }
 
+    // y [T, rows] of a draft product: token tiles, rows split over the pool as linear's; run(x, n, y, r0, r1)
+    // runs the kernel on n tokens at x into y.
+    template <class Rows>
+    py::array_t<float> draft_product(const View<float>& x, size_t rows, const Rows& run) {
+        const size_t in = x.cols(), tokens = x.rows();
+        auto y = new_array({tokens, rows});
+        float* yp = y.mutable_data();
+        without_gil([&] {
+            for_token_tiles(tokens, [&](size_t t0, size_t n) {
+                pool_.parallel_rows(rows, rows_per_part(in * n), [&](size_t r0, size_t r1) {
+                    run(x.ptr + t0 * in, n, yp + t0 * rows, r0, r1);
+                });
+            });
+        });
+        return y;
+    }
+
     void mxfp4_rows(const Mxfp4& w, const float* x, size_t tokens, float* y) {
         for_token_tiles(tokens, [&](size_t t0, size_t n) {
             pool_.parallel_rows(w.rows(), rows_per_part(w.in() * n), [&](size_t r0, size_t r1) {
@@ -591,6 +644,8 @@ PYBIND11_MODULE(_native, m) {
         .def_property("threads", &Kernels::threads, &Kernels::set_threads)
         .def("linear", &Kernels::linear)
         .def("mxfp4_linear", &Kernels::mxfp4_linear)
+        .def("int8_linear", &Kernels::int8_linear)
+        .def("int4_linear", &Kernels::int4_linear)
         .def("expert", &Kernels::expert)
         .def("rmsnorm", &Kernels::rmsnorm)
         .def("l2norm_heads", &Kernels::l2norm_heads)

@@ -10,7 +10,9 @@
 // each chunk is used by every token before the next one is decoded. A token's 16 lanes are parked in
 // memory between chunks; the chunk boundaries are multiples of 16, so every lane still receives its
 // products in increasing i. The last chunk's tail (in mod 16 elements) is added lane by lane in scalar
-// code, then lane_combine folds 8, 4, 2, 1 and to_f32 rounds (canonical NaN) as in every backend.
+// code, then lane_combine folds 8, 4, 2, 1 and to_f32 rounds (canonical NaN) as in every backend; the
+// draft's int8 product multiplies the folded sum by its row's scale first (kernels.h). The draft's int4
+// codes are widened and multiplied by their group's scale in the chunk, as MXFP4's are.
 //
 // Flush-to-zero must be off (FPCR.FZ = 0, the Linux default): subnormal inputs, weights and results
 // are kept, as they are in the scalar backend.
@@ -128,6 +130,61 @@ void decode_mxfp4(const uint8_t* prow, const uint8_t* srow, size_t c0, size_t n,
     }
 }
 
+// ---- the draft's int8 and int4 decode -----------------------------------------------------------------
+
+// 8 signed codes -> 8 doubles (exact), in order: v[k] holds codes 2k and 2k+1.
+inline void codes8(int8x8_t c, float64x2_t (&v)[4]) {
+    const int16x8_t h = vmovl_s8(c);
+    const int32x4_t q[2] = {vmovl_s16(vget_low_s16(h)), vmovl_high_s16(h)};
+    for (int k = 0; k < 2; ++k) {
+        v[2 * k] = vcvtq_f64_s64(vmovl_s32(vget_low_s32(q[k])));
+        v[2 * k + 1] = vcvtq_f64_s64(vmovl_high_s32(q[k]));
+    }
+}
+
+void widen_i8(const int8_t* w, size_t n, double* out) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        float64x2_t v[4];
+        codes8(vld1_s8(w + i), v);
+        for (int k = 0; k < 4; ++k) vst1q_f64(out + i + 2 * k, v[k]);
+    }
+    for (; i < n; ++i) out[i] = w[i];
+}
+
+// 8 int4 codes times their group's scale (exact), at out.
+inline void scaled8(int8x8_t c, float64x2_t scale, double* out) {
+    float64x2_t v[4];
+    codes8(c, v);
+    for (int k = 0; k < 4; ++k) vst1q_f64(out + 2 * k, vmulq_f64(v[k], scale));
+}
+
+// Elements [c0, c0 + n) of one int4 row (c0 a multiple of kGroup; the chunk ends at `in` at the latest, so the
+// padded last group's columns past `in` are never decoded): whole groups by NEON, a partial one in scalar.
+void decode_int4(const uint8_t* prow, const float* srow, size_t c0, size_t n, double* out) {
+    const uint8x16_t low_mask = vdupq_n_u8(0x0F);
+    const int8x16_t bias = vdupq_n_s8(8);
+    size_t g = 0;
+    for (; g + kGroup <= n; g += kGroup) {
+        const size_t i = c0 + g;
+        const uint8x16_t bytes = vld1q_u8(prow + i / 2);
+        const uint8x16_t lo = vandq_u8(bytes, low_mask), hi = vshrq_n_u8(bytes, 4);
+        const float64x2_t scale = vdupq_n_f64(static_cast<double>(srow[i / kGroup]));
+        // Column 2k is the LOW nibble of byte k: interleave low, high, ...; code = nibble - 8.
+        const int8x16_t c[2] = {vsubq_s8(vreinterpretq_s8_u8(vzip1q_u8(lo, hi)), bias),
+                                vsubq_s8(vreinterpretq_s8_u8(vzip2q_u8(lo, hi)), bias)};
+        for (int k = 0; k < 2; ++k) {
+            scaled8(vget_low_s8(c[k]), scale, out + g + 16 * k);
+            scaled8(vget_high_s8(c[k]), scale, out + g + 16 * k + 8);
+        }
+    }
+    for (; g < n; ++g) {
+        const size_t i = c0 + g;
+        const uint8_t byte = prow[i / 2];
+        out[g] = int4_code(i % 2 == 0 ? (byte & 0x0F) : (byte >> 4)) * static_cast<double>(srow[i / kGroup]);
+    }
+}
+
 // ---- the lane-ordered dot products --------------------------------------------------------------------
 
 // The tail of the last chunk: elements [full, n) go to lanes 0 .. n-full-1 (full is a multiple of 16
@@ -184,11 +241,20 @@ void chunk_all_tokens(const double* w, size_t c0, size_t n, const float* x, size
     }
 }
 
+// What row o's folded lanes v become in y: the float32 of v, or of the int8 product's scale times v (kernels.h).
+struct Plain {
+    float operator()(size_t, double v) const { return to_f32(v); }
+};
+struct RowScaled {
+    const float* scale;
+    float operator()(size_t o, double v) const { return to_f32(static_cast<double>(scale[o]) * v); }
+};
+
 // Rows [r0, r1): for each row, decode chunk by chunk with `decode(row, c0, n, buffer)` and accumulate
-// every token; then fold and round each token's lanes into y[t, row].
-template <typename Decode>
+// every token; then fold each token's lanes and `finish` them into y[t, row].
+template <typename Decode, typename Finish = Plain>
 void rows_product(size_t in, const float* x, size_t tokens, float* y, size_t out, size_t r0, size_t r1,
-                  Decode decode) {
+                  Decode decode, Finish finish = Finish()) {
     if (tokens == 0 || r0 >= r1) return;
     std::vector<double> wbuf(std::min(in, kChunk));
     std::vector<double> lanes(tokens * kLanes);
@@ -199,7 +265,7 @@ void rows_product(size_t in, const float* x, size_t tokens, float* y, size_t out
             decode(o, c0, n, wbuf.data());
             chunk_all_tokens(wbuf.data(), c0, n, x, in, tokens, lanes.data());
         }
-        for (size_t t = 0; t < tokens; ++t) y[t * out + o] = to_f32(lane_combine(lanes.data() + t * kLanes));
+        for (size_t t = 0; t < tokens; ++t) y[t * out + o] = finish(o, lane_combine(lanes.data() + t * kLanes));
     }
 }
 
@@ -220,6 +286,21 @@ void mxfp4(const uint8_t* packed, const uint8_t* scale, size_t in, const float* 
     });
 }
 
+void int8_rows(const int8_t* codes, const float* scale, size_t in, const float* x, size_t tokens, float* y,
+               size_t out, size_t r0, size_t r1) {
+    rows_product(in, x, tokens, y, out, r0, r1, [&](size_t o, size_t c0, size_t n, double* buf) {
+        widen_i8(codes + o * in + c0, n, buf);
+    }, RowScaled{scale});
+}
+
+void int4_groups(const uint8_t* packed, const float* scale, size_t in, const float* x, size_t tokens, float* y,
+                 size_t out, size_t r0, size_t r1) {
+    const size_t groups = int4_groups_of(in);
+    rows_product(in, x, tokens, y, out, r0, r1, [&](size_t o, size_t c0, size_t n, double* buf) {
+        decode_int4(packed + o * groups * (kGroup / 2), scale + o * groups, c0, n, buf);
+    });
+}
+
 uint64_t fma_probe(size_t rounds) {
     float64x2_t acc[kProbeChains];
     for (int k = 0; k < kProbeChains; ++k) acc[k] = vdupq_n_f64(k);
@@ -235,6 +316,6 @@ uint64_t fma_probe(size_t rounds) {
 
 }  // namespace
 
-const MatrixKernels kNeon = {"neon", linear, mxfp4, fma_probe};
+const MatrixKernels kNeon = {"neon", linear, mxfp4, int8_rows, int4_groups, fma_probe};
 
 }  // namespace k3

@@ -28,12 +28,25 @@ void decode_mxfp4_row(const uint8_t* packed, const uint8_t* scale, size_t in, si
     }
 }
 
-void dot_tokens(const double* row, size_t in, const float* x, size_t tokens, float* y, size_t out, size_t o) {
+void decode_int4_row(const uint8_t* packed, const float* scale, size_t in, size_t row, double* out) {
+    const size_t groups = int4_groups_of(in);
+    const uint8_t* p = packed + row * groups * (kGroup / 2);
+    const float* s = scale + row * groups;
+    for (size_t i = 0; i < in; ++i) {  // columns past `in` (the last group's padding) are never read
+        const uint8_t byte = p[i / 2];
+        const uint8_t nibble = (i % 2 == 0) ? (byte & 0x0F) : (byte >> 4);  // column 2k: LOW nibble
+        out[i] = int4_code(nibble) * static_cast<double>(s[i / kGroup]);
+    }
+}
+
+// y[t, o] = to_f32(scale * lane_dot(row, x[t])) for every token; scale 1.0 is the plain product (1.0 * v is v).
+void dot_tokens(const double* row, size_t in, const float* x, size_t tokens, float* y, size_t out, size_t o,
+                double scale = 1.0) {
     for (size_t t = 0; t < tokens; ++t) {
         const float* xt = x + t * in;
         double acc[kLanes] = {0.0};
         for (size_t i = 0; i < in; ++i) acc[i % kLanes] += row[i] * static_cast<double>(xt[i]);
-        y[t * out + o] = to_f32(lane_combine(acc));
+        y[t * out + o] = to_f32(scale * lane_combine(acc));
     }
 }
 
@@ -55,6 +68,24 @@ void mxfp4(const uint8_t* packed, const uint8_t* scale, size_t in, const float* 
     }
 }
 
+void int8_rows(const int8_t* codes, const float* scale, size_t in, const float* x, size_t tokens, float* y,
+               size_t out, size_t r0, size_t r1) {
+    std::vector<double> row(in);
+    for (size_t o = r0; o < r1; ++o) {
+        for (size_t i = 0; i < in; ++i) row[i] = codes[o * in + i];
+        dot_tokens(row.data(), in, x, tokens, y, out, o, static_cast<double>(scale[o]));
+    }
+}
+
+void int4_groups(const uint8_t* packed, const float* scale, size_t in, const float* x, size_t tokens, float* y,
+                 size_t out, size_t r0, size_t r1) {
+    std::vector<double> row(in);
+    for (size_t o = r0; o < r1; ++o) {
+        decode_int4_row(packed, scale, in, o, row.data());
+        dot_tokens(row.data(), in, x, tokens, y, out, o);
+    }
+}
+
 // The scalar products round a*b and then the sum (no FMA, -ffp-contract=off), so their bound is this loop's.
 uint64_t fma_probe(size_t rounds) {
     double acc[kProbeChains];
@@ -69,6 +100,6 @@ uint64_t fma_probe(size_t rounds) {
 
 }  // namespace
 
-const MatrixKernels kScalar = {"scalar", linear, mxfp4, fma_probe};
+const MatrixKernels kScalar = {"scalar", linear, mxfp4, int8_rows, int4_groups, fma_probe};
 
 }  // namespace k3

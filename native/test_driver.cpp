@@ -9,8 +9,10 @@
 // Inputs come from a fixed-seed PRNG: widths that are not multiples of any SIMD width, several row and
 // token counts, and data kinds that reach every special case (+-inf, NaN and signalling NaN, f32, bf16 and
 // f16 subnormals, huge values that overflow float32 on the way out, cancellation, MXFP4 scale bytes
-// 0/1/254/255). Each case also counts how many of its outputs would change under a wrong summation
-// order, so a pass means something. One line per case, a summary, exit status 1 on any mismatch.
+// 0/1/254/255; the draft trunk's int8 rows and int4 groups with scales 0, subnormal, huge, inf and NaN,
+// int8 code -128, and int4 padding nibbles that must stay unread under an infinite or NaN scale). Each case
+// also counts how many of its outputs would change under a wrong summation order, so a pass means
+// something. One line per case, a summary, exit status 1 on any mismatch.
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -215,10 +217,10 @@ uint32_t big_w_bits(Rng& r, WeightType t) {
 // started at +0.0 changes no bit). Note that some wrong-looking mappings are NOT different orders:
 // element i into lane (i + c) mod 16, or into lane i XOR c, only relabels the leaves of the fold tree
 // (8, 4, 2, 1 pairs lanes by their low bits, and addition is commutative), so it gives identical bits.
-float other_order_dot(const double* w, const float* x, size_t n, int lanes) {
+float other_order_dot(const double* w, const float* x, size_t n, int lanes, double scale) {
     double acc[k3::kLanes] = {0.0};
     for (size_t i = 0; i < n; ++i) acc[i % lanes] += w[i] * static_cast<double>(x[i]);
-    return k3::to_f32(k3::lane_combine(acc));
+    return k3::to_f32(scale * k3::lane_combine(acc));
 }
 
 // ---- backends -------------------------------------------------------------------------------------------
@@ -228,7 +230,10 @@ std::vector<const MatrixKernels*> backends_under_test() {
 #if defined(K3_HAVE_AVX2) || defined(K3_HAVE_AVX512)
     const k3::CpuFeatures f = k3::detect_cpu_features();
 #endif
-#if defined(K3_HAVE_AVX512)
+#if defined(K3_HAVE_AVX512) && defined(K3_AVX512_EMULATED)  // native/avx512-check.sh: any x86-64 CPU runs it
+    b.push_back(&k3::kAvx512);
+    (void)f;
+#elif defined(K3_HAVE_AVX512)
     if (f.avx512f && f.avx512bw && f.avx512vl) b.push_back(&k3::kAvx512);
     else std::printf("note: avx512 compiled in but this CPU lacks AVX-512 F/BW/VL: skipped\n");
 #endif
@@ -287,6 +292,7 @@ struct Case {
     Run run;
     const double* wide;  // rows x in widened weights, for the order-sensitivity count
     const float* x;
+    const float* row_scale = nullptr;  // int8: each row's sum is then multiplied by its scale
 };
 
 // First difference between two output buffers, or -1.
@@ -313,8 +319,9 @@ bool check_case(const Case& c, const std::vector<const MatrixKernels*>& backends
             const double* w = c.wide + o * c.in;
             const float* x = c.x + t * c.in;
             const uint32_t b = bits_f32(v);
-            if (bits_f32(other_order_dot(w, x, c.in, 1)) != b) ++seq;
-            if (bits_f32(other_order_dot(w, x, c.in, 8)) != b) ++eight;
+            const double scale = c.row_scale ? static_cast<double>(c.row_scale[o]) : 1.0;
+            if (bits_f32(other_order_dot(w, x, c.in, 1, scale)) != b) ++seq;
+            if (bits_f32(other_order_dot(w, x, c.in, 8, scale)) != b) ++eight;
         }
     tot.outputs += static_cast<long>(n), tot.nan += nan, tot.inf += inf, tot.subnormal += sub, tot.zero += zero;
     tot.seq_differs += seq, tot.eight_differs += eight;
@@ -401,6 +408,130 @@ struct MxCtx {
 void run_mxfp4(const MatrixKernels& k, const void* p, float* y, size_t r0, size_t r1) {
     const MxCtx& c = *static_cast<const MxCtx*>(p);
     k.mxfp4(c.packed.data(), c.scale.data(), c.in, c.x.data(), c.tokens, y, c.rows, r0, r1);
+}
+
+// ---- the draft trunk's int8 rows and int4 groups ------------------------------------------------------------
+
+// A float32 scale for a kind: 0, subnormal, huge, inf and NaN among them where the kind asks. Subnormal scales
+// with x near 1 give subnormal and zero results; huge ones with x near 1 overflow float32 on the way out, or not.
+float draft_scale(Rng& r, Kind k) {
+    switch (k) {
+        case Kind::Random: return std::fabs(f32_random(r, -12, 0));
+        case Kind::Cancel: return std::fabs(f32_random(r, -2, 2));
+        case Kind::Subnormal: return r.chance(0.1) ? 0.0f : std::fabs(f32_random(r, -149, -120));
+        case Kind::Huge: return std::fabs(f32_random(r, 70, 127));
+        case Kind::Specials: return r.chance(0.1) ? f32_bits(pick(r, kF32Specials)) : f32_random(r, -20, 5);
+        default: return 1.0f;
+    }
+}
+
+float draft_x(Rng& r, Kind k) {
+    switch (k) {
+        case Kind::Subnormal: return r.chance(0.3) ? x_value(r, k) : f32_random(r, -8, 8);
+        case Kind::Huge: return r.chance(0.02) ? x_value(r, k) : f32_random(r, -30, 8);
+        default: return x_value(r, k);
+    }
+}
+
+struct Int8Ctx {
+    std::vector<int8_t> codes;
+    std::vector<float> scale;
+    size_t in, rows, tokens;
+    std::vector<float> x;
+};
+
+void run_int8(const MatrixKernels& k, const void* p, float* y, size_t r0, size_t r1) {
+    const Int8Ctx& c = *static_cast<const Int8Ctx*>(p);
+    k.int8_rows(c.codes.data(), c.scale.data(), c.in, c.x.data(), c.tokens, y, c.rows, r0, r1);
+}
+
+struct Int4Ctx {
+    std::vector<uint8_t> packed;  // rows x G * 16, the padding's nibbles random too
+    std::vector<float> scale;     // rows x G
+    size_t in, rows, tokens;
+    std::vector<float> x;
+};
+
+void run_int4(const MatrixKernels& k, const void* p, float* y, size_t r0, size_t r1) {
+    const Int4Ctx& c = *static_cast<const Int4Ctx*>(p);
+    k.int4_groups(c.packed.data(), c.scale.data(), c.in, c.x.data(), c.tokens, y, c.rows, r0, r1);
+}
+
+void draft_cases(Rng& rng, const std::vector<const MatrixKernels*>& backends, Totals& tot) {
+    const size_t kDraftIn[] = {0, 1, 15, 17, 31, 32, 33, 100, 257, 600};
+    const size_t kRows[] = {1, 3, 17};
+    const size_t kTokens[] = {1, 2, 3, 5, 64};
+    for (int k = 0; k < static_cast<int>(Kind::Count); ++k)
+        for (size_t in : kDraftIn)
+            for (size_t rows : kRows)
+                for (size_t tokens : kTokens) {
+                    const Kind kind = static_cast<Kind>(k);
+                    Int8Ctx c;
+                    c.in = in, c.rows = rows, c.tokens = tokens;
+                    for (size_t i = 0; i < rows * in; ++i)
+                        c.codes.push_back(static_cast<int8_t>(
+                            kind == Kind::Specials && rng.chance(0.05) ? -128 : rng.range(-127, 127)));
+                    for (size_t o = 0; o < rows; ++o) c.scale.push_back(draft_scale(rng, kind));
+                    for (size_t i = 0; i < tokens * in; ++i) c.x.push_back(draft_x(rng, kind));
+                    if (kind == Kind::Cancel)  // opposite codes, equal big x
+                        for (const auto& pq : cancelling_pairs(rng, in, in)) {
+                            for (size_t o = 0; o < rows; ++o) {
+                                const int8_t code = static_cast<int8_t>(rng.range(1, 127));
+                                c.codes[o * in + pq.first] = code;
+                                c.codes[o * in + pq.second] = static_cast<int8_t>(-code);
+                            }
+                            for (size_t t = 0; t < tokens; ++t)
+                                c.x[t * in + pq.first] = c.x[t * in + pq.second] = f32_random(rng, 16, 30);
+                        }
+                    std::vector<double> wide(c.codes.begin(), c.codes.end());
+                    char label[128];
+                    std::snprintf(label, sizeof label, "int8_rows   in=%-4zu rows=%-2zu tokens=%-2zu %-9s", in, rows,
+                                  tokens, kind_name(kind));
+                    Case cs{label, in, rows, tokens, &c, run_int8, wide.data(), c.x.data()};
+                    cs.row_scale = c.scale.data();
+                    check_case(cs, backends, tot);
+                }
+    for (int k = 0; k < static_cast<int>(Kind::Count); ++k)
+        for (size_t in : kDraftIn)
+            for (size_t rows : kRows)
+                for (size_t tokens : kTokens) {
+                    const Kind kind = static_cast<Kind>(k);
+                    Int4Ctx c;
+                    c.in = in, c.rows = rows, c.tokens = tokens;
+                    const size_t groups = k3::int4_groups_of(in), row_bytes = groups * k3::kGroup / 2;
+                    for (size_t i = 0; i < rows * row_bytes; ++i) c.packed.push_back(static_cast<uint8_t>(rng.next()));
+                    for (size_t i = 0; i < rows * groups; ++i) c.scale.push_back(draft_scale(rng, kind));
+                    if (kind == Kind::Specials)  // a padded group's scale is inf or NaN: its padding must stay unread
+                        for (size_t o = 0; o < rows && in % k3::kGroup; ++o)
+                            c.scale[o * groups + groups - 1] = f32_bits(rng.chance(0.5) ? 0x7F800000u : 0x7FC00000u);
+                    for (size_t i = 0; i < tokens * in; ++i) c.x.push_back(draft_x(rng, kind));
+                    if (kind == Kind::Cancel)  // opposite codes (nibbles n and 16 - n) in one group, equal big x
+                        for (const auto& pq : cancelling_pairs(rng, in, k3::kGroup)) {
+                            for (size_t o = 0; o < rows; ++o) {
+                                const uint8_t n = static_cast<uint8_t>(rng.range(1, 15));
+                                const uint8_t nibbles[2] = {n, static_cast<uint8_t>(16 - n)};
+                                const size_t ps[2] = {pq.first, pq.second};
+                                for (int m = 0; m < 2; ++m) {
+                                    uint8_t& byte = c.packed[o * row_bytes + ps[m] / 2];
+                                    byte = ps[m] % 2 == 0 ? static_cast<uint8_t>((byte & 0xF0) | nibbles[m])
+                                                          : static_cast<uint8_t>((byte & 0x0F) | (nibbles[m] << 4));
+                                }
+                            }
+                            for (size_t t = 0; t < tokens; ++t)
+                                c.x[t * in + pq.first] = c.x[t * in + pq.second] = f32_random(rng, 8, 24);
+                        }
+                    std::vector<double> wide(rows * in);  // the contract's decode, written out again here
+                    for (size_t o = 0; o < rows; ++o)
+                        for (size_t i = 0; i < in; ++i) {
+                            const uint8_t byte = c.packed[o * row_bytes + i / 2];
+                            const int code = (i % 2 == 0 ? (byte & 0x0F) : (byte >> 4)) - 8;
+                            wide[o * in + i] = code * static_cast<double>(c.scale[o * groups + i / k3::kGroup]);
+                        }
+                    char label[128];
+                    std::snprintf(label, sizeof label, "int4_groups in=%-4zu rows=%-2zu tokens=%-2zu %-9s", in, rows,
+                                  tokens, kind_name(kind));
+                    check_case({label, in, rows, tokens, &c, run_int4, wide.data(), c.x.data()}, backends, tot);
+                }
 }
 
 }  // namespace
@@ -511,6 +642,8 @@ int main() {
                                   tokens, kind_name(kind));
                     check_case({label, in, rows, tokens, &c, run_mxfp4, wide.data(), c.x.data()}, backends, tot);
                 }
+
+    draft_cases(rng, backends, tot);
 
     std::printf("\nsummary: %d backend-case checks, %d passed, %d failed (backends: %s)\n", tot.passed + tot.failed,
                 tot.passed, tot.failed, names.c_str());

@@ -8,7 +8,8 @@ from k3core import _native
 from k3core.cli.main import main
 
 BENCHES = {"bf16_t1", "mxfp4_t1", "bf16_t1_hot", "mxfp4_t1_hot", "experts",
-           *(f"{k}_t{t}" for k in ("bf16", "mxfp4") for t in (2, 4, 8, 16, 64))}
+           *(f"{k}_t{t}" for k in ("bf16", "mxfp4") for t in (2, 4, 8, 16, 64)),
+           *(f"draft_{k}_t{t}" for k in ("int8", "int4") for t in (1, 64))}
 
 
 def numbers(node, path=""):

@@ -14,6 +14,7 @@ import pytest
 
 from k3core.errors import TrunkError, UnsoundRunError, UsageError
 from k3core.format.checkpoint import EMBED, HEAD
+from k3core.plugins.reference_kernels import ReferenceKernels
 from k3core.io import draft_pack, pack
 from k3core.io.draft_trunk import (COPIED, DATA, INT4, INT8, DraftSpec, draft_bytes, draft_linear, open_draft_trunk,
                                    parse_layers, quantize)
@@ -210,13 +211,13 @@ def test_draft_linear_matches_a_float64_product_of_the_dequantized_weights(trunk
         xt = x[:, :t.shape[1]]
         codes, scale = codes_and_scales(t)
         w = codes * scale                                     # the dequantized weights in float64, exactly
-        y = draft_linear(t, xt)
+        y = draft_linear(t, xt, ReferenceKernels())
         assert y.dtype == np.float32 and y.shape == (5, t.shape[0])
         bound = 4 * t.shape[1] * np.finfo(np.float32).eps * (np.abs(xt) @ np.abs(w).T)  # float32 rounding, summed
         assert np.all(np.abs(y - xt.astype(np.float64) @ w.T) <= bound), t.name
-        assert draft_linear(t, xt).tobytes() == y.tobytes()   # deterministic
+        assert draft_linear(t, xt, ReferenceKernels()).tobytes() == y.tobytes()   # deterministic
     with pytest.raises(ValueError, match="takes float32"):
-        draft_linear(t, xt.astype(np.float64))
+        draft_linear(t, xt.astype(np.float64), ReferenceKernels())
 
 
 # ---- interruption and resume ---------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from k3core import _native
 from k3core.io import draft_pack, pack
 from k3core.io.draft_trunk import DraftSpec, default_dir
 from k3core.model.draft_weights import held_bytes
+from k3core.model.engine import Observer
 from k3core.plugin_api import DraftSource
 from k3core.plugins.self_draft import SelfDraft
 from k3core.testing import draft_source_checks
@@ -172,7 +173,7 @@ def test_self_without_a_draft_trunk_is_refused_naming_the_flag(tiny_model):
 def test_bad_draft_settings_are_refused_before_anything_loads(tiny_model, tiny_trunk, tmp_path):
     with pytest.raises(UsageError, match="draft_trunk is derived from a packed trunk"):
         EngineConfig(tiny_model, draft_trunk="int8")
-    with pytest.raises(UsageError, match="draft_topk sets"):
+    with pytest.raises(UsageError, match="draft_topk and draft_cache_only set"):
         EngineConfig(tiny_model, trunk=tiny_trunk, draft_topk=1)
     with pytest.raises(UsageError, match="routes each token to 2 experts"):
         open_engine(EngineConfig(tiny_model, trunk=tiny_trunk, draft_trunk="int8", draft_topk=3), available=1 << 40)
@@ -258,3 +259,29 @@ def test_auto_without_a_draft_trunk_drafts_with_suffix_alone(tiny_model):
     with open_engine(EngineConfig(tiny_model, speculate=AUTO_K), available=1 << 40) as engine:
         want = generation(engine, PROMPT * 3, 12, GREEDY)
         assert generation(engine, PROMPT * 3, 12, GREEDY, speculation("auto", "auto")) == want
+
+
+class Routes(Observer):
+    def __init__(self):
+        self.seen = []
+
+    def on_route(self, layer, expert_ids):
+        self.seen.append((layer, sorted({int(e) for e in expert_ids.flat})))
+
+
+def test_a_cache_only_draft_routes_to_held_experts_reads_none_and_keeps_the_serial_ids(tiny_model, tiny_trunk):
+    config = EngineConfig(tiny_model, trunk=tiny_trunk, draft_trunk="int8", draft_cache_only=True, speculate=4,
+                          max_context=64, cache_gb=0.0005)
+    with open_engine(config, available=1 << 40) as engine:
+        assert "only those the expert cache holds" in engine.plan.text()
+        want = generation(engine, PROMPT, 12, GREEDY)  # fills the small cache with some experts
+        model, routes = engine.draft, Routes()
+        held = {L: set(engine.store.held(L)) for L in range(engine.config.num_hidden_layers)}
+        assert 0 < sum(map(len, held.values())) < engine.config.num_experts * len(held)
+        read = engine.store.stats()["expert_bytes_read"]
+        model.forward(PROMPT, model.new_state(), observers=[routes])
+        assert engine.store.stats()["expert_bytes_read"] == read
+        assert any(ids for _, ids in routes.seen) and all(set(ids) <= held[L] for L, ids in routes.seen)
+        assert generation(engine, PROMPT, 12, GREEDY, self_spec(4)) == want
+    with pytest.raises(UsageError, match="give draft_trunk too"):
+        EngineConfig(tiny_model, trunk=tiny_trunk, draft_cache_only=True)

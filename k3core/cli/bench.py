@@ -1,7 +1,8 @@
 """`k3 bench`: measure the native kernels on real K3 shapes against a memory-read probe and numpy.
 
-`k3 bench kernels` times bf16 and MXFP4 products (T = 1, 2, 4, 8, 16, 64), a 16-expert MoE batch and numpy
-baselines of the same work, all in one run, and prints a table (or JSON with --json).
+`k3 bench kernels` times bf16 and MXFP4 products (T = 1, 2, 4, 8, 16, 64), a 16-expert MoE batch, a draft trunk's
+int8 and int4 products of q_proj (T = 1, 64) and numpy baselines of the same work, all in one run, and prints a table
+(or JSON with --json).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from ..machine.rates import machine_info, measure_fma, timed
 
 MB = 1e6
 GEMM_TOKENS = (2, 4, 8, 16, 64)  # the small batches of speculation and batched sequences, and a prefill chunk
+DRAFT_TOKENS = (1, 64)  # a draft model's decode step and a prefill chunk
 HOT_ROWS = 64  # rows of the in-cache bf16 GEMV (917 kB of q_proj); the MXFP4 one takes 4x as many (458 kB of w1)
 TARGET_MX_PER_CORE, TARGET_BF16_PROBE, TARGET_VS_NUMPY = 10.0, 0.60, 3.0
 # byte b -> (E2M1 of its low nibble, E2M1 of its high nibble); scale byte -> 2^(b-127), 255 -> 0
@@ -71,6 +73,30 @@ def numpy_mxfp4(p, s, x, bufs):
     np.take(PAIRS, p, axis=0, out=buf, mode="clip")
     buf.reshape(rows, -1, 32)[...] *= SCALES[s][:, :, None]
     return x @ buf.reshape(rows, -1).T
+
+
+def draft_weights(bf16):
+    """q_proj as a draft trunk holds it (io/draft_trunk.py quantize, from the bf16 values): {kind: (data, scales)}."""
+    from ..io.draft_trunk import INT4, INT8, STEP, quantize
+    w = np.empty(bf16.shape, np.float32)
+    w.view(np.uint32)[...] = bf16.astype(np.uint32) << 16
+    step = max(1, STEP // bf16.shape[1])
+    parts = {kind: [quantize(kind, w[lo:lo + step], "q_proj") for lo in range(0, len(w), step)]
+             for kind in (INT8, INT4)}
+    return {kind: tuple(np.concatenate(a) for a in zip(*p)) for kind, p in parts.items()}
+
+
+def numpy_draft(kind, data, scales, x, f32):
+    """The numpy path draft_linear was before the draft kernels: dequantize to float32 (into f32), then W @ x."""
+    from ..io.draft_trunk import INT8, unpack_int4
+    w = f32.view(np.float32)
+    if kind == INT8:
+        np.multiply(data, scales[:, None], out=w, dtype=np.float32)
+    else:
+        rows, cols = w.shape
+        np.multiply(unpack_int4(data)[:, :cols].reshape(rows, -1), np.repeat(scales, 32, axis=1)[:, :cols], out=w,
+                    dtype=np.float32)
+    return x @ w.T
 
 
 def numpy_expert(e, z, bufs, beta=4.0, lin=25.0):
@@ -133,7 +159,19 @@ def works(s: Shapes, bf16, experts, xs):
                  sum(e[i].size * 2 for e in experts for i in (0, 2, 4)),
                  lambda k: lambda: [k.expert(*e, z, 4.0, 25.0) for e in experts],
                  lambda: [numpy_expert(e, z, bufs) for e in experts])
-    return [bf16_work(1), mx_work(1), *hot, batch, *map(bf16_work, GEMM_TOKENS), *map(mx_work, GEMM_TOKENS)]
+    drafts = draft_weights(bf16)
+
+    def draft_work(kind, t):
+        (data, scales), x, short = drafts[kind], xs[s.hidden, t], kind.split("_")[0]
+        call = (lambda k: lambda: k.int8_linear(data, scales, x)) if short == "int8" else \
+            (lambda k: lambda: k.int4_linear(data, scales, s.hidden, x))
+        return Work(f"draft_{short}_t{t}", f"draft {short} {'GEMV' if t == 1 else 'GEMM'} T={t}: q_proj "
+                    f"{s.proj}x{s.hidden} as `k3 pack --draft {short}` holds it "
+                    f"({size(data.nbytes + scales.nbytes)} codes+scales)", t,
+                    data.nbytes + scales.nbytes, bf16.size * t, call, lambda: numpy_draft(kind, data, scales, x, f32))
+
+    return [bf16_work(1), mx_work(1), *hot, batch, *map(bf16_work, GEMM_TOKENS), *map(mx_work, GEMM_TOKENS),
+            *(draft_work(kind, t) for kind in drafts for t in DRAFT_TOKENS)]
 
 
 # ---- measuring ----
@@ -294,6 +332,8 @@ Time the native matrix kernels on real K3 shapes (MODEL.md §1/§3/§5), all in 
                      (packed + scale bytes)
   small-batch GEMM   the same bf16 and MXFP4 work with T=2, 4, 8, 16, 64: weight GB/s, tokens/s and
                      tokens/s against T=1 (xT=1): what one pass over the weights gives several positions
+  draft products     q_proj quantized as a draft trunk holds it (int8 rows; int4 groups of 32), T=1 and
+                     64: codes+scales GB/s; numpy dequantizes to float32, then W @ x
   numpy baselines    the same work in numpy: bf16 widened to float32 then W @ x; MXFP4 decoded
                      with lookup tables then W @ x (BLAS threads as numpy ships them)
 Each cell: one warm-up call, repeats for --seconds (at least 3), median and min per call; inputs

@@ -130,6 +130,9 @@ def add_speculation_arguments(p: argparse.ArgumentParser) -> None:
                         "memory plan counts it")
     g.add_argument("--draft-topk", type=int, metavar="N", default=None,
                    help="routed experts per token of the draft model (default: half the model's)")
+    g.add_argument("--draft-cache-only", action="store_true", default=None,
+                   help="the draft model routes only to experts the expert cache holds, so drafting reads nothing "
+                        "from disk (its ids agree less often)")
     g.add_argument("--draft-memory", type=GB, metavar="GB", default=None,
                    help="memory a draft source keeps across conversations (suffix's index; default 0.067 GB), "
                         "counted in the memory plan")
@@ -199,7 +202,7 @@ def speculate_k(args) -> int:
 
     value = getattr(args, "speculate", None)
     if value is None:
-        for flag in ("draft", "draft_trunk", "draft_topk"):
+        for flag in ("draft", "draft_trunk", "draft_topk", "draft_cache_only"):
             if getattr(args, flag, None) is not None:
                 raise UsageError(f"--{flag.replace('_', '-')} needs --speculate K or --speculate auto")
         return 0
@@ -300,7 +303,8 @@ def engine_config_from_args(args):
                   sequences=getattr(args, "sequences", 1), kept_states=getattr(args, "keep_states", 0),
                   prompt_cache_gb=getattr(args, "prompt_cache_gb", 0.0),
                   draft_memory_gb=draft_memory_gb(args) if hasattr(args, "speculate") else 0.0,
-                  draft_trunk=getattr(args, "draft_trunk", None), draft_topk=getattr(args, "draft_topk", None))
+                  draft_trunk=getattr(args, "draft_trunk", None), draft_topk=getattr(args, "draft_topk", None),
+                  draft_cache_only=bool(getattr(args, "draft_cache_only", None)))
     check_threads(args.threads)
     if args.model:
         check_model_dir(args.model)

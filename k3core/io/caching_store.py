@@ -125,6 +125,9 @@ class CachingStore(ExpertStore):
         self.prefetch_used += 1
         return landed[i]
 
+    def held(self, layer):
+        return sorted(e for (L, e) in self._slot_of if L == layer)
+
     def fetch(self, layer, experts):
         started = time.perf_counter()
         try:

@@ -1,9 +1,10 @@
 """A draft trunk: the weights of a cheaper copy of the model, derived from a packed trunk (`k3 pack --draft`), for a
 draft source that proposes ids the exact model then verifies. Drafts never decide a token, so nothing here has to
 match anything bit for bit, but all of it is deterministic. This module holds the derivation, the format
-(docs/DRAFT-TRUNK.md, byte for byte), its reader and the numpy reference product `draft_linear`; it does not hold
-the writer (io/draft_pack.py), the `self` draft source, nor native int8/int4 kernels. Checked by
-tests/test_draft_trunk.py against an independent re-derivation from the trunk's bf16 values.
+(docs/DRAFT-TRUNK.md, byte for byte), its reader and `draft_linear`, a draft tensor's product by a kernel backend's
+int8_linear / int4_linear; it does not hold the writer (io/draft_pack.py), the `self` draft source, nor those kernels
+(their arithmetic: native/kernels.h, docs/NUMERICS.md). Checked by tests/test_draft_trunk.py against an independent
+re-derivation from the trunk's bf16 values.
 
 The derivation: every 2-D BF16 tensor of the chosen layers' runs and of the model run (each projection, the router,
 lm_head) is quantized from its bf16 values (exact in float32), row by row; the embedding is left out (a draft reads
@@ -218,18 +219,19 @@ class DraftTensor:
         return (codes.reshape(rows, -1, GROUP) * self.scales[lo:hi, :, None]).reshape(rows, -1)[:, :self.shape[1]]
 
 
-def draft_linear(t: DraftTensor, x: np.ndarray) -> np.ndarray:
-    """y = x · Wᵀ, float32 [T, out], for x float32 [T, in]: W dequantized (DraftTensor.dequantized) a block of rows
-    at a time, each block's product one float32 matmul (numpy's BLAS). The same inputs give the same bytes on one
-    machine; a native kernel is checked against it within float32 tolerance."""
+def draft_linear(t: DraftTensor, x: np.ndarray, kernels) -> np.ndarray:
+    """y = x · Wᵀ, float32 [T, out], for x float32 [T, in], from the codes as stored: `kernels`' (a KernelBackend)
+    int8_linear or int4_linear by the tensor's kind, linear for a copied matrix. Every built-in backend gives the same
+    bytes, at any thread count, for a row alone or in a batch (docs/NUMERICS.md)."""
     rows, cols = t.shape
     if x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != cols:
         raise ValueError(f"draft_linear of {t.name} [{rows}, {cols}] takes float32 [T, {cols}], got {x.dtype} "
                          f"{list(x.shape)}")
-    y, step = np.empty((x.shape[0], rows), np.float32), max(1, STEP // max(cols, 1))
-    for lo in range(0, rows, step):
-        y[:, lo:lo + step] = x @ t.dequantized(lo, min(rows, lo + step)).T
-    return y
+    if t.kind == INT8:
+        return kernels.int8_linear(t.data, t.scales, x)
+    if t.kind == INT4:
+        return kernels.int4_linear(t.data, t.scales, cols, x)
+    return kernels.linear(Param(t.data, t.dtype, t.name), x)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """What a draft model runs on: the weights of a draft trunk (io/draft_trunk.py, `k3 pack --draft`), its kernels, its
 memory-plan rows and its opening. The draft model itself — the K3 graph of an open engine on these weights with fewer
 routed experts per token (issue 40) — is engine.py's DraftModel; the `self` draft source proposes with it. Nothing
-here decides a token: its products are draft_linear's (deterministic, not bit-identical to the exact kernels), and
-its routing takes the top `top_k` of the router's scores instead of the model's num_experts_per_token.
+here decides a token: its products are the engine kernels' int8_linear / int4_linear (the same bytes on every backend,
+thread count and number of rows, docs/NUMERICS.md; not the exact model's, whose weights they approximate), and its
+routing takes the top `top_k` of the router's scores instead of the model's num_experts_per_token.
 
 A draft model shares what the engine holds — the checkpoint, the kernels (every product but a draft tensor's), the attention
 backends, the expert store (the same MXFP4 experts, fewer of them), the embedding rows (the draft trunk has none) —
@@ -31,13 +32,17 @@ DEQUANTIZED = ("self_attn.kv_b_proj.weight",)  # read per head, transposed: held
 
 
 class DraftKernels:
-    """An engine's kernels, a draft tensor's product by draft_linear."""
+    """An engine's kernels; a draft tensor's product by the same backend's int8_linear / int4_linear (draft_linear)."""
 
     def __init__(self, base, kind: str):
+        if not getattr(base, "has_draft_kernels", False):
+            raise UsageError(f"kernel backend {base.name!r} has no draft kernels (int8_linear, int4_linear), which a "
+                             "draft model (--draft-trunk) runs on: pick one of k3's own with --kernels, or leave out "
+                             "--draft-trunk")
         self.base, self.name = base, f"{base.name} + draft {kind}"
 
     def linear(self, w, x: np.ndarray) -> np.ndarray:
-        return draft_linear(w, x) if isinstance(w, DraftTensor) else self.base.linear(w, x)
+        return draft_linear(w, x, self.base) if isinstance(w, DraftTensor) else self.base.linear(w, x)
 
     def __getattr__(self, name: str):
         return getattr(self.base, name)
@@ -109,7 +114,8 @@ def plan_rows(draft: DraftTrunk, r: Resolved, e: EngineConfig, top_k: int) -> li
     each = f", x {e.sequences} sequences" if e.sequences > 1 else ""
     return [PlanRow("draft trunk", held_bytes(draft), f"{draft.spec.kind} draft of {len(layers)} layers "
                     f"({draft.directory}), held; {top_k} of {c.num_experts_per_token} routed experts per token "
-                    "(--draft-topk)"),
+                    "(--draft-topk)" + (", only those the expert cache holds (--draft-cache-only)"
+                                        if e.draft_cache_only else "")),
             PlanRow("draft decode state", (state + rollback) * e.sequences,
                     f"the draft model's, {e.max_context} positions and the rollback of {e.speculate} drafted ids{each}")]
 

@@ -112,11 +112,12 @@ class Engine:
         self.tokens_forwarded = self.forward_passes = 0
         self._bound = BindCheck()  # what the placer hands out, checked for NaN and infinity (model/finite.py)
         self._snapshots: dict[int, list[str]] = {}  # layer -> its state arrays that are not positional
+        self.cache_only = False  # the model routes as the checkpoint says; a cache-only draft model does not
         self.draft: DraftModel | None = None  # the model on a draft trunk (--draft-trunk): what `self` drafts run
         if draft is not None:
             try:
                 self.draft = DraftModel(self, DraftPlacer(self, draft),
-                                        draft_topk(config, self.config.num_experts_per_token))
+                                        draft_topk(config, self.config.num_experts_per_token), config.draft_cache_only)
             except BaseException:
                 self.close()
                 raise
@@ -172,7 +173,7 @@ class Engine:
                 o.on_layer(L, c.num_hidden_layers)
             w = self._bound.layer(L, self.placer.layer(L))
             segments = [(a, b, state.layers[L]) for a, b, (_, state) in zip(starts, ends, batch)]
-            decoder_layer(L, w, stream, segments, c, kr, self.attention_for(L), self.store, observers)
+            decoder_layer(L, w, stream, segments, c, kr, self.attention_for(L), self.store, observers, self.cache_only)
             if not np.isfinite(stream.prefix).all():  # say where, instead of sampling from NaN logits
                 raise output_error(L, w)
             if asking := [o for o in hidden if L in o.hidden_layers]:
@@ -321,13 +322,18 @@ class Engine:
 
 def decoder_layer(L: int, w: Weights, stream: Residual, segments: Sequence[tuple[int, int, Any]], c: Config,
                   kr: KernelBackend, attention: AttentionBackend, store: ExpertStore,
-                  observers: Sequence[Observer] = ()) -> None:
+                  observers: Sequence[Observer] = (), cache_only: bool = False) -> None:
     """One layer (MODEL.md §4.1): AttnRes in, attention, AttnRes, MLP or latent MoE; updates `stream`.
-    `segments`: (start, stop, layer state) of each sequence's rows; only attention tells them apart."""
+    `segments`: (start, stop, layer state) of each sequence's rows; only attention tells them apart. `cache_only` (a
+    draft model's --draft-cache-only): route only to the experts the store holds, and read nothing ahead."""
     h = stream.mix(kr, fold(w, "self_attention_res"), c.rms_norm_eps) if stream.blocks else stream.prefix
     if L % c.attn_res_block_size == 0:
         stream.close_block()  # the snapshot is the layer's INPUT prefix
-    if not c.is_dense(L):
+    allowed = None
+    if cache_only and not c.is_dense(L):
+        allowed = np.zeros(c.num_experts, bool)
+        allowed[list(store.held(L))] = True
+    elif not c.is_dense(L):
         prefetch_guess(w, h, L, c, kr, store)  # the expert reads overlap the attention below
     x = kr.rmsnorm(h, w.vec("input_layernorm.weight"), c.rms_norm_eps)
     if len(segments) == 1:
@@ -336,15 +342,16 @@ def decoder_layer(L: int, w: Weights, stream: Residual, segments: Sequence[tuple
         stream.add(attention.forward_batch(w, x, segments, c, kr))
     h = stream.mix(kr, fold(w, "mlp_res"), c.rms_norm_eps)
     x = kr.rmsnorm(h, w.vec("post_attention_layernorm.weight"), c.rms_norm_eps)
-    stream.add(dense_mlp(w, x, c, kr) if c.is_dense(L) else latent_moe(w, x, L, c, kr, store, observers))
+    stream.add(dense_mlp(w, x, c, kr) if c.is_dense(L) else latent_moe(w, x, L, c, kr, store, observers, allowed))
 
 
 class DraftModel(Engine):
-    """`target`'s graph on the draft weights `placer` holds with `top_k` routed experts per token: new_state, forward,
-    logits, mark and rollback as the engine's (model/engine.py), each state the draft model's own. Draft models of
-    one placer share its weights (read once)."""
+    """`target`'s graph on the draft weights `placer` holds with `top_k` routed experts per token — with `cache_only`,
+    among those the store holds at the time (it then reads no expert) — : new_state, forward, logits, mark and
+    rollback as the engine's (model/engine.py), each state the draft model's own. Draft models of one placer share its
+    weights (read once)."""
 
-    def __init__(self, target: Engine, placer: DraftPlacer, top_k: int):
+    def __init__(self, target: Engine, placer: DraftPlacer, top_k: int, cache_only: bool = False):
         most = target.config.num_experts_per_token
         if not (isinstance(top_k, int) and 1 <= top_k <= most):
             raise UsageError(f"the draft's routed experts per token must be an integer in 1..{most} (the model "
@@ -353,7 +360,7 @@ class DraftModel(Engine):
         self.config = replace(target.config, num_experts_per_token=top_k)
         self.kernels, self.placer = DraftKernels(target.kernels, placer.kind), placer
         self.max_context, self.prefill_chunk = target.max_context, target.prefill_chunk
-        self.sequences, self.speculate = 1, target.speculate
+        self.sequences, self.speculate, self.cache_only = 1, target.speculate, cache_only
         self.tokens_forwarded = self.forward_passes = 0
         self._bound, self._snapshots = BindCheck(), {}
         self._kept: list[DecodeState] = []     # states of ended generations, the longest-unused first
@@ -363,15 +370,19 @@ class DraftModel(Engine):
         self._read = [0, 0]  # [expert bytes read by its forwards, ids forwarded]
 
     def forward_batch(self, batch, all_logits=False, observers=(), keep_at=None):
-        before = self.store.stats().get("expert_bytes_read", 0)
+        before = self._disk_bytes()
         out = super().forward_batch(batch, all_logits, observers, keep_at)
-        self._read[0] += self.store.stats().get("expert_bytes_read", 0) - before
+        self._read[0] += self._disk_bytes() - before
         self._read[1] += sum(len(ids) for ids, _ in batch)
         return out
 
+    def _disk_bytes(self) -> int:
+        """What the shared store and the engine's placer (the embedding rows) have read so far."""
+        return self.store.stats().get("expert_bytes_read", 0) + self.placer.target.stats().get("trunk_bytes_read", 0)
+
     def forward_cost(self) -> tuple[float, float]:
         """(bytes touched in RAM, bytes read from disk) of forwarding one id: the draft trunk and top_k experts a MoE
-        layer; and the expert bytes its forwards have read per id so far (0 before any)."""
+        layer; and the bytes its forwards have read per id so far (experts, embedding rows; 0 before any)."""
         return float(self._touched), self._read[0] / self._read[1] if self._read[1] else 0.0
 
     def take_state(self, prompt: Sequence[int]) -> DecodeState:

@@ -19,11 +19,19 @@ if TYPE_CHECKING:
 P = "block_sparse_moe."
 
 
-def route(w: Weights, x: np.ndarray, c: Config, kr: KernelBackend) -> tuple[np.ndarray, np.ndarray]:
-    """(expert ids [T, k] in rank order, combine weights [T, k]) for x [T, H]."""
+def route(w: Weights, x: np.ndarray, c: Config, kr: KernelBackend,
+          allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(expert ids [T, k] in rank order, combine weights [T, k]) for x [T, H]. `allowed` (a draft model's
+    --draft-cache-only: bool [E]) keeps selection to those experts, k at most their number (k may be 0)."""
     logits = kr.linear(w[P + "gate.weight"], x)  # the router reads the FULL hidden width
     bias = w.vec(P + "gate.e_score_correction_bias")  # selection only; weights stay unbiased
-    return kr.router(logits, bias, c.num_experts_per_token, c.moe_renormalize, c.routed_scaling_factor)
+    k = c.num_experts_per_token
+    if allowed is not None:
+        k = min(k, int(allowed.sum()))
+        if k == 0:
+            return np.zeros((x.shape[0], 0), np.int64), np.zeros((x.shape[0], 0), np.float32)
+        bias = np.where(allowed, bias, -np.inf).astype(np.float32)
+    return kr.router(logits, bias, k, c.moe_renormalize, c.routed_scaling_factor)
 
 
 def prefetch_guess(w: Weights, h: np.ndarray, layer: int, c: Config, kr: KernelBackend, store: ExpertStore) -> None:
@@ -40,12 +48,14 @@ def prefetch_guess(w: Weights, h: np.ndarray, layer: int, c: Config, kr: KernelB
 
 
 def latent_moe(w: Weights, x: np.ndarray, layer: int, c: Config, kr: KernelBackend, store: ExpertStore,
-               observers: Sequence[Observer] = ()) -> np.ndarray:
-    ids, weights = route(w, x, c, kr)
+               observers: Sequence[Observer] = (), allowed: np.ndarray | None = None) -> np.ndarray:
+    ids, weights = route(w, x, c, kr, allowed)
     for o in observers:
         o.on_route(layer, ids)
     # everything that needs no routed expert runs first, while the prefetched expert reads land
     shared = dense_mlp(w, x, c, kr, P + "shared_experts.") if c.num_shared_experts else None  # original x
+    if ids.shape[1] == 0:  # a cache-only draft with no expert of this layer held: the routed part adds nothing
+        return shared if shared is not None else np.zeros_like(x)
     z = kr.linear(w[P + "routed_expert_down_proj.weight"], x)  # H → latent
     outs = np.empty((x.shape[0], ids.shape[1], z.shape[1]), np.float32)  # [T, k, latent]
     wanted = sorted({int(e) for e in ids.flat})  # each expert read once for all the tokens that chose it

@@ -60,6 +60,7 @@ class EngineConfig:
     tokenizer: str | os.PathLike | None = None    # tokenizer directory; None: the model directory
     draft_trunk: str | os.PathLike | None = None  # a draft of `trunk` (`k3 pack --draft`), or "int8"/"int4": TRUNK/draft-KIND
     draft_topk: int | None = None                 # the draft model's routed experts per token; None: half the model's
+    draft_cache_only: bool = False                # the draft model routes only to experts the store holds (reads none)
 
     def __post_init__(self):
         problems = []
@@ -113,8 +114,9 @@ class EngineConfig:
         if self.draft_trunk is not None and self.trunk is None:
             problems.append("draft_trunk is derived from a packed trunk and read beside it: give trunk too (the one "
                             "`k3 pack --draft` derived it from)")
-        if self.draft_topk is not None and self.draft_trunk is None:
-            problems.append("draft_topk sets the draft model's routed experts: give draft_trunk too")
+        check(isinstance(self.draft_cache_only, bool), "draft_cache_only", "True or False")
+        if (self.draft_topk is not None or self.draft_cache_only is True) and self.draft_trunk is None:
+            problems.append("draft_topk and draft_cache_only set how the draft model routes: give draft_trunk too")
         if problems:
             raise UsageError("bad engine config:\n" + "\n".join(f"  - {p}" for p in problems))
         object.__setattr__(self, "attention", MappingProxyType(dict(self.attention)))

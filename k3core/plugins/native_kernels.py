@@ -22,6 +22,8 @@ def _f32(a) -> np.ndarray:
 
 
 class NativeKernels(KernelBackend):
+    has_draft_kernels = True
+
     def __init__(self, name: str):
         self.name = name
         self.description = DESCRIPTIONS[name]
@@ -44,6 +46,12 @@ class NativeKernels(KernelBackend):
 
     def mxfp4_linear(self, packed, scale, x):
         return self.k.mxfp4_linear(np.ascontiguousarray(packed), np.ascontiguousarray(scale), _f32(x))
+
+    def int8_linear(self, codes, scales, x):
+        return self.k.int8_linear(np.ascontiguousarray(codes), _f32(scales), _f32(x))
+
+    def int4_linear(self, packed, scales, cols, x):
+        return self.k.int4_linear(np.ascontiguousarray(packed), _f32(scales), int(cols), _f32(x))
 
     def expert(self, e: ExpertWeights, z, beta, linear_beta):
         return self.k.expert(e.w1_packed, e.w1_scale, e.w2_packed, e.w2_scale, e.w3_packed, e.w3_scale,

@@ -18,13 +18,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..plugin_api import (DTYPES, HEAD, RAW, Param, PlanError, PlanRow, PluginOptions, Prefault, TrunkPlacer,
+from ..plugin_api import (DTYPES, HEAD, RAW, LRUPolicy, Param, PlanError, PlanRow, PluginOptions, Prefault, TrunkPlacer,
                           TrunkReader, UsageError, Weights, align_up, aligned_buffer, hookimpl, human, load_trunk,
                           open_trunk, trunk_capacity, trunk_room_for, trunk_scratch_bytes)
 
 MIN_RING = 2
 HEAD_BLOCK_BYTES = 64 << 20  # lm_head streams in row blocks of about this size when it is not pinned
 LOAD_READERS = 4             # threads reading a raw pinned layer at load time, when no expert read waits
+EMBED_ROWS_KEPT = 256        # embedding rows kept after their read (~3.7 MB on K3, within the working buffers): the
+                             # ids a draft model just embedded are the next verify pass's
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,7 @@ class PinnedPlacer(TrunkPlacer):
         small = [t for t in model.tensors if t.name != HEAD and not t.name.endswith("embed_tokens.weight")]
         self._model = Weights("", {t.name: self._read_tensor(model, t) for t in small})
         self._embed = next(t for t in model.tensors if t.name.endswith("embed_tokens.weight"))
+        self._rows, self._kept_rows = {}, LRUPolicy(EMBED_ROWS_KEPT)  # id -> its embedding row (bf16 bits), as read
         self._head_param = self._load_head() if lay.head_pinned else None
         self._units = [("layer", L) for L in range(config.num_hidden_layers) if L not in self._pinned]
         if not lay.head_pinned:
@@ -263,10 +266,18 @@ class PinnedPlacer(TrunkPlacer):
         return self._model
 
     def embed_rows(self, ids):
-        e, H = self._embed, self._embed.shape[1]
-        rows = [np.frombuffer(self.reader.read_bytes(self.trunk.model, e.offset + int(i) * H * 2, H * 2), np.uint16)
-                for i in ids]
-        return Param(np.stack(rows), e.dtype).f32()
+        return Param(np.stack([self._embed_row(int(i)) for i in ids]), self._embed.dtype).f32()
+
+    def _embed_row(self, i: int) -> np.ndarray:
+        """Row i's bits: kept from an earlier read, else read (its blocks checked) and kept."""
+        hit, evicted = self._kept_rows.access(i)
+        if evicted is not None:
+            del self._rows[evicted]
+        if not hit:
+            e, H = self._embed, self._embed.shape[1]
+            self._rows[i] = np.frombuffer(self.reader.read_bytes(self.trunk.model, e.offset + i * H * 2, H * 2),
+                                          np.uint16)
+        return self._rows[i]
 
     def head_blocks(self):
         if self._head_param is not None:

@@ -58,6 +58,37 @@ def _row_blocks(rows: int, row_bytes: int):
         yield r0, min(rows, r0 + step)
 
 
+def int8_linear(codes: np.ndarray, scales: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """A draft's int8 rows: f32(scale[o] · lane_dot(codes[o], x[t])). Each code·x is exact in float64, so only the
+    lane additions round, then the one product by the row's scale, then the float32 boundary."""
+    rows, cols = codes.shape
+    x64 = _f64(x)[:, None, :]
+    out = np.empty((x.shape[0], rows), dtype=np.float32)
+    for r0, r1 in _row_blocks(rows, cols * 8):
+        with np.errstate(over="ignore", invalid="ignore"):  # a huge, infinite or NaN scale follows IEEE
+            out[:, r0:r1] = _f32(lane_dot(x64, _f64(codes[r0:r1])[None]) * _f64(scales[r0:r1]))
+    return out
+
+
+def int4_weights(packed: np.ndarray, scales: np.ndarray, cols: int) -> np.ndarray:
+    """float64 weights [rows, cols] of a draft's int4 groups: code · scale, exact (a 4-bit code times a float32);
+    column 2k is the LOW nibble of byte k, code = nibble − 8; the last group's padding columns are dropped."""
+    nibbles = np.empty((packed.shape[0], 2 * packed.shape[1]), dtype=np.uint8)
+    nibbles[:, 0::2], nibbles[:, 1::2] = packed & 0x0F, packed >> 4
+    with np.errstate(invalid="ignore"):  # 0 · inf: NaN, as in C
+        return (nibbles[:, :cols].astype(np.float64) - 8) * np.repeat(_f64(scales), 32, axis=1)[:, :cols]
+
+
+def int4_linear(packed: np.ndarray, scales: np.ndarray, cols: int, x: np.ndarray) -> np.ndarray:
+    """A draft's int4 groups: f32(lane_dot(code · scale, x[t])), a bounded block of rows widened at a time."""
+    rows = packed.shape[0]
+    x64 = _f64(x)[:, None, :]
+    out = np.empty((x.shape[0], rows), dtype=np.float32)
+    for r0, r1 in _row_blocks(rows, cols * 8):
+        out[:, r0:r1] = _f32(lane_dot(x64, int4_weights(packed[r0:r1], scales[r0:r1], cols)[None]))
+    return out
+
+
 def _mxfp4_lane_values(packed: np.ndarray, mult: np.ndarray, j: int) -> np.ndarray:
     """float64 weights of columns j..j+15 (one lane chunk) decoded from 8 packed bytes per row."""
     chunk = packed[:, j // 2:j // 2 + LANES // 2]
@@ -71,6 +102,7 @@ class ReferenceKernels(KernelBackend):
     name = "reference"
     description = "numpy float64 reference (the readable definition; slow)"
     bit_exact = False  # numpy's exp/tanh: the scalar backend's bits wherever no transcendental is involved
+    has_draft_kernels = True
 
     def linear(self, w: Param, x: np.ndarray) -> np.ndarray:
         rows, cols = w.shape
@@ -88,6 +120,12 @@ class ReferenceKernels(KernelBackend):
         for j in range(0, packed.shape[1] * 2, LANES):  # widths are multiples of 32: no tail
             acc += x64[:, None, j:j + LANES] * _mxfp4_lane_values(packed, mult, j)[None, :, :]
         return _f32(combine_lanes(acc))
+
+    def int8_linear(self, codes, scales, x):
+        return int8_linear(codes, scales, x)
+
+    def int4_linear(self, packed, scales, cols, x):
+        return int4_linear(packed, scales, cols, x)
 
     def expert(self, e: ExpertWeights, z, beta, linear_beta):
         g = self.mxfp4_linear(e.w1_packed, e.w1_scale, z)

@@ -3,9 +3,9 @@ backend's bits. It drives tests/native (every built-in SIMD backend) and the con
 backend, `k3 plugins --check`): adding a kernel case means adding it here.
 
 Inputs reach every special case the contract names (docs/NUMERICS.md): widths that are not multiples
-of any SIMD width, ±inf, NaN, subnormals, huge values, MXFP4 scale bytes 0/1/254/255, and "cancelling"
-inputs whose large products cancel exactly only when lane j meets lane j+8 in the fold, so any other
-lane order gives other bits.
+of any SIMD width, ±inf, NaN, subnormals, huge values, MXFP4 scale bytes 0/1/254/255, draft scales 0,
+subnormal, huge, inf and NaN (int4's padded last group among them), and "cancelling" inputs whose large
+products cancel exactly only when lane j meets lane j+8 in the fold, so any other lane order gives other bits.
 """
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from ..interfaces import ExpertWeights, Param
 
 WIDTHS = (1, 3, 15, 16, 17, 33, 100, 257)   # in-widths: not multiples of any SIMD width, and some that are
 MX_WIDTHS = (32, 96, 160, 352)
+INT4_WIDTHS = (1, 15, 17, 31, 32, 33, 100, 257)  # most end in a padded group of 32
 SHAPES = ((1, 1), (3, 2), (17, 5), (33, 64))  # (rows, tokens)
+DRAFT_SHAPES = ((1, 1), (3, 2), (5, 3), (17, 4), (9, 5), (33, 17), (7, 33))  # each native path's token counts
 INPUTS = ("random", "adversarial", "cancelling")
 THREADS = (1, 2, 5)
 
@@ -76,6 +78,30 @@ def mxfp4_weights(r, rows, cols, adversarial=False):
     return packed, scale
 
 
+def draft_scales(r, shape, adversarial=False):
+    """float32 scales as k3 pack --draft makes them (max|w| / limit), and adversarially 0, subnormal, huge, inf, NaN."""
+    scales = r.uniform(1e-4, 0.05, shape).astype(np.float32)
+    if adversarial:
+        flat = scales.reshape(-1)
+        specials = np.array([0.0, 1e-45, 3e-41, 1e-38, 3e38, 1e30, np.inf, np.nan, -0.5], np.float32)
+        picks = r.choice(flat.size, size=max(1, flat.size // 3), replace=False)
+        flat[picks] = specials[r.integers(0, len(specials), len(picks))]
+    return scales
+
+
+def int8_weights(r, rows, cols, adversarial=False):
+    codes = r.integers(-127, 128, (rows, cols), dtype=np.int8)
+    if adversarial:
+        codes.reshape(-1)[r.choice(codes.size, size=max(1, codes.size // 8))] = -128  # outside k3's [-127, 127]
+    return codes, draft_scales(r, rows, adversarial)
+
+
+def int4_weights(r, rows, cols, adversarial=False):
+    """Packed bytes [rows, G·16] with random padding nibbles (never read), and scales [rows, G]."""
+    groups = -(-cols // 32)
+    return r.integers(0, 256, (rows, groups * 16), dtype=np.uint8), draft_scales(r, (rows, groups), adversarial)
+
+
 def cancel_pairs(w, x, r):
     """Make the products of columns s and s+8 (s = 0, 16, …) equal and opposite, and large."""
     for s in range(0, x.shape[1] - 8, 16):
@@ -122,6 +148,33 @@ def _mxfp4_cases():
                                  lambda k, a=(packed, scale, x): k.mxfp4_linear(*a))
 
 
+def _draft_cases():
+    r = rng(12)
+    for inputs in INPUTS:
+        adversarial = inputs == "adversarial"
+        for cols in WIDTHS:
+            for rows, tokens in DRAFT_SHAPES:
+                codes, scales = int8_weights(r, rows, cols, adversarial)
+                x = activations(r, (tokens, cols), adversarial)
+                if inputs == "cancelling":
+                    cancel_pairs(codes, x, r)
+                yield KernelCase(f"int8_linear {inputs} {rows}x{cols} T={tokens}", "int8_linear",
+                                 lambda k, a=(codes, scales, x): k.int8_linear(*a))
+        for cols in INT4_WIDTHS:
+            for rows, tokens in DRAFT_SHAPES:
+                packed, scales = int4_weights(r, rows, cols, adversarial)
+                if adversarial and cols % 32:  # the padded group's scale infinite or NaN: its padding stays unread
+                    scales[::2, -1] = np.float32(np.inf) if cols % 2 else np.float32(np.nan)
+                x = activations(r, (tokens, cols), adversarial)
+                if inputs == "cancelling":  # column s is the low nibble of byte s/2; s+8 that of byte s/2+4
+                    for s in range(0, cols - 8, 16):
+                        packed[:, s // 2 + 4] = (packed[:, s // 2 + 4] & 0xF0) | (packed[:, s // 2] & 0x0F)
+                        big = np.float32(r.choice([1e12, -3e15, 7e17]))
+                        x[:, s], x[:, s + 8] = big, -big
+                yield KernelCase(f"int4_linear {inputs} {rows}x{cols} T={tokens}", "int4_linear",
+                                 lambda k, a=(packed, scales, cols, x): k.int4_linear(*a))
+
+
 def _lane_order_cases():
     """Inputs on which any lane mapping or fold order but the contract's gives other bits."""
     r = rng(7)
@@ -132,6 +185,17 @@ def _lane_order_cases():
     ones = (np.full((1, 16), 0x22, np.uint8), np.full((1, 1), 127, np.uint8))  # every weight 1.0
     yield KernelCase("mxfp4_linear lane order: [1e16, 1, 0…, -1e16 at 8]", "mxfp4_linear",
                      lambda k: k.mxfp4_linear(*ones, x))
+    one = np.ones(1, np.float32)
+    yield KernelCase("int8_linear lane order: [1e16, 1, 0…, -1e16 at 8]", "int8_linear",
+                     lambda k: k.int8_linear(np.ones((1, 32), np.int8), one, x))
+    yield KernelCase("int4_linear lane order: [1e16, 1, 0…, -1e16 at 8]", "int4_linear",  # nibble 9: code 1
+                     lambda k: k.int4_linear(np.full((1, 16), 0x99, np.uint8), one[:, None], 32, x))
+    for cols in (17, 100):
+        xc, (codes, scales) = cancelling(r, (5, cols)), int8_weights(r, 9, cols)
+        for start in range(0, cols - 8, 16):
+            codes[:, start + 8] = codes[:, start]  # equal codes: the large products cancel exactly
+        yield KernelCase(f"int8_linear lane order {cols} columns", "int8_linear",
+                         lambda k, a=(codes, scales, xc): k.int8_linear(*a))
     for cols in (17, 33, 100, 257):
         xc, w = cancelling(r, (5, cols)), bf16_weights(r, 9, cols)
         for start in range(0, cols - 8, 16):
@@ -196,7 +260,7 @@ def _other_cases():
 
 def kernel_cases() -> list[KernelCase]:
     """Every case, in a fixed order (the same inputs on every call)."""
-    return [*_linear_cases(), *_mxfp4_cases(), *_lane_order_cases(), *_other_cases()]
+    return [*_linear_cases(), *_mxfp4_cases(), *_draft_cases(), *_lane_order_cases(), *_other_cases()]
 
 
 def batch_cases():
@@ -207,9 +271,15 @@ def batch_cases():
     packed, scale = mxfp4_weights(r, 40, 96)
     xm = activations(r, (150, 96))
     p = Param(w, "BF16")
+    codes, scales = int8_weights(r, 40, 100)
+    packed4, scales4 = int4_weights(r, 40, 100)
     return [("linear BF16, 150 tokens", lambda k: k.linear(p, x), lambda k, t: k.linear(p, x[t:t + 1])),
             ("mxfp4_linear, 150 tokens", lambda k: k.mxfp4_linear(packed, scale, xm),
-             lambda k, t: k.mxfp4_linear(packed, scale, xm[t:t + 1]))]
+             lambda k, t: k.mxfp4_linear(packed, scale, xm[t:t + 1])),
+            ("int8_linear, 150 tokens", lambda k: k.int8_linear(codes, scales, x),
+             lambda k, t: k.int8_linear(codes, scales, x[t:t + 1])),
+            ("int4_linear, 150 tokens", lambda k: k.int4_linear(packed4, scales4, 100, x),
+             lambda k, t: k.int4_linear(packed4, scales4, 100, x[t:t + 1]))]
 
 
 def bits(a) -> np.ndarray:

@@ -39,9 +39,37 @@ def test_every_case_of_the_table_matches_scalar(backend, kernel):
 def test_the_table_reaches_every_kernel_and_every_lane_order_case():
     from k3core.interfaces import KernelBackend
 
-    kernels_in_interface = {name for name in KernelBackend.__abstractmethods__}
-    assert set(KERNELS) == kernels_in_interface
-    assert sum("lane order" in c.name for c in CASES) >= 6 and sum("cancelling" in c.name for c in CASES) >= 100
+    kernels_in_interface = {name for name, f in vars(KernelBackend).items()
+                            if callable(f) and not name.startswith("_")} - {"available", "set_threads"}
+    assert set(KERNELS) == kernels_in_interface  # the draft kernels too, which are not abstract (a default)
+    assert sum("lane order" in c.name for c in CASES) >= 10 and sum("cancelling" in c.name for c in CASES) >= 100
+    for kernel in ("int8_linear", "int4_linear"):
+        names = [c.name for c in CASES if c.kernel == kernel]
+        assert all(any(f"T={t}" in n for n in names) for t in (1, 2, 3, 4, 5, 17, 33)), kernel
+
+
+def test_int4_padding_is_never_read():
+    """Columns past `cols` in the last group hold whatever the bytes say, and that group's scale may be infinite:
+    the product is the one of the same matrix with clean padding."""
+    r = rng(13)
+    for cols in (1, 17, 33, 63):
+        packed = r.integers(0, 256, (6, -(-cols // 32) * 16), dtype=np.uint8)
+        scales = r.uniform(0.01, 0.1, (6, packed.shape[1] // 16)).astype(np.float32)
+        x = activations(r, (3, cols))
+        clean = packed.copy()
+        last = packed.shape[1] - 16  # the last group's first byte; its column 2k: the low nibble of byte k
+        for c in range(cols % 32 or 32, 32):
+            byte = clean[:, last + c // 2]
+            clean[:, last + c // 2] = (byte & 0x0F) | 0x80 if c % 2 else (byte & 0xF0) | 0x08  # nibble 8: code 0
+        want = ReferenceKernels().int4_linear(clean, scales, cols, x)
+        assert not np.isnan(want).any()
+        for k in [ReferenceKernels(), *(kernels(b) for b in BACKENDS)]:
+            assert same(k.int4_linear(packed, scales, cols, x), want), (k.name, cols)
+        if cols % 32:
+            dirty = scales.copy()
+            dirty[:, -1] = np.inf  # the padded group's real columns now give inf or NaN, its padding nothing
+            assert same(kernels("scalar").int4_linear(packed, dirty, cols, x),
+                        ReferenceKernels().int4_linear(clean, dirty, cols, x))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -115,6 +143,17 @@ def test_bad_arguments_are_refused_with_a_clear_message():
         k.mxfp4_linear(np.zeros((2, 16), np.uint8), np.zeros((2, 2), np.uint8), np.zeros((1, 32), np.float32))
     with pytest.raises(ValueError, match="not available"):
         _native.Kernels("no-such-backend", 1)
+    x = np.zeros((1, 40), np.float32)
+    with pytest.raises(ValueError, match=r"int8_linear: scales has 3 values, codes 2 rows"):
+        k.int8_linear(np.zeros((2, 40), np.int8), np.ones(3, np.float32), x)
+    with pytest.raises(ValueError, match="int8_linear: codes must be a int8 array, got uint8"):
+        k.k.int8_linear(np.zeros((2, 40), np.uint8), np.ones(2, np.float32), x)
+    with pytest.raises(ValueError, match=r"int4_linear: packed \[2, 16\] does not hold 40 columns: .* 2 groups of 16"):
+        k.int4_linear(np.zeros((2, 16), np.uint8), np.ones((2, 2), np.float32), 40, x)
+    with pytest.raises(ValueError, match=r"int4_linear: scales \[2, 1\] does not fit packed \[2, 32\]"):
+        k.int4_linear(np.zeros((2, 32), np.uint8), np.ones((2, 1), np.float32), 40, x)
+    with pytest.raises(ValueError, match="int4_linear: x has 40 columns, the weight 33"):
+        k.int4_linear(np.zeros((2, 32), np.uint8), np.ones((2, 2), np.float32), 33, x)
 
 
 def test_bad_expert_arrays_are_refused_naming_the_array():
