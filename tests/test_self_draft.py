@@ -5,6 +5,7 @@ its state follows the accepted ids and is kept between turns; the engine opens i
 what it cannot run, naming the flag."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -17,13 +18,13 @@ from k3core.io import draft_pack, pack
 from k3core.io.draft_trunk import DraftSpec, default_dir
 from k3core.model.draft_weights import held_bytes
 from k3core.model.engine import Observer
-from k3core.plugin_api import DraftSource
 from k3core.plugins.self_draft import SelfDraft
 from k3core.testing import draft_source_checks
 from k3core.testing.checks import CheckFailed
 from k3core.testing.engines import generation, state_bytes
 
 from .conftest import DEMO_MODEL
+from .test_speculation import Listed
 
 GREEDY = SamplingParams()
 SEEDED = SamplingParams(temperature=0.9, top_p=0.95, seed=11)
@@ -214,19 +215,6 @@ def test_k3_run_drafts_with_self_from_the_draft_trunk_flag(demo_trunk):
     assert refused.returncode == 2 and "--draft-trunk needs --speculate" in refused.stderr
 
 
-class Listed(DraftSource):
-    """A lookup (it costs nothing to ask) proposing from a fixed list: the i-th id after the i-th generated."""
-
-    name = "listed"
-
-    def __init__(self, ids):
-        super().__init__(None)
-        self.ids = list(ids)
-
-    def propose(self, history, generated, k):
-        return self.ids[generated:generated + k]
-
-
 def test_auto_chooses_the_source_that_promises_fewer_bytes_and_keeps_the_serial_ids(demo):
     """A free lookup that is always right leaves the draft model idle; one that is always wrong loses the passes to
     `self` once its acceptance shows; `--draft auto` (suffix or self) gives the serial answers."""
@@ -285,3 +273,18 @@ def test_a_cache_only_draft_routes_to_held_experts_reads_none_and_keeps_the_seri
         assert generation(engine, PROMPT, 12, GREEDY, self_spec(4)) == want
     with pytest.raises(UsageError, match="give draft_trunk too"):
         EngineConfig(tiny_model, trunk=tiny_trunk, draft_cache_only=True)
+
+
+def test_bench_draft_live_answers_serially_and_with_each_source(demo_trunk, capsys):
+    from k3core.cli.main import main
+
+    assert main(["bench", "draft", "--trunk", str(demo_trunk), "--live", "--turns", "2", "--gen", "12", "--top-k", "1",
+                 "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    runs = {r["run"]: r for r in doc["live"]}
+    assert list(runs) == ["serial", "suffix", "self, 1 of 2 experts, K=4", "self, 1 of 2 experts, K=auto",
+                          "auto, 1 of 2 experts, K=auto"]
+    assert all(r["same"] == 2 and r["ids"] == runs["serial"]["ids"] for r in runs.values())
+    assert runs["self, 1 of 2 experts, K=4"]["passes"] < runs["serial"]["passes"]
+    assert main(["bench", "draft", "--trunk", str(demo_trunk), "--live", "--speculate", "0"]) == 2
+    assert "--speculate and --gen take 1 or more" in capsys.readouterr().err
