@@ -64,7 +64,7 @@ def test_self_drafts_give_the_serial_ids_logits_and_state(tiny_model, tiny_trunk
     with open_engine(config, available=1 << 40) as engine:
         for params in (GREEDY, SEEDED):
             want = generation(engine, PROMPT, 20, params)
-            for k in (1, 4, "auto"):
+            for k in (4,) if kernels == "reference" else (1, 4, "auto"):  # the numpy reference is slow
                 got = generation(engine, PROMPT, 20, params, self_spec(k))
                 assert got[0] == want[0], f"K={k} {params}"
                 assert got[1] == want[1] and got[2] == want[2], f"K={k} {params}: logit or state bytes"
