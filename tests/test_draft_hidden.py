@@ -4,7 +4,6 @@ and in a batch), with the bits a plain teacher-forced forward gives; a source th
 is never made); the ids are serial decoding's either way."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from k3core import BatchGenerator, EngineConfig, PluginError, Sampler, SamplingParams, Speculation, open_engine

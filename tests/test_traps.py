@@ -86,7 +86,7 @@ class ConvHistoryDropped(ReferenceKernels):
         return super().short_conv(x, np.zeros_like(history), w)
 
 
-def per_expert_norm_moe(w, x, layer, c, kr, store, on_route=None):
+def per_expert_norm_moe(w, x, layer, c, kr, store, on_route=None, allowed=None):
     """The latent norm applied to each expert's output instead of to the aggregate."""
     ids, weights = moe.route(w, x, c, kr)
     z = kr.linear(w[moe.P + "routed_expert_down_proj.weight"], x)

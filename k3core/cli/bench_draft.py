@@ -210,6 +210,8 @@ def table(doc: dict) -> str:
 
 
 def add_parser(sub) -> None:
+    from .options import GB
+
     p = sub.add_parser("draft", help="a draft trunk's teacher-forced agreement with the model, and its cost",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        description=__doc__.split("\n\n")[1],
@@ -236,8 +238,8 @@ def add_parser(sub) -> None:
                    "time, and whether each answer is the serial one")
     p.add_argument("--speculate", type=int, default=4, metavar="K", help="with --live: drafted ids per pass (default 4)")
     p.add_argument("--gen", type=int, default=64, metavar="N", help="with --live: ids per answer at most (default 64)")
-    p.add_argument("--trunk-gb", type=float, metavar="GB", help="RAM for the packed trunk (default: all of it)")
-    p.add_argument("--cache-gb", type=float, metavar="GB", help="RAM for the expert cache (default 1)")
+    p.add_argument("--trunk-gb", type=GB, metavar="GB", help="RAM for the packed trunk (default: all of it)")
+    p.add_argument("--cache-gb", type=GB, metavar="GB", help="RAM for the expert cache (default 1)")
     p.add_argument("--threads", type=int, metavar="N", help="kernel threads (default: every CPU)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_draft)
