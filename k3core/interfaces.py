@@ -604,15 +604,15 @@ class DraftSource(ABC):
 
 @dataclass(frozen=True)
 class DraftTarget:
-    """What the engine offers a draft source (DraftSource.attach): the model's `config`; `embed` and `head_logits`,
-    the model's own embedding and output head (what a trained draft head shares with it); and `draft_model`, the model
-    run on a draft trunk (`k3 pack --draft`, opened with --draft-trunk) with fewer routed experts per token, or None.
-    It is used as the engine is: `new_state()`, `forward(ids, state, all_logits=False)` → logits, `mark(state)` and `rollback(state,
-    kept)` (keep the first `kept` ids forwarded since the mark), `prefill_chunk` (ids per forward, at most),
-    `forward_cost()` (bytes touched and read per id forwarded, for DraftSource.proposal_cost); and it
-    keeps states between generations for the sources that run on it: `take_state(prompt)` gives the kept state
-    holding the longest strict prefix of `prompt` (or a fresh one), `keep_state(state)` gives one back (a state must
-    hold a strict prefix of the history it was given, without a mark)."""
+    """What the engine offers a draft source (DraftSource.attach): the model's `config`; `embed` and `head_logits`, the
+    model's own embedding and output head (what a trained draft head shares with it); and `draft_model`, the model run
+    on a draft trunk (`k3 pack --draft`, opened with --draft-trunk) with fewer routed experts per token, or None. It is
+    used as the engine is: `new_state()`, `forward(ids, state, all_logits=False)` → logits, `mark(state)` and
+    `rollback(state, kept)` (keep the first `kept` ids forwarded since the mark), `prefill_chunk` (ids per forward, at
+    most), `forward_cost()` (bytes touched and read per id forwarded, for DraftSource.proposal_cost); and it keeps
+    states between generations for the sources that run on it: `take_state(prompt)` gives the kept state holding the
+    longest strict prefix of `prompt` (or a fresh one), `keep_state(state)` gives one back (a state must hold a strict
+    prefix of the history it was given, without a mark)."""
 
     config: Config
     draft_model: Any = None

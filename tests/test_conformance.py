@@ -27,7 +27,7 @@ def test_every_builtin_passes_the_kit(check):
 def test_plugins_check_prints_each_check_and_fails_naming_it(capsys, monkeypatch):
     assert main(["plugins", "--check", "lru"]) == 0
     out = capsys.readouterr().out
-    assert "expert store 'lru' (built-in)" in out and out.count("  PASS  ") == 8 and "0 failed" in out
+    assert "expert store 'lru' (built-in)" in out and out.count("  PASS  ") == 9 and "0 failed" in out
 
     from k3core.plugins.lru_store import LRUStore
 

@@ -1,7 +1,7 @@
-"""The draft model (k3core/model/engine.py DraftModel, its weights model/draft_weights.py): the engine's graph on a draft trunk with fewer routed experts. Its
-logits need not match the model's, but with the model's own weights it must give the model's bits (so the graph,
-the shared kernels, store, attention and embedding are the engine's); its states follow mark and rollback; and the
-model's own bits never depend on a draft model having run beside it (issue 40)."""
+"""The draft model (k3core/model/engine.py DraftModel, its weights model/draft_weights.py): the engine's graph on a
+draft trunk with fewer routed experts. Its logits need not match the model's, but with the model's own weights it must
+give the model's bits (so the graph, the shared kernels, store, attention and embedding are the engine's); its states
+follow mark and rollback; and the model's own bits never depend on a draft model having run beside it (issue 40)."""
 from __future__ import annotations
 
 import json

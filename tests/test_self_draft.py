@@ -288,3 +288,20 @@ def test_bench_draft_live_answers_serially_and_with_each_source(demo_trunk, caps
     assert runs["self, 1 of 2 experts, K=4"]["passes"] < runs["serial"]["passes"]
     assert main(["bench", "draft", "--trunk", str(demo_trunk), "--live", "--speculate", "0"]) == 2
     assert "--speculate and --gen take 1 or more" in capsys.readouterr().err
+
+
+def test_the_self_source_refuses_misuse_naming_what_to_do(tiny_model, tiny_trunk):
+    from k3core.model.draft_weights import DraftKernels
+
+    with pytest.raises(UsageError, match="--draft self takes no argument"):
+        SelfDraft("x")
+    with pytest.raises(UsageError, match="attaches it"):
+        SelfDraft().begin(PROMPT)
+    with pytest.raises(UsageError, match="propose before begin"):
+        SelfDraft().propose(PROMPT, 0, 4)
+
+    class NoDraftKernels:
+        name = "plain"
+
+    with pytest.raises(UsageError, match="kernel backend 'plain' has no draft kernels.*--kernels"):
+        DraftKernels(NoDraftKernels(), "int8")

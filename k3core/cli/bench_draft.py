@@ -1,6 +1,6 @@
-"""`k3 bench draft`: how often a draft model (k3core/model/engine.py DraftModel: the model on a draft trunk that `k3 pack
---draft` derived, with fewer routed experts per token) picks the model's own next id, teacher-forced on transcripts,
-and what a forward of it costs beside the model's — what a `self` draft source lives on (issue 40).
+"""`k3 bench draft`: how often a draft model (k3core/model/engine.py DraftModel: the model on a draft trunk that
+`k3 pack --draft` derived, with fewer routed experts per token) picks the model's own next id, teacher-forced on
+transcripts, and what a forward of it costs beside the model's — what a `self` draft source lives on (issue 40).
 
 Per turn of the chosen kinds of the transcripts (rendered with the model's tokenizer and chat template, as `k3 bench
 drafts --transcripts` does), its prompt and reply ids are forwarded once by the model and once by the draft model at
@@ -101,12 +101,6 @@ def answer(engine, prompt: list[int], stop: set[int], gen: int, spec) -> tuple[l
     return ids, engine.forward_passes - passes, counted
 
 
-def bytes_read(engine) -> int:
-    """What the engine (and the draft model, through the shared store) has read from disk so far."""
-    stats = engine.stats()
-    return stats.get("trunk_bytes_read", 0) + stats.get("expert_bytes_read", 0)
-
-
 def live(engine, ks: list[int], questions: list[str], tokenizer, gen: int, speculate: int) -> dict:
     """Each question (rendered with the chat template) answered serially, with `suffix` and with `self` at each of
     `ks` routed experts, K = `speculate` and auto, at the id level (a --tokenizer other than the model's need not
@@ -115,6 +109,7 @@ def live(engine, ks: list[int], questions: list[str], tokenizer, gen: int, specu
     of weights)."""
     from ..api import AUTO_K, Conversation, speculation
     from ..model.engine import DraftModel
+    from ..text.session import bytes_read  # the draft model's reads go through the shared store and placer
 
     weights, most = engine.draft.placer, engine.config.num_experts_per_token
     runs = [("serial", None, None), ("suffix", None, ("suffix", speculate))]
@@ -233,10 +228,11 @@ def add_parser(sub) -> None:
     p.add_argument("--tokenizer", metavar="DIR", help="render the transcripts with this tokenizer instead of the "
                    "model's (a generated test model has none: e.g. the demo model's, whose 768 ids fit any of them)")
     p.add_argument("--live", action="store_true", help="generate instead: answer each conversation's first "
-                   "question serially, with suffix drafts, with the self draft source (K = --speculate and auto) and with "
-                   "--draft auto (suffix or self) at each --top-k; tokens per pass, acceptance, disk bytes read per id, "
-                   "time, and whether each answer is the serial one")
-    p.add_argument("--speculate", type=int, default=4, metavar="K", help="with --live: drafted ids per pass (default 4)")
+                   "question serially, with suffix drafts, with the self draft source (K = --speculate and auto) and "
+                   "with --draft auto (suffix or self) at each --top-k; tokens per pass, acceptance, disk bytes read "
+                   "per id, time, and whether each answer is the serial one")
+    p.add_argument("--speculate", type=int, default=4, metavar="K",
+                   help="with --live: drafted ids per pass (default 4)")
     p.add_argument("--gen", type=int, default=64, metavar="N", help="with --live: ids per answer at most (default 64)")
     p.add_argument("--trunk-gb", type=GB, metavar="GB", help="RAM for the packed trunk (default: all of it)")
     p.add_argument("--cache-gb", type=GB, metavar="GB", help="RAM for the expert cache (default 1)")

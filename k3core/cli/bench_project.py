@@ -232,16 +232,18 @@ def project_table(doc: dict) -> str:
 
 def self_table(doc: dict) -> list[str]:
     """`self` drafts by RAM, draft kind and the C engine's acceptance figures, beside the best serial s/token."""
-    lines = ["", f"`self` drafts, **projected** (k3core/machine/cost.py self_row): the draft trunk held in RAM, the model "
-                 f"in what is left; the draft routes {DRAFT_TOPK} of 16 experts a token, read from disk as the model's "
-                 "are; acceptance per drafted id from the C engine's real-model figures (live: 66.7 % of drafts "
-                 "accepted; teacher-forced: 94.2 % agreement — an upper bound). The same for plain chat and agent "
-                 "work: `--draft auto` takes, each pass, suffix where it matches (the columns above) or self.", "",
+    lines = ["", "`self` drafts, **projected** (k3core/machine/cost.py self_row): the draft trunk held in RAM, the "
+                 f"model in what is left; the draft routes {DRAFT_TOPK} of 16 experts a token, read from disk as the "
+                 "model's are; acceptance per drafted id from the C engine's real-model figures (live: 66.7 % of "
+                 "drafts accepted; teacher-forced: 94.2 % agreement — an upper bound). The same for plain chat and "
+                 "agent work: `--draft auto` takes, each pass, suffix where it matches (the columns above) or self.",
+             "",
              "| RAM | draft | acceptance | model's layout | K | tokens / pass | draft s / pass | verify s / pass | "
              "read / token | s/token | ÷ serial |", "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in doc["self"]:
         b = r["best"]
-        head = f"| {r['ram'] / 1e9:.0f} GB | {r['kind']} ({K3_DRAFT_BYTES[r['kind']] / 1e9:.1f} GB) | {r['acceptance']} |"
+        draft = f"{r['kind']} ({K3_DRAFT_BYTES[r['kind']] / 1e9:.1f} GB)"
+        head = f"| {r['ram'] / 1e9:.0f} GB | {draft} | {r['acceptance']} |"
         if b is None:
             lines.append(head + " does not fit beside the model's 8 GB | | | | | | | |")
             continue

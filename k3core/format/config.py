@@ -104,6 +104,11 @@ class Config:
         return layer < self.first_k_dense_replace
 
     @property
+    def moe_layers(self) -> int:
+        """How many layers route to experts (those past first_k_dense_replace)."""
+        return self.num_hidden_layers - min(self.first_k_dense_replace, self.num_hidden_layers)
+
+    @property
     def kda_proj_dim(self) -> int:
         return self.kda_num_heads * self.kda_head_dim
 

@@ -5,11 +5,11 @@ here decides a token: its products are the engine kernels' int8_linear / int4_li
 thread count and number of rows, docs/NUMERICS.md; not the exact model's, whose weights they approximate), and its
 routing takes the top `top_k` of the router's scores instead of the model's num_experts_per_token.
 
-A draft model shares what the engine holds — the checkpoint, the kernels (every product but a draft tensor's), the attention
-backends, the expert store (the same MXFP4 experts, fewer of them), the embedding rows (the draft trunk has none) —
-and keeps its own decode states and its own draft weights, read once and held in RAM: a draft pays where it is
-resident. MLA's kv_b_proj is read per head and transposed (plugins/mla.py), which per-row scales do not survive:
-it is held dequantized, as float32.
+A draft model shares what the engine holds — the checkpoint, the kernels (every product but a draft tensor's), the
+attention backends, the expert store (the same MXFP4 experts, fewer of them), the embedding rows (the draft trunk has
+none) — and keeps its own decode states and its own draft weights, read once and held in RAM: a draft pays where it is
+resident. MLA's kv_b_proj is read per head and transposed (plugins/mla.py), which per-row scales do not survive: it is
+held dequantized, as float32.
 """
 from __future__ import annotations
 
@@ -64,8 +64,8 @@ def held(tensors: dict[str, DraftTensor]) -> dict:
 
 def check_every_layer(draft: DraftTrunk, layers: int) -> None:
     if absent := [L for L in range(layers) if f"layer.{L}" not in draft.runs]:
-        raise UsageError(f"the draft trunk in {draft.directory} leaves out {len(absent)} of the model's {layers} layers "
-                         f"(the first: {absent[0]}); the draft model runs every layer: derive it without "
+        raise UsageError(f"the draft trunk in {draft.directory} leaves out {len(absent)} of the model's {layers} "
+                         f"layers (the first: {absent[0]}); the draft model runs every layer: derive it without "
                          "--draft-layers")
 
 
@@ -117,7 +117,8 @@ def plan_rows(draft: DraftTrunk, r: Resolved, e: EngineConfig, top_k: int) -> li
                     "(--draft-topk)" + (", only those the expert cache holds (--draft-cache-only)"
                                         if e.draft_cache_only else "")),
             PlanRow("draft decode state", (state + rollback) * e.sequences,
-                    f"the draft model's, {e.max_context} positions and the rollback of {e.speculate} drafted ids{each}")]
+                    f"the draft model's, {e.max_context} positions and the rollback of {e.speculate} drafted ids"
+                    + each)]
 
 
 class DraftPlacer:

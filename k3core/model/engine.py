@@ -365,9 +365,8 @@ class DraftModel(Engine):
         self._bound, self._snapshots = BindCheck(), {}
         self._kept: list[DecodeState] = []     # states of ended generations, the longest-unused first
         self._in_use, self._most = 0, target.sequences  # states out at once, and alive at once, at most (the plan's)
-        moe_layers = self.config.num_hidden_layers - min(self.config.first_k_dense_replace, self.config.num_hidden_layers)
-        self._touched = placer.held + moe_layers * top_k * expert_bytes(self.checkpoint)  # a one-id forward's
-        self._read = [0, 0]  # [expert bytes read by its forwards, ids forwarded]
+        self._touched = placer.held + self.config.moe_layers * top_k * expert_bytes(self.checkpoint)  # one id's
+        self._read = [0, 0]  # [bytes its forwards read (experts, embedding rows), ids forwarded]
 
     def forward_batch(self, batch, all_logits=False, observers=(), keep_at=None):
         before = self._disk_bytes()

@@ -52,8 +52,7 @@ class PassCost(Observer):
     @classmethod
     def of_checkpoint(cls, checkpoint: Checkpoint, stats: Callable[[], dict] | None = None) -> "PassCost":
         c = checkpoint.config
-        moe_layers = c.num_hidden_layers - min(c.first_k_dense_replace, c.num_hidden_layers)
-        return cls(float(trunk_bytes_per_pass(checkpoint)), float(expert_bytes(checkpoint)), moe_layers,
+        return cls(float(trunk_bytes_per_pass(checkpoint)), float(expert_bytes(checkpoint)), c.moe_layers,
                    c.num_experts, c.num_experts_per_token, stats)
 
     # ---- learning, as an Observer ---------------------------------------------------------------------------

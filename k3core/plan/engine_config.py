@@ -58,7 +58,7 @@ class EngineConfig:
     placer_options: Mapping | PluginOptions | None = None  # the trunk placer's own options
     store_options: Mapping | PluginOptions | None = None   # the expert store's own options
     tokenizer: str | os.PathLike | None = None    # tokenizer directory; None: the model directory
-    draft_trunk: str | os.PathLike | None = None  # a draft of `trunk` (`k3 pack --draft`), or "int8"/"int4": TRUNK/draft-KIND
+    draft_trunk: str | os.PathLike | None = None  # a draft of `trunk` (`k3 pack --draft`); int8/int4: TRUNK/draft-KIND
     draft_topk: int | None = None                 # the draft model's routed experts per token; None: half the model's
     draft_cache_only: bool = False                # the draft model routes only to experts the store holds (reads none)
 

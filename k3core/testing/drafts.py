@@ -59,6 +59,11 @@ def draft_checks(cls) -> list[Check]:
                         expect(all(isinstance(t, int) and 0 <= t < vocab for t in ids),
                                f"propose returned {ids[:5]!r}: not token ids (ints in 0..{vocab - 1} on this model)")
                         follows_history(draft, history, ids)
+                        cost = draft.proposal_cost(k)
+                        expect(isinstance(cost, tuple) and len(cost) == 2 and all(
+                            isinstance(c, (int, float)) and not isinstance(c, bool) and 0 <= c < float("inf")
+                            for c in cost), f"proposal_cost({k}) returned {cost!r}: (bytes touched, bytes read), "
+                            "finite numbers >= 0")
                     history.append((generated * 37) % vocab)
                 draft.end(tuple(history))
         finally:

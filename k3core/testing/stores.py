@@ -183,6 +183,31 @@ def counters_are_honest(cls, options) -> None:
 
 
 
+def held_experts_read_nothing(cls, options) -> None:
+    """held(layer) names distinct experts of the layer, and fetching them (as many as a fetch may ask) reads nothing:
+    a cache-only draft model routes to them believing they are free."""
+    ckpt = open_checkpoint(models.model("tiny"))
+    try:
+        store = build(cls, ckpt, 0.0002, options)
+        try:
+            requests = request_patterns(ckpt.config, store.capacity(), seed=2)
+            for layer, asked in requests:
+                store.fetch(layer, asked)
+            experts = ckpt.config.num_experts
+            for layer in sorted({L for L, _ in requests}):
+                held = list(store.held(layer))
+                expect(len(set(held)) == len(held) and all(isinstance(e, int) and 0 <= e < experts for e in held),
+                       f"held({layer}) returned {held[:8]!r}: not distinct expert ids of the layer (0..{experts - 1})")
+                before = store.stats()["expert_bytes_read"]
+                store.fetch(layer, held[:store.capacity()])
+                expect(store.stats()["expert_bytes_read"] == before, f"fetching held({layer}) = {held[:8]!r} read "
+                       f"{store.stats()['expert_bytes_read'] - before} bytes: held() must name only experts in RAM")
+        finally:
+            store.close()
+    finally:
+        ckpt.close()
+
+
 def prefetch_is_only_a_hint(cls, options) -> None:
     ckpt = open_checkpoint(models.model("tiny"))
     try:
@@ -267,6 +292,8 @@ def store_checks(cls, options=None) -> list[Check]:
             Check(f"{who}: stats() has the STORE_STATS counters and its cache_policy replays its hits and counts "
                   "its evictions",
                   partial(counters_are_honest, cls, options)),
+            Check(f"{who}: held(layer) names only experts a fetch serves without reading (what a cache-only draft "
+                  "routes to)", partial(held_experts_read_nothing, cls, options)),
             Check(f"{who}: prefetch hints (right, partly right, wrong) change neither the bytes served nor the hits",
                   partial(prefetch_is_only_a_hint, cls, options)),
             Check(f"{who}: fetch_batches serves every expert of a layer once, in batches of at most capacity(), "

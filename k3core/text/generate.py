@@ -64,14 +64,14 @@ class Speculation:
 
 class DraftLength:
     """How many ids to draft for the next pass. Fixed: always k. Adaptive (--speculate auto): the length n that
-    minimises the expected weight bytes per emitted id. A pass of 1 + n rows costs `cost.bytes(1 + n)` (the trunk
-    once, the experts of its rows' union: model/pass_cost.py) plus what proposing n ids costs the draft source
-    (DraftSource.proposal_cost: nothing for a lookup, a draft model's n forwards for `self`) and emits 1 + Σ_{j≤n} Π_{i≤j} p_i ids, p_i being the
-    share of passes that reached drafted position i and had it accepted (position 1's prior Beta(PRIOR_ACCEPTED,
-    PRIOR_REJECTED): a source is presumed weak until it shows otherwise; position i's prior is that strength around
-    position i − 1's estimate, so a source accepted at 1 is tried at 2 before it is ever reached). When no length beats none, it drafts
-    one id to keep measuring, resting 1, 2, 4 … AUTO_REST_MAX steps between such tries while they fail, and at
-    least long enough that they cost PROBE_SHARE of the passes."""
+    minimises the expected weight bytes per emitted id. A pass of 1 + n rows costs `cost.bytes(1 + n)` (the trunk once,
+    the experts of its rows' union: model/pass_cost.py) plus what proposing n ids costs the draft source
+    (DraftSource.proposal_cost: nothing for a lookup, a draft model's n forwards for `self`) and emits 1 + Σ_{j≤n}
+    Π_{i≤j} p_i ids, p_i being the share of passes that reached drafted position i and had it accepted (position 1's
+    prior Beta(PRIOR_ACCEPTED, PRIOR_REJECTED): a source is presumed weak until it shows otherwise; position i's prior
+    is that strength around position i − 1's estimate, so a source accepted at 1 is tried at 2 before it is ever
+    reached). When no length beats none, it drafts one id to keep measuring, resting 1, 2, 4 … AUTO_REST_MAX steps
+    between such tries while they fail, and at least long enough that they cost PROBE_SHARE of the passes."""
 
     def __init__(self, k: int, adaptive: bool, cost: PassCost | None = None, draft: DraftSource | None = None) -> None:
         if adaptive and cost is None:
@@ -122,7 +122,7 @@ class DraftLength:
             self.misses = 0
         else:
             self.misses += 1
-            extra = (self.cost.bytes(2) + self.drafting(1)) / self.cost.bytes(1) - 1  # a fruitless one-id try, in passes
+            extra = (self.cost.bytes(2) + self.drafting(1)) / self.cost.bytes(1) - 1  # a fruitless try, in passes
             self.rest = min(AUTO_REST_MAX, max(2 ** (self.misses - 1), math.ceil(extra / PROBE_SHARE)))
 
 
