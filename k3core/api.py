@@ -25,6 +25,7 @@ from .model.draft_weights import open_draft
 from .model.engine import DecodeState, Engine, Observer
 from .plan.budget import PRESETS, Plan, auto_preset, mem_available
 from .plan.engine_config import EngineConfig, resolve
+from .plan.tuned import tuning_for
 from .plugin_manager import describe_plugins as _describe
 from .plugin_manager import choose_draft, get_plugin_manager, new_plugin_manager
 from .text.batch import BatchGenerator, Emitted, SequenceFailed
@@ -109,14 +110,19 @@ def _manager(plugins):
     return new_plugin_manager(plugins) if plugins else get_plugin_manager()
 
 
-def config_from_profile(profile: Profile | None = None, **overrides) -> EngineConfig:
+def config_from_profile(profile: Profile | None = None, *, tuned: bool = True, **overrides) -> EngineConfig:
     """The saved profile (`k3 setup` writes it) as an EngineConfig; `overrides` replace fields. Budgets
-    given in `overrides` replace the profile's preset and budgets together."""
+    given in `overrides` replace the profile's preset and budgets together. With `tuned`, the settings `k3 tune`
+    saved fill every field no override sets (when they were measured on this machine: plan/tuned.py)."""
     profile = profile or load_profile()
     if profile is None:
         raise UsageError(f"no model given and no saved profile at {profile_path()}: run `k3 setup` "
                          "(or `k3 setup --source demo --yes` for the demo model), or give MODEL_DIR")
     fields = {"model": profile.model, "trunk": profile.trunk}
-    if not any(overrides.get(k) is not None for k in ("preset", "trunk_gb", "cache_gb")):
+    given = {k: v for k, v in overrides.items() if v is not None}
+    chosen = tuning_for(profile)[0] if tuned else None
+    if chosen is not None:
+        given = chosen.fill(given)
+    if not any(given.get(k) is not None for k in ("preset", "trunk_gb", "cache_gb")):
         fields.update(preset=profile.preset, trunk_gb=profile.trunk_gb, cache_gb=profile.cache_gb)
-    return EngineConfig(**{**fields, **{k: v for k, v in overrides.items() if v is not None}})
+    return EngineConfig(**{**fields, **{k: v for k, v in given.items() if v is not None}})

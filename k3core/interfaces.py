@@ -200,6 +200,11 @@ def default_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+# The kernel families whose threads KernelBackend.set_family_threads caps: dense (linear, int8_linear, int4_linear),
+# experts (mxfp4_linear, expert), attention (kda_recurrence, mqa_attention, short_conv, kda_decay), other (the rest).
+KERNEL_FAMILIES = ("dense", "experts", "attention", "other")
+
+
 # ---- the replaceable kinds -------------------------------------------------------------------------
 
 class KernelBackend(ABC):
@@ -216,6 +221,9 @@ class KernelBackend(ABC):
 
     def set_threads(self, threads: int) -> None:
         """Threads split independent output rows only; the default ignores the request."""
+
+    def set_family_threads(self, family: str, threads: int) -> None:
+        """At most `threads` threads for the kernels of a KERNEL_FAMILIES family (0: no cap); the default ignores it."""
 
     @abstractmethod
     def linear(self, w: Param, x: np.ndarray) -> np.ndarray:

@@ -21,8 +21,9 @@ What is here, by use:
 - the counters the run report reads: STORE_STATS, PLACER_STATS;
 - errors: UnsoundRunError (a read failed: exit 4), PlanError, UsageError, PluginError, CheckpointError;
 - small helpers: read_limited (a file read whole within a byte limit that is named when it is passed),
-  human (bytes for people), default_threads, builtin_kernels (k3's own kernel backends, to
-  wrap), the native kernels module `native`, and the MXFP4 tables E2M1 / scale_multipliers.
+  human (bytes for people), default_threads, KERNEL_FAMILIES (the families set_family_threads caps),
+  builtin_kernels (k3's own kernel backends, to wrap), the native kernels module `native`, and the MXFP4 tables
+  E2M1 / scale_multipliers.
 """
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ from . import _native as native
 from .errors import CheckpointError, PlanError, PluginError, UnsoundRunError, UsageError
 from .hookspecs import hookimpl
 from .interfaces import (AttentionBackend, Budget, CachePolicy, DraftSource, DraftTarget, ExpertStore, ExpertWeights,
-                         KernelBackend, LRUPolicy, Param, PlanRow, PluginContext, PluginOptions, TensorSpec,
-                         TrunkPlacer, Weights, default_threads)
+                         KERNEL_FAMILIES, KernelBackend, LRUPolicy, Param, PlanRow, PluginContext, PluginOptions,
+                         TensorSpec, TrunkPlacer, Weights, default_threads)
 from .files.aligned_io import (ALIGN, Opened, Prefault, Span, align_down, align_up, aligned_buffer, open_for_reading,
                             read_exact, read_into, read_spans)
 from .io.caching_store import CachingOptions, CachingStore, cache_slots, nan_scales
@@ -100,5 +101,6 @@ __all__ = [
     "PREFIX", "HEAD", "VISION_PREFIXES", "layer_prefix", "expert_prefix", "EXPERT_PARTS", "MATRIX", "FLOAT",
     "STORE_STATS", "STORE_PREFETCH_STATS", "PLACER_STATS",
     "UnsoundRunError", "PlanError", "UsageError", "PluginError", "CheckpointError",
-    "human", "read_limited", "default_threads", "native", "builtin_kernels", "E2M1", "scale_multipliers",
+    "human", "read_limited", "default_threads", "KERNEL_FAMILIES", "native", "builtin_kernels", "E2M1",
+    "scale_multipliers",
 ]

@@ -8,6 +8,8 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -29,6 +31,23 @@ using k3::MatrixKernels;
 
 // Rows of work below this many multiply-adds per part are not worth waking a thread.
 constexpr size_t kMinWorkPerPart = 1 << 15;
+
+// The kernel families whose threads Kernels.set_family_threads caps, and the kernels of each; a kernel not named in
+// kFamilyOf is "other". Only the kernels that split rows over the pool read their family's cap.
+enum Family : size_t { kDense, kExperts, kAttention, kOther, kFamilies };
+constexpr const char* kFamilyNames[kFamilies] = {"dense", "experts", "attention", "other"};
+constexpr std::pair<const char*, Family> kFamilyOf[] = {
+    {"linear", kDense}, {"int8_linear", kDense}, {"int4_linear", kDense},
+    {"mxfp4_linear", kExperts}, {"expert", kExperts},
+    {"kda_recurrence", kAttention}, {"mqa_attention", kAttention}, {"short_conv", kAttention},
+    {"kda_decay", kAttention},
+};
+
+Family family_of(const char* kernel) {
+    for (const auto& [name, family] : kFamilyOf)
+        if (std::strcmp(name, kernel) == 0) return family;
+    return kOther;
+}
 
 std::vector<std::string> available_backends() {
     std::vector<std::string> names;
@@ -125,6 +144,8 @@ class Call {
    public:
     explicit Call(const char* kernel) : kernel_(kernel) { check_fp_environment(); }
 
+    Family family() const { return family_of(kernel_); }
+
     [[noreturn]] void refuse(const std::string& why) const {
         throw std::invalid_argument(std::string(kernel_) + ": " + why);
     }
@@ -208,6 +229,23 @@ class Kernels {
     unsigned threads() const { return pool_.threads(); }
     void set_threads(unsigned n) { pool_.set_threads(n); }
 
+    void set_family_threads(const std::string& family, unsigned n) {
+        for (size_t f = 0; f < kFamilies; ++f)
+            if (family == kFamilyNames[f]) {
+                caps_[f] = n;
+                return;
+            }
+        std::string valid;
+        for (const char* name : kFamilyNames) valid += (valid.empty() ? "" : ", ") + std::string(name);
+        throw std::invalid_argument("no kernel family '" + family + "'; the families are " + valid);
+    }
+
+    py::dict family_threads() const {
+        py::dict d;
+        for (size_t f = 0; f < kFamilies; ++f) d[kFamilyNames[f]] = caps_[f].load();
+        return d;
+    }
+
     py::array_t<float> linear(const py::array& w, const std::string& dtype, const py::array& x) {
         const Call call("linear");
         if (dtype == "BF16") return linear_product(call, k3::WeightType::BF16, call.view<uint16_t>(w, "weight"), x);
@@ -224,7 +262,7 @@ class Kernels {
         call.require_columns("x", x.cols(), "the weight", w.in());
         auto y = new_array({x.rows(), w.rows()});
         float* yp = y.mutable_data();
-        without_gil([&] { mxfp4_rows(w, x.ptr, x.rows(), yp); });
+        without_gil([&] { mxfp4_rows(call, w, x.ptr, x.rows(), yp); });
         return y;
     }
 
@@ -238,7 +276,7 @@ class Kernels {
             call.refuse("scales has " + std::to_string(scale.size) + " values, codes " + std::to_string(codes.rows()) +
                         " rows: an int8 draft matrix has one scale a row");
         call.require_columns("x", x.cols(), "the weight", codes.cols());
-        return draft_product(x, codes.rows(), [&](const float* xp, size_t n, float* yp, size_t r0, size_t r1) {
+        return draft_product(call, x, codes.rows(), [&](const float* xp, size_t n, float* yp, size_t r0, size_t r1) {
             mk_->int8_rows(codes.ptr, scale.ptr, codes.cols(), xp, n, yp, codes.rows(), r0, r1);
         });
     }
@@ -259,7 +297,7 @@ class Kernels {
                         std::to_string(k3::kGroup) + " columns, [" + std::to_string(rows) + ", " +
                         std::to_string(groups) + "]");
         call.require_columns("x", x.cols(), "the weight", cols);
-        return draft_product(x, rows, [&](const float* xp, size_t n, float* yp, size_t r0, size_t r1) {
+        return draft_product(call, x, rows, [&](const float* xp, size_t n, float* yp, size_t r0, size_t r1) {
             mk_->int4_groups(packed.ptr, scale.ptr, cols, xp, n, yp, rows, r0, r1);
         });
     }
@@ -289,10 +327,10 @@ class Kernels {
         float* yp = y.mutable_data();
         without_gil([&] {
             std::vector<float> g(tokens * inter), u(tokens * inter), h(tokens * inter);
-            mxfp4_rows(w1, z.ptr, tokens, g.data());
-            mxfp4_rows(w3, z.ptr, tokens, u.data());
+            mxfp4_rows(call, w1, z.ptr, tokens, g.data());
+            mxfp4_rows(call, w3, z.ptr, tokens, u.data());
             k3::ops::situ_glu(g.data(), u.data(), g.size(), beta, linear_beta, h.data());
-            mxfp4_rows(w2, h.data(), tokens, yp);
+            mxfp4_rows(call, w2, h.data(), tokens, yp);
         });
         return y;
     }
@@ -399,7 +437,7 @@ class Kernels {
         auto S = copy_of(state);  // advanced in place below
         float *op = o.mutable_data(), *sp = S.mutable_data();
         without_gil([&] {
-            pool_.parallel_rows(heads, rows_per_part(tokens * d * d * 4), [&](size_t h0, size_t h1) {
+            parallel_rows(call, heads, rows_per_part(tokens * d * d * 4), [&](size_t h0, size_t h1) {
                 k3::ops::kda_recurrence(q.ptr, k.ptr, v.ptr, alpha.ptr, beta.ptr, tokens, heads, d, sp, scale, op,
                                         h0, h1);
             });
@@ -419,7 +457,7 @@ class Kernels {
         auto out = new_array({heads, dv});
         float* op = out.mutable_data();
         without_gil([&] {
-            pool_.parallel_rows(heads, rows_per_part(n * (dk + dv)), [&](size_t h0, size_t h1) {
+            parallel_rows(call, heads, rows_per_part(n * (dk + dv)), [&](size_t h0, size_t h1) {
                 k3::ops::mqa_attention(q.ptr, dk, keys.ptr, n, values.ptr, dv, scale, op, h0, h1);
             });
         });
@@ -479,6 +517,11 @@ class Kernels {
     }
 
    private:
+    // The pool's split of rows, in at most as many parts as the cap of call's kernel family.
+    void parallel_rows(const Call& call, size_t rows, size_t min_rows, const std::function<void(size_t, size_t)>& fn) {
+        pool_.parallel_rows(rows, min_rows, fn, caps_[call.family()].load());
+    }
+
     static size_t rows_per_part(size_t work_per_row) {
         return work_per_row ? (kMinWorkPerPart + work_per_row - 1) / work_per_row : 1;
     }
@@ -493,7 +536,7 @@ class Kernels {
         float* yp = y.mutable_data();
         without_gil([&] {
             for_token_tiles(tokens, [&](size_t t0, size_t n) {
-                pool_.parallel_rows(out, rows_per_part(in * n), [&](size_t r0, size_t r1) {
+                parallel_rows(call, out, rows_per_part(in * n), [&](size_t r0, size_t r1) {
                     mk_->linear(type, w.ptr, in, x.ptr + t0 * in, n, yp + t0 * out, out, r0, r1);
                 });
             });
@@ -504,13 +547,13 @@ class Kernels {
     // y [T, rows] of a draft product: token tiles, rows split over the pool as linear's; run(x, n, y, r0, r1)
     // runs the kernel on n tokens at x into y.
     template <class Rows>
-    py::array_t<float> draft_product(const View<float>& x, size_t rows, const Rows& run) {
+    py::array_t<float> draft_product(const Call& call, const View<float>& x, size_t rows, const Rows& run) {
         const size_t in = x.cols(), tokens = x.rows();
         auto y = new_array({tokens, rows});
         float* yp = y.mutable_data();
         without_gil([&] {
             for_token_tiles(tokens, [&](size_t t0, size_t n) {
-                pool_.parallel_rows(rows, rows_per_part(in * n), [&](size_t r0, size_t r1) {
+                parallel_rows(call, rows, rows_per_part(in * n), [&](size_t r0, size_t r1) {
                     run(x.ptr + t0 * in, n, yp + t0 * rows, r0, r1);
                 });
             });
@@ -518,9 +561,9 @@ class Kernels {
         return y;
     }
 
-    void mxfp4_rows(const Mxfp4& w, const float* x, size_t tokens, float* y) {
+    void mxfp4_rows(const Call& call, const Mxfp4& w, const float* x, size_t tokens, float* y) {
         for_token_tiles(tokens, [&](size_t t0, size_t n) {
-            pool_.parallel_rows(w.rows(), rows_per_part(w.in() * n), [&](size_t r0, size_t r1) {
+            parallel_rows(call, w.rows(), rows_per_part(w.in() * n), [&](size_t r0, size_t r1) {
                 mk_->mxfp4(w.packed.ptr, w.scale.ptr, w.in(), x + t0 * w.in(), n, y + t0 * w.rows(), w.rows(), r0, r1);
             });
         });
@@ -538,6 +581,7 @@ class Kernels {
 
     const MatrixKernels* mk_;
     k3::Pool pool_;
+    std::atomic<unsigned> caps_[kFamilies] = {};  // threads per family, 0: all of pool_'s; read without the GIL
     std::string name_;
 };
 
@@ -642,6 +686,10 @@ PYBIND11_MODULE(_native, m) {
         .def(py::init<const std::string&, unsigned>(), py::arg("name"), py::arg("threads") = 1)
         .def_property_readonly("name", &Kernels::name)
         .def_property("threads", &Kernels::threads, &Kernels::set_threads)
+        .def("set_family_threads", &Kernels::set_family_threads, py::arg("family"), py::arg("threads"),
+             "Split the rows of a family's kernels (dense, experts, attention, other) over at most `threads` threads; "
+             "0 clears the cap. Never changes a bit.")
+        .def("family_threads", &Kernels::family_threads, "Each family's thread cap; 0: the pool's thread count.")
         .def("linear", &Kernels::linear)
         .def("mxfp4_linear", &Kernels::mxfp4_linear)
         .def("int8_linear", &Kernels::int8_linear)

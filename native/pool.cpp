@@ -75,9 +75,11 @@ void Pool::work(unsigned index, unsigned long seen) {
     }
 }
 
-void Pool::parallel_rows(size_t rows, size_t min_rows, const std::function<void(size_t, size_t)>& fn) {
+void Pool::parallel_rows(size_t rows, size_t min_rows, const std::function<void(size_t, size_t)>& fn,
+                         unsigned max_parts) {
     const size_t useful = min_rows ? rows / min_rows : rows;
-    const unsigned parts = static_cast<unsigned>(std::max<size_t>(1, std::min<size_t>(threads_, useful)));
+    const unsigned cap = max_parts ? std::min(threads_, max_parts) : threads_;
+    const unsigned parts = static_cast<unsigned>(std::max<size_t>(1, std::min<size_t>(cap, useful)));
     if (parts == 1) {
         fn(0, rows);
         return;
@@ -86,7 +88,7 @@ void Pool::parallel_rows(size_t rows, size_t min_rows, const std::function<void(
     {
         std::lock_guard<std::mutex> lock(mutex_);
         job_ = &fn, rows_ = rows, parts_ = parts;
-        pending_ = threads_ - 1;
+        pending_ = threads_ - 1;  // every worker wakes and counts down, a worker with no part too
         ++generation_;
     }
     wake_.notify_all();

@@ -25,8 +25,10 @@ class Pool {
 
     unsigned threads() const { return threads_; }
     void set_threads(unsigned threads);
-    // fn(r0, r1) over [0, rows); parts smaller than min_rows are not worth a thread.
-    void parallel_rows(size_t rows, size_t min_rows, const std::function<void(size_t, size_t)>& fn);
+    // fn(r0, r1) over [0, rows); parts smaller than min_rows are not worth a thread, and there are at most
+    // max_parts parts (0: no cap).
+    void parallel_rows(size_t rows, size_t min_rows, const std::function<void(size_t, size_t)>& fn,
+                       unsigned max_parts);
 
    private:
     void start(unsigned threads);

@@ -44,8 +44,9 @@ ROOMS = {
     "plugins": {"plugin_api"},
     "testing": BASE | {"files", "format", "io", "plan", "model", "text", "plugin_manager", "testmodel"},
     "api": BASE | {"files", "format", "io", "plan", "model", "text", "plugin_manager"},
+    "tune": BASE | {"files", "format", "io", "plan", "model", "text", "plugin_manager", "report", "api"},
     "cli": BASE | {"files", "format", "io", "plan", "model", "text", "plugin_manager", "report", "machine",
-                   "testmodel", "testing", "api"},
+                   "testmodel", "testing", "api", "tune"},
     "__main__": {"cli"},
 }
 # what each front end may import of k3core: the front door, the plugin API, and these public modules

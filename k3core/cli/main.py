@@ -252,9 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .sim_cache import add_parser as add_sim_cache
     from .doctor import add_parser as add_doctor
     from .pack import add_parser as add_pack
+    from .tune import add_parser as add_tune
     from ..plugin_manager import get_plugin_manager
     add_pack(sub)
     add_doctor(sub)
+    add_tune(sub)
     add_bench(sub)
     add_sim_cache(sub)
     add_plugin_subcommands(sub, get_plugin_manager())  # the wizard's, the UI's, a third party's

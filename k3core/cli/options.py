@@ -52,6 +52,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                         "slow) (default: K3_KERNELS, else the best this CPU runs)")
     g.add_argument("--threads", type=int, metavar="N",
                    help="kernel threads, at most the CPUs this process may use (the default); never changes a bit")
+    g.add_argument("--kernel-threads", action="append", default=[], metavar="FAMILY=N",
+                   help="at most N threads for one family of kernels: dense, experts, attention or other (repeatable; "
+                        "a family not named uses --threads); never changes a bit")
     g = p.add_argument_group("memory (see docs/STREAMING.md)")
     g.add_argument("--trunk", metavar="DIR", help="a packed trunk (`k3 pack`): stream what does not fit --trunk-gb "
                    "through a ring of slots instead of holding the whole trunk in RAM")
@@ -61,18 +64,19 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cache-gb", type=GB, metavar="GB", help="RAM for the expert cache (default 1)")
     g.add_argument("--pin-layers", type=int, metavar="N",
                    help="pin exactly the first N layers of the packed trunk instead of as many as --trunk-gb holds")
-    g.add_argument("--ring", type=int, default=2, metavar="N",
-                   help="slots of the streaming ring (default 2; the next layer is read while one computes)")
+    g.add_argument("--ring", type=int, metavar="N",
+                   help="slots of the streaming ring (default 2, or what `k3 tune` saved; the next layer is read while "
+                        "one computes)")
     g.add_argument("--max-context", type=_context, default="auto", metavar="N|auto",
                    help="positions a conversation may hold, prompt and reply together: a longer prompt is refused, a "
                         "reply stops there; the memory plan reserves decode state for them (default auto: the "
                         "model's own limit, halved until the plan fits this machine's memory, at least 4096)")
-    g.add_argument("--prefill-chunk", type=_context, default="auto", metavar="N|auto",
+    g.add_argument("--prefill-chunk", type=_context, metavar="N|auto",
                    help="prompt ids forwarded per pass: longer chunks read a streamed model's trunk and experts once "
                         "for more ids, and hold more activations. Default auto: the shortest chunk (512 or more) "
                         "projected within 2%% of the fastest per prompt id for what this plan streams, within 1/16 "
-                        "of the memory available (the memory plan's row says what it chose and why). Never changes "
-                        "a bit")
+                        "of the memory available (the memory plan's row says what it chose and why), or what "
+                        "`k3 tune` saved. Never changes a bit")
     g.add_argument("--expert-store", metavar="NAME", help="expert store plugin: lru (default) or direct, or a "
                    "third party's (see `k3 plugins`)")
     g.add_argument("--trunk-placer", metavar="NAME", help="trunk placer plugin (default: pinned with --trunk, else "
@@ -272,6 +276,24 @@ def _attention(pairs) -> dict:
     return out
 
 
+def _kernel_threads(pairs) -> dict:
+    """FAMILY=N pairs of --kernel-threads; N above the CPUs this process may use is refused as --threads is."""
+    from ..interfaces import KERNEL_FAMILIES, default_threads
+
+    out = {}
+    for pair in pairs:
+        family, _, n = pair.partition("=")
+        if family not in KERNEL_FAMILIES or not n.isdigit():
+            raise UsageError(f"--kernel-threads takes FAMILY=N, FAMILY one of {', '.join(KERNEL_FAMILIES)} "
+                             f"(e.g. attention=1), got {pair!r}")
+        cpus = default_threads()
+        if int(n) > cpus:
+            raise UsageError(f"--kernel-threads {pair}: this process may use {cpus} CPU{'s' if cpus > 1 else ''}; "
+                             f"give {family}=1..{cpus}")
+        out[family] = int(n)
+    return out
+
+
 def _options(pairs, flag: str) -> dict | None:
     """NAME=VALUE pairs; a VALUE that reads as JSON (true, 3, 0.5, null) is that value, else a string."""
     from ..files.limits import loads_limited
@@ -288,12 +310,15 @@ def _options(pairs, flag: str) -> dict | None:
     return out or None
 
 
-def engine_config_from_args(args):
+def engine_config_from_args(args, tuned: bool = True):
     """The EngineConfig of parsed engine flags; without MODEL_DIR, the saved profile's model, packed
-    trunk and budgets (flags given still win)."""
+    trunk and budgets (flags given still win). With `tuned`, a run of the profile's model on the machine `k3 tune`
+    measured takes its settings for every flag left out (said on stderr unless --quiet), speculation included."""
     from ..api import EngineConfig, config_from_profile
 
-    fields = dict(kernels=args.kernels, threads=args.threads, attention=_attention(args.attention),
+    tuning = profile_tuning(args) if tuned else None
+    fields = dict(kernels=args.kernels, threads=args.threads, kernel_threads=_kernel_threads(args.kernel_threads),
+                  attention=_attention(args.attention),
                   trunk_placer=args.trunk_placer, expert_store=args.expert_store, trunk=args.trunk,
                   preset=args.preset, trunk_gb=args.trunk_gb, cache_gb=args.cache_gb, ring=args.ring,
                   pin_layers=args.pin_layers, max_context=args.max_context, prefill_chunk=args.prefill_chunk,
@@ -308,13 +333,38 @@ def engine_config_from_args(args):
     check_threads(args.threads)
     if args.model:
         check_model_dir(args.model)
+    if tuning is not None:
+        fields = tuning.fill(fields)
+    fields["prefill_chunk"] = "auto" if fields["prefill_chunk"] is None else fields["prefill_chunk"]
+    fields = {k: v for k, v in fields.items() if not (k == "ring" and v is None)}
     try:
-        return EngineConfig(args.model, **fields) if args.model else config_from_profile(**fields)
+        return EngineConfig(args.model, **fields) if args.model else config_from_profile(tuned=False, **fields)
     except UsageError as exc:  # name the flags, not the fields
         text = str(exc)
         for name in fields:
             text = text.replace(f"  - {name} ", f"  - --{FLAGS.get(name, name.replace('_', '-'))} ")
         raise UsageError(text) from None
+
+
+def profile_tuning(args):
+    """The saved profile's tuning when this run is of the profile's model and on the machine it was measured on (its
+    line said on stderr unless --quiet); its speculation becomes --speculate / --draft when neither was given."""
+    from ..io.profile import load_profile
+    from ..plan.tuned import tuning_for
+
+    try:
+        tuning, line = tuning_for(load_profile(), args.model)
+    except K3Error:
+        if args.model is None:
+            raise
+        return None  # a damaged profile stops only the runs that need it
+    if line and not getattr(args, "quiet", False):
+        print(line, file=sys.stderr)
+    spec = tuning.speculation if tuning is not None else None
+    drafting = ("speculate", "draft", "draft_trunk", "draft_topk", "draft_cache_only")
+    if spec and hasattr(args, "speculate") and all(getattr(args, f, None) is None for f in drafting):
+        args.speculate, args.draft = str(spec["k"]), spec["draft"]
+    return tuning
 
 
 def check_threads(threads) -> None:

@@ -21,7 +21,7 @@ from typing import NamedTuple
 from ..interfaces import CachePolicy, ExpertStore, PlanRow, PluginOptions
 from ..units import human
 from ..files.aligned_io import Prefault, aligned_buffer
-from .expert_io import ExpertReader, expert_slot_bytes
+from .expert_io import QUEUE_DEPTH, ExpertReader, expert_slot_bytes
 
 
 def all_experts(config) -> int:
@@ -40,6 +40,7 @@ class CachingOptions(PluginOptions):
     prefetch: bool = True   # read the engine's guess of a layer's experts while its attention runs
     check_reads: bool = True  # each expert read against its recorded checksums; false only to measure their cost
     read_ahead: bool = True  # a prefill round's next experts read while this round computes; false only to measure it
+    read_threads: int = QUEUE_DEPTH  # expert reads in flight at once (`k3 tune` measures what this disk likes)
 
 
 class CachingStore(ExpertStore):
@@ -70,7 +71,8 @@ class CachingStore(ExpertStore):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        self.reader = ExpertReader(self.checkpoint, self.options.direct_io, self.options.check_reads)
+        self.reader = ExpertReader(self.checkpoint, self.options.direct_io, self.options.check_reads,
+                                   self.options.read_threads)
         self.slot_bytes = expert_slot_bytes(self.checkpoint)
         self.slots = cache_slots(self.config, ctx.budget.cache_gb, self.slot_bytes)
         self.keeper = self.policy(self.slots, self.options)

@@ -14,13 +14,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import UnsoundRunError
+from ..errors import UnsoundRunError, UsageError
 from ..interfaces import ExpertWeights
 from ..format.checkpoint import EXPERT_PARTS, expert_prefix
 from ..files.aligned_io import ALIGN, BusyClock, align_down, align_up, open_for_reading, read_into
 from ..format.tensor_sums import TensorSums
 
-QUEUE_DEPTH = 16
+QUEUE_DEPTH = 16  # expert reads in flight at once, unless the store says (its read_threads option)
+MAX_QUEUE_DEPTH = 256
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,10 @@ class Piece:
 class ExpertReader:
     """Reads the experts of one checkpoint into buffers the caller owns (see `slot_bytes`)."""
 
-    def __init__(self, checkpoint, direct_io: bool = True, check: bool = True):
+    def __init__(self, checkpoint, direct_io: bool = True, check: bool = True, depth: int = QUEUE_DEPTH):
+        if not (isinstance(depth, int) and not isinstance(depth, bool) and 1 <= depth <= MAX_QUEUE_DEPTH):
+            raise UsageError(f"read_threads: expert reads in flight must be an integer in 1..{MAX_QUEUE_DEPTH}, "
+                             f"got {depth!r}")
         self.index = checkpoint.index
         self.config = checkpoint.config
         self.sums = TensorSums.load(self.index) if check else None  # None: unchecked, to measure what checks cost
@@ -45,7 +49,7 @@ class ExpertReader:
         self._files: dict = {}
         self._layouts: dict[tuple[int, int], tuple[Piece, ...]] = {}
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(QUEUE_DEPTH, thread_name_prefix="k3-expert-read")
+        self._pool = ThreadPoolExecutor(depth, thread_name_prefix="k3-expert-read")
         self.bytes_read = 0
         self.nan_scales: dict[tuple[int, int], int] = {}  # experts read that have MXFP4 scale bytes of 255: how many
         self._clock = BusyClock()  # reads may come from two threads (the fetch and the prefetch)

@@ -1,5 +1,6 @@
 """The saved profile: which model, packed trunk and memory preset `k3 run` / `k3 chat` / `k3 ui` use
-when no MODEL_DIR is given. The setup wizard writes it; anyone may edit it (it is small JSON).
+when no MODEL_DIR is given, and the settings `k3 tune` measured fastest for it. The setup wizard writes it;
+anyone may edit it (it is small JSON).
 
 Location: $K3_CONFIG_DIR/profile.json, else $XDG_CONFIG_HOME/k3/profile.json, else
 ~/.config/k3/profile.json. Writes are atomic.
@@ -29,6 +30,7 @@ class Profile:
     trunk_gb: float | None = None
     cache_gb: float | None = None
     source: str | None = None     # where the model came from (hf://repo@sha, a path, demo)
+    tuned: dict | None = None     # what `k3 tune` measured fastest here (k3core/plan/tuned.py reads it)
 
 
 def profile_path() -> Path:
@@ -57,6 +59,8 @@ def load_profile(path: Path | None = None) -> Profile | None:
         fields = {k: data.get(k) for k in Profile.__dataclass_fields__}
         if not isinstance(fields["model"], str):
             raise ValueError("no model directory")
+        if fields["tuned"] is not None and not isinstance(fields["tuned"], dict):
+            raise ValueError("tuned is not an object")
         return Profile(**fields)
     except (OSError, ValueError, TypeError, AttributeError) as exc:
         raise ProfileError(f"{source}: not a k3 profile ({exc}); run `k3 setup` again or delete it") from None

@@ -97,6 +97,8 @@ class Engine:
             self.plan.check()
             if config.threads is not None:
                 self.kernels.set_threads(config.threads)
+            for family, threads in config.kernel_threads.items():
+                self.kernels.set_family_threads(family, threads)
             self.placer = r.placer(r.placer_ctx)
             try:
                 self.store = r.store(r.store_ctx)

@@ -16,7 +16,7 @@ from typing import Callable, Mapping
 
 from .. import plugin_manager as plugins
 from ..errors import PluginError, UsageError
-from ..interfaces import Budget, PluginContext, PluginOptions, default_threads
+from ..interfaces import KERNEL_FAMILIES, Budget, PluginContext, PluginOptions, default_threads
 from . import budget as budgets, prefill
 from .budget import DEFAULT_CONTEXT, PRESETS, Plan, PlanRow, auto_preset, state_rows
 from ..format.checkpoint import Checkpoint, check_binding, open_checkpoint
@@ -39,6 +39,8 @@ class EngineConfig:
     model: str | os.PathLike                      # checkpoint directory: config.json + safetensors shards
     kernels: str | None = None                    # kernel backend name; None: K3_KERNELS, else the best available
     threads: int | None = None                    # kernel threads; None: every CPU this process may use
+    # kernel family -> threads (at most `threads`); unnamed families use `threads`
+    kernel_threads: Mapping[str, int] = field(default_factory=dict)
     attention: Mapping[str, str] = field(default_factory=dict)  # attention kind -> backend name
     trunk_placer: str | None = None               # None: "pinned" with a packed trunk, else "resident"
     expert_store: str | None = None               # None: the first installed ("lru" unless a plugin comes first)
@@ -78,6 +80,11 @@ class EngineConfig:
         check(isinstance(self.attention, Mapping) and all(isinstance(k, str) and isinstance(v, str)
                                                           for k, v in self.attention.items()),
               "attention", "a mapping of attention kind to backend name")
+        check(isinstance(self.kernel_threads, Mapping) and all(family in KERNEL_FAMILIES and _is_int(n) and
+                                                               1 <= n <= MAX_THREADS
+                                                               for family, n in self.kernel_threads.items()),
+              "kernel_threads", f"a mapping of kernel family ({', '.join(KERNEL_FAMILIES)}) to an integer in "
+                                f"1..{MAX_THREADS}")
         check(self.preset is None or self.preset in PRESET_NAMES, "preset", f"one of {', '.join(PRESET_NAMES)}")
         for name in ("trunk_gb", "cache_gb"):
             value = getattr(self, name)
@@ -120,6 +127,7 @@ class EngineConfig:
         if problems:
             raise UsageError("bad engine config:\n" + "\n".join(f"  - {p}" for p in problems))
         object.__setattr__(self, "attention", MappingProxyType(dict(self.attention)))
+        object.__setattr__(self, "kernel_threads", MappingProxyType(dict(self.kernel_threads)))
         for name in ("placer_options", "store_options"):
             value = getattr(self, name)
             if isinstance(value, Mapping):

@@ -41,6 +41,9 @@ class NativeKernels(KernelBackend):
     def set_threads(self, threads: int) -> None:
         self.k.threads = max(1, int(threads))
 
+    def set_family_threads(self, family: str, threads: int) -> None:
+        self.k.set_family_threads(family, int(threads))
+
     def linear(self, w: Param, x):
         return self.k.linear(np.ascontiguousarray(w.data), w.dtype, _f32(x))
 

@@ -1,0 +1,158 @@
+"""A whole tune: what can matter for this model and budget (knobs.py), the search over it (search.py), each trial in
+a process of its own (trial.py), and the result as the profile keeps it (plan/tuned.py `Tuned`)."""
+from __future__ import annotations
+
+import importlib
+import math
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from typing import Callable, Mapping, Sequence
+
+from ..errors import UnsoundRunError, UsageError
+from ..interfaces import KernelBackend, default_threads
+from ..io.caching_store import all_experts
+from ..io.expert_io import expert_slot_bytes
+from ..plan.engine_config import EngineConfig, resolve
+from ..plan.tuned import Tuned, fingerprint
+from . import knobs as K
+from .search import Outcome, Search, Trial
+
+SPLIT_SHARES = (0, 1, 2, 3, 4)  # quarters of the layers pinned, for the trunk_gb knob
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts: tuple[tuple[int, ...], ...]   # run one after another, each from a fresh state
+    reply: int                              # ids generated for each (no stop: every trial does the same work)
+
+
+def shape_of(base: EngineConfig, workload: Workload, plugins: Sequence = ()) -> K.Shape:
+    """What decides which knobs can matter, read from the checkpoint's headers and the memory plans; `plugins`:
+    plugin modules besides the installed ones."""
+    from ..api import _manager
+
+    r = resolve(base, _manager(plugins))
+    try:
+        c = r.checkpoint.config
+        plan = r.plan()
+        experts_held = sum(row.bytes for row in plan.experts if row.item == "expert cache")
+        every_expert = all_experts(c) * expert_slot_bytes(r.checkpoint)
+        streams = base.trunk is not None and r.placer.streamed_bytes(r.placer_ctx) > 0
+        options = frozenset(getattr(r.store.Options, "__dataclass_fields__", {}))
+        family = type(r.kernels).set_family_threads is not KernelBackend.set_family_threads
+        layers = c.num_hidden_layers
+    finally:
+        r.checkpoint.close()
+    budget = base.budget()
+    total = round(budget.trunk_gb + budget.cache_gb, 3) if base.trunk is not None else None
+    splits = _splits(base, layers, total, plugins) if total is not None else ()
+    return K.Shape(cores=default_threads(), layers=layers, trunk_streams=streams,
+                   experts_stream=experts_held < every_expert, store_options=options, budget_gb=total,
+                   splits=splits, longest_prompt=max(map(len, workload.prompts)),
+                   has_draft_trunk=base.draft_trunk is not None, has_family_threads=family)
+
+
+def _splits(base: EngineConfig, layers: int, total: float, plugins: Sequence) -> tuple:
+    """The trunk GB that pins 0, ¼, ½, ¾ and all layers (the ring included), those within `total`, and the
+    untuned split itself first."""
+    from ..api import memory_plan
+
+    values = [round(base.budget().trunk_gb, 3)]
+    for share in SPLIT_SHARES:
+        config = base.replace(preset=None, trunk_gb=None, cache_gb=None, pin_layers=layers * share // 4)
+        gb = round(sum(row.bytes for row in memory_plan(config, plugins=plugins).trunk) / 1e9 + 0.001, 3)
+        if gb <= total and gb not in values:
+            values.append(gb)
+    return tuple(values)
+
+
+def tune(base: EngineConfig, workload: Workload, *, minutes: float, only: Sequence[str] = (), grid: bool = False,
+         plugins: Sequence[str] = (), min_trial_seconds: float | None = None, on_trial: Callable[[Trial, Trial | None, Mapping], object] = lambda t, b, s: None,
+         on_start: Callable[[K.Shape, list, list], object] = lambda shape, knobs, left: None) -> Outcome:
+    """Search the settings of `base` for the fastest run of `workload` within `minutes`. `only`: knob names to
+    turn (the rest stay untuned); `grid`: every combination instead of the descent; `plugins`: modules each trial
+    imports and passes to open_engine (a plugin not installed); a trial runs the workload again (in a new process)
+    until it has lasted `min_trial_seconds` (default MIN_TRIAL_SECONDS), and keeps the fastest run. Ctrl-C ends it: `search.outcome` then holds what
+    was measured (see `interrupted`)."""
+    shape = shape_of(base, workload, [importlib.import_module(name) for name in plugins])
+    start = K.start_setting(base, shape, shape.cores)
+    knobs, left = K.knobs_for(shape, start)
+    if only:
+        unknown = sorted(set(only) - {k.name for k in knobs})
+        if unknown:
+            raise UsageError(f"--knobs: {', '.join(unknown)} cannot be turned here (the knobs here: "
+                             f"{', '.join(k.name for k in knobs)})")
+        knobs = [k for k in knobs if k.name in only]
+    on_start(shape, knobs, left)
+
+    repeats: list[int] = []  # how many runs make a trial: set by the first, so that one lasts MIN_TRIAL_SECONDS
+
+    def measure(setting: Mapping) -> Trial:
+        from .trial import measure as run
+
+        config, spec = K.engine_config(base, setting, shape.budget_gb)
+        job = {"config": config.as_dict(), "speculation": spec, "prompts": [list(p) for p in workload.prompts],
+               "reply": workload.reply, "plugins": list(plugins)}
+        runs = [run(job, setting)]
+        if runs[0].seconds is None:
+            return runs[0]
+        if not repeats:
+            least = MIN_TRIAL_SECONDS if min_trial_seconds is None else min_trial_seconds
+            repeats.append(min(MAX_REPEATS, max(1, math.ceil(least / runs[0].seconds))))
+        runs += [run(job, setting) for _ in range(repeats[0] - 1)]
+        return fastest(runs, K.describe(setting, start) or "the untuned settings")
+
+    search = Search(measure, time.monotonic() + minutes * 60, on_trial)
+    try:
+        return search.grid(knobs, start) if grid else search.descend(knobs, start)
+    except KeyboardInterrupt:
+        if search.outcome is None or not search.outcome.trials:
+            raise
+        search.outcome.complete = False
+        raise Interrupted(search.outcome) from None
+
+
+MIN_TRIAL_SECONDS = 1.0  # a workload faster than this is run again (each run its own process) and the fastest kept
+MAX_REPEATS = 8
+
+
+def fastest(runs: list[Trial], name: str) -> Trial:
+    """The fastest of one setting's runs, costing them all; runs that disagree on an id are a bug (exit 4)."""
+    odd = next((r for r in runs if r.ids != runs[0].ids), None)
+    if odd is not None:
+        raise UnsoundRunError(f"k3 tune: {name} gave other ids on a second run of the same workload: ids must "
+                              "never depend on the run. This is a bug in k3 or in a plugin: please report it")
+    best = min(runs, key=lambda r: r.seconds)
+    spread = max(r.seconds for r in runs) / best.seconds if best.seconds else 1.0
+    return replace(best, took=sum(r.took for r in runs), figures={**best.figures, "runs": len(runs), "spread": spread})
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a tune: what was measured up to then."""
+
+    def __init__(self, outcome: Outcome):
+        super().__init__("interrupted")
+        self.outcome = outcome
+
+
+def tuned_result(base: EngineConfig, shape_budget: float | None, outcome: Outcome, workload: Workload,
+                 started: float) -> Tuned:
+    """The outcome as the profile keeps it."""
+    best, start = outcome.best, outcome.start
+    spec = None if best["draft"] == "off" else {"draft": best["draft"], "k": best["speculate"]}
+    reference = next(t for t in outcome.trials if t.seconds is not None)
+    winner = min((t for t in outcome.trials + outcome.confirm if t.setting == best and t.seconds is not None),
+                 key=lambda t: t.seconds)
+    measured = {"untuned_seconds": outcome.seconds(start), "tuned_seconds": outcome.seconds(best),
+                "gain": outcome.gain, "complete": outcome.complete, "minutes": round((time.monotonic() - started) / 60, 2),
+                "seconds_per_token": {"untuned": reference.figures.get("seconds_per_token"),
+                                      "tuned": winner.figures.get("seconds_per_token")},
+                "kernels": reference.figures.get("kernels"),
+                "workload": {"prompts": len(workload.prompts), "prompt_ids": [len(p) for p in workload.prompts],
+                             "reply_ids": workload.reply}}
+    trials = [{"changed": K.describe(t.setting, start) or "(untuned)", "seconds": t.seconds, "skipped": t.skipped,
+               "seconds_per_token": t.figures.get("seconds_per_token")} for t in outcome.trials + outcome.confirm]
+    return Tuned(K.saved_engine(base, best, shape_budget), spec, measured,
+                 datetime.now(timezone.utc).isoformat(timespec="seconds"), fingerprint(base.model), str(base.model),
+                 trials)

@@ -1,0 +1,147 @@
+"""The search: coordinate descent from the untuned settings, one knob at a time in the order given, each value
+measured with the best of the others so far; a value is taken only when it beats the best by more than the noise
+margin. Then the untuned settings and the winner are measured once more, one after the other, and the winner is
+kept only if it still wins there. Bounded in time: a trial that would end past the deadline is not started.
+
+Every trial must give the first trial's ids; one that does not aborts the search naming its setting
+(UnsoundRunError, exit 4): a setting that changes ids is a bug in k3 or a plugin, never a choice.
+
+Nothing here runs a model: `measure(setting)` does (tune/trial.py), so the search is tested on its own.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+from ..errors import UnsoundRunError
+from .knobs import Knob, describe
+
+NOISE = 0.03  # a value must be this much faster than the best so far to replace it
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One measured setting: its seconds for the whole workload, or why it did not run."""
+
+    setting: Mapping               # knob name -> value
+    seconds: float | None = None   # wall time of the workload (None: did not run)
+    ids: tuple = ()                # the ids every prompt gave, in order
+    figures: Mapping = field(default_factory=dict)  # decode s/token, prefill ids/s, peak RSS, … (as measured)
+    skipped: str | None = None     # why it did not run ("does not fit: …")
+    took: float = 0.0              # wall seconds the trial cost, start-up included
+
+
+@dataclass
+class Outcome:
+    start: Mapping                 # the untuned setting
+    best: Mapping                  # the winner (the start when nothing beat it)
+    trials: list[Trial]
+    confirm: list[Trial] = field(default_factory=list)  # the start and the winner measured again
+    not_tried: list[str] = field(default_factory=list)  # "knob=value: why"
+    complete: bool = True          # False: the deadline or Ctrl-C cut it short
+
+    def seconds(self, setting: Mapping) -> float | None:
+        """The mean of every measurement of `setting`."""
+        times = [t.seconds for t in self.trials + self.confirm if t.setting == setting and t.seconds is not None]
+        return sum(times) / len(times) if times else None
+
+    @property
+    def gain(self) -> float | None:
+        """Untuned seconds ÷ tuned seconds, from the confirming pair when there is one."""
+        pair = {tuple(sorted(t.setting.items())): t.seconds for t in self.confirm if t.seconds is not None}
+        start, best = pair.get(_key(self.start)), pair.get(_key(self.best))
+        if start is None or best is None:
+            start, best = self.seconds(self.start), self.seconds(self.best)
+        return start / best if start and best else None
+
+
+def _key(setting: Mapping) -> tuple:
+    return tuple(sorted(setting.items()))
+
+
+class Search:
+    """Runs trials through `measure`, checking ids and the clock; `on_trial` sees each as it lands."""
+
+    def __init__(self, measure: Callable[[Mapping], Trial], deadline: float,
+                 on_trial: Callable[[Trial, Trial | None, Mapping], object] = lambda trial, best, start: None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.measure, self.deadline, self.on_trial, self.clock = measure, deadline, on_trial, clock
+        self.reference: Trial | None = None
+        self.outcome: Outcome | None = None
+
+    def _time_left_for(self, outcome: Outcome, spare: int = 0) -> bool:
+        """Whether one more trial (and `spare` after it) fits before the deadline, at the slowest trial's cost."""
+        took = max((t.took for t in outcome.trials + outcome.confirm), default=0.0)
+        return self.clock() + took * (1 + spare) <= self.deadline
+
+    def trial(self, outcome: Outcome, setting: Mapping, best: Trial | None, into: list) -> Trial:
+        trial = self.measure(dict(setting))
+        if trial.seconds is not None:
+            if self.reference is None:
+                self.reference = trial
+            elif trial.ids != self.reference.ids:
+                raise UnsoundRunError(
+                    f"k3 tune: {describe(setting, outcome.start) or 'the untuned settings'} gave other ids than "
+                    f"{describe(self.reference.setting, outcome.start) or 'the untuned settings'} "
+                    f"({_first_difference(self.reference.ids, trial.ids)}): a setting must never change an id. "
+                    "This is a bug in k3 or in a plugin: please report it with this line")
+        into.append(trial)
+        self.on_trial(trial, best, outcome.start)
+        return trial
+
+    def descend(self, knobs: Sequence[Knob], start: Mapping, confirm: bool = True) -> Outcome:
+        """Coordinate descent over `knobs` from `start` (each knob's start value in it)."""
+        out = self.outcome = Outcome(dict(start), dict(start), [])
+        best = self.trial(out, start, None, out.trials)
+        if best.seconds is None:
+            raise UnsoundRunError(f"k3 tune: the untuned settings did not run ({best.skipped})")
+        for knob in knobs:
+            for value in knob.values:
+                setting = {**out.best, knob.name: value}
+                if value == out.best.get(knob.name) or not knob.applies(setting):
+                    continue
+                if not self._time_left_for(out, spare=2 if confirm else 0):
+                    out.not_tried.append(f"{knob.name}={value}: --minutes reached")
+                    out.complete = False
+                    continue
+                t = self.trial(out, setting, best, out.trials)
+                if t.seconds is not None and t.seconds < best.seconds * (1 - NOISE):
+                    out.best, best = setting, t
+        if confirm and out.best != out.start:
+            self.trial(out, out.start, best, out.confirm)
+            again = self.trial(out, out.best, best, out.confirm)
+            start_again = out.confirm[0]
+            if again.seconds is not None and start_again.seconds is not None \
+                    and again.seconds >= start_again.seconds * (1 - NOISE):
+                out.best = out.start  # the win did not hold up: the untuned settings stay
+        return out
+
+    def grid(self, knobs: Sequence[Knob], start: Mapping) -> Outcome:
+        """Every combination of the knobs' values (a check of the descent; slow)."""
+        out = self.outcome = Outcome(dict(start), dict(start), [])
+        best = None
+        seen = set()
+        for values in itertools.product(*(k.values for k in knobs)):
+            setting = {**start, **{k.name: v for k, v in zip(knobs, values)}}
+            setting.update({k.name: start[k.name] for k in knobs if not k.applies(setting)})
+            if _key(setting) in seen:
+                continue
+            seen.add(_key(setting))
+            if best is not None and not self._time_left_for(out):
+                out.not_tried.append(f"{describe(setting, start)}: --minutes reached")
+                out.complete = False
+                continue
+            t = self.trial(out, setting, best, out.trials)
+            if t.seconds is not None and (best is None or t.seconds < best.seconds):
+                out.best, best = setting, t
+        return out
+
+
+def _first_difference(a: tuple, b: tuple) -> str:
+    for p, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            diff = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+            return f"prompt {p + 1}, reply id {diff + 1}: {list(x[diff:diff + 1])} against {list(y[diff:diff + 1])}"
+    return f"{len(a)} prompts against {len(b)}"

@@ -1,0 +1,105 @@
+"""One trial of `k3 tune`: a setting's engine opened in a process of its own (so nothing one trial holds — the
+expert cache, pages, the suffix index, a kernel backend's threads — carries into the next), the workload's prompts
+run one after another from fresh states with greedy sampling and no stop, and its ids and times reported back as
+JSON. The parent waits for it; Ctrl-C stops the child with the parent.
+
+`python -m k3core.tune.trial` is the child: a job on stdin, one JSON line on stdout.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Mapping
+
+from ..errors import K3Error, PlanError, UnsoundRunError, UsageError
+from .search import Trial
+
+# the exit code of a child whose plan did not fit: a setting the budget cannot hold, not a failure
+DOES_NOT_FIT = 3
+
+
+def run_job(job: Mapping) -> dict:
+    """Open the engine of `job["config"]` and run its prompts; ids and timings."""
+    from ..api import EngineConfig, SamplingParams, Session, open_engine, speculation
+    from ..report.run import peak_rss_bytes
+
+    plugins = [importlib.import_module(name) for name in job.get("plugins", ())]
+    config = EngineConfig(**job["config"])
+    spec = job.get("speculation")
+    opened = time.perf_counter()
+    with open_engine(config, plugins=plugins) as engine:
+        load = time.perf_counter() - opened
+        draft = speculation(spec["draft"], spec["k"], plugins=plugins) if spec else None
+        ids, prefill, decode, tokens, prompt_ids, passes = [], 0.0, 0.0, 0, 0, 0
+        started = time.perf_counter()
+        for prompt in job["prompts"]:
+            *_, done = Session(engine).generate(prompt, SamplingParams(max_tokens=job["reply"]), speculation=draft)
+            s = done.stats
+            ids.append(done.ids)
+            prefill += s["prefill_seconds"]
+            decode += s["stamps"][-1] - s["stamps"][0]
+            tokens += len(done.ids) - 1
+            prompt_ids += len(prompt)
+            passes += s["forward_passes"]
+        seconds = time.perf_counter() - started
+        return {"ids": ids, "seconds": seconds, "load_seconds": load, "prefill_seconds": prefill,
+                "decode_seconds": decode, "seconds_per_token": decode / tokens if tokens else None,
+                "prefill_ids_per_second": prompt_ids / prefill if prefill else None, "forward_passes": passes,
+                "kernels": engine.kernels.name, "peak_rss_bytes": peak_rss_bytes()}
+
+
+def main() -> int:
+    job = json.loads(sys.stdin.read())
+    try:
+        result = run_job(job)
+    except PlanError as exc:
+        print(json.dumps({"does_not_fit": str(exc).splitlines()[0]}))
+        return DOES_NOT_FIT
+    except K3Error as exc:
+        print(json.dumps({"error": str(exc), "exit": exc.exit_code}))
+        return exc.exit_code
+    print(json.dumps(result))
+    return 0
+
+
+class TrialFailed(K3Error):
+    """A trial's process failed for a reason other than its memory plan: a bug or a broken plugin, never a
+    setting to skip."""
+
+    exit_code = 1
+
+
+def measure(job: Mapping, setting: Mapping, env: Mapping | None = None) -> Trial:
+    """Run `job` in a child process; its Trial (a plan that does not fit: a skipped one)."""
+    started = time.perf_counter()
+    child = subprocess.Popen([sys.executable, "-m", "k3core.tune.trial"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **(env or {})},
+                             start_new_session=True)  # our Ctrl-C is handled here, and stops the child
+    try:
+        out, err = child.communicate(json.dumps(job).encode())
+    except BaseException:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        raise
+    took = time.perf_counter() - started
+    try:
+        result = json.loads(out.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        result = {}
+    if child.returncode == DOES_NOT_FIT and "does_not_fit" in result:
+        return Trial(dict(setting), skipped=f"does not fit: {result['does_not_fit']}", took=took)
+    if child.returncode != 0 or "ids" not in result:
+        why = result.get("error") or err.decode(errors="replace").strip()[-1500:] or f"exit {child.returncode}"
+        failure = {2: UsageError, 4: UnsoundRunError}.get(result.get("exit"), TrialFailed)
+        raise failure(f"k3 tune: a trial failed ({why})")
+    figures = {k: v for k, v in result.items() if k not in ("ids", "seconds")}
+    return Trial(dict(setting), result["seconds"], tuple(tuple(i) for i in result["ids"]), figures, took=took)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

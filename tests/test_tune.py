@@ -1,0 +1,258 @@
+"""`k3 tune`: the search on its own (a fake measure, a fake clock), which knobs a model and budget can use, the
+saved tuning and where it applies, and real tunes of the tiny model — one whose kernels change an id at one thread
+count is refused naming the setting (exit 4), and a tune's winner is what a later run of the profile's model uses."""
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+
+import pytest
+
+from k3core.cli.main import main
+from k3core.errors import UnsoundRunError, UsageError
+from k3core.interfaces import default_threads
+from k3core.io.profile import Profile, load_profile, save_profile
+from k3core.plan.engine_config import EngineConfig
+from k3core.plan.tuned import Tuned, fingerprint, machine_changes, tuning_for
+from k3core.tune import knobs as K
+from k3core.tune.run import Workload, tune
+from k3core.tune.search import Search, Trial
+
+
+@pytest.fixture(autouse=True)
+def config_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("K3_CONFIG_DIR", str(tmp_path / "config"))
+    return tmp_path / "config"
+
+
+# ---- the search, with a fake measure ---------------------------------------------------------------------------
+
+COSTS = {"a": {1: 10.0, 2: 8.0, 3: 9.0}, "b": {"x": 0.0, "y": -1.0}}
+
+
+def fake(costs=COSTS, ids=(("same",),), odd=None):
+    """A measure: seconds = the sum of each knob's cost; `odd` (knob, value) gives other ids."""
+    calls = []
+
+    def measure(setting):
+        calls.append(dict(setting))
+        seconds = sum(costs[k][v] for k, v in setting.items())
+        wrong = odd is not None and setting.get(odd[0]) == odd[1]
+        return Trial(setting, seconds, (("other",),) if wrong else ids, {}, took=1.0)
+
+    return measure, calls
+
+
+KNOBS = [K.Knob("a", (1, 2, 3), "a"), K.Knob("b", ("x", "y"), "b")]
+
+
+def test_descent_takes_each_knobs_fastest_value_and_confirms_it():
+    measure, calls = fake()
+    out = Search(measure, deadline=1e9, clock=lambda: 0.0).descend(KNOBS, {"a": 1, "b": "x"})
+    assert out.best == {"a": 2, "b": "y"} and out.complete
+    assert [c for c in calls] == [{"a": 1, "b": "x"}, {"a": 2, "b": "x"}, {"a": 3, "b": "x"}, {"a": 2, "b": "y"},
+                                  {"a": 1, "b": "x"}, {"a": 2, "b": "y"}]  # the last two: the confirming pair
+    assert out.gain == pytest.approx(10.0 / 7.0)
+
+
+def test_a_value_within_the_noise_is_not_taken():
+    measure, _ = fake({"a": {1: 10.0, 2: 9.8, 3: 10.5}, "b": {"x": 0.0, "y": 0.0}})
+    out = Search(measure, deadline=1e9, clock=lambda: 0.0).descend(KNOBS, {"a": 1, "b": "x"})
+    assert out.best == {"a": 1, "b": "x"} and not out.confirm  # 2 % faster is noise: nothing to confirm
+
+
+def test_a_win_that_does_not_hold_up_when_measured_again_is_dropped():
+    seen = {}
+
+    def measure(setting):
+        key = tuple(sorted(setting.items()))
+        seen[key] = seen.get(key, 0) + 1
+        first_time_lucky = setting == {"a": 2, "b": "x"} and seen[key] == 1
+        return Trial(setting, 5.0 if first_time_lucky else 10.0, ("same",), {}, took=1.0)
+
+    out = Search(measure, deadline=1e9, clock=lambda: 0.0).descend(KNOBS, {"a": 1, "b": "x"})
+    assert out.best == {"a": 1, "b": "x"} and len(out.confirm) == 2
+
+
+def test_the_deadline_stops_new_trials_and_says_which_were_not_tried():
+    run, calls = fake()
+    now = [0.0]
+
+    def measure(setting):  # each trial takes a second of the fake clock
+        now[0] += 1.0
+        return run(setting)
+
+    out = Search(measure, deadline=2.5, clock=lambda: now[0]).descend(KNOBS, {"a": 1, "b": "x"}, confirm=False)
+    assert not out.complete and len(calls) == 2
+    assert out.not_tried == ["a=3: --minutes reached", "b=y: --minutes reached"]
+
+
+def test_a_setting_that_changes_ids_stops_the_search_naming_it():
+    measure, _ = fake(odd=("b", "y"))
+    with pytest.raises(UnsoundRunError, match=r"b=y gave other ids than the untuned settings"):
+        Search(measure, deadline=1e9, clock=lambda: 0.0).descend(KNOBS, {"a": 1, "b": "x"})
+
+
+def test_the_grid_measures_every_combination_a_knob_applies_to():
+    measure, calls = fake()
+    knobs = [K.Knob("a", (1, 2, 3), "a"), K.Knob("b", ("x", "y"), "b", lambda s: s["a"] != 3)]
+    out = Search(measure, deadline=1e9, clock=lambda: 0.0).grid(knobs, {"a": 1, "b": "x"})
+    assert len(calls) == 5 and {"a": 3, "b": "y"} not in calls  # b means nothing at a=3
+    assert out.best == {"a": 2, "b": "y"}
+
+
+# ---- which knobs can matter ---------------------------------------------------------------------------------
+
+def shape(**changes):
+    base = dict(cores=4, layers=8, trunk_streams=True, experts_stream=True,
+                store_options=frozenset({"read_threads", "prefetch", "read_ahead"}), budget_gb=4.0,
+                splits=(2.0, 3.0), longest_prompt=40, has_draft_trunk=False, has_family_threads=True)
+    return K.Shape(**{**base, **changes})
+
+
+def knob_names(s: K.Shape, base=None) -> tuple[list[str], list[str]]:
+    base = base or EngineConfig("m", trunk="t", trunk_gb=2.0, cache_gb=2.0)
+    knobs, left = K.knobs_for(s, K.start_setting(base, s, s.cores))
+    return [k.name for k in knobs], left
+
+
+def test_a_streamed_model_turns_the_ring_the_split_and_the_expert_reads():
+    names, left = knob_names(shape())
+    assert names[:3] == ["draft", "speculate", "threads"]
+    assert {"trunk_gb", "ring", "read_threads", "prefetch", "read_ahead", "kernel_threads.attention"} <= set(names)
+    assert "self" not in next(k for k in K.knobs_for(shape(), {"trunk_gb": 2.0})[0] if k.name == "draft").values
+    assert any(line.startswith("prefill_chunk: the longest prompt (40 ids)") for line in left)
+
+
+def test_a_resident_model_leaves_out_what_cannot_move_and_says_why():
+    names, left = knob_names(shape(trunk_streams=False, experts_stream=False, budget_gb=None, splits=()),
+                             EngineConfig("m"))
+    assert not {"ring", "trunk_gb", "read_threads", "prefetch"} & set(names)
+    assert any("every expert is cached" in line for line in left) and any(line.startswith("ring:") for line in left)
+
+
+def test_a_draft_trunk_adds_the_self_and_auto_sources_and_long_prompts_the_chunk():
+    s = shape(has_draft_trunk=True, longest_prompt=300)
+    knobs, _ = K.knobs_for(s, K.start_setting(EngineConfig("m", trunk="t"), s, 4))
+    by = {k.name: k for k in knobs}
+    assert by["draft"].values == ("off", "suffix", "ngram", "self", "auto")
+    assert 256 in by["prefill_chunk"].values and 1024 not in by["prefill_chunk"].values
+
+
+def test_a_setting_becomes_the_engine_config_and_speculation_it_names():
+    base = EngineConfig("m", trunk="t", preset="laptop", store_options={"direct_io": False})
+    setting = {"draft": "suffix", "speculate": 4, "threads": 2, "kernel_threads.attention": 1,
+               "kernel_threads.dense": 0, "ring": 3, "trunk_gb": 2.5, "prefetch": False}
+    config, spec = K.engine_config(base, setting, 4.0)
+    assert spec == {"draft": "suffix", "k": 4}
+    assert (config.threads, dict(config.kernel_threads), config.ring, config.trunk_gb, config.cache_gb) == \
+        (2, {"attention": 1}, 3, 2.5, 1.5)
+    assert dict(config.store_options) == {"direct_io": False, "prefetch": False} and config.preset is None
+    assert K.saved_engine(base, setting, 4.0) == {"threads": 2, "kernel_threads": {"attention": 1}, "ring": 3,
+                                                  "trunk_gb": 2.5, "cache_gb": 1.5, "store_options": {"prefetch": False}}
+
+
+# ---- the saved tuning -----------------------------------------------------------------------------------------
+
+def tuned(model, **changes) -> Tuned:
+    base = dict(engine={"threads": 1, "ring": 3, "store_options": {"prefetch": False}, "trunk_gb": 2.0,
+                        "cache_gb": 1.0},
+                speculation={"draft": "suffix", "k": "auto"}, measured={"gain": 1.2}, when="2026-12-06T00:00:00+00:00",
+                machine=fingerprint(model), model=str(model), trials=[])
+    return Tuned(**{**base, **changes})
+
+
+def test_flags_given_win_over_the_tuning_field_by_field(tmp_path):
+    t = tuned(tmp_path)
+    filled = t.fill({"threads": 2, "ring": None, "store_options": {"direct_io": False}, "trunk_gb": None,
+                     "cache_gb": None, "preset": None})
+    assert (filled["threads"], filled["ring"], filled["trunk_gb"], filled["cache_gb"]) == (2, 3, 2.0, 1.0)
+    assert filled["store_options"] == {"prefetch": False, "direct_io": False}
+    assert t.fill({"preset": "laptop"})["preset"] == "laptop" and "trunk_gb" not in t.fill({"preset": "laptop"})
+
+
+def test_tuning_from_another_machine_is_not_used_and_says_what_changed(tmp_path):
+    other = tuned(tmp_path, machine={**fingerprint(tmp_path), "cpus": 999})
+    profile = Profile(str(tmp_path), tuned=other.as_dict())
+    used, line = tuning_for(profile)
+    assert used is None and "another machine (CPUs 999 → " in line and "`k3 tune`" in line
+    assert machine_changes(fingerprint(tmp_path), fingerprint(tmp_path)) == []
+    used, line = tuning_for(Profile(str(tmp_path), tuned=tuned(tmp_path).as_dict()))
+    assert used is not None and "threads 1" in line
+    assert tuning_for(Profile(str(tmp_path), tuned=tuned(tmp_path).as_dict()), tmp_path / "elsewhere") == (None, None)
+
+
+def test_a_damaged_tuning_is_refused_naming_the_field(tmp_path):
+    data = tuned(tmp_path).as_dict()
+    with pytest.raises(UsageError, match=r"tuned: bad engine\.colour"):
+        Tuned.from_dict({**data, "engine": {"colour": 1}}, "profile.json")
+    with pytest.raises(UsageError, match=r"tuned: bad speculation"):
+        Tuned.from_dict({**data, "speculation": {"draft": 3}}, "profile.json")
+
+
+# ---- real tunes of the tiny model -------------------------------------------------------------------------------
+
+BROKEN = '''
+    """Kernels that give other bits at one thread: a knob that changes ids, which a tune must refuse."""
+    from k3core.plugin_api import hookimpl
+    from k3core.plugins.native_kernels import NativeKernels
+
+
+    class OffByOneThread(NativeKernels):
+        def __init__(self):
+            super().__init__("scalar")
+            self.k  # the native scalar kernels, made under their own name
+            self.name = "off-by-one-thread"
+
+        def available(self):
+            return True
+
+        def linear(self, w, x):
+            y = super().linear(w, x)
+            return y + 1e-3 if self.k.threads == 1 else y
+
+
+    @hookimpl
+    def k3_kernel_backends():
+        return [OffByOneThread()]
+'''
+
+
+needs_two_cpus = pytest.mark.skipif(default_threads() < 2, reason="the threads knob needs two CPUs to turn")
+
+
+@needs_two_cpus
+def test_a_knob_that_changes_ids_is_refused_naming_it(tiny_model, tmp_path, monkeypatch):
+    (tmp_path / "off_by_one_thread.py").write_text(textwrap.dedent(BROKEN))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    base = EngineConfig(tiny_model, kernels="off-by-one-thread", threads=2)
+    work = Workload(((1, 2, 3, 4),), 4)
+    with pytest.raises(UnsoundRunError, match=r"threads=1 gave other ids than the untuned settings"):
+        tune(base, work, minutes=5, only=("threads",), plugins=("off_by_one_thread",), min_trial_seconds=0)
+
+
+@needs_two_cpus
+def test_a_tune_is_saved_and_used_by_a_run_of_the_profiles_model(tiny_model, capsys):
+    save_profile(Profile(str(tiny_model)))
+    assert main(["tune", "--knobs", "threads", "--reply", "4", "--minutes", "2", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    saved = load_profile().tuned
+    assert doc["saved"] and saved["engine"]["threads"] in (1, 2) and saved["machine"] == fingerprint(tiny_model)
+    assert [t["changed"] for t in saved["trials"]][:2] == ["(untuned)", "threads=1"]
+    assert any("ring" in line for line in doc["not_turned"])
+    assert main(["run", "--ids", "1,2", "--gen", "2"]) == 0
+    err = capsys.readouterr().err
+    assert f"tuned settings from {saved['when'][:10]}" in err and f"threads {saved['engine']['threads']}" in err
+    assert main(["run", "--ids", "1,2", "--gen", "2", "--quiet"]) == 0
+    assert "tuned" not in capsys.readouterr().err
+
+
+def test_tune_refuses_bad_usage_naming_the_flag(tiny_model, capsys):
+    assert main(["tune", str(tiny_model), "--minutes", "0"]) == 2
+    assert "--minutes" in capsys.readouterr().err
+    assert main(["tune", str(tiny_model), "--reply", "0"]) == 2
+    assert "--reply" in capsys.readouterr().err
+    assert main(["tune", str(tiny_model), "--knobs", "colour", "--no-save"]) == 2
+    assert "--knobs: colour cannot be turned here" in capsys.readouterr().err
