@@ -37,7 +37,7 @@ test: $(STAMP)
 # K3_PLUGINS=none: the built-ins, even where `make test` installed the example plugins.
 demo: export K3_PLUGINS = none
 demo: $(STAMP)
-	$(VENV)/bin/k3 setup --source demo --dest $(DEMO_DIR) --yes
+	$(VENV)/bin/k3 setup --source demo --dest $(DEMO_DIR) --yes --no-tune
 	$(VENV)/bin/k3 run --chat "What is the capital of France?" --max-tokens 40 --quiet
 	@echo "$(VENV)/bin/k3 ui   # the chat page on the same profile; Ctrl-C stops it"
 	@trap : INT; $(VENV)/bin/k3 ui || [ $$? -eq 130 ]  # Ctrl-C (exit 130) ends the demo quietly, no make error

@@ -31,6 +31,10 @@ def config_dir(tmp_path, monkeypatch):
 COSTS = {"a": {1: 10.0, 2: 8.0, 3: 9.0}, "b": {"x": 0.0, "y": -1.0}}
 
 
+def figures(seconds: float) -> dict:
+    return {"seconds_per_token": seconds / 10, "prefill_seconds": 1.0}
+
+
 def fake(costs=COSTS, ids=(("same",),), odd=None):
     """A measure: seconds = the sum of each knob's cost; `odd` (knob, value) gives other ids."""
     calls = []
@@ -39,7 +43,7 @@ def fake(costs=COSTS, ids=(("same",),), odd=None):
         calls.append(dict(setting))
         seconds = sum(costs[k][v] for k, v in setting.items())
         wrong = odd is not None and setting.get(odd[0]) == odd[1]
-        return Trial(setting, seconds, (("other",),) if wrong else ids, {}, took=1.0)
+        return Trial(setting, seconds, (("other",),) if wrong else ids, figures(seconds), took=1.0)
 
     return measure, calls
 
@@ -53,7 +57,7 @@ def test_descent_takes_each_knobs_fastest_value_and_confirms_it():
     assert out.best == {"a": 2, "b": "y"} and out.complete
     assert [c for c in calls] == [{"a": 1, "b": "x"}, {"a": 2, "b": "x"}, {"a": 3, "b": "x"}, {"a": 2, "b": "y"},
                                   {"a": 1, "b": "x"}, {"a": 2, "b": "y"}]  # the last two: the confirming pair
-    assert out.gain == pytest.approx(10.0 / 7.0)
+    assert out.gain("decode") == pytest.approx(10.0 / 7.0) and out.gain("prefill") == 1.0
 
 
 def test_a_value_within_the_noise_is_not_taken():
@@ -69,10 +73,22 @@ def test_a_win_that_does_not_hold_up_when_measured_again_is_dropped():
         key = tuple(sorted(setting.items()))
         seen[key] = seen.get(key, 0) + 1
         first_time_lucky = setting == {"a": 2, "b": "x"} and seen[key] == 1
-        return Trial(setting, 5.0 if first_time_lucky else 10.0, ("same",), {}, took=1.0)
+        seconds = 5.0 if first_time_lucky else 10.0
+        return Trial(setting, seconds, ("same",), figures(seconds), took=1.0)
 
     out = Search(measure, deadline=1e9, clock=lambda: 0.0).descend(KNOBS, {"a": 1, "b": "x"})
     assert out.best == {"a": 1, "b": "x"} and len(out.confirm) == 2
+
+
+def test_a_knob_of_the_prompts_pass_is_judged_by_the_prompts_time():
+    def measure(setting):  # chunk 128: a faster prompt, a reply no faster (and a little slower in total)
+        prompt = 0.5 if setting["chunk"] == 128 else 1.0
+        return Trial(setting, 11.0 if setting["chunk"] == 128 else 10.0, ("same",),
+                     {"seconds_per_token": 1.0, "prefill_seconds": prompt}, took=1.0)
+
+    knobs = [K.Knob("chunk", (64, 128), "prompt ids per pass", phase="prefill")]
+    out = Search(measure, deadline=1e9, clock=lambda: 0.0).descend(knobs, {"chunk": 64})
+    assert out.best == {"chunk": 128} and out.gain("prefill") == 2.0 and out.gain("decode") == 1.0
 
 
 def test_the_deadline_stops_new_trials_and_says_which_were_not_tried():
@@ -149,8 +165,11 @@ def test_a_setting_becomes_the_engine_config_and_speculation_it_names():
     assert (config.threads, dict(config.kernel_threads), config.ring, config.trunk_gb, config.cache_gb) == \
         (2, {"attention": 1}, 3, 2.5, 1.5)
     assert dict(config.store_options) == {"direct_io": False, "prefetch": False} and config.preset is None
+    coded, _ = K.engine_config(base, {**setting, "pin_coded": True}, 4.0)
+    assert dict(coded.placer_options) == {"pin_coded": True}
     assert K.saved_engine(base, setting, 4.0) == {"threads": 2, "kernel_threads": {"attention": 1}, "ring": 3,
-                                                  "trunk_gb": 2.5, "cache_gb": 1.5, "store_options": {"prefetch": False}}
+                                                  "trunk_gb": 2.5, "cache_gb": 1.5,
+                                                  "store_options": {"prefetch": False}}
 
 
 # ---- the saved tuning -----------------------------------------------------------------------------------------
@@ -181,6 +200,23 @@ def test_tuning_from_another_machine_is_not_used_and_says_what_changed(tmp_path)
     used, line = tuning_for(Profile(str(tmp_path), tuned=tuned(tmp_path).as_dict()))
     assert used is not None and "threads 1" in line
     assert tuning_for(Profile(str(tmp_path), tuned=tuned(tmp_path).as_dict()), tmp_path / "elsewhere") == (None, None)
+
+
+def test_doctor_shows_the_tuning_or_says_to_tune_again(tmp_path):
+    from k3core.machine.checks import check_tuning
+
+    assert check_tuning().finding.startswith("not tuned: nothing is (no saved profile yet)")
+    save_profile(Profile(str(tmp_path), tuned=tuned(tmp_path, measured={
+        "seconds_per_token": {"untuned": 2.0, "tuned": 1.6}, "gain": 1.25, "workload": {"prompts": 3, "reply_ids": 16}}
+    ).as_dict()))
+    ok = check_tuning()
+    assert ok.status == "ok" and "tuned 2026-12-06 00:00 UTC: threads 1, ring 3" in ok.finding
+    assert "1.25× the untuned speed per token; measured 2.000 s/token untuned, 1.600 tuned on 3 prompts × 16 ids" \
+        in ok.finding
+    moved = tuned(tmp_path, machine={**fingerprint(tmp_path), "ram_gb": 1})
+    save_profile(Profile(str(tmp_path), tuned=moved.as_dict()))
+    moved = check_tuning()
+    assert moved.status == "warn" and "RAM GB 1 → " in moved.finding and "k3 tune" in moved.fix
 
 
 def test_a_damaged_tuning_is_refused_naming_the_field(tmp_path):
@@ -247,6 +283,26 @@ def test_a_tune_is_saved_and_used_by_a_run_of_the_profiles_model(tiny_model, cap
     assert f"tuned settings from {saved['when'][:10]}" in err and f"threads {saved['engine']['threads']}" in err
     assert main(["run", "--ids", "1,2", "--gen", "2", "--quiet"]) == 0
     assert "tuned" not in capsys.readouterr().err
+
+
+def test_ctrl_c_keeps_what_was_measured(tiny_model, capsys, monkeypatch):
+    from k3core.tune import trial
+
+    runs = []
+
+    def measure(job, setting, env=None):  # the first trial lands, Ctrl-C comes during the second
+        if runs:
+            raise KeyboardInterrupt
+        runs.append(setting)
+        return Trial(dict(setting), 2.0, ((1, 2),), {"seconds_per_token": 0.1, "prefill_seconds": 0.5}, took=0.1)
+
+    monkeypatch.setattr(trial, "measure", measure)
+    save_profile(Profile(str(tiny_model)))
+    assert main(["tune", "--reply", "4"]) == 130
+    captured = capsys.readouterr()
+    saved = load_profile().tuned
+    assert saved["measured"]["complete"] is False and saved["engine"]["threads"] == default_threads()
+    assert "(incomplete: --minutes or Ctrl-C cut it short)" in captured.out and "saved in " in captured.out
 
 
 def test_tune_refuses_bad_usage_naming_the_flag(tiny_model, capsys):

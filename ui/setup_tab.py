@@ -1,4 +1,4 @@
-"""The Setup tab: the setup wizard's seven steps (wizard.steps.Setup: the same code and the same
+"""The Setup tab: the setup wizard's eight steps (wizard.steps.Setup: the same code and the same
 <dest>/.k3-setup.json as `k3 setup`) run from the browser on a worker thread. The wizard's output
 streams into the page and each step's state is read back from the state file, so a run stopped
 anywhere, here or in a terminal, resumes from either. "Use the saved profile" then reopens the engine
@@ -50,7 +50,7 @@ class Sink(io.TextIOBase):
 
 
 def steps_table(guard, dest: str | None, running: bool = False) -> str:
-    """The seven steps as the state file of `dest` (inside the models root) records them; the first unfinished
+    """The eight steps as the state file of `dest` (inside the models root) records them; the first unfinished
     one is running (if a run is)."""
     try:
         state = read_state(guard._inside(dest, "destination")) if (dest or "").strip() else None
@@ -73,7 +73,7 @@ def steps_table(guard, dest: str | None, running: bool = False) -> str:
 
 
 def run_setup(guard, source: str, dest: str, trunk_dir: str, preset: str, no_pack: bool, vision: bool, jobs: int,
-              codec: str = "auto", poll: float = 0.5):
+              codec: str = "auto", poll: float = 0.5, no_tune: bool = False):
     """Run (or resume) the wizard where `guard` allows; yields (steps table, output so far, status line)."""
     sink = Sink()
     try:
@@ -82,7 +82,7 @@ def run_setup(guard, source: str, dest: str, trunk_dir: str, preset: str, no_pac
         where_to, trunk = guard.destination(source, dest, trunk_dir)  # refused: nothing is created
         opts = Options(source=(source or "").strip() or "demo", dest=str(where_to), trunk_dir=str(trunk),
                        preset=preset, vision=bool(vision), jobs=max(1, min(16, int(jobs))), yes=True,
-                       no_pack=bool(no_pack), codec=codec)
+                       no_pack=bool(no_pack), codec=codec, no_tune=bool(no_tune))
         setup = Setup(opts, out=sink, err=sink)
     except (K3Error, ValueError, TypeError) as exc:
         yield steps_table(guard, dest), "", f"⚠ {exc}"
@@ -116,7 +116,7 @@ def setup_tab(host, chats, title, header, tab, guard) -> None:
     if Setup is None:
         gr.Markdown("The setup wizard (`k3 setup`) is not installed in this build.", elem_id="k3-setup")
         return
-    gr.Markdown("The same seven steps as `k3 setup`, sharing its state file: stop anywhere (here or in a "
+    gr.Markdown("The same eight steps as `k3 setup`, sharing its state file: stop anywhere (here or in a "
                 "terminal) and run again to resume. A Hugging Face token comes from `HF_TOKEN` or `hf auth login` "
                 "in the environment `k3 ui` was started from; it is never asked for here. "
                 f"Everything is written under the models root `{guard.models_root}`.")
@@ -135,6 +135,8 @@ def setup_tab(host, chats, title, header, tab, guard) -> None:
             with gr.Row():
                 no_pack = gr.Checkbox(False, label="Skip packing")
                 vision = gr.Checkbox(False, label="Vision shards too")
+                no_tune = gr.Checkbox(False, label="Skip the tune", info="the last step times settings for a few "
+                                                                          "minutes; `k3 tune` any time")
             codec = gr.Dropdown(list(CODEC_CHOICES), value="auto", label="Packed trunk codec",
                                 info="auto: planes (lossless, ~0.67× the bytes) where this machine's cores restore "
                                      "faster than its disk saves; else raw")
@@ -162,13 +164,14 @@ def setup_tab(host, chats, title, header, tab, guard) -> None:
         chats.reset_all("a new model was opened: this is a new conversation")
         return f"✓ now serving {host.model}", header(host)
 
-    def setup_fn(source_, dest_, trunk_dir_, preset_, no_pack_, vision_, jobs_, codec_="auto"):
-        yield from run_setup(guard, source_, dest_, trunk_dir_, preset_, no_pack_, vision_, jobs_, codec_)
+    def setup_fn(source_, dest_, trunk_dir_, preset_, no_pack_, vision_, jobs_, codec_="auto", no_tune_=False):
+        yield from run_setup(guard, source_, dest_, trunk_dir_, preset_, no_pack_, vision_, jobs_, codec_,
+                             no_tune=no_tune_)
 
     def table_fn(dest_):
         return steps_table(guard, dest_)
 
-    run.click(setup_fn, [source, dest, trunk_dir, preset, no_pack, vision, jobs, codec], [table, log, status],
+    run.click(setup_fn, [source, dest, trunk_dir, preset, no_pack, vision, jobs, codec, no_tune], [table, log, status],
               api_name="setup", concurrency_limit=1, concurrency_id="setup")
     show.click(table_fn, dest, table, api_visibility="private", concurrency_limit=None)
     dest.change(table_fn, dest, table, api_visibility="private", concurrency_limit=None)

@@ -91,9 +91,11 @@ def dry_run(setup) -> int:
               + ("chosen from the disk and CPU rates (raw or planes)" if o.codec == "auto" else o.codec),
               "instant" if o.no_pack else estimate(2 * plan.trunk_bytes, disk)),
              ("profile", f"preset {o.preset}, saved for k3 run / k3 chat", "instant"),
+             ("tune", "skipped (--no-tune)" if o.no_tune else "k3 tune: short exact trials, the fastest saved",
+              "instant" if o.no_tune else f"at most {o.tune_minutes:g} min"),
              ("next", "print the command to run next", "instant")]
     for i, (name, what, when) in enumerate(steps, 1):
-        s.say(f"  [{i}/7] {name:<13} {what} ({when})")
+        s.say(f"  [{i}/{len(steps)}] {name:<13} {what} ({when})")
     if unreachable:
         not_checked(s, unreachable, sha, from_hub)
     if not fits:

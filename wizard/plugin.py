@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from k3core.cli.options import SECONDS, add_logging_arguments
+from k3core.cli.options import SECONDS, add_logging_arguments, number
 from k3core.io.codec import CODECS as TRUNK_CODECS
 from k3core.report.logs import configure_logging
 from k3core.plugin_api import hookimpl
@@ -66,7 +66,8 @@ def cmd_setup(args) -> int:
 
     opts = Options(source=args.source, dest=args.dest, trunk_dir=args.trunk_dir, preset=args.preset,
                    vision=args.vision, jobs=args.jobs, yes=args.yes, dry_run=args.dry_run, no_pack=args.no_pack,
-                   codec=args.codec, read_mb=args.read_mb, stall=args.stall)
+                   codec=args.codec, read_mb=args.read_mb, stall=args.stall, tune_minutes=args.tune_minutes,
+                   no_tune=args.no_tune)
     return Setup(opts).run()
 
 
@@ -99,6 +100,10 @@ def k3_subcommands(subparsers):
                    help="how the packed trunk stores its bytes: raw, planes (lossless, ~0.67x the bytes, restored on "
                         "the fly), or auto (default): planes where this machine's cores restore faster than its disk "
                         "saves, from the disk speed the machine check measured (k3 pack --help)")
+    p.add_argument("--tune-minutes", type=number("minutes", above=True), default=2.0, metavar="M",
+                   help="the last step's `k3 tune` stops starting trials after M minutes (default 2)")
+    p.add_argument("--no-tune", action="store_true",
+                   help="skip the last step's tune (the defaults run; `k3 tune` any time measures the fastest)")
     p.add_argument("--read-mb", type=int, default=64, metavar="N", help="MiB the machine check's disk test reads")
     p.add_argument("--stall", type=SECONDS, default=60.0, metavar="S",
                    help="reconnect a download that received nothing for S seconds (default 60)")

@@ -1,7 +1,8 @@
-"""`k3 setup`'s seven steps and the state machine that runs them: (1) machine check, (2) destination and
-free space, (3) download (or generate the demo), (4) verify, (5) pack the trunk, (6) profile, (7) the next
-command. Each step says what it will do and how long it should take, then its result; finished steps are
-recorded in <dest>/.k3-setup.json, so a killed wizard run again continues where it stopped.
+"""`k3 setup`'s eight steps and the state machine that runs them: (1) machine check, (2) destination and
+free space, (3) download (or generate the demo), (4) verify, (5) pack the trunk, (6) profile, (7) a short
+`k3 tune` (--no-tune skips it), (8) the next command. Each step says what it will do and how long it should
+take, then its result; finished steps are recorded in <dest>/.k3-setup.json, so a killed wizard run again
+continues where it stopped.
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import getpass
 import logging
 import shlex
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -32,7 +34,8 @@ from .verify import check_files, record_sums, table_problems
 
 log = logging.getLogger("k3.setup")
 STEPS = [("check", "machine check"), ("space", "destination and free space"), ("download", "download"),
-         ("verify", "verify"), ("pack", "pack the trunk"), ("profile", "profile"), ("next", "next command")]
+         ("verify", "verify"), ("pack", "pack the trunk"), ("profile", "profile"), ("tune", "tune"),
+         ("next", "next command")]
 
 
 @dataclass
@@ -47,6 +50,8 @@ class Options:
     dry_run: bool = False
     no_pack: bool = False
     codec: str = "auto"           # the packed trunk's codec: raw, planes, or auto (what this machine streams faster)
+    tune_minutes: float = 2.0     # the last step's `k3 tune --minutes`
+    no_tune: bool = False         # skip that step
     read_mb: int = 64
     stall: float = 60.0
 
@@ -112,19 +117,19 @@ class Setup:
             for i, (name, title) in enumerate(STEPS, 1):
                 key = self.key(name)
                 if done := self.st.step(name, key):
-                    self.say(f"[{i}/7] {title}: done earlier: {done['result']}")
+                    self.say(f"[{i}/{len(STEPS)}] {title}: done earlier: {done['result']}")
                     continue
                 what, how_long = self.describe(name)
-                self.say(f"[{i}/7] {title}: {what} ({how_long})")
-                log.info("step %d/7 %s: started in %s", i, name, self.dest)
+                self.say(f"[{i}/{len(STEPS)}] {title}: {what} ({how_long})")
+                log.info("step %d/%d %s: started in %s", i, len(STEPS), name, self.dest)
                 t0 = time.perf_counter()
                 try:
                     result = getattr(self, f"step_{name}")()
                 except Exception as exc:
                     self.st.log(f"step {name} failed: {type(exc).__name__}: {exc}")
-                    log.info("step %d/7 %s failed: %s: %s", i, name, type(exc).__name__, exc)  # the error says it too
+                    log.info("step %d/%d %s failed: %s: %s", i, len(STEPS), name, type(exc).__name__, exc)  # said too
                     raise
-                log.info("step %d/7 %s: done in %.1f s: %s", i, name, time.perf_counter() - t0, result)
+                log.info("step %d/%d %s: done in %.1f s: %s", i, len(STEPS), name, time.perf_counter() - t0, result)
                 self.say(f"      -> {result}  [{time.perf_counter() - t0:.1f} s]")
                 self.st.finish(name, result, key)
         except KeyboardInterrupt:
@@ -140,6 +145,8 @@ class Setup:
             return "no-pack" if self.opts.no_pack else [str(self.trunk), self.opts.codec]
         if name in ("profile", "next"):
             return [self.opts.preset, None if self.opts.no_pack else str(self.trunk)]
+        if name == "tune":
+            return [self.opts.preset, None if self.opts.no_pack else str(self.trunk), not self.opts.no_tune]
         return None
 
     def describe(self, name: str) -> tuple[str, str]:
@@ -174,6 +181,11 @@ class Setup:
                     estimate(2 * f.get("trunk_bytes", total), disk))
         if name == "profile":
             return "choose a memory preset from RAM and save the profile k3 run / k3 chat use", "instant"
+        if name == "tune":
+            if self.opts.no_tune:
+                return "skipped (--no-tune); `k3 tune` any time", "instant"
+            return ("k3 tune: short exact trials of threads, ring, cache split, reads and drafts on this model, the "
+                    "fastest saved in the profile", f"at most {self.opts.tune_minutes:g} min")
         return "print the command to run next", "instant"
 
     def table_note(self) -> str:
@@ -333,6 +345,22 @@ class Setup:
         trunk = None if self.opts.no_pack else str(self.trunk)
         path = save_profile(Profile(model=str(self.dest), trunk=trunk, preset=preset, source=source))
         return f"preset {preset} ({why}); saved {path}"
+
+    def step_tune(self) -> str:
+        """`k3 tune` in a process of its own (each of its trials runs the model), its lines shown as they come."""
+        if self.opts.no_tune:
+            return "skipped (--no-tune): `k3 tune` measures the fastest settings any time"
+        cmd = [sys.executable, "-m", "k3core", "tune", "--minutes", f"{self.opts.tune_minutes:g}"]
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as child:
+            lines = []
+            for line in child.stdout:
+                lines.append(line.rstrip("\n"))
+                self.say(f"      {lines[-1]}")
+        if child.returncode != 0:
+            raise K3Error(f"k3 tune stopped (exit {child.returncode}): {lines[-1] if lines else 'no output'}; the "
+                          "setup is usable untuned (run `k3 tune` again, or `k3 setup ... --no-tune`)")
+        winner = next((line for line in lines if line.startswith("winner: ")), "winner: see `k3 doctor`")
+        return winner.removeprefix("winner: ") + "; saved in the profile"
 
     def step_next(self) -> str:
         k3, activate = k3_command()

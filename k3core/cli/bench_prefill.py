@@ -34,7 +34,8 @@ def measure(args, chunk: int) -> dict:
     from ..text.generate import prefill as forward_prompt
     from .options import engine_config_from_args
 
-    config = engine_config_from_args(args).replace(prefill_chunk=chunk, max_context=max(4096, args.ids + 1))
+    config = engine_config_from_args(args, tuned=False)  # a bench measures what its flags say, never a saved tuning
+    config = config.replace(prefill_chunk=chunk, max_context=max(4096, args.ids + 1))
     with open_engine(config) as engine:
         prompt = [int(i) for i in np.random.default_rng(args.seed).integers(0, engine.config.vocab_size, args.ids)]
         if not args.cold:

@@ -166,7 +166,7 @@ def measure(args) -> dict:
     from .options import engine_config_from_args, open_engine
 
     schemas = chosen_schemas(args.schemas)
-    config, date = engine_config_from_args(args), datetime.now(timezone.utc).isoformat(timespec="seconds")
+    config, date = engine_config_from_args(args, tuned=False), datetime.now(timezone.utc).isoformat(timespec="seconds")
     with open_engine(config) as engine:
         tokenizer = load_tokenizer(config.tokenizer or config.model)
         vocab_ms = vocabulary_ms(tokenizer)

@@ -207,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
                "then:\n"
                "  k3 chat                                      # talk in the terminal (the saved profile)\n"
                "  k3 ui                                        # ... or in the browser, on 127.0.0.1\n"
+               "  k3 tune                                      # time the settings here, keep the fastest (exact)\n"
                "  k3 run --prompt 'Hello' --max-tokens 40      # one generation, streamed, with a run report\n"
                "  k3 run MODEL --ids 1,2,3 --gen 8 --json r.json   # token ids in and out\n"
                "every command has --help with examples.\n\n"

@@ -364,6 +364,8 @@ def profile_tuning(args):
     drafting = ("speculate", "draft", "draft_trunk", "draft_topk", "draft_cache_only")
     if spec and hasattr(args, "speculate") and all(getattr(args, f, None) is None for f in drafting):
         args.speculate, args.draft = str(spec["k"]), spec["draft"]
+        if spec.get("draft_trunk"):
+            args.draft_trunk = spec["draft_trunk"]
     return tuning
 
 

@@ -25,8 +25,8 @@ def workload(args, config):
     from ..api import load_tokenizer
     from ..tune.run import Workload
 
-    if not 1 <= args.reply <= MAX_REPLY:
-        raise UsageError(f"--reply takes 1..{MAX_REPLY} ids, got {args.reply}")
+    if not 2 <= args.reply <= MAX_REPLY:
+        raise UsageError(f"--reply takes 2..{MAX_REPLY} ids (s/token needs a second one), got {args.reply}")
     texts = args.prompt or list(QUESTIONS)
     if len(texts) > MAX_PROMPTS:
         raise UsageError(f"--prompt: at most {MAX_PROMPTS} prompts, got {len(texts)}")
@@ -77,7 +77,7 @@ def cmd_tune(args) -> int:
         base = base.replace(max_context=max(map(len, work.prompts)) + work.reply)
     only = [k for k in (args.knobs or "").split(",") if k]
     started = time.monotonic()
-    progress = Progress(args.json)
+    progress = Progress()
     try:
         outcome = tune(base, work, minutes=args.minutes, only=only, grid=args.grid, on_trial=progress.trial,
                        on_start=progress.start)
@@ -86,21 +86,21 @@ def cmd_tune(args) -> int:
         outcome, interrupted = stop.outcome, True
     result = tuned_result(base, progress.shape.budget_gb, outcome, work, started)
     where = None if args.no_save or args.grid else save(result, base)
-    doc = {"model": str(base.model), "tuned": result.as_dict(), "not_turned": progress.left,
+    knobs = [{"knob": k.name, "values": list(k.values), "what": k.what} for k in progress.knobs]
+    doc = {"model": str(base.model), "tuned": result.as_dict(), "knobs": knobs, "not_turned": progress.left,
            "not_tried": outcome.not_tried, "saved": str(where) if where else None, "grid": args.grid}
     print(json.dumps(doc, indent=1) if args.json else table(outcome, result, progress, where, args.grid))
     return 130 if interrupted else 0
 
 
 class Progress:
-    """One line per trial on stderr as it lands (silent with --json)."""
+    """One line per trial on stderr as it lands (with --json too: the document goes to stdout)."""
 
-    def __init__(self, quiet: bool):
-        self.quiet, self.count, self.shape, self.left, self.knobs = quiet, 0, None, [], []
+    def __init__(self):
+        self.count, self.shape, self.left, self.knobs = 0, None, [], []
 
     def say(self, text: str) -> None:
-        if not self.quiet:
-            print(text, file=sys.stderr, flush=True)
+        print(text, file=sys.stderr, flush=True)
 
     def start(self, shape, knobs, left) -> None:
         self.shape, self.knobs, self.left = shape, knobs, left
@@ -138,30 +138,33 @@ def save(result, base):
 
 
 def table(outcome, result, progress, where, grid: bool) -> str:
-    from ..tune.knobs import describe
+    from ..tune.knobs import describe, shown
 
     start = outcome.start
     w = result.measured["workload"]
     lines = [f"k3 tune: {result.model}, {w['prompts']} prompts ({sum(w['prompt_ids'])} ids) × {w['reply_ids']} reply "
              f"ids each, {result.machine['cpus']} CPUs, {result.measured.get('kernels')} kernels", "",
-             "| trial | seconds | s/token | prefill ids/s | peak RSS |", "|---|---:|---:|---:|---:|"]
+             "| knob | value | setting (what differs from untuned) | seconds | s/token | prefill ids/s | peak RSS |",
+             "|---|---|---|---:|---:|---:|---:|"]
     for t in outcome.trials + outcome.confirm:
-        name = describe(t.setting, start) or "untuned"
-        if t in outcome.confirm:
-            name += " (again)"
+        knob = t.knob or ("(again)" if t in outcome.confirm else "(grid)" if grid else "(untuned)")
+        value = shown(t.setting[t.knob]) if t.knob else ""
+        mark = " ←" if t.setting == outcome.best else ""
+        head = f"| {knob} | {value} | {describe(t.setting, start) or 'untuned'}{mark} |"
         if t.seconds is None:
-            lines.append(f"| {name} | {t.skipped} | | | |")
+            lines.append(f"{head} {t.skipped} | | | |")
             continue
         f = t.figures
-        spt, ips = f.get("seconds_per_token"), f.get("prefill_ids_per_second")
-        lines.append(f"| {name}{' ←' if t.setting == outcome.best else ''} | {t.seconds:.2f} | "
-                     f"{spt:.3f} | {ips:.1f} | {human(f.get('peak_rss_bytes') or 0)} |" if spt and ips else
-                     f"| {name} | {t.seconds:.2f} | | | |")
-    gain = outcome.gain
+        cells = [f"{f[k]:{fmt}}" if f.get(k) else "" for k, fmt in (("seconds_per_token", ".3f"),
+                                                                     ("prefill_ids_per_second", ".1f"))]
+        lines.append(f"{head} {t.seconds:.2f} | {' | '.join(cells)} | {human(f.get('peak_rss_bytes') or 0)} |")
+    gain, prompt = outcome.gain("decode"), outcome.gain("prefill")
     best = describe(outcome.best, start) or "the untuned settings"
     lines += ["", f"{'best of the grid' if grid else 'winner'}: {best}"
-              + (f": {gain:.2f}× the untuned speed" if gain else "")
+              + (f": {gain:.2f}× the untuned speed per token" if gain else "")
+              + (f", the prompt in {1 / prompt:.2f}× its time" if prompt else "")
               + ("" if outcome.complete else " (incomplete: --minutes or Ctrl-C cut it short)")]
+    lines += [f"turned: {k.name} ({', '.join(map(shown, k.values))}): {k.what}" for k in progress.knobs]
     lines += [f"not turned: {x}" for x in progress.left]
     lines += [f"not tried: {x}" for x in outcome.not_tried]
     if where:
@@ -179,7 +182,9 @@ def add_parser(subparsers) -> None:
                     "prefetch, the prefill chunk, the draft source and drafted ids per pass — by running a short\n"
                     "chat workload once per setting, each in a process of its own, and keep the fastest.\n"
                     "Coordinate descent from the untuned settings, one knob at a time; a value is kept only when\n"
-                    "it is more than 3 % faster, and the winner is measured again against the untuned settings.\n"
+                    "it is more than 3 % faster — per reply token, or for the knobs that shape only the prompt's\n"
+                    "pass (prefill chunk, read-ahead) in the prompt's time — and the winner is measured again\n"
+                    "against the untuned settings.\n"
                     "Every trial must give the same ids as the first: one that does not stops the tune (exit 4),\n"
                     "naming the setting — that is a bug to report, never a setting to pick.\n\n"
                     "The winner is saved in the profile (when it is this model's, or there is none); `k3 run`,\n"

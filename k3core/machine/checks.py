@@ -255,6 +255,37 @@ def check_threads() -> Check:
     return Check("threads", "ok", finding, data=data)
 
 
+def check_tuning() -> Check:
+    """The settings `k3 tune` saved in the profile: what they are and what they were measured to gain, or that they
+    came from another machine (then runs do not use them)."""
+    from ..errors import K3Error
+    from ..io.profile import load_profile
+    from ..plan.tuned import tuning_for
+
+    try:
+        profile = load_profile()
+        tuned, line = tuning_for(profile)
+    except K3Error as exc:
+        return Check("tuning", "warn", f"the saved profile's tuning cannot be read: {exc}", TUNE_FIX)
+    if profile is None or not profile.tuned:
+        where = "the saved profile's model is" if profile is not None else "nothing is (no saved profile yet)"
+        return Check("tuning", "ok", f"not tuned: {where} run with the defaults; `k3 tune` measures the fastest "
+                                     "exact settings for this machine")
+    if tuned is None:
+        return Check("tuning", "warn", line.removeprefix("k3: "), TUNE_FIX, {"tuned": profile.tuned})
+    m = tuned.measured
+    spt = m.get("seconds_per_token") or {}
+    figures = (f"; measured {spt['untuned']:.3f} s/token untuned, {spt['tuned']:.3f} tuned on "
+               f"{m['workload']['prompts']} prompts × {m['workload']['reply_ids']} ids"
+               if spt.get("untuned") and spt.get("tuned") else "")
+    partial = "" if m.get("complete", True) else " (cut short: not every knob was tried)"
+    return Check("tuning", "ok", f"tuned {tuned.when[:16].replace('T', ' ')} UTC{partial}: {tuned.summary()}{figures}",
+                 data={"tuned": profile.tuned})
+
+
+TUNE_FIX = "run `k3 tune` (a few minutes): it measures this machine and saves what wins in the profile"
+
+
 def run_checks(path: str, read_mb: int, target: Target = RELEASED) -> list[Check]:
     try:
         from .. import _native  # ImportError when the extension was never built or is stale
@@ -271,4 +302,4 @@ def run_checks(path: str, read_mb: int, target: Target = RELEASED) -> list[Check
     except OSError as exc:
         checks.append(Check("disk read", "fail", f"could not write and read {read_mb} MiB under {path}: {exc}",
                             f"free {read_mb} MiB at {path}, or measure less: --read-mb 64"))
-    return checks + [check_direct(m, path, target), check_threads()]
+    return checks + [check_direct(m, path, target), check_threads(), check_tuning()]

@@ -19,7 +19,9 @@ from ..files.device import stat_file
 from ..interfaces import default_threads
 
 # the EngineConfig fields a tune may set (what `engine` holds), and the budgets set together
-ENGINE_FIELDS = ("threads", "kernel_threads", "ring", "trunk_gb", "cache_gb", "prefill_chunk", "store_options")
+ENGINE_FIELDS = ("threads", "kernel_threads", "ring", "trunk_gb", "cache_gb", "prefill_chunk", "store_options",
+                 "placer_options")
+MAPPINGS = ("kernel_threads", "store_options", "placer_options")  # merged key by key, the keys given winning
 BUDGET_FIELDS = ("preset", "trunk_gb", "cache_gb")
 
 
@@ -28,8 +30,8 @@ class Tuned:
     """What a tune chose and why."""
 
     engine: Mapping                  # EngineConfig field -> value (ENGINE_FIELDS only)
-    speculation: Mapping | None      # {"draft": NAME, "k": K | "auto"}, or None: no speculation was fastest
-    measured: Mapping                # preset and tuned seconds, the gain, the workload, trials, complete
+    speculation: Mapping | None      # {"draft": NAME, "k": K | "auto"[, "draft_trunk": DIR]}; None: none was fastest
+    measured: Mapping                # untuned and tuned s/token and prompt seconds, the gains, the workload, complete
     when: str                        # ISO 8601, UTC
     machine: Mapping                 # fingerprint() of the machine it ran on
     model: str                       # the model directory it tuned
@@ -49,7 +51,8 @@ class Tuned:
         unknown = sorted(set(data.get("engine") or {}) - set(ENGINE_FIELDS)) if not problems else []
         spec = data.get("speculation")
         if spec is not None and not (isinstance(spec, Mapping) and isinstance(spec.get("draft"), str)
-                                     and (spec.get("k") == "auto" or isinstance(spec.get("k"), int))):
+                                     and (spec.get("k") == "auto" or isinstance(spec.get("k"), int))
+                                     and isinstance(spec.get("draft_trunk", ""), str)):
             problems.append("speculation")
         if problems or unknown:
             raise UsageError(f"{source}: tuned: bad {', '.join(problems + [f'engine.{u}' for u in unknown])}; run "
@@ -59,13 +62,13 @@ class Tuned:
 
     def fill(self, fields: dict) -> dict:
         """`fields` (EngineConfig keyword arguments) with each tuned field that is None there set; the budgets only
-        when none of preset / trunk_gb / cache_gb was given; store options merged under the ones given."""
+        when none of preset / trunk_gb / cache_gb was given; MAPPINGS merged under the ones given."""
         out = dict(fields)
         budgets_given = any(out.get(k) is not None for k in BUDGET_FIELDS)
         for name, value in self.engine.items():
             if name in BUDGET_FIELDS and budgets_given:
                 continue
-            if name in ("store_options", "kernel_threads"):  # mappings: the ones given win, key by key
+            if name in MAPPINGS:
                 out[name] = {**value, **(out.get(name) or {})}
             elif out.get(name) is None:
                 out[name] = value
@@ -79,7 +82,8 @@ class Tuned:
         spec = self.speculation
         parts.append(f"speculate {spec['k']} with {spec['draft']}" if spec else "no speculation")
         gain = self.measured.get("gain")
-        return ", ".join(parts) + (f": {gain:.2f}× the untuned speed" if isinstance(gain, (int, float)) else "")
+        return ", ".join(parts) + (f": {gain:.2f}× the untuned speed per token" if isinstance(gain, (int, float))
+                                   else "")
 
 
 def _show(value) -> str:
@@ -163,4 +167,5 @@ def tuning_for(profile, model_dir=None) -> tuple[Tuned | None, str | None]:
     if changed:
         return None, (f"k3: the saved tuning ({tuned.when[:10]}) was measured on another machine ({'; '.join(changed)})"
                       ": not used; `k3 tune` measures this one")
-    return tuned, f"k3: tuned settings from {tuned.when[:10]} (`k3 tune`; a flag overrides its field): {tuned.summary()}"
+    return tuned, (f"k3: tuned settings from {tuned.when[:10]} (`k3 tune`; a flag overrides its field): "
+                   f"{tuned.summary()}")

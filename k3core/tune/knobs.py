@@ -26,6 +26,7 @@ class Knob:
     values: tuple                                   # what is tried, the untuned value among them
     what: str                                       # what it moves, for the table
     needs: Callable[[Mapping], bool] = lambda setting: True  # whether it means anything beside these others
+    phase: str = "decode"                           # judged by the reply's s/token, or "prefill": the prompt's time
 
     def applies(self, setting: Mapping) -> bool:
         return self.needs(setting)
@@ -45,6 +46,7 @@ class Shape:
     longest_prompt: int
     has_draft_trunk: bool
     has_family_threads: bool    # the kernel backend takes per-family thread counts
+    coded_trunk: bool = False   # a coded pack whose placer may hold pinned layers coded (pin_coded)
 
 
 def start_setting(base: EngineConfig, shape: Shape, cores: int) -> dict:
@@ -55,6 +57,8 @@ def start_setting(base: EngineConfig, shape: Shape, cores: int) -> dict:
         setting.update({FAMILY + f: 0 for f in KERNEL_FAMILIES[:-1]})  # "other" splits no rows: nothing to cap
     if shape.trunk_streams:
         setting["ring"] = base.ring
+    if shape.coded_trunk:
+        setting["pin_coded"] = bool((base.placer_options or {}).get("pin_coded", False))
     if shape.budget_gb is not None and len(shape.splits) > 1:
         setting["trunk_gb"] = base.budget().trunk_gb
     if shape.experts_stream:
@@ -86,12 +90,14 @@ def knobs_for(shape: Shape, start: Mapping) -> tuple[list[Knob], list[str]]:
         knobs.append(Knob("ring", (2, 3, 4), "slots of the streaming ring (each costs a layer's RAM)"))
     else:
         left.append("ring: no layer streams (the trunk is held whole)")
+    if "pin_coded" in start:
+        knobs.append(Knob("pin_coded", (False, True), "pinned layers held coded: more fit, each restored per use"))
     if shape.experts_stream:
         for name, values, what in (("read_threads", (16, 4, 8, 32), "expert reads in flight at once"),
                                    ("prefetch", (True, False), "guessed experts read while attention runs"),
                                    ("read_ahead", (True, False), "a prefill round's next experts read early")):
             if name in start:
-                knobs.append(Knob(name, values, what))
+                knobs.append(Knob(name, values, what, phase="prefill" if name == "read_ahead" else "decode"))
             else:
                 left.append(f"{name}: the expert store takes no such option")
     else:
@@ -103,9 +109,9 @@ def knobs_for(shape: Shape, start: Mapping) -> tuple[list[Knob], list[str]]:
             knobs.append(Knob(FAMILY + family, caps, f"threads of the {family} kernels (0: all of --threads)",
                               lambda s: all(v < s["threads"] for k, v in s.items() if k.startswith(FAMILY))))
     if "prefill_chunk" in start:
-        chunks = tuple(c for c in CHUNKS if c < shape.longest_prompt * 2)
-        knobs.append(Knob("prefill_chunk", (start["prefill_chunk"], *[c for c in chunks if c != start["prefill_chunk"]]),
-                          "prompt ids per pass"))
+        first = start["prefill_chunk"]
+        chunks = (first, *[c for c in CHUNKS if c < shape.longest_prompt * 2 and c != first])
+        knobs.append(Knob("prefill_chunk", chunks, "prompt ids per pass", phase="prefill"))
     else:
         left.append(f"prefill_chunk: the longest prompt ({shape.longest_prompt} ids) fits the shortest chunk "
                     f"tried ({min(CHUNKS)}); tune with a longer --prompt to try it")
@@ -127,6 +133,8 @@ def engine_config(base: EngineConfig, setting: Mapping, budget_gb: float | None)
     options = {k: setting[k] for k in STORE_KNOBS if k in setting}
     if options:
         fields["store_options"] = {**(base.store_options or {}), **options}
+    if "pin_coded" in setting:
+        fields["placer_options"] = {**(base.placer_options or {}), "pin_coded": setting["pin_coded"]}
     spec = None if setting["draft"] == "off" else {"draft": setting["draft"], "k": setting["speculate"]}
     return base.replace(**fields), spec
 
@@ -145,15 +153,18 @@ def saved_engine(base: EngineConfig, setting: Mapping, budget_gb: float | None) 
     options = {k: setting[k] for k in STORE_KNOBS if k in setting}
     if options:
         out["store_options"] = options
+    if "pin_coded" in setting:
+        out["placer_options"] = {"pin_coded": setting["pin_coded"]}
     return out
 
 
 def describe(setting: Mapping, start: Mapping) -> str:
     """What `setting` changes from `start`: "threads=1, ring=3" ("" for the start itself)."""
-    return ", ".join(f"{k}={_value(v)}" for k, v in setting.items() if start.get(k) != v)
+    return ", ".join(f"{k}={shown(v)}" for k, v in setting.items() if start.get(k) != v)
 
 
-def _value(v) -> str:
+def shown(v) -> str:
+    """A knob's value as the table and the messages write it."""
     if isinstance(v, bool):
         return "on" if v else "off"
     return f"{v:g}" if isinstance(v, float) else str(v)

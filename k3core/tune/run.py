@@ -12,11 +12,13 @@ from typing import Callable, Mapping, Sequence
 from ..errors import UnsoundRunError, UsageError
 from ..interfaces import KernelBackend, default_threads
 from ..io.caching_store import all_experts
+from ..io.codec import RAW
 from ..io.expert_io import expert_slot_bytes
+from ..io.trunk import load_trunk
 from ..plan.engine_config import EngineConfig, resolve
 from ..plan.tuned import Tuned, fingerprint
 from . import knobs as K
-from .search import Outcome, Search, Trial
+from .search import PHASES, Outcome, Search, Trial
 
 SPLIT_SHARES = (0, 1, 2, 3, 4)  # quarters of the layers pinned, for the trunk_gb knob
 
@@ -41,6 +43,8 @@ def shape_of(base: EngineConfig, workload: Workload, plugins: Sequence = ()) -> 
         streams = base.trunk is not None and r.placer.streamed_bytes(r.placer_ctx) > 0
         options = frozenset(getattr(r.store.Options, "__dataclass_fields__", {}))
         family = type(r.kernels).set_family_threads is not KernelBackend.set_family_threads
+        coded = streams and "pin_coded" in getattr(r.placer.Options, "__dataclass_fields__", {}) \
+            and load_trunk(base.trunk, r.checkpoint).codec != RAW
         layers = c.num_hidden_layers
     finally:
         r.checkpoint.close()
@@ -50,31 +54,36 @@ def shape_of(base: EngineConfig, workload: Workload, plugins: Sequence = ()) -> 
     return K.Shape(cores=default_threads(), layers=layers, trunk_streams=streams,
                    experts_stream=experts_held < every_expert, store_options=options, budget_gb=total,
                    splits=splits, longest_prompt=max(map(len, workload.prompts)),
-                   has_draft_trunk=base.draft_trunk is not None, has_family_threads=family)
+                   has_draft_trunk=base.draft_trunk is not None, has_family_threads=family, coded_trunk=coded)
 
 
 def _splits(base: EngineConfig, layers: int, total: float, plugins: Sequence) -> tuple:
-    """The trunk GB that pins 0, ¼, ½, ¾ and all layers (the ring included), those within `total`, and the
-    untuned split itself first."""
+    """The trunk GB that pins 0, ¼, ½, ¾ and all layers (the ring included), those within `total`, after the
+    untuned split itself; a value less than half a layer from one before it pins the same layers: left out."""
     from ..api import memory_plan
 
+    def trunk_gb(pinned: int) -> float:
+        config = base.replace(preset=None, trunk_gb=None, cache_gb=None, pin_layers=pinned)
+        return round(sum(row.bytes for row in memory_plan(config, plugins=plugins).trunk) / 1e9 + 0.001, 3)
+
+    each = [trunk_gb(layers * share // 4) for share in SPLIT_SHARES]
+    half_layer = (each[-1] - each[0]) / layers / 2
     values = [round(base.budget().trunk_gb, 3)]
-    for share in SPLIT_SHARES:
-        config = base.replace(preset=None, trunk_gb=None, cache_gb=None, pin_layers=layers * share // 4)
-        gb = round(sum(row.bytes for row in memory_plan(config, plugins=plugins).trunk) / 1e9 + 0.001, 3)
-        if gb <= total and gb not in values:
+    for gb in each:
+        if gb <= total and all(abs(gb - v) >= half_layer for v in values):
             values.append(gb)
     return tuple(values)
 
 
 def tune(base: EngineConfig, workload: Workload, *, minutes: float, only: Sequence[str] = (), grid: bool = False,
-         plugins: Sequence[str] = (), min_trial_seconds: float | None = None, on_trial: Callable[[Trial, Trial | None, Mapping], object] = lambda t, b, s: None,
+         plugins: Sequence[str] = (), min_trial_seconds: float | None = None,
+         on_trial: Callable[[Trial, Trial | None, Mapping], object] = lambda t, b, s: None,
          on_start: Callable[[K.Shape, list, list], object] = lambda shape, knobs, left: None) -> Outcome:
     """Search the settings of `base` for the fastest run of `workload` within `minutes`. `only`: knob names to
     turn (the rest stay untuned); `grid`: every combination instead of the descent; `plugins`: modules each trial
     imports and passes to open_engine (a plugin not installed); a trial runs the workload again (in a new process)
-    until it has lasted `min_trial_seconds` (default MIN_TRIAL_SECONDS), and keeps the fastest run. Ctrl-C ends it: `search.outcome` then holds what
-    was measured (see `interrupted`)."""
+    until it has lasted `min_trial_seconds` (default MIN_TRIAL_SECONDS), and keeps the fastest run. Ctrl-C ends
+    it: Interrupted then holds what was measured."""
     shape = shape_of(base, workload, [importlib.import_module(name) for name in plugins])
     start = K.start_setting(base, shape, shape.cores)
     knobs, left = K.knobs_for(shape, start)
@@ -118,14 +127,15 @@ MAX_REPEATS = 8
 
 
 def fastest(runs: list[Trial], name: str) -> Trial:
-    """The fastest of one setting's runs, costing them all; runs that disagree on an id are a bug (exit 4)."""
+    """One setting's runs as one trial, costing them all: each figure a phase is judged by (search.PHASES) and the
+    wall time the least any run took. Runs that disagree on an id are a bug (exit 4)."""
     odd = next((r for r in runs if r.ids != runs[0].ids), None)
     if odd is not None:
         raise UnsoundRunError(f"k3 tune: {name} gave other ids on a second run of the same workload: ids must "
                               "never depend on the run. This is a bug in k3 or in a plugin: please report it")
     best = min(runs, key=lambda r: r.seconds)
-    spread = max(r.seconds for r in runs) / best.seconds if best.seconds else 1.0
-    return replace(best, took=sum(r.took for r in runs), figures={**best.figures, "runs": len(runs), "spread": spread})
+    least = {f: min(r.figures[f] for r in runs) for f in PHASES.values() if all(r.figures.get(f) for r in runs)}
+    return replace(best, took=sum(r.took for r in runs), figures={**best.figures, **least, "runs": len(runs)})
 
 
 class Interrupted(Exception):
@@ -141,18 +151,17 @@ def tuned_result(base: EngineConfig, shape_budget: float | None, outcome: Outcom
     """The outcome as the profile keeps it."""
     best, start = outcome.best, outcome.start
     spec = None if best["draft"] == "off" else {"draft": best["draft"], "k": best["speculate"]}
+    if spec and spec["draft"] in ("self", "auto"):  # they draft with the model on its draft trunk
+        spec["draft_trunk"] = str(base.draft_trunk)
     reference = next(t for t in outcome.trials if t.seconds is not None)
-    winner = min((t for t in outcome.trials + outcome.confirm if t.setting == best and t.seconds is not None),
-                 key=lambda t: t.seconds)
-    measured = {"untuned_seconds": outcome.seconds(start), "tuned_seconds": outcome.seconds(best),
-                "gain": outcome.gain, "complete": outcome.complete, "minutes": round((time.monotonic() - started) / 60, 2),
-                "seconds_per_token": {"untuned": reference.figures.get("seconds_per_token"),
-                                      "tuned": winner.figures.get("seconds_per_token")},
-                "kernels": reference.figures.get("kernels"),
+    measured = {"seconds_per_token": {"untuned": outcome.mean(start, "decode"), "tuned": outcome.mean(best, "decode")},
+                "prefill_seconds": {"untuned": outcome.mean(start, "prefill"), "tuned": outcome.mean(best, "prefill")},
+                "gain": outcome.gain("decode"), "prefill_gain": outcome.gain("prefill"), "complete": outcome.complete,
+                "minutes": round((time.monotonic() - started) / 60, 2), "kernels": reference.figures.get("kernels"),
                 "workload": {"prompts": len(workload.prompts), "prompt_ids": [len(p) for p in workload.prompts],
                              "reply_ids": workload.reply}}
     trials = [{"changed": K.describe(t.setting, start) or "(untuned)", "seconds": t.seconds, "skipped": t.skipped,
-               "seconds_per_token": t.figures.get("seconds_per_token")} for t in outcome.trials + outcome.confirm]
+               **{f: t.figures.get(f) for f in PHASES.values()}} for t in outcome.trials + outcome.confirm]
     return Tuned(K.saved_engine(base, best, shape_budget), spec, measured,
                  datetime.now(timezone.utc).isoformat(timespec="seconds"), fingerprint(base.model), str(base.model),
                  trials)

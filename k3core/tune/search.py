@@ -1,7 +1,9 @@
 """The search: coordinate descent from the untuned settings, one knob at a time in the order given, each value
 measured with the best of the others so far; a value is taken only when it beats the best by more than the noise
-margin. Then the untuned settings and the winner are measured once more, one after the other, and the winner is
-kept only if it still wins there. Bounded in time: a trial that would end past the deadline is not started.
+margin on what its knob moves (PHASES: the reply's seconds per token, or the prompt's seconds for the knobs that
+shape only the prompt's pass). Then the untuned settings and the winner are measured once more, one after the
+other, and the winner is kept only if it still wins there. Bounded in time: a trial that would end past the
+deadline is not started.
 
 Every trial must give the first trial's ids; one that does not aborts the search naming its setting
 (UnsoundRunError, exit 4): a setting that changes ids is a bug in k3 or a plugin, never a choice.
@@ -12,13 +14,15 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
-from ..errors import UnsoundRunError
+from ..errors import PlanError, UnsoundRunError
 from .knobs import Knob, describe
 
 NOISE = 0.03  # a value must be this much faster than the best so far to replace it
+# what a knob's phase is judged by: a figure every trial reports (trial.py)
+PHASES = {"decode": "seconds_per_token", "prefill": "prefill_seconds"}
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,14 @@ class Trial:
     figures: Mapping = field(default_factory=dict)  # decode s/token, prefill ids/s, peak RSS, … (as measured)
     skipped: str | None = None     # why it did not run ("does not fit: …")
     took: float = 0.0              # wall seconds the trial cost, start-up included
+    knob: str | None = None        # the knob this trial turned (None: the start, a confirmation, a grid point)
+
+    def score(self, phase: str) -> float | None:
+        return self.figures.get(PHASES[phase]) if self.seconds is not None else None
+
+    def beats(self, other: "Trial", phase: str, margin: float = NOISE) -> bool:
+        mine, theirs = self.score(phase), other.score(phase)
+        return mine is not None and theirs is not None and mine < theirs * (1 - margin)
 
 
 @dataclass
@@ -42,18 +54,18 @@ class Outcome:
     not_tried: list[str] = field(default_factory=list)  # "knob=value: why"
     complete: bool = True          # False: the deadline or Ctrl-C cut it short
 
-    def seconds(self, setting: Mapping) -> float | None:
-        """The mean of every measurement of `setting`."""
-        times = [t.seconds for t in self.trials + self.confirm if t.setting == setting and t.seconds is not None]
-        return sum(times) / len(times) if times else None
+    def mean(self, setting: Mapping, phase: str) -> float | None:
+        """The mean score of every measurement of `setting`."""
+        scores = [t.score(phase) for t in self.trials + self.confirm if t.setting == setting]
+        scores = [x for x in scores if x is not None]
+        return sum(scores) / len(scores) if scores else None
 
-    @property
-    def gain(self) -> float | None:
-        """Untuned seconds ÷ tuned seconds, from the confirming pair when there is one."""
-        pair = {tuple(sorted(t.setting.items())): t.seconds for t in self.confirm if t.seconds is not None}
+    def gain(self, phase: str = "decode") -> float | None:
+        """Untuned ÷ tuned score, from the confirming pair when there is one, else the means."""
+        pair = {_key(t.setting): t.score(phase) for t in self.confirm}
         start, best = pair.get(_key(self.start)), pair.get(_key(self.best))
         if start is None or best is None:
-            start, best = self.seconds(self.start), self.seconds(self.best)
+            start, best = self.mean(self.start, phase), self.mean(self.best, phase)
         return start / best if start and best else None
 
 
@@ -72,12 +84,14 @@ class Search:
         self.outcome: Outcome | None = None
 
     def _time_left_for(self, outcome: Outcome, spare: int = 0) -> bool:
-        """Whether one more trial (and `spare` after it) fits before the deadline, at the slowest trial's cost."""
-        took = max((t.took for t in outcome.trials + outcome.confirm), default=0.0)
+        """Whether one more trial (and `spare` after it) fits before the deadline, at the trials' mean cost."""
+        done = [t.took for t in outcome.trials + outcome.confirm]
+        took = sum(done) / len(done) if done else 0.0
         return self.clock() + took * (1 + spare) <= self.deadline
 
-    def trial(self, outcome: Outcome, setting: Mapping, best: Trial | None, into: list) -> Trial:
-        trial = self.measure(dict(setting))
+    def trial(self, outcome: Outcome, setting: Mapping, best: Trial | None, into: list, knob: str | None = None
+              ) -> Trial:
+        trial = replace(self.measure(dict(setting)), knob=knob)
         if trial.seconds is not None:
             if self.reference is None:
                 self.reference = trial
@@ -96,7 +110,7 @@ class Search:
         out = self.outcome = Outcome(dict(start), dict(start), [])
         best = self.trial(out, start, None, out.trials)
         if best.seconds is None:
-            raise UnsoundRunError(f"k3 tune: the untuned settings did not run ({best.skipped})")
+            raise PlanError(f"k3 tune: the untuned settings do not run here ({best.skipped}): give a budget that fits")
         for knob in knobs:
             for value in knob.values:
                 setting = {**out.best, knob.name: value}
@@ -106,15 +120,13 @@ class Search:
                     out.not_tried.append(f"{knob.name}={value}: --minutes reached")
                     out.complete = False
                     continue
-                t = self.trial(out, setting, best, out.trials)
-                if t.seconds is not None and t.seconds < best.seconds * (1 - NOISE):
+                t = self.trial(out, setting, best, out.trials, knob.name)
+                if t.beats(best, knob.phase):
                     out.best, best = setting, t
         if confirm and out.best != out.start:
-            self.trial(out, out.start, best, out.confirm)
+            start_again = self.trial(out, out.start, best, out.confirm)
             again = self.trial(out, out.best, best, out.confirm)
-            start_again = out.confirm[0]
-            if again.seconds is not None and start_again.seconds is not None \
-                    and again.seconds >= start_again.seconds * (1 - NOISE):
+            if not any(again.beats(start_again, phase) for phase in {k.phase for k in knobs}):
                 out.best = out.start  # the win did not hold up: the untuned settings stay
         return out
 
@@ -134,7 +146,7 @@ class Search:
                 out.complete = False
                 continue
             t = self.trial(out, setting, best, out.trials)
-            if t.seconds is not None and (best is None or t.seconds < best.seconds):
+            if t.seconds is not None and (best is None or t.beats(best, "decode", margin=0.0)):
                 out.best, best = setting, t
         return out
 

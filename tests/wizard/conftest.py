@@ -56,7 +56,7 @@ def k3(capsys):
 
 
 def setup_args(dest, source=f"hf://{REPO}", *extra):
-    return ["setup", "--source", source, "--dest", dest, "--yes", "--read-mb", "1", "--jobs", "3", *extra]
+    return ["setup", "--source", source, "--dest", dest, "--yes", "--read-mb", "1", "--jobs", "3", "--no-tune", *extra]
 
 
 def state_of(dest) -> dict:

@@ -104,7 +104,7 @@ def test_kill_9_mid_shard_resumes_without_refetching(hub, k3, tmp_path, small_fi
     hub.throttle = None
     rc, out, err = k3(*setup_args(dest, f"hf://{REPO}", "--no-pack"))
     assert rc == 0, err
-    assert "[2/7] destination and free space: done earlier" in out
+    assert "[2/8] destination and free space: done earlier" in out
     for name, done in recorded.items():
         if not 0 < done < len(small_files[name]):     # all there but not yet renamed: hashed, not fetched
             assert hub.served[name] == before.get(name, 0)

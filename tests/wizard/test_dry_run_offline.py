@@ -46,13 +46,14 @@ k3 setup --dry-run: hf://moonshotai/Kimi-K3 -> {dest}  (nothing is written)
   destination  {dest}; packed trunk in {dest}/trunk
   disk         checkpoint 1.56 TB + packed trunk 114 GB = 1.67 TB needed, 4 TB free on {tmp_path}: fits
   rates        network not measured (the Hub was not reached), disk read 1 GB/s (measured)
-  [1/7] machine check k3 doctor's checks (a few s)
-  [2/7] space         the check above, again (a few s)
-  [3/7] download      1.56 TB in 3 parallel streams (time unknown offline; about 3 h 28 min at 1 Gbit/s)
-  [4/7] verify        re-read 1.56 TB: size and hash of every file (about 26 min)
-  [5/7] pack          114 GB into {dest}/trunk, codec chosen from the disk and CPU rates (raw or planes) (about 4 min)
-  [6/7] profile       preset auto, saved for k3 run / k3 chat (instant)
-  [7/7] next          print the command to run next (instant)
+  [1/8] machine check k3 doctor's checks (a few s)
+  [2/8] space         the check above, again (a few s)
+  [3/8] download      1.56 TB in 3 parallel streams (time unknown offline; about 3 h 28 min at 1 Gbit/s)
+  [4/8] verify        re-read 1.56 TB: size and hash of every file (about 26 min)
+  [5/8] pack          114 GB into {dest}/trunk, codec chosen from the disk and CPU rates (raw or planes) (about 4 min)
+  [6/8] profile       preset auto, saved for k3 run / k3 chat (instant)
+  [7/8] tune          skipped (--no-tune) (instant)
+  [8/8] next          print the command to run next (instant)
   not checked  the Hub's current file list, the commit main points at now, the network rate
                network unreachable: {REASON}
   -> run it once the Hub answers: k3 setup --source hf://moonshotai/Kimi-K3 --dest {dest} --yes

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from k3core.io.profile import load_profile
 from wizard import steps
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,8 +36,12 @@ def test_the_next_command_is_this_install_s_path_when_k3_is_not_on_the_path(monk
 
 def test_setup_prints_runnable_commands_and_labels_the_projection(k3, tmp_path, monkeypatch):
     monkeypatch.setattr(steps.shutil, "which", lambda name: None)
-    rc, out, err = k3("setup", "--source", "demo", "--dest", tmp_path / "demo", "--yes", "--read-mb", "1")
+    rc, out, err = k3("setup", "--source", "demo", "--dest", tmp_path / "demo", "--yes", "--read-mb", "1",
+                      "--tune-minutes", "0.05")
     assert rc == 0, err
+    assert "[7/8] tune: k3 tune: short exact trials" in out and "      [1] untuned: " in out  # its lines, as they come
+    assert re.search(r"-> .*; saved in the profile  \[", out)
+    assert load_profile().tuned["model"] == str(tmp_path / "demo")
     shown = steps.k3_command()[0]  # .venv/bin/k3 from the repository's root
     assert shown != "k3" and re.search(rf"^      {re.escape(shown)} chat +# talk to it", out, re.M), out
     assert "`k3` alone is not on this shell's PATH: `source " in out

@@ -68,6 +68,7 @@ def test_one_wizard_per_destination(tmp_path):
 def test_demo_refuses_a_directory_with_other_files(k3, tmp_path):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "thesis.txt").write_text("precious")
-    rc, _, err = k3("setup", "--source", "demo", "--dest", tmp_path / "mine", "--yes", "--read-mb", "1")
+    rc, _, err = k3("setup", "--source", "demo", "--dest", tmp_path / "mine", "--yes", "--read-mb", "1",
+                      "--no-tune")
     assert rc == 2 and "not a k3 demo or test model" in err
     assert (tmp_path / "mine" / "thesis.txt").read_text() == "precious"

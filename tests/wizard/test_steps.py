@@ -23,7 +23,7 @@ def test_hf_setup_end_to_end(hub, k3, tmp_path, small_files):
     assert rc == 0, err
     for i, title in enumerate(["machine check", "destination and free space", "download", "verify",
                                "pack the trunk", "profile", "next command"], 1):
-        assert f"[{i}/7] {title}: " in out
+        assert f"[{i}/8] {title}: " in out
     assert f"main = commit {hub.sha[:12]}" in out and "fits" in out and "k3 chat" in out
     # every file but the vision shard, byte for byte; the index without the vision shard, the Hub's beside it
     assert not (dest / VISION_SHARD).exists()
@@ -63,11 +63,12 @@ def test_demo_then_run_from_profile(k3, tmp_path):
     import logging
 
     dest = tmp_path / "demo"
-    rc, out, err = k3("setup", "--source", "demo", "--dest", dest, "--yes", "--read-mb", "1", "--log-level", "info")
+    rc, out, err = k3("setup", "--source", "demo", "--dest", dest, "--yes", "--read-mb", "1", "--log-level", "info",
+                      "--no-tune")
     assert rc == 0, err
     assert "copy the trained demo model" in out and "each sha256 as shipped" in out and "saved" in out
     assert "fits in RAM; nothing streams" in out and "1.56 TB" not in out + err  # sized for the demo
-    assert "k3.setup: step 1/7 check: started" in err and "k3.setup: step 7/7 next: done" in err
+    assert "k3.setup: step 1/8 check: started" in err and "k3.setup: step 8/8 next: done" in err
     logging.getLogger().setLevel(logging.WARNING)
     assert load_profile().model == str(dest)
     rc, out, err = k3("run", "--chat", "What is the capital of France?", "--max-tokens", "40")
@@ -79,7 +80,7 @@ def test_demo_then_run_from_profile(k3, tmp_path):
 
 def test_local_directory_in_place(k3, tmp_path, small_model):
     here = shutil.copytree(small_model, tmp_path / "ckpt")
-    rc, out, err = k3("setup", "--source", here, "--yes", "--read-mb", "1")
+    rc, out, err = k3("setup", "--source", here, "--yes", "--read-mb", "1", "--no-tune")
     assert rc == 0, err
     assert "nothing to download" in out and "sha256 of each recorded" in out
     assert all(r["sha256"] for r in state_of(here)["files"].values())
@@ -102,7 +103,7 @@ def test_dry_run_plans_and_writes_nothing(hub, k3, tmp_path):
     assert f"commit {hub.sha}" in out and "11 weight shard(s)" in out and "1 vision shard(s)" in out
     assert "needed" in out and "free on" in out and "fits" in out
     assert "network" in out and "(measured)" in out and "about" in out
-    assert all(f"[{i}/7]" in out for i in range(1, 8))
+    assert all(f"[{i}/8]" in out for i in range(1, 9))
 
 
 def test_no_space_refused_before_the_first_byte(hub, k3, tmp_path, monkeypatch):
@@ -117,7 +118,7 @@ def test_no_space_refused_before_the_first_byte(hub, k3, tmp_path, monkeypatch):
     assert "not enough free space" in err and "1.56 TB" in err and "packed trunk" in err and "--trunk-dir" in err
     assert not any("/resolve/" in r[1] for r in hub.requests)            # not one byte asked for
     assert not [p for p in dest.iterdir() if not p.name.startswith(".k3-")]
-    assert "[3/7]" not in out
+    assert "[3/8]" not in out
 
 
 def test_no_space_for_another_repository(hub, k3, tmp_path, monkeypatch):
@@ -147,8 +148,8 @@ def test_killed_between_steps_resumes_at_the_right_step(hub, k3, tmp_path, monke
     rc, out, err = k3(*setup_args(dest))
     assert rc == 0, err
     assert [line.split(":")[0] for line in out.splitlines() if "done earlier" in line] == [
-        "[1/7] machine check", "[2/7] destination and free space", "[3/7] download", "[4/7] verify"]
-    assert "[5/7] pack the trunk: k3 pack" in out
+        "[1/8] machine check", "[2/8] destination and free space", "[3/8] download", "[4/8] verify"]
+    assert "[5/8] pack the trunk: k3 pack" in out
     assert checks == [] and sum(hub.served.values()) == served
 
 
@@ -190,7 +191,7 @@ def test_help_text(capsys):
 def test_a_destination_that_cannot_be_written_is_refused_naming_it(k3, tmp_path):
     (tmp_path / "afile").write_text("x")
     for dest, says in ((tmp_path / "afile", "a file, not a directory"), (tmp_path / "afile" / "sub", "cannot write")):
-        rc, _, err = k3("setup", "--source", "demo", "--dest", dest, "--yes", "--read-mb", "1")
+        rc, _, err = k3("setup", "--source", "demo", "--dest", dest, "--yes", "--read-mb", "1", "--no-tune")
         assert rc == 2 and f"--dest {dest}" in err and says in err, err
     assert (tmp_path / "afile").read_text() == "x" and sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 

@@ -39,6 +39,9 @@ class CountingKernels(KernelBackend):
     def set_threads(self, threads):
         self.inner.set_threads(threads)
 
+    def set_family_threads(self, family, threads):
+        self.inner.set_family_threads(family, threads)
+
     def linear(self, w, x):
         return self._call("linear", w, x)
 
