@@ -39,8 +39,8 @@ def fake(costs=COSTS, ids=(("same",),), odd=None):
     """A measure: seconds = the sum of each knob's cost; `odd` (knob, value) gives other ids."""
     calls = []
 
-    def measure(setting):
-        calls.append(dict(setting))
+    def measure(setting, phase):
+        calls.append((dict(setting), phase))
         seconds = sum(costs[k][v] for k, v in setting.items())
         wrong = odd is not None and setting.get(odd[0]) == odd[1]
         return Trial(setting, seconds, (("other",),) if wrong else ids, figures(seconds), took=1.0)
@@ -55,21 +55,24 @@ def test_descent_takes_each_knobs_fastest_value_and_confirms_it():
     measure, calls = fake()
     out = Search(measure, deadline=1e9, clock=lambda: 0.0).descend(KNOBS, {"a": 1, "b": "x"})
     assert out.best == {"a": 2, "b": "y"} and out.complete
-    assert [c for c in calls] == [{"a": 1, "b": "x"}, {"a": 2, "b": "x"}, {"a": 3, "b": "x"}, {"a": 2, "b": "y"},
-                                  {"a": 1, "b": "x"}, {"a": 2, "b": "y"}]  # the last two: the confirming pair
-    assert out.gain("decode") == pytest.approx(10.0 / 7.0) and out.gain("prefill") == 1.0
+    assert calls == [({"a": 1, "b": "x"}, "prefill"),  # the first forwards the prompts (and keeps their states)
+                     ({"a": 1, "b": "x"}, "decode"), ({"a": 2, "b": "x"}, "decode"), ({"a": 3, "b": "x"}, "decode"),
+                     ({"a": 2, "b": "y"}, "decode"),
+                     ({"a": 1, "b": "x"}, "decode"), ({"a": 2, "b": "y"}, "decode")]  # the confirming pair
+    assert out.gain("decode") == pytest.approx(10.0 / 7.0) and out.gain("prefill") is None  # never forwarded
 
 
 def test_a_value_within_the_noise_is_not_taken():
     measure, _ = fake({"a": {1: 10.0, 2: 9.8, 3: 10.5}, "b": {"x": 0.0, "y": 0.0}})
     out = Search(measure, deadline=1e9, clock=lambda: 0.0).descend(KNOBS, {"a": 1, "b": "x"})
     assert out.best == {"a": 1, "b": "x"} and not out.confirm  # 2 % faster is noise: nothing to confirm
+    assert out.gain("decode") == 1.0
 
 
 def test_a_win_that_does_not_hold_up_when_measured_again_is_dropped():
     seen = {}
 
-    def measure(setting):
+    def measure(setting, phase):
         key = tuple(sorted(setting.items()))
         seen[key] = seen.get(key, 0) + 1
         first_time_lucky = setting == {"a": 2, "b": "x"} and seen[key] == 1
@@ -81,26 +84,29 @@ def test_a_win_that_does_not_hold_up_when_measured_again_is_dropped():
 
 
 def test_a_knob_of_the_prompts_pass_is_judged_by_the_prompts_time():
-    def measure(setting):  # chunk 128: a faster prompt, a reply no faster (and a little slower in total)
+    phases = []
+
+    def measure(setting, phase):  # chunk 128: a faster prompt, a reply no faster (and a little slower in total)
+        phases.append(phase)
         prompt = 0.5 if setting["chunk"] == 128 else 1.0
         return Trial(setting, 11.0 if setting["chunk"] == 128 else 10.0, ("same",),
                      {"seconds_per_token": 1.0, "prefill_seconds": prompt}, took=1.0)
 
     knobs = [K.Knob("chunk", (64, 128), "prompt ids per pass", phase="prefill")]
     out = Search(measure, deadline=1e9, clock=lambda: 0.0).descend(knobs, {"chunk": 64})
-    assert out.best == {"chunk": 128} and out.gain("prefill") == 2.0 and out.gain("decode") == 1.0
+    assert out.best == {"chunk": 128} and out.gain("prefill") == 2.0 and set(phases) == {"prefill"}
 
 
 def test_the_deadline_stops_new_trials_and_says_which_were_not_tried():
     run, calls = fake()
     now = [0.0]
 
-    def measure(setting):  # each trial takes a second of the fake clock
+    def measure(setting, phase):  # each trial takes a second of the fake clock
         now[0] += 1.0
-        return run(setting)
+        return run(setting, phase)
 
-    out = Search(measure, deadline=2.5, clock=lambda: now[0]).descend(KNOBS, {"a": 1, "b": "x"}, confirm=False)
-    assert not out.complete and len(calls) == 2
+    out = Search(measure, deadline=3.5, clock=lambda: now[0]).descend(KNOBS, {"a": 1, "b": "x"}, confirm=False)
+    assert not out.complete and len(calls) == 3  # the prompts forwarded, the untuned reply, a=2
     assert out.not_tried == ["a=3: --minutes reached", "b=y: --minutes reached"]
 
 
@@ -114,7 +120,8 @@ def test_the_grid_measures_every_combination_a_knob_applies_to():
     measure, calls = fake()
     knobs = [K.Knob("a", (1, 2, 3), "a"), K.Knob("b", ("x", "y"), "b", lambda s: s["a"] != 3)]
     out = Search(measure, deadline=1e9, clock=lambda: 0.0).grid(knobs, {"a": 1, "b": "x"})
-    assert len(calls) == 5 and {"a": 3, "b": "y"} not in calls  # b means nothing at a=3
+    assert [phase for _, phase in calls] == ["prefill"] + ["decode"] * 5
+    assert ({"a": 3, "b": "y"}, "decode") not in calls  # b means nothing at a=3
     assert out.best == {"a": 2, "b": "y"}
 
 
@@ -167,9 +174,11 @@ def test_a_setting_becomes_the_engine_config_and_speculation_it_names():
     assert dict(config.store_options) == {"direct_io": False, "prefetch": False} and config.preset is None
     coded, _ = K.engine_config(base, {**setting, "pin_coded": True}, 4.0)
     assert dict(coded.placer_options) == {"pin_coded": True}
-    assert K.saved_engine(base, setting, 4.0) == {"threads": 2, "kernel_threads": {"attention": 1}, "ring": 3,
-                                                  "trunk_gb": 2.5, "cache_gb": 1.5,
-                                                  "store_options": {"prefetch": False}}
+    start = {**setting, "threads": 4, "kernel_threads.attention": 0, "ring": 2, "trunk_gb": 2.0, "prefetch": True}
+    assert K.saved_engine(base, setting, start, 4.0) == {"threads": 2, "kernel_threads": {"attention": 1}, "ring": 3,
+                                                         "trunk_gb": 2.5, "cache_gb": 1.5,
+                                                         "store_options": {"prefetch": False}}
+    assert K.saved_engine(base, setting, setting, 4.0) == {}  # what the tune kept untuned stays k3's default
 
 
 # ---- the saved tuning -----------------------------------------------------------------------------------------
@@ -217,6 +226,28 @@ def test_doctor_shows_the_tuning_or_says_to_tune_again(tmp_path):
     save_profile(Profile(str(tmp_path), tuned=moved.as_dict()))
     moved = check_tuning()
     assert moved.status == "warn" and "RAM GB 1 → " in moved.finding and "k3 tune" in moved.fix
+
+
+def test_a_run_takes_the_tuned_fields_no_flag_gave(tiny_model, small_model):
+    from k3core.cli.main import build_parser
+    from k3core.cli.options import engine_config_from_args
+
+    saved = tuned(tiny_model, engine={"threads": 1, "prefill_chunk": 64, "store_options": {"prefetch": False}})
+    save_profile(Profile(str(tiny_model), tuned=saved.as_dict()))
+
+    def config(*argv):
+        args = build_parser().parse_args(["run", "--ids", "1", *argv])
+        return engine_config_from_args(args), args
+
+    c, args = config()
+    assert (c.threads, c.prefill_chunk, dict(c.store_options)) == (1, 64, {"prefetch": False})
+    assert (args.speculate, args.draft, c.speculate) == ("auto", "suffix", 8)
+    c, args = config("--threads", "2", "--speculate", "2", "--store-option", "prefetch=true")
+    assert (c.threads, c.prefill_chunk, dict(c.store_options), c.speculate) == (2, 64, {"prefetch": True}, 2)
+    assert args.draft is None
+    assert config(str(tiny_model))[0].threads == 1          # the profile's model, named: tuned too
+    c, _ = config(str(small_model))                          # another model: k3's defaults
+    assert (c.threads, c.prefill_chunk, c.speculate) == (None, "auto", 0)
 
 
 def test_a_damaged_tuning_is_refused_naming_the_field(tmp_path):
@@ -275,12 +306,13 @@ def test_a_tune_is_saved_and_used_by_a_run_of_the_profiles_model(tiny_model, cap
     assert main(["tune", "--knobs", "threads", "--reply", "4", "--minutes", "2", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     saved = load_profile().tuned
-    assert doc["saved"] and saved["engine"]["threads"] in (1, 2) and saved["machine"] == fingerprint(tiny_model)
-    assert [t["changed"] for t in saved["trials"]][:2] == ["(untuned)", "threads=1"]
+    assert doc["saved"] and saved["engine"].get("threads", 1) == 1 and saved["machine"] == fingerprint(tiny_model)
+    assert [(t["changed"], t["prompts"]) for t in saved["trials"]][:3] == [
+        ("(untuned)", "forwarded"), ("(untuned)", "resumed"), ("threads=1", "resumed")]
     assert any("ring" in line for line in doc["not_turned"])
     assert main(["run", "--ids", "1,2", "--gen", "2"]) == 0
     err = capsys.readouterr().err
-    assert f"tuned settings from {saved['when'][:10]}" in err and f"threads {saved['engine']['threads']}" in err
+    assert f"tuned settings from {saved['when'][:10]}" in err and Tuned.from_dict(saved, "").summary() in err
     assert main(["run", "--ids", "1,2", "--gen", "2", "--quiet"]) == 0
     assert "tuned" not in capsys.readouterr().err
 
@@ -301,7 +333,7 @@ def test_ctrl_c_keeps_what_was_measured(tiny_model, capsys, monkeypatch):
     assert main(["tune", "--reply", "4"]) == 130
     captured = capsys.readouterr()
     saved = load_profile().tuned
-    assert saved["measured"]["complete"] is False and saved["engine"]["threads"] == default_threads()
+    assert saved["measured"]["complete"] is False and saved["engine"] == {} and saved["speculation"] is None
     assert "(incomplete: --minutes or Ctrl-C cut it short)" in captured.out and "saved in " in captured.out
 
 

@@ -80,7 +80,9 @@ class Tuned:
         """One line: the settings and the gain (`threads 2, ring 3, …: 1.18× the preset's speed`)."""
         parts = [f"{k.replace('_', ' ')} {_show(v)}" for k, v in self.engine.items()]
         spec = self.speculation
-        parts.append(f"speculate {spec['k']} with {spec['draft']}" if spec else "no speculation")
+        if spec:
+            parts.append(f"speculate {spec['k']} with {spec['draft']}")
+        parts = parts or ["k3's defaults (nothing measured faster)"]
         gain = self.measured.get("gain")
         return ", ".join(parts) + (f": {gain:.2f}× the untuned speed per token" if isinstance(gain, (int, float))
                                    else "")

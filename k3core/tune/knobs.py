@@ -139,21 +139,22 @@ def engine_config(base: EngineConfig, setting: Mapping, budget_gb: float | None)
     return base.replace(**fields), spec
 
 
-def saved_engine(base: EngineConfig, setting: Mapping, budget_gb: float | None) -> dict:
-    """The EngineConfig fields the profile keeps for `setting` (plan/tuned.py ENGINE_FIELDS)."""
+def saved_engine(base: EngineConfig, setting: Mapping, start: Mapping, budget_gb: float | None) -> dict:
+    """The EngineConfig fields the profile keeps for `setting`: those it changes from the untuned `start` (plan/tuned.py
+    ENGINE_FIELDS), so a default k3 changes later is not pinned by a tune that kept it."""
+    changed = {k for k, v in setting.items() if start.get(k) != v}
     config, _ = engine_config(base, setting, budget_gb)
-    out = {"threads": config.threads}
-    if config.kernel_threads:
-        out["kernel_threads"] = dict(config.kernel_threads)
-    for name in ("ring", "prefill_chunk"):
-        if name in setting:
-            out[name] = setting[name]
-    if "trunk_gb" in setting:
+    out = {"threads": config.threads} if "threads" in changed else {}
+    caps = {k[len(FAMILY):]: setting[k] for k in changed if k.startswith(FAMILY) and setting[k]}
+    if caps:
+        out["kernel_threads"] = caps
+    out.update({name: setting[name] for name in ("ring", "prefill_chunk") if name in changed})
+    if "trunk_gb" in changed:
         out.update(trunk_gb=config.trunk_gb, cache_gb=config.cache_gb)
-    options = {k: setting[k] for k in STORE_KNOBS if k in setting}
+    options = {k: setting[k] for k in STORE_KNOBS if k in changed}
     if options:
         out["store_options"] = options
-    if "pin_coded" in setting:
+    if "pin_coded" in changed:
         out["placer_options"] = {"pin_coded": setting["pin_coded"]}
     return out
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -95,26 +96,29 @@ def tune(base: EngineConfig, workload: Workload, *, minutes: float, only: Sequen
         knobs = [k for k in knobs if k.name in only]
     on_start(shape, knobs, left)
 
-    repeats: list[int] = []  # how many runs make a trial: set by the first, so that one lasts MIN_TRIAL_SECONDS
+    repeats: dict[str, int] = {}  # phase -> runs that make a trial: set by its first, to last MIN_TRIAL_SECONDS
+    states = tempfile.TemporaryDirectory(prefix="k3-tune-states-")  # the prompts' states, for the decode trials
 
-    def measure(setting: Mapping) -> Trial:
+    def measure(setting: Mapping, phase: str) -> Trial:
         from .trial import measure as run
 
         config, spec = K.engine_config(base, setting, shape.budget_gb)
         job = {"config": config.as_dict(), "speculation": spec, "prompts": [list(p) for p in workload.prompts],
-               "reply": workload.reply, "plugins": list(plugins)}
+               "reply": workload.reply, "plugins": list(plugins), "states": states.name,
+               "resume": phase == "decode"}
         runs = [run(job, setting)]
         if runs[0].seconds is None:
             return runs[0]
-        if not repeats:
+        if phase not in repeats:
             least = MIN_TRIAL_SECONDS if min_trial_seconds is None else min_trial_seconds
-            repeats.append(min(MAX_REPEATS, max(1, math.ceil(least / runs[0].seconds))))
-        runs += [run(job, setting) for _ in range(repeats[0] - 1)]
+            repeats[phase] = min(MAX_REPEATS, max(1, math.ceil(least / runs[0].seconds)))
+        runs += [run(job, setting) for _ in range(repeats[phase] - 1)]
         return fastest(runs, K.describe(setting, start) or "the untuned settings")
 
     search = Search(measure, time.monotonic() + minutes * 60, on_trial)
     try:
-        return search.grid(knobs, start) if grid else search.descend(knobs, start)
+        with states:
+            return search.grid(knobs, start) if grid else search.descend(knobs, start)
     except KeyboardInterrupt:
         if search.outcome is None or not search.outcome.trials:
             raise
@@ -123,7 +127,7 @@ def tune(base: EngineConfig, workload: Workload, *, minutes: float, only: Sequen
 
 
 MIN_TRIAL_SECONDS = 1.0  # a workload faster than this is run again (each run its own process) and the fastest kept
-MAX_REPEATS = 8
+MAX_REPEATS = 5
 
 
 def fastest(runs: list[Trial], name: str) -> Trial:
@@ -136,6 +140,9 @@ def fastest(runs: list[Trial], name: str) -> Trial:
     best = min(runs, key=lambda r: r.seconds)
     least = {f: min(r.figures[f] for r in runs) for f in PHASES.values() if all(r.figures.get(f) for r in runs)}
     return replace(best, took=sum(r.took for r in runs), figures={**best.figures, **least, "runs": len(runs)})
+
+
+PROMPTS = {"prefill": "forwarded", "decode": "resumed"}  # how a trial of each phase starts its prompts
 
 
 class Interrupted(Exception):
@@ -160,8 +167,9 @@ def tuned_result(base: EngineConfig, shape_budget: float | None, outcome: Outcom
                 "minutes": round((time.monotonic() - started) / 60, 2), "kernels": reference.figures.get("kernels"),
                 "workload": {"prompts": len(workload.prompts), "prompt_ids": [len(p) for p in workload.prompts],
                              "reply_ids": workload.reply}}
-    trials = [{"changed": K.describe(t.setting, start) or "(untuned)", "seconds": t.seconds, "skipped": t.skipped,
-               **{f: t.figures.get(f) for f in PHASES.values()}} for t in outcome.trials + outcome.confirm]
-    return Tuned(K.saved_engine(base, best, shape_budget), spec, measured,
+    trials = [{"changed": K.describe(t.setting, start) or "(untuned)", "prompts": PROMPTS[t.phase],
+               "seconds": t.seconds, "skipped": t.skipped, "seconds_per_token": t.score("decode"),
+               "prefill_seconds": t.score("prefill")} for t in outcome.trials + outcome.confirm]
+    return Tuned(K.saved_engine(base, best, start, shape_budget), spec, measured,
                  datetime.now(timezone.utc).isoformat(timespec="seconds"), fingerprint(base.model), str(base.model),
                  trials)

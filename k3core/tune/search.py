@@ -1,9 +1,11 @@
 """The search: coordinate descent from the untuned settings, one knob at a time in the order given, each value
 measured with the best of the others so far; a value is taken only when it beats the best by more than the noise
-margin on what its knob moves (PHASES: the reply's seconds per token, or the prompt's seconds for the knobs that
-shape only the prompt's pass). Then the untuned settings and the winner are measured once more, one after the
-other, and the winner is kept only if it still wins there. Bounded in time: a trial that would end past the
-deadline is not started.
+margin on what its knob moves — its phase (PHASES): the reply's seconds per token, or, for the knobs that shape
+only the prompt's pass, the prompt's seconds. A trial is measured in one phase: a decode trial resumes its
+prompts from the states the first trial kept (trial.py: no prompt is forwarded again), a prefill trial forwards
+them; scores are compared within a phase only. The knobs of each phase are turned in turn, then the untuned
+settings and the winner are measured once more in that phase, one after the other, and the winner is kept only if
+it still wins there. Bounded in time: a trial that would end past the deadline is not started.
 
 Every trial must give the first trial's ids; one that does not aborts the search naming its setting
 (UnsoundRunError, exit 4): a setting that changes ids is a bug in k3 or a plugin, never a choice.
@@ -21,7 +23,7 @@ from ..errors import PlanError, UnsoundRunError
 from .knobs import Knob, describe
 
 NOISE = 0.03  # a value must be this much faster than the best so far to replace it
-# what a knob's phase is judged by: a figure every trial reports (trial.py)
+# what a phase is judged by: a figure every trial reports (trial.py)
 PHASES = {"decode": "seconds_per_token", "prefill": "prefill_seconds"}
 
 
@@ -36,9 +38,13 @@ class Trial:
     skipped: str | None = None     # why it did not run ("does not fit: …")
     took: float = 0.0              # wall seconds the trial cost, start-up included
     knob: str | None = None        # the knob this trial turned (None: the start, a confirmation, a grid point)
+    phase: str = "prefill"         # "decode": its prompts resumed from kept states; "prefill": forwarded
 
     def score(self, phase: str) -> float | None:
-        return self.figures.get(PHASES[phase]) if self.seconds is not None else None
+        """What `phase` judges, when this trial measured it (a decode trial's prompts were not forwarded)."""
+        if self.seconds is None or (phase == "prefill" and self.phase != "prefill"):
+            return None
+        return self.figures.get(PHASES[phase])
 
     def beats(self, other: "Trial", phase: str, margin: float = NOISE) -> bool:
         mine, theirs = self.score(phase), other.score(phase)
@@ -50,22 +56,26 @@ class Outcome:
     start: Mapping                 # the untuned setting
     best: Mapping                  # the winner (the start when nothing beat it)
     trials: list[Trial]
-    confirm: list[Trial] = field(default_factory=list)  # the start and the winner measured again
+    confirm: list[Trial] = field(default_factory=list)  # the start and the winner measured again, per phase
     not_tried: list[str] = field(default_factory=list)  # "knob=value: why"
     complete: bool = True          # False: the deadline or Ctrl-C cut it short
 
+    def of(self, setting: Mapping, phase: str, confirm: bool | None = None) -> list[float]:
+        """The scores of every trial of `setting` measured in `phase` (only the confirming ones, or none of them)."""
+        pool = self.confirm if confirm else self.trials if confirm is False else self.trials + self.confirm
+        return [t.score(phase) for t in pool if t.setting == setting and t.phase == phase
+                and t.score(phase) is not None]
+
     def mean(self, setting: Mapping, phase: str) -> float | None:
-        """The mean score of every measurement of `setting`."""
-        scores = [t.score(phase) for t in self.trials + self.confirm if t.setting == setting]
-        scores = [x for x in scores if x is not None]
+        scores = self.of(setting, phase)
         return sum(scores) / len(scores) if scores else None
 
     def gain(self, phase: str = "decode") -> float | None:
-        """Untuned ÷ tuned score, from the confirming pair when there is one, else the means."""
-        pair = {_key(t.setting): t.score(phase) for t in self.confirm}
-        start, best = pair.get(_key(self.start)), pair.get(_key(self.best))
-        if start is None or best is None:
-            start, best = self.mean(self.start, phase), self.mean(self.best, phase)
+        """Untuned ÷ tuned score in `phase`: from the phase's confirming pair when there is one, else the means
+        (None where the winner was never measured in that phase)."""
+        start, best = self.of(self.start, phase, confirm=True), self.of(self.best, phase, confirm=True)
+        start, best = (start[-1], best[-1]) if start and best else (self.mean(self.start, phase),
+                                                                    self.mean(self.best, phase))
         return start / best if start and best else None
 
 
@@ -74,9 +84,10 @@ def _key(setting: Mapping) -> tuple:
 
 
 class Search:
-    """Runs trials through `measure`, checking ids and the clock; `on_trial` sees each as it lands."""
+    """Runs trials through `measure(setting, phase)`, checking ids and the clock; `on_trial` sees each as it
+    lands."""
 
-    def __init__(self, measure: Callable[[Mapping], Trial], deadline: float,
+    def __init__(self, measure: Callable[[Mapping, str], Trial], deadline: float,
                  on_trial: Callable[[Trial, Trial | None, Mapping], object] = lambda trial, best, start: None,
                  clock: Callable[[], float] = time.monotonic):
         self.measure, self.deadline, self.on_trial, self.clock = measure, deadline, on_trial, clock
@@ -89,9 +100,9 @@ class Search:
         took = sum(done) / len(done) if done else 0.0
         return self.clock() + took * (1 + spare) <= self.deadline
 
-    def trial(self, outcome: Outcome, setting: Mapping, best: Trial | None, into: list, knob: str | None = None
-              ) -> Trial:
-        trial = replace(self.measure(dict(setting)), knob=knob)
+    def trial(self, outcome: Outcome, setting: Mapping, phase: str, best: Trial | None, into: list,
+              knob: str | None = None) -> Trial:
+        trial = replace(self.measure(dict(setting), phase), knob=knob, phase=phase)
         if trial.seconds is not None:
             if self.reference is None:
                 self.reference = trial
@@ -106,11 +117,22 @@ class Search:
         return trial
 
     def descend(self, knobs: Sequence[Knob], start: Mapping, confirm: bool = True) -> Outcome:
-        """Coordinate descent over `knobs` from `start` (each knob's start value in it)."""
+        """Coordinate descent over `knobs` from `start` (each knob's start value in it): the decode knobs, then the
+        prefill knobs. The first trial forwards the prompts (and keeps their states for the decode trials)."""
         out = self.outcome = Outcome(dict(start), dict(start), [])
-        best = self.trial(out, start, None, out.trials)
-        if best.seconds is None:
-            raise PlanError(f"k3 tune: the untuned settings do not run here ({best.skipped}): give a budget that fits")
+        first = self.trial(out, start, "prefill", None, out.trials)
+        if first.seconds is None:
+            raise PlanError(f"k3 tune: the untuned settings do not run here ({first.skipped}): give a budget that fits")
+        for phase in PHASES:
+            turned = [k for k in knobs if k.phase == phase]
+            if turned:
+                self._descend_phase(out, turned, phase, first if phase == "prefill" else None, confirm)
+        return out
+
+    def _descend_phase(self, out: Outcome, knobs: Sequence[Knob], phase: str, measured: Trial | None,
+                       confirm: bool) -> None:
+        best = measured if measured is not None and out.best == out.start else None
+        entry = dict(out.best)
         for knob in knobs:
             for value in knob.values:
                 setting = {**out.best, knob.name: value}
@@ -120,21 +142,27 @@ class Search:
                     out.not_tried.append(f"{knob.name}={value}: --minutes reached")
                     out.complete = False
                     continue
-                t = self.trial(out, setting, best, out.trials, knob.name)
-                if t.beats(best, knob.phase):
+                if best is None:  # the best so far, measured in this phase first
+                    best = self.trial(out, out.best, phase, None, out.trials)
+                t = self.trial(out, setting, phase, best, out.trials, knob.name)
+                if t.beats(best, phase):
                     out.best, best = setting, t
-        if confirm and out.best != out.start:
-            start_again = self.trial(out, out.start, best, out.confirm)
-            again = self.trial(out, out.best, best, out.confirm)
-            if not any(again.beats(start_again, phase) for phase in {k.phase for k in knobs}):
-                out.best = out.start  # the win did not hold up: the untuned settings stay
-        return out
+        if confirm and out.best != entry:  # the untuned settings and the winner, one after the other, in this phase
+            start_again = self.trial(out, out.start, phase, best, out.confirm)
+            again = self.trial(out, out.best, phase, best, out.confirm)
+            before = start_again if entry == out.start else self.latest(out, entry, phase)
+            if not again.beats(before, phase):
+                out.best = entry  # the win did not hold up: what this phase started from stays
+
+    @staticmethod
+    def latest(out: Outcome, setting: Mapping, phase: str) -> Trial:
+        return next(t for t in reversed(out.trials) if t.setting == setting and t.phase == phase)
 
     def grid(self, knobs: Sequence[Knob], start: Mapping) -> Outcome:
-        """Every combination of the knobs' values (a check of the descent; slow)."""
+        """Every combination of the knobs' values, each a decode trial after the first (a check of the descent over
+        decode knobs; slow)."""
         out = self.outcome = Outcome(dict(start), dict(start), [])
-        best = None
-        seen = set()
+        best, seen = None, set()
         for values in itertools.product(*(k.values for k in knobs)):
             setting = {**start, **{k.name: v for k, v in zip(knobs, values)}}
             setting.update({k.name: start[k.name] for k in knobs if not k.applies(setting)})
@@ -145,7 +173,9 @@ class Search:
                 out.not_tried.append(f"{describe(setting, start)}: --minutes reached")
                 out.complete = False
                 continue
-            t = self.trial(out, setting, best, out.trials)
+            if not out.trials:  # the first forwards the prompts and keeps their states
+                self.trial(out, setting, "prefill", None, out.trials)
+            t = self.trial(out, setting, "decode", best, out.trials)
             if t.seconds is not None and (best is None or t.beats(best, "decode", margin=0.0)):
                 out.best, best = setting, t
         return out

@@ -1,7 +1,13 @@
 """One trial of `k3 tune`: a setting's engine opened in a process of its own (so nothing one trial holds — the
 expert cache, pages, the suffix index, a kernel backend's threads — carries into the next), the workload's prompts
-run one after another from fresh states with greedy sampling and no stop, and its ids and times reported back as
-JSON. The parent waits for it; Ctrl-C stops the child with the parent.
+run one after another with greedy sampling and no stop, and its ids and times reported back as JSON. The parent
+waits for it; Ctrl-C stops the child with the parent.
+
+The prompts' states: the first trial forwards them and keeps each (a disk prompt cache in `job["states"]`); a
+trial that measures only the reply (`job["resume"]`) starts each prompt from its kept state — one id forwarded,
+not the whole prompt, so a decode trial on a slow model costs its reply, not its prompt. Every other trial
+forwards its prompts from fresh states. A kept state gives the same ids as a forwarded one (the prompt cache's
+contract), and every trial's ids are checked against the first's.
 
 `python -m k3core.tune.trial` is the child: a job on stdin, one JSON line on stdout.
 """
@@ -35,10 +41,12 @@ def run_job(job: Mapping) -> dict:
     with open_engine(config, plugins=plugins) as engine:
         load = time.perf_counter() - opened
         draft = speculation(spec["draft"], spec["k"], plugins=plugins) if spec else None
+        states = kept_states(engine, job)
         ids, prefill, decode, tokens, prompt_ids, passes = [], 0.0, 0.0, 0, 0, 0
         started = time.perf_counter()
         for prompt in job["prompts"]:
-            *_, done = Session(engine).generate(prompt, SamplingParams(max_tokens=job["reply"]), speculation=draft)
+            session = Session(engine, prompt_cache=states)
+            *_, done = session.generate(prompt, SamplingParams(max_tokens=job["reply"]), speculation=draft)
             s = done.stats
             ids.append(done.ids)
             prefill += s["prefill_seconds"]
@@ -51,6 +59,20 @@ def run_job(job: Mapping) -> dict:
                 "decode_seconds": decode, "seconds_per_token": decode / tokens if tokens else None,
                 "prefill_ids_per_second": prompt_ids / prefill if prefill else None, "forward_passes": passes,
                 "kernels": engine.kernels.name, "peak_rss_bytes": peak_rss_bytes()}
+
+
+STATES_RAM, STATES_DISK = 256 << 20, 8 << 30  # the kept prompt states: RAM while a trial runs, disk at most
+
+
+def kept_states(engine, job: Mapping):
+    """The prompt cache a trial runs with: the kept states to resume from (`resume`), the empty cache the first
+    trial fills, or None (its prompts forwarded from fresh states)."""
+    from ..api import PrefixCache
+
+    where = job.get("states")
+    if where is None or not (job.get("resume") or not any(os.scandir(where))):
+        return None
+    return PrefixCache(engine, STATES_RAM, disk_dir=where, disk_bytes=STATES_DISK)
 
 
 def main() -> int:

@@ -199,9 +199,9 @@ def test_setup_tab_runs_the_demo_source(page, tmp_path):
     pg.click("#k3-setup-run")
     pg.wait_for_function("document.querySelector('#k3-setup-status')?.innerText.includes('done')", timeout=240_000)
     steps = pg.inner_text("#k3-setup-steps")
-    assert steps.count("✓") == 7, steps
+    assert steps.count("✓") == 8, steps
     state = json.loads((dest / ".k3-setup.json").read_text())
-    assert set(state["steps"]) == {"check", "space", "download", "verify", "pack", "profile", "next"}
+    assert set(state["steps"]) == {"check", "space", "download", "verify", "pack", "profile", "tune", "next"}
     profile = json.loads((config / "profile.json").read_text())
     assert profile["model"] == str(dest)
     shot(pg, "09-setup-done")

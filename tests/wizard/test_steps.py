@@ -22,8 +22,9 @@ def test_hf_setup_end_to_end(hub, k3, tmp_path, small_files):
     rc, out, err = k3(*setup_args(dest))
     assert rc == 0, err
     for i, title in enumerate(["machine check", "destination and free space", "download", "verify",
-                               "pack the trunk", "profile", "next command"], 1):
+                               "pack the trunk", "profile", "tune", "next command"], 1):
         assert f"[{i}/8] {title}: " in out
+    assert "[7/8] tune: skipped (--no-tune)" in out
     assert f"main = commit {hub.sha[:12]}" in out and "fits" in out and "k3 chat" in out
     # every file but the vision shard, byte for byte; the index without the vision shard, the Hub's beside it
     assert not (dest / VISION_SHARD).exists()
@@ -43,11 +44,11 @@ def test_hf_setup_end_to_end(hub, k3, tmp_path, small_files):
     assert (dest / "trunk" / "manifest.json").exists()
     st = state_of(dest)
     assert st["facts"]["commit"] == hub.sha and set(st["steps"]) == {
-        "check", "space", "download", "verify", "pack", "profile", "next"}
+        "check", "space", "download", "verify", "pack", "profile", "tune", "next"}
     # a second run does nothing and fetches nothing
     served = sum(hub.served.values())
     rc, out, _ = k3(*setup_args(dest))
-    assert rc == 0 and out.count("done earlier") == 7 and sum(hub.served.values()) == served
+    assert rc == 0 and out.count("done earlier") == 8 and sum(hub.served.values()) == served
 
 
 def test_vision_on_request(hub, k3, tmp_path, small_files):
