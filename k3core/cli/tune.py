@@ -117,9 +117,9 @@ class Progress:
 
 
 def _figures(trial) -> str:
-    """`0.312 s/token, prompts 28.1 s` (what the search judges by: search.PHASES)."""
+    """`0.3124 s/token, prompts 28.1 s` (what the search judges by: search.PHASES)."""
     spt, prompt = trial.score("decode"), trial.score("prefill")
-    return (f"{spt:.3f} s/token" if spt else f"{trial.seconds:.2f} s") + (f", prompts {prompt:.1f} s" if prompt else "")
+    return (f"{spt:.4g} s/token" if spt else f"{trial.seconds:.3g} s") + (f", prompts {prompt:.3g} s" if prompt else "")
 
 
 def save(result, base):
@@ -162,8 +162,8 @@ def table(outcome, result, progress, where, grid: bool) -> str:
             lines.append(f"{head} | {t.skipped} | | |")
             continue
         spt, prompt = t.score("decode"), t.score("prefill")
-        lines.append(f"{head} {PROMPTS[t.phase]} | {f'{spt:.3f}' if spt else ''} | "
-                     f"{f'{prompt:.2f}' if prompt else ''} | {human(t.figures.get('peak_rss_bytes') or 0)} |")
+        lines.append(f"{head} {PROMPTS[t.phase]} | {f'{spt:.4g}' if spt else ''} | "
+                     f"{f'{prompt:.3g}' if prompt else ''} | {human(t.figures.get('peak_rss_bytes') or 0)} |")
     gain, prompt = outcome.gain("decode"), outcome.gain("prefill")
     best = describe(outcome.best, start) or "the untuned settings"
     lines += ["", f"{'best of the grid' if grid else 'winner'}: {best}"
