@@ -16,7 +16,7 @@ from k3core.machine import checks as doctor
 from k3core.errors import K3Error
 
 NAMES = ["cpu -> kernels", "build", "fp environment", "ram -> preset", "disk space", "disk read", "O_DIRECT",
-         "threads"]
+         "threads", "tuning"]
 
 
 def run(argv) -> int:

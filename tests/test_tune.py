@@ -303,12 +303,12 @@ def test_a_knob_that_changes_ids_is_refused_naming_it(tiny_model, tmp_path, monk
 @needs_two_cpus
 def test_a_tune_is_saved_and_used_by_a_run_of_the_profiles_model(tiny_model, capsys):
     save_profile(Profile(str(tiny_model)))
-    assert main(["tune", "--knobs", "threads", "--reply", "4", "--minutes", "2", "--json"]) == 0
+    assert main(["tune", "--knobs", "threads", "--reply", "4", "--minutes", "0.02", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     saved = load_profile().tuned
-    assert doc["saved"] and saved["engine"].get("threads", 1) == 1 and saved["machine"] == fingerprint(tiny_model)
-    assert [(t["changed"], t["prompts"]) for t in saved["trials"]][:3] == [
-        ("(untuned)", "forwarded"), ("(untuned)", "resumed"), ("threads=1", "resumed")]
+    assert doc["saved"] and saved["engine"] == {} and saved["machine"] == fingerprint(tiny_model)
+    assert [(t["changed"], t["prompts"]) for t in saved["trials"]][:1] == [("(untuned)", "forwarded")]
+    assert "threads=1: --minutes reached" in doc["not_tried"] and saved["measured"]["complete"] is False
     assert any("ring" in line for line in doc["not_turned"])
     assert main(["run", "--ids", "1,2", "--gen", "2"]) == 0
     err = capsys.readouterr().err
@@ -338,8 +338,9 @@ def test_ctrl_c_keeps_what_was_measured(tiny_model, capsys, monkeypatch):
 
 
 def test_tune_refuses_bad_usage_naming_the_flag(tiny_model, capsys):
-    assert main(["tune", str(tiny_model), "--minutes", "0"]) == 2
-    assert "--minutes" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["tune", str(tiny_model), "--minutes", "0"])
+    assert exit_.value.code == 2 and "--minutes: takes minutes > 0" in capsys.readouterr().err
     assert main(["tune", str(tiny_model), "--reply", "0"]) == 2
     assert "--reply" in capsys.readouterr().err
     assert main(["tune", str(tiny_model), "--knobs", "colour", "--no-save"]) == 2

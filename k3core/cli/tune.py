@@ -10,7 +10,7 @@ import time
 
 from ..errors import TokenizerError, UsageError
 from ..units import human
-from .options import add_engine_arguments, engine_config_from_args
+from .options import add_engine_arguments, engine_config_from_args, number
 
 QUESTIONS = ("What is the capital of France?", "Write a short Python function that reverses a string.",
              "Explain in two sentences why the sky is blue.")
@@ -66,8 +66,6 @@ def _vocab(model) -> int:
 def cmd_tune(args) -> int:
     from ..tune.run import Interrupted, tune, tuned_result
 
-    if not 0 < args.minutes <= MAX_MINUTES:
-        raise UsageError(f"--minutes takes a number of minutes in (0, {MAX_MINUTES}], got {args.minutes:g}")
     draft_trunk, args.draft_trunk = args.draft_trunk, None  # a trial asks for its own speculation
     base = engine_config_from_args(args, tuned=False)
     if draft_trunk:
@@ -208,7 +206,7 @@ def add_parser(subparsers) -> None:
                "(what was measured is saved)")
     add_engine_arguments(p)
     g = p.add_argument_group("the tune")
-    g.add_argument("--minutes", type=float, default=5.0, metavar="M",
+    g.add_argument("--minutes", type=number("minutes", above=True, high=MAX_MINUTES), default=5.0, metavar="M",
                    help="stop starting trials after M minutes (default 5); the table says what was not tried")
     g.add_argument("--prompt", action="append", metavar="TEXT",
                    help="a user message to time (repeatable, at most 16; default: three short questions). Drafts, "

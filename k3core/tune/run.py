@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Callable, Mapping, Sequence
 
+from .. import plugin_manager
 from ..errors import UnsoundRunError, UsageError
 from ..interfaces import KernelBackend, default_threads
 from ..io.caching_store import all_experts
@@ -33,9 +34,7 @@ class Workload:
 def shape_of(base: EngineConfig, workload: Workload, plugins: Sequence = ()) -> K.Shape:
     """What decides which knobs can matter, read from the checkpoint's headers and the memory plans; `plugins`:
     plugin modules besides the installed ones."""
-    from ..api import _manager
-
-    r = resolve(base, _manager(plugins))
+    r = resolve(base, plugin_manager.new_plugin_manager(plugins) if plugins else plugin_manager.get_plugin_manager())
     try:
         c = r.checkpoint.config
         plan = r.plan()

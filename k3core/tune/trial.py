@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Mapping
 
-from ..errors import K3Error, PlanError, UnsoundRunError, UsageError
+from ..errors import K3Error, PlanError, PluginError, UnsoundRunError, UsageError
 from .search import Trial
 
 # the exit code of a child whose plan did not fit: a setting the budget cannot hold, not a failure
@@ -72,7 +72,10 @@ def kept_states(engine, job: Mapping):
     where = job.get("states")
     if where is None or not (job.get("resume") or not any(os.scandir(where))):
         return None
-    return PrefixCache(engine, STATES_RAM, disk_dir=where, disk_bytes=STATES_DISK)
+    try:
+        return PrefixCache(engine, STATES_RAM, disk_dir=where, disk_bytes=STATES_DISK)
+    except PluginError:  # an attention backend that cannot keep its state: every trial forwards its prompts
+        return None
 
 
 def main() -> int:
