@@ -136,7 +136,7 @@ def shape(**changes):
 
 def knob_names(s: K.Shape, base=None) -> tuple[list[str], list[str]]:
     base = base or EngineConfig("m", trunk="t", trunk_gb=2.0, cache_gb=2.0)
-    knobs, left = K.knobs_for(s, K.start_setting(base, s, s.cores))
+    knobs, left = K.knobs_for(s, K.start_setting(base, s))
     return [k.name for k in knobs], left
 
 
@@ -157,7 +157,7 @@ def test_a_resident_model_leaves_out_what_cannot_move_and_says_why():
 
 def test_a_draft_trunk_adds_the_self_and_auto_sources_and_long_prompts_the_chunk():
     s = shape(has_draft_trunk=True, longest_prompt=300)
-    knobs, _ = K.knobs_for(s, K.start_setting(EngineConfig("m", trunk="t"), s, 4))
+    knobs, _ = K.knobs_for(s, K.start_setting(EngineConfig("m", trunk="t"), s))
     by = {k.name: k for k in knobs}
     assert by["draft"].values == ("off", "suffix", "ngram", "self", "auto")
     assert 256 in by["prefill_chunk"].values and 1024 not in by["prefill_chunk"].values
@@ -337,11 +337,22 @@ def test_ctrl_c_keeps_what_was_measured(tiny_model, capsys, monkeypatch):
     assert "(incomplete: --minutes or Ctrl-C cut it short)" in captured.out and "saved in " in captured.out
 
 
+def test_expert_reads_in_flight_are_bounded_naming_the_option(small_model):
+    from k3core.api import open_engine
+
+    for bad, says in ((0, r"read_threads: expert reads in flight must be an integer in 1\.\.256, got 0"),
+                      (257, r"in 1\.\.256, got 257"), (True, r"store 'lru': read_threads must be int, got True")):
+        with pytest.raises(UsageError, match=says):
+            open_engine(EngineConfig(small_model, store_options={"read_threads": bad})).close()
+
+
 def test_tune_refuses_bad_usage_naming_the_flag(tiny_model, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["tune", str(tiny_model), "--minutes", "0"])
     assert exit_.value.code == 2 and "--minutes: takes minutes > 0" in capsys.readouterr().err
     assert main(["tune", str(tiny_model), "--reply", "0"]) == 2
     assert "--reply" in capsys.readouterr().err
+    assert main(["tune", str(tiny_model), *["--prompt", "hi"] * 17]) == 2
+    assert "--prompt: at most 16 prompts, got 17" in capsys.readouterr().err
     assert main(["tune", str(tiny_model), "--knobs", "colour", "--no-save"]) == 2
     assert "--knobs: colour cannot be turned here" in capsys.readouterr().err

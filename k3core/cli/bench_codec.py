@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UsageError
+from ..plan.budget import cpu_name
 from ..machine.rates import restore_rate
 
 
@@ -100,16 +101,10 @@ def cmd_codec(args) -> int:
     blocks = sample_blocks(trunk, int(args.sample_gb * 1e9) if not args.all else 0, args.block or BLOCK)
     if not blocks:
         raise UsageError(f"{path} has no run of a whole block ({args.block or BLOCK} bytes): try a smaller --block")
-    doc = {"trunk": str(path), "cpu": _cpu_name(), **measure(blocks, args.block or BLOCK, threads, args.seconds)}
+    doc = {"trunk": str(path), "cpu": cpu_name(), **measure(blocks, args.block or BLOCK, threads, args.seconds)}
     print(json.dumps(doc, indent=1) if args.json else codec_table(doc))
     return 0
 
-
-def _cpu_name() -> str:
-    try:
-        return next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown"
 
 
 def codec_table(d: dict) -> str:

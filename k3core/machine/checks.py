@@ -109,13 +109,8 @@ def check_fp(native) -> Check:
                  data={"sigmoid0": out})
 
 
-def _mem_total() -> int:
-    with open("/proc/meminfo") as f:
-        return next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:")), 0)
-
-
 def check_ram(target: Target = RELEASED) -> Check:
-    total, avail = _mem_total(), budget.mem_available()
+    total, avail = budget.mem_total(), budget.mem_available()
     if target is not RELEASED and target.in_ram:
         return Check("ram -> preset", "ok", f"MemTotal {human(total)}, MemAvailable {human(avail)}: the whole "
                      f"{target.name} ({human(target.checkpoint_bytes)}) fits in RAM; nothing streams",

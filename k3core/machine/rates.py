@@ -70,12 +70,8 @@ def llc_bytes():
 def machine_info():
     from .. import _native
     from ..interfaces import default_threads
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        cpu = platform.processor() or platform.machine()
-    return dict(cpu=cpu, cores=default_threads(), llc_bytes=llc_bytes(), backends=_native.available_backends(),
+    from ..plan.budget import cpu_name
+    return dict(cpu=cpu_name(), cores=default_threads(), llc_bytes=llc_bytes(), backends=_native.available_backends(),
                 build=_native.build_info(), numpy=np.__version__, python=platform.python_version())
 
 

@@ -6,6 +6,7 @@ cannot fit.
 """
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass
 
 from ..errors import K3Error, PlanError
@@ -30,6 +31,24 @@ def mem_available() -> int:
     except OSError:
         pass
     raise K3Error("cannot read MemAvailable from /proc/meminfo; give --trunk-gb and --cache-gb")
+
+
+def mem_total() -> int:
+    """MemTotal from /proc/meminfo, in bytes (0 where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:")), 0)
+    except OSError:
+        return 0
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what Python's platform module says."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 def auto_preset(available: int) -> str:

@@ -9,7 +9,6 @@ suggest `k3 tune` again.
 from __future__ import annotations
 
 import os
-import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -17,6 +16,7 @@ from typing import Mapping
 from ..errors import UsageError
 from ..files.device import stat_file
 from ..interfaces import default_threads
+from .budget import cpu_name, mem_total
 
 # the EngineConfig fields a tune may set (what `engine` holds), and the budgets set together
 ENGINE_FIELDS = ("threads", "kernel_threads", "ring", "trunk_gb", "cache_gb", "prefill_chunk", "store_options",
@@ -99,7 +99,7 @@ def _show(value) -> str:
 def fingerprint(model_dir) -> dict:
     """What tuned settings depend on: the CPU, the CPUs this process may use, the RAM, and the disk under
     `model_dir` (its block device and, where sysfs says, its model name and whether it spins)."""
-    return {"cpu": _cpu_name(), "cpus": default_threads(), "ram_gb": round(_mem_total() / 1e9),
+    return {"cpu": cpu_name(), "cpus": default_threads(), "ram_gb": round(mem_total() / 1e9),
             "disk": _disk(model_dir)}
 
 
@@ -107,22 +107,6 @@ def machine_changes(saved: Mapping, now: Mapping) -> list[str]:
     """What differs between two fingerprints, one phrase each (`CPU AMD EPYC 7B13 → Intel …`)."""
     names = {"cpu": "CPU", "cpus": "CPUs", "ram_gb": "RAM GB", "disk": "disk"}
     return [f"{names.get(k, k)} {saved.get(k)} → {now.get(k)}" for k in names if saved.get(k) != now.get(k)]
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
-
-
-def _mem_total() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
-    except (OSError, StopIteration):
-        return 0
 
 
 def _disk(model_dir) -> str:

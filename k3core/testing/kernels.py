@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..hookspecs import hookimpl
-from ..interfaces import default_threads
+from ..interfaces import KERNEL_FAMILIES, default_threads
 from ..plugin_manager import choose_kernels, get_plugin_manager
 from . import models
 from .checks import Check, CheckFailed, expect
@@ -42,14 +42,20 @@ def kernel_checks(backend) -> list[Check]:
         ref = scalar()
         cases = [c for c in kernel_cases() if (exact or not c.uses_libm) and (drafts or c.kernel not in DRAFT_KERNELS)]
         want = [c.call(ref) for c in cases]
+        caps = {family: 1 + i % 3 for i, family in enumerate(KERNEL_FAMILIES)}  # per-family thread caps, below 5
         try:
-            for threads in THREADS:
+            for threads, capped in [(t, False) for t in THREADS] + [(max(THREADS), True)]:
                 backend.set_threads(threads)
+                for family, cap in caps.items():
+                    backend.set_family_threads(family, cap if capped else 0)
                 for case, w in zip(cases, want):
                     if not same(case.call(backend), w):
-                        raise CheckFailed(f"{case.name}, {threads} thread(s): not the scalar backend's bits")
+                        how = f", families capped {caps}" if capped else ""
+                        raise CheckFailed(f"{case.name}, {threads} thread(s){how}: not the scalar backend's bits")
         finally:
             backend.set_threads(default_threads())
+            for family in KERNEL_FAMILIES:
+                backend.set_family_threads(family, 0)
 
     def batch_rows_are_single_rows():
         for name, batch, single in batch_cases():
@@ -68,7 +74,8 @@ def kernel_checks(backend) -> list[Check]:
             expect(not exact or got[1] == want[1], f"{shape} model: the logit bytes differ from scalar's")
 
     scope = "every case of the kernel table" if exact else "the kernel-table cases without exp/tanh (bit_exact=False)"
-    return [Check(f"{who}: the scalar backend's bits on {scope}, at {', '.join(map(str, THREADS))} threads",
+    return [Check(f"{who}: the scalar backend's bits on {scope}, at {', '.join(map(str, THREADS))} threads and with "
+                  "each kernel family's threads capped",
                   matches_scalar),
             Check(f"{who}: each token of a batch gets its single-token bits", batch_rows_are_single_rows),
             Check(f"{who}: ids" + (" and logit bytes" if exact else "") + " identical to scalar on generated models",

@@ -25,11 +25,8 @@ class Knob:
     name: str
     values: tuple                                   # what is tried, the untuned value among them
     what: str                                       # what it moves, for the table
-    needs: Callable[[Mapping], bool] = lambda setting: True  # whether it means anything beside these others
+    applies: Callable[[Mapping], bool] = lambda setting: True  # whether it means anything beside the others
     phase: str = "decode"                           # judged by the reply's s/token, or "prefill": the prompt's time
-
-    def applies(self, setting: Mapping) -> bool:
-        return self.needs(setting)
 
 
 @dataclass(frozen=True)
@@ -49,10 +46,10 @@ class Shape:
     coded_trunk: bool = False   # a coded pack whose placer may hold pinned layers coded (pin_coded)
 
 
-def start_setting(base: EngineConfig, shape: Shape, cores: int) -> dict:
+def start_setting(base: EngineConfig, shape: Shape) -> dict:
     """The untuned setting: what a run of `base` would use."""
     options = dict(base.store_options or {})
-    setting = {"draft": "off", "speculate": "auto", "threads": base.threads or cores}
+    setting = {"draft": "off", "speculate": "auto", "threads": base.threads or shape.cores}
     if shape.has_family_threads:
         setting.update({FAMILY + f: 0 for f in KERNEL_FAMILIES[:-1]})  # "other" splits no rows: nothing to cap
     if shape.trunk_streams:

@@ -85,7 +85,7 @@ def tune(base: EngineConfig, workload: Workload, *, minutes: float, only: Sequen
     until it has lasted `min_trial_seconds` (default MIN_TRIAL_SECONDS), and keeps the fastest run. Ctrl-C ends
     it: Interrupted then holds what was measured."""
     shape = shape_of(base, workload, [importlib.import_module(name) for name in plugins])
-    start = K.start_setting(base, shape, shape.cores)
+    start = K.start_setting(base, shape)
     knobs, left = K.knobs_for(shape, start)
     if only:
         unknown = sorted(set(only) - {k.name for k in knobs})
