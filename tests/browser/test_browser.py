@@ -208,7 +208,7 @@ def test_setup_tab_runs_the_demo_source(page, tmp_path):
     pg.click("#k3-setup-run")  # again: every step comes back from the state file, as in a terminal
     pg.wait_for_function("document.querySelector('#k3-setup-log textarea')?.value.includes('done earlier') && "
                          "document.querySelector('#k3-setup-status')?.innerText.includes('done')", timeout=60_000)
-    assert pg.input_value("#k3-setup-log textarea").count("done earlier") == 7
+    assert pg.input_value("#k3-setup-log textarea").count("done earlier") == 8
     pg.click("#k3-setup-use")
     pg.wait_for_function("document.querySelector('#k3-setup-status')?.innerText.includes('now serving')",
                          timeout=120_000)
