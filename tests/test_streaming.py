@@ -31,6 +31,8 @@ CONFIGS = {
     "pinned 1 layer, ring 2, lru floor, no prefetch": dict(pin_layers=1, ring=2, cache_gb=0.0,
                                                           store_options={"prefetch": False}),
     "budget-chosen pins, ring 3, lru large": dict(trunk_gb="60%", ring=3, cache_gb=2.0),
+    "pinned 5 layers, ring 3, lru floor, deep prefetch, 4 KiB reads": dict(
+        pin_layers=5, ring=3, cache_gb=0.0, store_options={"prefetch_depth": 3, "read_kib": 4}),
 }
 
 
@@ -82,6 +84,8 @@ def test_every_budget_and_store_gives_the_resident_run_s_bits(packed):
     hinted, plain = stats["pinned 5 layers, ring 3, lru floor"], stats["pinned 1 layer, ring 2, lru floor, no prefetch"]
     assert hinted["expert_prefetch_used"] > 0 and plain["expert_prefetched"] == 0
     assert hinted["expert_hits"] == plain["expert_hits"]  # a guess never changes what the cache keeps
+    deep = stats["pinned 5 layers, ring 3, lru floor, deep prefetch, 4 KiB reads"]
+    assert deep["expert_prefetched"] > hinted["expert_prefetched"] and deep["expert_hits"] == hinted["expert_hits"]
 
 
 def test_streamed_layers_are_read_every_token_and_pinned_ones_once(packed):

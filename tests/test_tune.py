@@ -97,6 +97,34 @@ def test_a_knob_of_the_prompts_pass_is_judged_by_the_prompts_time():
     assert out.best == {"chunk": 128} and out.gain("prefill") == 2.0 and set(phases) == {"prefill"}
 
 
+def test_a_knob_that_trades_reply_for_prompt_is_judged_by_a_conversation_with_its_own_ids():
+    phases = []
+
+    def measure(setting, phase):  # a prompt cache: the conversation faster, each reply a little slower
+        phases.append(phase)
+        cache = setting["cache"]
+        ids = (("p1",), ("turn 2",)) if phase == "turn" else (("p1",), ("p2",))  # the second turn: p1, its reply, p2
+        if phase == "turn" and cache == 2:
+            ids = (("p1",), ("other",))
+        if phase == "turn" and cache == 3:
+            ids = (("not p1",), ("turn 2",))
+        return Trial(setting, 1.0, ids, {"seconds_per_token": 1.0 + 0.1 * cache, "prefill_seconds": 1.0,
+                                         "turn_seconds": 10.0 - 4 * min(cache, 1)}, took=1.0)
+
+    knobs = [K.Knob("cache", (0, 1), "prompt cache", phase="turn")]
+    out = Search(measure, deadline=1e9, clock=lambda: 0.0).descend(knobs, {"cache": 0})
+    assert out.best == {"cache": 1} and out.gain("turn") == 10.0 / 6.0 and out.gain("decode") is None
+    assert phases == ["prefill", "turn", "turn", "turn", "turn"]  # first, the untuned turns, cache=1, the pair
+    broken = [K.Knob("cache", (0, 2), "prompt cache", phase="turn")]
+    with pytest.raises(UnsoundRunError, match=r"cache=2 gave other ids than the untuned settings \(prompt 2, reply "
+                                              r"id 1"):
+        Search(measure, deadline=1e9, clock=lambda: 0.0).descend(broken, {"cache": 0})
+    with pytest.raises(UnsoundRunError, match=r"cache=3 gave other ids than the untuned settings \(the first turn of a "
+                                              r"conversation is the first prompt\) \(prompt 1, reply id 1"):
+        Search(measure, deadline=1e9, clock=lambda: 0.0).descend([K.Knob("cache", (0, 3), "", phase="turn")],
+                                                                 {"cache": 0})
+
+
 def test_the_deadline_stops_new_trials_and_says_which_were_not_tried():
     run, calls = fake()
     now = [0.0]
@@ -129,8 +157,9 @@ def test_the_grid_measures_every_combination_a_knob_applies_to():
 
 def shape(**changes):
     base = dict(cores=4, layers=8, trunk_streams=True, experts_stream=True,
-                store_options=frozenset({"read_threads", "prefetch", "read_ahead"}), budget_gb=4.0,
-                splits=(2.0, 3.0), longest_prompt=40, has_draft_trunk=False, has_family_threads=True)
+                store_options=frozenset(K.STORE_KNOBS), budget_gb=4.0, splits=(2.0, 3.0), longest_prompt=40,
+                has_draft_trunk=False, has_family_threads=True, trunk_gb=2.0, cache_gb=2.0, top_k=8,
+                expert_kib=2048)
     return K.Shape(**{**base, **changes})
 
 
@@ -143,7 +172,8 @@ def knob_names(s: K.Shape, base=None) -> tuple[list[str], list[str]]:
 def test_a_streamed_model_turns_the_ring_the_split_and_the_expert_reads():
     names, left = knob_names(shape())
     assert names[:3] == ["draft", "speculate", "threads"]
-    assert {"trunk_gb", "ring", "read_threads", "prefetch", "read_ahead", "kernel_threads.attention"} <= set(names)
+    assert {"trunk_gb", "ring", "read_threads", "read_kib", "prefetch", "prefetch_depth", "read_ahead",
+            "kernel_threads.attention"} <= set(names)
     assert "self" not in next(k for k in K.knobs_for(shape(), {"trunk_gb": 2.0})[0] if k.name == "draft").values
     assert any(line.startswith("prefill_chunk: the longest prompt (40 ids)") for line in left)
 
@@ -167,18 +197,65 @@ def test_a_setting_becomes_the_engine_config_and_speculation_it_names():
     base = EngineConfig("m", trunk="t", preset="laptop", store_options={"direct_io": False})
     setting = {"draft": "suffix", "speculate": 4, "threads": 2, "kernel_threads.attention": 1,
                "kernel_threads.dense": 0, "ring": 3, "trunk_gb": 2.5, "prefetch": False}
-    config, spec = K.engine_config(base, setting, 4.0)
+    config, spec = K.engine_config(base, setting, shape())
     assert spec == {"draft": "suffix", "k": 4}
     assert (config.threads, dict(config.kernel_threads), config.ring, config.trunk_gb, config.cache_gb) == \
         (2, {"attention": 1}, 3, 2.5, 1.5)
     assert dict(config.store_options) == {"direct_io": False, "prefetch": False} and config.preset is None
-    coded, _ = K.engine_config(base, {**setting, "pin_coded": True}, 4.0)
+    coded, _ = K.engine_config(base, {**setting, "pin_coded": True}, shape())
     assert dict(coded.placer_options) == {"pin_coded": True}
     start = {**setting, "threads": 4, "kernel_threads.attention": 0, "ring": 2, "trunk_gb": 2.0, "prefetch": True}
-    assert K.saved_engine(base, setting, start, 4.0) == {"threads": 2, "kernel_threads": {"attention": 1}, "ring": 3,
-                                                         "trunk_gb": 2.5, "cache_gb": 1.5,
-                                                         "store_options": {"prefetch": False}}
-    assert K.saved_engine(base, setting, setting, 4.0) == {}  # what the tune kept untuned stays k3's default
+    assert K.saved_engine(base, setting, start, shape()) == {
+        "threads": 2, "kernel_threads": {"attention": 1}, "ring": 3, "trunk_gb": 2.5, "cache_gb": 1.5,
+        "store_options": {"prefetch": False}}
+    assert K.saved_engine(base, setting, setting, shape()) == {}  # what the tune kept untuned stays k3's default
+
+
+def test_the_prompt_cache_and_the_draft_trunk_take_their_ram_from_the_expert_cache():
+    s = shape(has_draft_trunk=True, draft_gb={"int8": 0.5, "int4": 0.3}, conversation=True)
+    base = EngineConfig("m", trunk="t", trunk_gb=2.0, cache_gb=2.0, draft_trunk="int8")
+    start = K.start_setting(base, s)
+    knobs = {k.name: k for k in K.knobs_for(s, start)[0]}
+    assert knobs["draft_trunk"].values == ("int8", "int4") and knobs["prompt_cache_gb"].phase == "turn"
+    assert knobs["prompt_cache_gb"].values == (0.0, 0.25, 0.5, 1.0)
+    assert knobs["draft_topk"].values == (None, 1, 2, 8)  # None: half of 8, so 4 is not tried again
+    assert not knobs["draft_trunk"].applies({**start, "draft": "suffix"})
+
+    def held(setting):  # what the setting's engine holds of the budget
+        config, _ = K.engine_config(base, setting, s)
+        return config, round(config.trunk_gb + config.cache_gb + config.prompt_cache_gb
+                             + (s.draft_gb[config.draft_trunk] if config.draft_trunk else 0), 3)
+
+    config, total = held(start)
+    assert (config.draft_trunk, config.cache_gb, total) == (None, 2.0, 4.0)  # drafting with no model: no draft trunk
+    config, total = held({**start, "draft": "self", "draft_trunk": "int4", "draft_topk": 2, "prompt_cache_gb": 0.5})
+    assert (config.draft_trunk, config.draft_topk, config.cache_gb, config.prompt_cache_gb, total) == \
+        ("int4", 2, 1.2, 0.5, 4.0)
+    assert s.cache_gb_for({**start, "trunk_gb": 3.0, "prompt_cache_gb": 1.0, "draft": "auto"}) == -0.5
+    saved = K.saved_engine(base, {**start, "prompt_cache_gb": 0.5}, start, s)
+    assert saved == {"prompt_cache_gb": 0.5, "cache_gb": 1.5, "trunk_gb": 2.0}
+
+
+def test_expert_reads_smaller_than_a_piece_and_deeper_prefetch_are_tried_where_they_can_move():
+    names, left = knob_names(shape(expert_kib=200))
+    assert "read_kib" not in names and "read_kib: an expert is 200 KiB, read whole already" in left
+    knobs = {k.name: k for k in K.knobs_for(shape(), K.start_setting(EngineConfig("m"), shape()))[0]}
+    assert knobs["read_kib"].values == (0, 256, 1024) and knobs["prefetch_depth"].values == (1, 2, 4)
+    assert not knobs["prefetch_depth"].applies({"prefetch": False})
+    names, left = knob_names(shape(conversation=False))
+    assert "prompt_cache_gb" not in names and any(x.startswith("prompt_cache_gb: one prompt") for x in left)
+
+
+def test_a_conversation_sends_each_turn_whole_with_the_replies_before_it():
+    from k3core.tune.trial import conversation
+
+    replies = []
+    turns = conversation({"prompts": [[1, 2], [3], [4, 5]]}, replies)
+    assert next(turns) == [1, 2]
+    replies.append([7, 8])
+    assert next(turns) == [1, 2, 7, 8, 3]
+    replies.append([9])
+    assert next(turns) == [1, 2, 7, 8, 3, 9, 4, 5]
 
 
 # ---- the saved tuning -----------------------------------------------------------------------------------------
@@ -232,7 +309,8 @@ def test_a_run_takes_the_tuned_fields_no_flag_gave(tiny_model, small_model):
     from k3core.cli.main import build_parser
     from k3core.cli.options import engine_config_from_args
 
-    saved = tuned(tiny_model, engine={"threads": 1, "prefill_chunk": 64, "store_options": {"prefetch": False}})
+    saved = tuned(tiny_model, engine={"threads": 1, "prefill_chunk": 64, "store_options": {"prefetch": False},
+                                      "prompt_cache_gb": 0.25})
     save_profile(Profile(str(tiny_model), tuned=saved.as_dict()))
 
     def config(*argv):
@@ -240,14 +318,15 @@ def test_a_run_takes_the_tuned_fields_no_flag_gave(tiny_model, small_model):
         return engine_config_from_args(args), args
 
     c, args = config()
-    assert (c.threads, c.prefill_chunk, dict(c.store_options)) == (1, 64, {"prefetch": False})
+    assert (c.threads, c.prefill_chunk, dict(c.store_options), c.prompt_cache_gb) == (1, 64, {"prefetch": False}, 0.25)
     assert (args.speculate, args.draft, c.speculate) == ("auto", "suffix", 8)
+    assert config("--prompt-cache-gb", "2")[0].prompt_cache_gb == 2.0
     c, args = config("--threads", "2", "--speculate", "2", "--store-option", "prefetch=true")
     assert (c.threads, c.prefill_chunk, dict(c.store_options), c.speculate) == (2, 64, {"prefetch": True}, 2)
     assert args.draft is None
     assert config(str(tiny_model))[0].threads == 1          # the profile's model, named: tuned too
     c, _ = config(str(small_model))                          # another model: k3's defaults
-    assert (c.threads, c.prefill_chunk, c.speculate) == (None, "auto", 0)
+    assert (c.threads, c.prefill_chunk, c.speculate, c.prompt_cache_gb) == (None, "auto", 0, 1.0)
 
 
 def test_a_damaged_tuning_is_refused_naming_the_field(tmp_path):
@@ -315,6 +394,15 @@ def test_a_tune_is_saved_and_used_by_a_run_of_the_profiles_model(tiny_model, cap
     assert f"tuned settings from {saved['when'][:10]}" in err and Tuned.from_dict(saved, "").summary() in err
     assert main(["run", "--ids", "1,2", "--gen", "2", "--quiet"]) == 0
     assert "tuned" not in capsys.readouterr().err
+
+
+def test_the_prompt_cache_is_tuned_on_a_conversation_whose_ids_agree_with_and_without_it(tiny_model):
+    work = Workload(((1, 2, 3, 4, 5, 6), (7, 8, 9)), 4)
+    out = tune(EngineConfig(tiny_model), work, minutes=5, only=("prompt_cache_gb",), min_trial_seconds=0)
+    turns = [t for t in out.trials if t.phase == "turn"]
+    assert [t.setting["prompt_cache_gb"] for t in turns] == [0.0, 0.125, 0.25, 0.5]  # out of the 1 GB cache
+    assert turns[0].ids[0] == out.trials[0].ids[0]  # the first turn is the first prompt, whatever follows it
+    assert turns[0].ids[1] != out.trials[0].ids[1]  # the second turn is sent with the first and its reply
 
 
 def test_ctrl_c_keeps_what_was_measured(tiny_model, capsys, monkeypatch):

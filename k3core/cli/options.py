@@ -142,6 +142,9 @@ def add_speculation_arguments(p: argparse.ArgumentParser) -> None:
                         "counted in the memory plan")
 
 
+DEFAULT_PROMPT_CACHE_GB = 1.0  # RAM for kept prompt states where a command keeps them
+
+
 def add_prompt_cache_arguments(p: argparse.ArgumentParser) -> None:
     from ..text.prefix_cache import DEFAULT_INTERVAL
 
@@ -151,8 +154,9 @@ def add_prompt_cache_arguments(p: argparse.ArgumentParser) -> None:
                    help="where kept states go on disk, so they outlive this process (default: $K3_CACHE_DIR/"
                         "prompt-cache, else $XDG_CACHE_HOME/k3/prompt-cache, else ~/.cache/k3/prompt-cache); each "
                         "file is checked and tied to this exact model; off: RAM only")
-    g.add_argument("--prompt-cache-gb", type=GB, default=1.0, metavar="GB",
-                   help="RAM for kept states, least recently used out (default 1; the memory plan counts it)")
+    g.add_argument("--prompt-cache-gb", type=GB, default=None, metavar="GB",
+                   help=f"RAM for kept states, least recently used out (default {DEFAULT_PROMPT_CACHE_GB:g}, or what "
+                        "`k3 tune` measured; the memory plan counts it)")
     g.add_argument("--prompt-cache-disk-gb", type=GB, default=20.0, metavar="GB",
                    help="disk for kept states, least recently used out (default 20)")
     g.add_argument("--prompt-cache-interval", type=int, default=DEFAULT_INTERVAL, metavar="N",
@@ -180,7 +184,7 @@ def prompt_cache_from_args(args, engine, tokenizer=None):
     from ..text.chat import EOM
     from ..text.prefix_cache import PrefixCache
 
-    ram, disk_gb, interval = args.prompt_cache_gb, args.prompt_cache_disk_gb, args.prompt_cache_interval
+    ram, disk_gb, interval = engine.config_in.prompt_cache_gb, args.prompt_cache_disk_gb, args.prompt_cache_interval
     if not (disk_gb >= 0):  # --prompt-cache-gb is EngineConfig's prompt_cache_gb, checked there
         raise UsageError(f"--prompt-cache-disk-gb takes GB >= 0, got {disk_gb}")
     if interval < 1:
@@ -326,7 +330,7 @@ def engine_config_from_args(args, tuned: bool = True):
                   placer_options=_options(args.placer_option, "--placer-option"),
                   tokenizer=getattr(args, "tok", None), speculate=speculate_k(args),
                   sequences=getattr(args, "sequences", 1), kept_states=getattr(args, "keep_states", 0),
-                  prompt_cache_gb=getattr(args, "prompt_cache_gb", 0.0),
+                  prompt_cache_gb=getattr(args, "prompt_cache_gb", 0.0),  # None: the tuned or the default
                   draft_memory_gb=draft_memory_gb(args) if hasattr(args, "speculate") else 0.0,
                   draft_trunk=getattr(args, "draft_trunk", None), draft_topk=getattr(args, "draft_topk", None),
                   draft_cache_only=bool(getattr(args, "draft_cache_only", None)))
@@ -335,6 +339,8 @@ def engine_config_from_args(args, tuned: bool = True):
         check_model_dir(args.model)
     if tuning is not None:
         fields = tuning.fill(fields)
+    if fields["prompt_cache_gb"] is None:
+        fields["prompt_cache_gb"] = DEFAULT_PROMPT_CACHE_GB
     fields["prefill_chunk"] = "auto" if fields["prefill_chunk"] is None else fields["prefill_chunk"]
     fields = {k: v for k, v in fields.items() if not (k == "ring" and v is None)}
     try:
@@ -366,6 +372,7 @@ def profile_tuning(args):
         args.speculate, args.draft = str(spec["k"]), spec["draft"]
         if spec.get("draft_trunk"):
             args.draft_trunk = spec["draft_trunk"]
+            args.draft_topk = spec.get("draft_topk")
     return tuning
 
 

@@ -71,8 +71,9 @@ def cmd_tune(args) -> int:
     if draft_trunk:
         base = base.replace(draft_trunk=draft_trunk)
     work = workload(args, base)
-    if max(map(len, work.prompts)) + work.reply > (base.max_context if base.max_context != "auto" else 4096):
-        base = base.replace(max_context=max(map(len, work.prompts)) + work.reply)
+    longest = sum(map(len, work.prompts)) + work.reply * len(work.prompts)  # the conversation of every prompt
+    if longest > (base.max_context if base.max_context != "auto" else 4096):
+        base = base.replace(max_context=longest)
     only = [k for k in (args.knobs or "").split(",") if k]
     started = time.monotonic()
     progress = Progress()
@@ -82,7 +83,7 @@ def cmd_tune(args) -> int:
         interrupted = False
     except Interrupted as stop:
         outcome, interrupted = stop.outcome, True
-    result = tuned_result(base, progress.shape.budget_gb, outcome, work, started)
+    result = tuned_result(base, progress.shape, outcome, work, started)
     where = None if args.no_save or args.grid else save(result, base)
     knobs = [{"knob": k.name, "values": list(k.values), "what": k.what} for k in progress.knobs]
     doc = {"model": str(base.model), "tuned": result.as_dict(), "knobs": knobs, "not_turned": progress.left,
@@ -116,7 +117,9 @@ class Progress:
 
 def _figures(trial) -> str:
     """`0.3124 s/token, prompts 28.1 s` (what the search judges by: search.PHASES)."""
-    spt, prompt = trial.score("decode"), trial.score("prefill")
+    spt, prompt, turns = trial.score("decode"), trial.score("prefill"), trial.score("turn")
+    if turns:
+        return f"conversation {turns:.3g} s ({trial.figures['seconds_per_token']:.4g} s/token)"
     return (f"{spt:.4g} s/token" if spt else f"{trial.seconds:.3g} s") + (f", prompts {prompt:.3g} s" if prompt else "")
 
 
@@ -149,27 +152,31 @@ def table(outcome, result, progress, where, grid: bool) -> str:
     w = result.measured["workload"]
     lines = [f"k3 tune: {result.model}, {w['prompts']} prompts ({sum(w['prompt_ids'])} ids) × {w['reply_ids']} reply "
              f"ids each, {result.machine['cpus']} CPUs, {result.measured.get('kernels')} kernels", "",
-             "| knob | value | setting (what differs from untuned) | prompts | s/token | prompt s | peak RSS |",
-             "|---|---|---|---|---:|---:|---:|"]
+             "| knob | value | setting (what differs from untuned) | prompts | s/token | prompt s | turns s | "
+             "peak RSS |",
+             "|---|---|---|---|---:|---:|---:|---:|"]
     for t in outcome.trials + outcome.confirm:
         knob = t.knob or ("(again)" if t in outcome.confirm else "(grid)" if grid else "(untuned)")
         value = shown(t.setting[t.knob]) if t.knob else ""
         mark = " ←" if t.setting == outcome.best else ""
         head = f"| {knob} | {value} | {describe(t.setting, start) or 'untuned'}{mark} |"
         if t.seconds is None:
-            lines.append(f"{head} | {t.skipped} | | |")
+            lines.append(f"{head} | {t.skipped} | | | |")
             continue
-        spt, prompt = t.score("decode"), t.score("prefill")
-        lines.append(f"{head} {PROMPTS[t.phase]} | {f'{spt:.4g}' if spt else ''} | "
-                     f"{f'{prompt:.3g}' if prompt else ''} | {human(t.figures.get('peak_rss_bytes') or 0)} |")
-    gain, prompt = outcome.gain("decode"), outcome.gain("prefill")
+        spt = t.figures.get("seconds_per_token") if t.phase == "turn" else t.score("decode")
+        prompt, turns = t.score("prefill"), t.score("turn")
+        lines.append(f"{head} {PROMPTS[t.phase]} | {f'{spt:.4g}' if spt else ''} | {f'{prompt:.3g}' if prompt else ''}"
+                     f" | {f'{turns:.3g}' if turns else ''} | {human(t.figures.get('peak_rss_bytes') or 0)} |")
+    gain, prompt, turns = outcome.gain("decode"), outcome.gain("prefill"), outcome.gain("turn")
     best = describe(outcome.best, start) or "the untuned settings"
     lines += ["", f"{'best of the grid' if grid else 'winner'}: {best}"
               + (f": {gain:.2f}× the untuned speed per token" if gain else "")
               + (f", the prompt in {1 / prompt:.2f}× its time" if prompt else "")
+              + (f", a conversation in {1 / turns:.2f}× its time" if turns else "")
               + ("" if outcome.complete else " (incomplete: --minutes or Ctrl-C cut it short)")]
-    lines += ["prompts: forwarded (the prompt's time measured), or resumed from the states the first trial kept "
-              "(only the reply measured)"]
+    lines += ["prompts: forwarded (the prompt's time measured), resumed from the states the first trial kept "
+              "(only the reply measured), or conversation (the prompts as one conversation's turns, each sent whole "
+              "with the turns before it; prompt and reply measured)"]
     lines += [f"turned: {k.name} ({', '.join(map(shown, k.values))}): {k.what}" for k in progress.knobs]
     lines += [f"not turned: {x}" for x in progress.left]
     lines += [f"not tried: {x}" for x in outcome.not_tried]
@@ -184,12 +191,14 @@ def add_parser(subparsers) -> None:
         "tune", formatter_class=argparse.RawDescriptionHelpFormatter,
         help="measure the fastest exact settings for this machine and save them in the profile",
         description="Measure which settings run this model fastest here — threads (per kernel family too), the\n"
-                    "ring, the split of the budget between trunk and expert cache, expert reads in flight,\n"
-                    "prefetch, the prefill chunk, the draft source and drafted ids per pass — by running a short\n"
-                    "chat workload once per setting, each in a process of its own, and keep the fastest.\n"
+                    "ring, the split of the budget between trunk, expert cache, prompt cache and draft trunk,\n"
+                    "expert reads in flight and their size, prefetch and its depth, the prefill chunk, the draft\n"
+                    "source, the draft model's experts and drafted ids per pass — by running a short chat\n"
+                    "workload once per setting, each in a process of its own, and keep the fastest.\n"
                     "Coordinate descent from the untuned settings, one knob at a time; a value is kept only when\n"
-                    "it is more than 3 % faster — per reply token, or for the knobs that shape only the prompt's\n"
-                    "pass (prefill chunk, read-ahead) in the prompt's time — and the winner is measured again\n"
+                    "it is more than 3 % faster — per reply token; for the knobs that shape only the prompt's\n"
+                    "pass (prefill chunk, read-ahead) in the prompt's time; for the prompt cache in the time of\n"
+                    "the prompts as one conversation, each turn sent whole — and the winner is measured again\n"
                     "against the untuned settings.\n"
                     "Every trial must give the same ids as the first: one that does not stops the tune (exit 4),\n"
                     "naming the setting — that is a bug to report, never a setting to pick.\n\n"

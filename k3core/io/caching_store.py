@@ -9,7 +9,8 @@ policy says; `k3 sim-cache` replays the same policy object.
 Prefetch: the engine names the experts it guesses a layer will route to before that layer's attention
 runs; they are read in the background into staging slots beside the cache (the policy is not told).
 A fetch that misses on a staged expert waits for that read and adopts its slot instead of reading; a
-wrong guess costs only the read. Either way a fetch serves the same bytes.
+wrong guess costs only the read. Either way a fetch serves the same bytes. `prefetch_depth` d reads each token's
+top d·k guesses (k: the router's top-k) into d·k staging slots: more of the next fetch staged, more bytes read.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from ..errors import UsageError
 from ..interfaces import CachePolicy, ExpertStore, PlanRow, PluginOptions
 from ..units import human
 from ..files.aligned_io import Prefault, aligned_buffer
@@ -41,6 +43,8 @@ class CachingOptions(PluginOptions):
     check_reads: bool = True  # each expert read against its recorded checksums; false only to measure their cost
     read_ahead: bool = True  # a prefill round's next experts read while this round computes; false only to measure it
     read_threads: int = QUEUE_DEPTH  # expert reads in flight at once (`k3 tune` measures what this disk likes)
+    read_kib: int = 0        # an expert's bytes read in pieces of at most this many KiB (a multiple of 4); 0: whole
+    prefetch_depth: int = 1  # how far down each token's ranked guess prefetch reads: depth × top-k experts
 
 
 class CachingStore(ExpertStore):
@@ -65,14 +69,14 @@ class CachingStore(ExpertStore):
                         + (" (every expert of the model)" if slots == all_experts(ctx.config) else ""))]
         staged = staging_slots(ctx.config, slots, ctx.options)
         if staged:
-            rows.append(PlanRow("expert prefetch", staged * slot, f"{staged} staging slots × {human(slot)} "
-                                "(guessed experts read while attention runs; prefetch=false drops them)"))
+            rows.append(PlanRow("expert prefetch", staged * slot, f"{staged} staging slots × {human(slot)} (guessed "
+                                "experts read while attention runs, prefetch_depth × top-k; prefetch=false: none)"))
         return rows
 
     def __init__(self, ctx):
         super().__init__(ctx)
         self.reader = ExpertReader(self.checkpoint, self.options.direct_io, self.options.check_reads,
-                                   self.options.read_threads)
+                                   self.options.read_threads, self.options.read_kib)
         self.slot_bytes = expert_slot_bytes(self.checkpoint)
         self.slots = cache_slots(self.config, ctx.budget.cache_gb, self.slot_bytes)
         self.keeper = self.policy(self.slots, self.options)
@@ -236,9 +240,19 @@ def nan_scales(reader) -> list[list[int]]:
     return [[layer, expert, n] for (layer, expert), n in sorted(reader.nan_scales.items())]
 
 
+MAX_PREFETCH_DEPTH = 8
+
+
 def staging_slots(config, slots: int, options) -> int:
-    """Staging slots for prefetch: one token's top-k, none when the cache holds every expert or prefetch is off."""
-    return config.num_experts_per_token if options.prefetch and slots < all_experts(config) else 0
+    """Staging slots for prefetch: `prefetch_depth` × one token's top-k (at most every expert of a layer), none when
+    the cache holds every expert or prefetch is off."""
+    depth = options.prefetch_depth
+    if not (isinstance(depth, int) and not isinstance(depth, bool) and 1 <= depth <= MAX_PREFETCH_DEPTH):
+        raise UsageError(f"prefetch_depth: how far down each token's ranked guess prefetch reads, in multiples of "
+                         f"top-k, must be an integer in 1..{MAX_PREFETCH_DEPTH}, got {depth!r}")
+    if not options.prefetch or slots >= all_experts(config):
+        return 0
+    return min(config.num_experts, depth * config.num_experts_per_token)
 
 
 class _Round(NamedTuple):

@@ -1,5 +1,7 @@
 """Reading routed experts from the shards: where each expert's bytes lie, and concurrent positioned
 reads into page-aligned buffers (aligned_io: O_DIRECT where the filesystem allows it, else buffered, said).
+Each aligned run of an expert's bytes is one read, or with `read_kib` (the stores' option of that name) consecutive
+reads of at most that many KiB, all in flight together on the same threads.
 
 Stores own the buffers and decide what to keep; this module only reads, and a failed or short read, or an
 expert whose bytes do not have the checksums recorded for the checkpoint (io/tensor_sums.py, checked on the
@@ -22,11 +24,13 @@ from ..format.tensor_sums import TensorSums
 
 QUEUE_DEPTH = 16  # expert reads in flight at once, unless the store says (its read_threads option)
 MAX_QUEUE_DEPTH = 256
+MAX_READ_KIB = 1 << 20  # 1 GiB: far above any expert's bytes
 
 
 @dataclass(frozen=True)
 class Piece:
-    """One read: aligned [start, start+length) of `file`, holding `parts` at their buffer offsets."""
+    """One aligned run [start, start+length) of `file` (one read, or several of read_kib KiB), holding `parts` at
+    their buffer offsets."""
 
     file: str
     start: int
@@ -37,10 +41,16 @@ class Piece:
 class ExpertReader:
     """Reads the experts of one checkpoint into buffers the caller owns (see `slot_bytes`)."""
 
-    def __init__(self, checkpoint, direct_io: bool = True, check: bool = True, depth: int = QUEUE_DEPTH):
+    def __init__(self, checkpoint, direct_io: bool = True, check: bool = True, depth: int = QUEUE_DEPTH,
+                 read_kib: int = 0):
         if not (isinstance(depth, int) and not isinstance(depth, bool) and 1 <= depth <= MAX_QUEUE_DEPTH):
             raise UsageError(f"read_threads: expert reads in flight must be an integer in 1..{MAX_QUEUE_DEPTH}, "
                              f"got {depth!r}")
+        if not (isinstance(read_kib, int) and not isinstance(read_kib, bool)
+                and (read_kib == 0 or (4 <= read_kib <= MAX_READ_KIB and read_kib % 4 == 0))):
+            raise UsageError(f"read_kib: the KiB of each expert read must be 0 (one read per run of bytes) or a "
+                             f"multiple of 4 in 4..{MAX_READ_KIB}, got {read_kib!r}")
+        self.read_bytes = read_kib * 1024  # 0: each piece in one read
         self.index = checkpoint.index
         self.config = checkpoint.config
         self.sums = TensorSums.load(self.index) if check else None  # None: unchecked, to measure what checks cost
@@ -85,18 +95,22 @@ class ExpertReader:
     def read(self, requests) -> list[ExpertWeights]:
         """requests: [(layer, expert, buffer)]; reads them all concurrently (in file-offset order)
         and returns ExpertWeights viewing the buffers, in the order asked."""
-        jobs = []
+        pieces = []  # (piece, its buffer, request index)
         for i, (layer, expert, buf) in enumerate(requests):
             at = 0
             for piece in self.layout(layer, expert):
                 if at + piece.length > len(buf):
                     raise ValueError(f"a {len(buf)}-byte slot cannot hold expert {expert} of layer {layer}")
-                jobs.append((piece, memoryview(buf)[at:at + piece.length], i))
+                pieces.append((piece, memoryview(buf)[at:at + piece.length], i))
                 at += piece.length
-        jobs.sort(key=lambda j: (j[0].file, j[0].start))
+        pieces.sort(key=lambda p: (p[0].file, p[0].start))
+        # one job per read, in file-offset order: (piece, its buffer from the read's first byte on, request index)
+        jobs = [(piece, view[at:], i) for piece, view, i in pieces
+                for at in range(0, piece.length, self.read_bytes or piece.length)]
         with self._clock.reading():
             results = list(self._pool.map(lambda j: self._read_piece(j[0], j[1]), jobs))
         if self.sums is not None and not any(results):  # checked after the clock: read time stays read time
+            jobs = pieces  # each piece whole, now that all its reads landed
             results = list(self._pool.map(lambda j: self._check_piece(j[0], j[1]), jobs))
         failures = [(job, r) for job, r in zip(jobs, results) if isinstance(r, str)]
         if failures:
@@ -105,7 +119,7 @@ class ExpertReader:
             raise UnsoundRunError(f"reading expert {expert} of layer {layer} from {piece.file} failed: {why}; "
                                   f"the ids generated so far are unsound and the run stops")
         with self._lock:
-            self.bytes_read += sum(j[0].length for j in jobs)
+            self.bytes_read += sum(piece.length for piece, _, _ in pieces)
             if self.sums is not None:
                 self._count_nan_scales(requests)
         return [self._weights(layer, expert, buf) for layer, expert, buf in requests]
@@ -132,14 +146,18 @@ class ExpertReader:
         return ExpertWeights(layer, expert, *(arrays[p] for p in EXPERT_PARTS))
 
     def _read_piece(self, piece: Piece, view: memoryview):
-        """Bytes into `view`; returns None, or a string saying what went wrong."""
+        """One read of `piece`: `view` is its buffer from the read's first byte to the piece's end, and the read
+        fills `read_bytes` of it (all if 0 or fewer are left). Returns None, or a string saying what went wrong:
+        an I/O error, or a short read that leaves out payload bytes (those before the padding up to ALIGN)."""
+        at = piece.length - len(view)  # where this read starts in the piece: a multiple of ALIGN
+        n = min(len(view), self.read_bytes or len(view))
         payload_end = piece.parts[-1][2] + piece.parts[-1][3]
         try:
-            done = read_into(self._file(piece.file), view, piece.start, piece.length)
+            done = read_into(self._file(piece.file), view, piece.start + at, n)
         except OSError as exc:
             return f"{exc.strerror} (errno {exc.errno})"
-        if done < payload_end:
-            return f"short read: {done} of {payload_end} bytes at offset {piece.start}"
+        if at + done < min(at + n, payload_end):
+            return f"short read: {at + done} of {payload_end} bytes at offset {piece.start}"
         return None
 
     def _check_piece(self, piece: Piece, view: memoryview):

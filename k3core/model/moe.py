@@ -19,13 +19,14 @@ if TYPE_CHECKING:
 P = "block_sparse_moe."
 
 
-def route(w: Weights, x: np.ndarray, c: Config, kr: KernelBackend,
-          allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def route(w: Weights, x: np.ndarray, c: Config, kr: KernelBackend, allowed: np.ndarray | None = None,
+          k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(expert ids [T, k] in rank order, combine weights [T, k]) for x [T, H]. `allowed` (a draft model's
-    --draft-cache-only: bool [E]) keeps selection to those experts, k at most their number (k may be 0)."""
+    --draft-cache-only: bool [E]) keeps selection to those experts, k at most their number (k may be 0). `k`: the
+    model's num_experts_per_token unless given (a prefetch guess ranks further down)."""
     logits = kr.linear(w[P + "gate.weight"], x)  # the router reads the FULL hidden width
     bias = w.vec(P + "gate.e_score_correction_bias")  # selection only; weights stay unbiased
-    k = c.num_experts_per_token
+    k = c.num_experts_per_token if k is None else k
     if allowed is not None:
         k = min(k, int(allowed.sum()))
         if k == 0:
@@ -42,7 +43,8 @@ def prefetch_guess(w: Weights, h: np.ndarray, layer: int, c: Config, kr: KernelB
     if room <= 0:
         return
     x = kr.rmsnorm(h, w.vec("post_attention_layernorm.weight"), c.rms_norm_eps)
-    ids, _ = route(w, x, c, kr)
+    ranked = min(c.num_experts, max(c.num_experts_per_token, -(-room // len(x))))  # a deeper prefetch: more per token
+    ids, _ = route(w, x, c, kr, k=ranked)
     guess = dict.fromkeys(int(e) for e in ids.T.flat)  # every token's first choice, then every second, …
     store.prefetch(layer, list(guess)[:room])
 

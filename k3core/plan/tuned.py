@@ -19,8 +19,8 @@ from ..interfaces import default_threads
 from .budget import cpu_name, mem_total
 
 # the EngineConfig fields a tune may set (what `engine` holds), and the budgets set together
-ENGINE_FIELDS = ("threads", "kernel_threads", "ring", "trunk_gb", "cache_gb", "prefill_chunk", "store_options",
-                 "placer_options")
+ENGINE_FIELDS = ("threads", "kernel_threads", "ring", "trunk_gb", "cache_gb", "prefill_chunk", "prompt_cache_gb",
+                 "store_options", "placer_options")
 MAPPINGS = ("kernel_threads", "store_options", "placer_options")  # merged key by key, the keys given winning
 BUDGET_FIELDS = ("preset", "trunk_gb", "cache_gb")
 
@@ -30,7 +30,7 @@ class Tuned:
     """What a tune chose and why."""
 
     engine: Mapping                  # EngineConfig field -> value (ENGINE_FIELDS only)
-    speculation: Mapping | None      # {"draft": NAME, "k": K | "auto"[, "draft_trunk": DIR]}; None: none was fastest
+    speculation: Mapping | None      # {"draft", "k": K | "auto"[, "draft_trunk", "draft_topk"]}; None: none was fastest
     measured: Mapping                # untuned and tuned s/token and prompt seconds, the gains, the workload, complete
     when: str                        # ISO 8601, UTC
     machine: Mapping                 # fingerprint() of the machine it ran on
@@ -52,7 +52,8 @@ class Tuned:
         spec = data.get("speculation")
         if spec is not None and not (isinstance(spec, Mapping) and isinstance(spec.get("draft"), str)
                                      and (spec.get("k") == "auto" or isinstance(spec.get("k"), int))
-                                     and isinstance(spec.get("draft_trunk", ""), str)):
+                                     and isinstance(spec.get("draft_trunk", ""), str)
+                                     and isinstance(spec.get("draft_topk", 1), int)):
             problems.append("speculation")
         if problems or unknown:
             raise UsageError(f"{source}: tuned: bad {', '.join(problems + [f'engine.{u}' for u in unknown])}; run "
@@ -81,11 +82,15 @@ class Tuned:
         parts = [f"{k.replace('_', ' ')} {_show(v)}" for k, v in self.engine.items()]
         spec = self.speculation
         if spec:
-            parts.append(f"speculate {spec['k']} with {spec['draft']}")
+            parts.append(f"speculate {spec['k']} with {spec['draft']}"
+                         + (f" (draft trunk {spec['draft_trunk']}" if spec.get("draft_trunk") else "")
+                         + (f", {spec['draft_topk']} experts per token" if spec.get("draft_topk") else "")
+                         + (")" if spec.get("draft_trunk") else ""))
         parts = parts or ["k3's defaults (nothing measured faster)"]
-        gain = self.measured.get("gain")
+        gain, turns = self.measured.get("gain"), self.measured.get("turn_gain")
         return ", ".join(parts) + (f": {gain:.2f}× the untuned speed per token" if isinstance(gain, (int, float))
-                                   else "")
+                                   else "") + (f", a conversation in {1 / turns:.2f}× its time"
+                                               if isinstance(turns, (int, float)) and turns else "")
 
 
 def _show(value) -> str:

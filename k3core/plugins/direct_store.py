@@ -16,6 +16,7 @@ class DirectOptions(PluginOptions):
     direct_io: bool = True  # O_DIRECT reads where the filesystem allows them
     check_reads: bool = True  # each expert read against its recorded checksums; false only to measure their cost
     read_threads: int = 16  # expert reads in flight at once (`k3 tune` measures what this disk likes)
+    read_kib: int = 0  # an expert's bytes read in pieces of at most this many KiB (a multiple of 4); 0: whole
 
 
 class DirectStore(ExpertStore):
@@ -26,7 +27,7 @@ class DirectStore(ExpertStore):
     def __init__(self, ctx):
         super().__init__(ctx)
         self.reader = ExpertReader(self.checkpoint, self.options.direct_io, self.options.check_reads,
-                                   self.options.read_threads)
+                                   self.options.read_threads, self.options.read_kib)
         self.slot_bytes = expert_slot_bytes(self.checkpoint)
         self.slots = self.config.num_experts_per_token
         self._arena = aligned_buffer(self.slots * self.slot_bytes, huge=True)

@@ -15,6 +15,7 @@ from ..errors import UnsoundRunError, UsageError
 from ..interfaces import KernelBackend, default_threads
 from ..io.caching_store import all_experts
 from ..io.codec import RAW
+from ..io.draft_trunk import KINDS, default_dir
 from ..io.expert_io import expert_slot_bytes
 from ..io.trunk import load_trunk
 from ..plan.engine_config import EngineConfig, resolve
@@ -46,6 +47,7 @@ def shape_of(base: EngineConfig, workload: Workload, plugins: Sequence = ()) -> 
         coded = streams and "pin_coded" in getattr(r.placer.Options, "__dataclass_fields__", {}) \
             and load_trunk(base.trunk, r.checkpoint).codec != RAW
         layers = c.num_hidden_layers
+        expert_kib = expert_slot_bytes(r.checkpoint) // 1024
     finally:
         r.checkpoint.close()
     budget = base.budget()
@@ -54,7 +56,26 @@ def shape_of(base: EngineConfig, workload: Workload, plugins: Sequence = ()) -> 
     return K.Shape(cores=default_threads(), layers=layers, trunk_streams=streams,
                    experts_stream=experts_held < every_expert, store_options=options, budget_gb=total,
                    splits=splits, longest_prompt=max(map(len, workload.prompts)),
-                   has_draft_trunk=base.draft_trunk is not None, has_family_threads=family, coded_trunk=coded)
+                   has_draft_trunk=base.draft_trunk is not None, has_family_threads=family, coded_trunk=coded,
+                   trunk_gb=budget.trunk_gb or 0.0, cache_gb=budget.cache_gb, prompt_cache_gb=base.prompt_cache_gb,
+                   draft_gb=_draft_gb(base, plugins), top_k=c.num_experts_per_token, expert_kib=expert_kib,
+                   conversation=len(workload.prompts) > 1)
+
+
+def _draft_gb(base: EngineConfig, plugins: Sequence) -> dict:
+    """Each draft trunk a tune may try -> the GB of its memory-plan rows: the one --draft-trunk names, and the other
+    kind packed beside the trunk when it names a kind (int8, int4)."""
+    from ..api import memory_plan
+
+    if base.draft_trunk is None:
+        return {}
+    given = str(base.draft_trunk)
+    names = [given] + [k for k in KINDS if given in KINDS and k != given and default_dir(base.trunk, k).is_dir()]
+    return {name: round(sum(row.bytes for row in memory_plan(base.replace(draft_trunk=name), plugins=plugins).rows
+                            if row.item in DRAFT_ROWS) / 1e9, 3) for name in names}
+
+
+DRAFT_ROWS = ("draft trunk", "draft decode state")  # what a draft model holds (model/draft_weights.py plan_rows)
 
 
 def _splits(base: EngineConfig, layers: int, total: float, plugins: Sequence) -> tuple:
@@ -101,10 +122,12 @@ def tune(base: EngineConfig, workload: Workload, *, minutes: float, only: Sequen
     def measure(setting: Mapping, phase: str) -> Trial:
         from .trial import measure as run
 
-        config, spec = K.engine_config(base, setting, shape.budget_gb)
+        if (cache := shape.cache_gb_for(setting)) < 0:
+            return Trial(dict(setting), skipped=f"does not fit: it leaves the expert cache {cache:g} GB of the budget")
+        config, spec = K.engine_config(base, setting, shape)
         job = {"config": config.as_dict(), "speculation": spec, "prompts": [list(p) for p in workload.prompts],
                "reply": workload.reply, "plugins": list(plugins), "states": states.name,
-               "resume": phase == "decode"}
+               "resume": phase == "decode", "conversation": phase == "turn"}
         runs = [run(job, setting)]
         if runs[0].seconds is None:
             return runs[0]
@@ -141,7 +164,7 @@ def fastest(runs: list[Trial], name: str) -> Trial:
     return replace(best, took=sum(r.took for r in runs), figures={**best.figures, **least, "runs": len(runs)})
 
 
-PROMPTS = {"prefill": "forwarded", "decode": "resumed"}  # how a trial of each phase starts its prompts
+PROMPTS = {"prefill": "forwarded", "decode": "resumed", "turn": "conversation"}  # how each phase's trials start
 
 
 class Interrupted(Exception):
@@ -152,23 +175,27 @@ class Interrupted(Exception):
         self.outcome = outcome
 
 
-def tuned_result(base: EngineConfig, shape_budget: float | None, outcome: Outcome, workload: Workload,
-                 started: float) -> Tuned:
+def tuned_result(base: EngineConfig, shape: K.Shape, outcome: Outcome, workload: Workload, started: float) -> Tuned:
     """The outcome as the profile keeps it."""
     best, start = outcome.best, outcome.start
     spec = None if best["draft"] == "off" else {"draft": best["draft"], "k": best["speculate"]}
-    if spec and spec["draft"] in ("self", "auto"):  # they draft with the model on its draft trunk
-        spec["draft_trunk"] = str(base.draft_trunk)
+    if spec and spec["draft"] in K.MODEL_DRAFTS:  # they draft with the model on its draft trunk
+        spec["draft_trunk"] = str(best["draft_trunk"])
+        if best["draft_topk"] is not None:
+            spec["draft_topk"] = best["draft_topk"]
     reference = next(t for t in outcome.trials if t.seconds is not None)
     measured = {"seconds_per_token": {"untuned": outcome.mean(start, "decode"), "tuned": outcome.mean(best, "decode")},
                 "prefill_seconds": {"untuned": outcome.mean(start, "prefill"), "tuned": outcome.mean(best, "prefill")},
-                "gain": outcome.gain("decode"), "prefill_gain": outcome.gain("prefill"), "complete": outcome.complete,
+                "turn_seconds": {"untuned": outcome.mean(start, "turn"), "tuned": outcome.mean(best, "turn")},
+                "gain": outcome.gain("decode"), "prefill_gain": outcome.gain("prefill"),
+                "turn_gain": outcome.gain("turn"), "complete": outcome.complete,
                 "minutes": round((time.monotonic() - started) / 60, 2), "kernels": reference.figures.get("kernels"),
                 "workload": {"prompts": len(workload.prompts), "prompt_ids": [len(p) for p in workload.prompts],
                              "reply_ids": workload.reply}}
     trials = [{"changed": K.describe(t.setting, start) or "(untuned)", "prompts": PROMPTS[t.phase],
                "seconds": t.seconds, "skipped": t.skipped, "seconds_per_token": t.score("decode"),
-               "prefill_seconds": t.score("prefill")} for t in outcome.trials + outcome.confirm]
-    return Tuned(K.saved_engine(base, best, start, shape_budget), spec, measured,
+               "prefill_seconds": t.score("prefill"), "turn_seconds": t.score("turn")}
+              for t in outcome.trials + outcome.confirm]
+    return Tuned(K.saved_engine(base, best, start, shape), spec, measured,
                  datetime.now(timezone.utc).isoformat(timespec="seconds"), fingerprint(base.model), str(base.model),
                  trials)

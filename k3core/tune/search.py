@@ -1,13 +1,16 @@
 """The search: coordinate descent from the untuned settings, one knob at a time in the order given, each value
 measured with the best of the others so far; a value is taken only when it beats the best by more than the noise
 margin on what its knob moves — its phase (PHASES): the reply's seconds per token, or, for the knobs that shape
-only the prompt's pass, the prompt's seconds. A trial is measured in one phase: a decode trial resumes its
-prompts from the states the first trial kept (trial.py: no prompt is forwarded again), a prefill trial forwards
-them; scores are compared within a phase only. The knobs of each phase are turned in turn, then the untuned
+only the prompt's pass, the prompt's seconds; for the knobs that trade the reply against the prompt (the prompt
+cache's RAM, taken from the expert cache's), a conversation's turns, prompt and reply. A trial is measured in one
+phase: a decode trial resumes its prompts from the states the first trial kept (trial.py: no prompt is forwarded
+again), a prefill trial forwards them, a turn trial sends them as one conversation; scores are compared within a
+phase only. The knobs of each phase are turned in turn, then the untuned
 settings and the winner are measured once more in that phase, one after the other, and the winner is kept only if
 it still wins there. Bounded in time: a trial that would end past the deadline is not started.
 
-Every trial must give the first trial's ids; one that does not aborts the search naming its setting
+Every trial must give the first trial's ids (a turn trial: the first turn trial's); one that does not aborts the
+search naming its setting
 (UnsoundRunError, exit 4): a setting that changes ids is a bug in k3 or a plugin, never a choice.
 
 Nothing here runs a model: `measure(setting)` does (tune/trial.py), so the search is tested on its own.
@@ -23,8 +26,8 @@ from ..errors import PlanError, UnsoundRunError
 from .knobs import Knob, describe
 
 NOISE = 0.03  # a value must be this much faster than the best so far to replace it
-# what a phase is judged by: a figure every trial reports (trial.py)
-PHASES = {"decode": "seconds_per_token", "prefill": "prefill_seconds"}
+# what a phase is judged by: a figure every trial reports (trial.py); "turn": a conversation's turns sent whole
+PHASES = {"decode": "seconds_per_token", "prefill": "prefill_seconds", "turn": "turn_seconds"}
 
 
 @dataclass(frozen=True)
@@ -38,11 +41,13 @@ class Trial:
     skipped: str | None = None     # why it did not run ("does not fit: …")
     took: float = 0.0              # wall seconds the trial cost, start-up included
     knob: str | None = None        # the knob this trial turned (None: the start, a confirmation, a grid point)
-    phase: str = "prefill"         # "decode": its prompts resumed from kept states; "prefill": forwarded
+    phase: str = "prefill"         # "decode": its prompts resumed from kept states; "prefill": forwarded; "turn":
+                                   # the prompts as one conversation's turns (another workload: its own ids)
 
     def score(self, phase: str) -> float | None:
-        """What `phase` judges, when this trial measured it (a decode trial's prompts were not forwarded)."""
-        if self.seconds is None or (phase == "prefill" and self.phase != "prefill"):
+        """What `phase` judges, when this trial measured it (a decode trial's prompts were not forwarded; a
+        conversation is another workload)."""
+        if self.seconds is None or phase != self.phase and not (phase, self.phase) == ("decode", "prefill"):
             return None
         return self.figures.get(PHASES[phase])
 
@@ -91,7 +96,7 @@ class Search:
                  on_trial: Callable[[Trial, Trial | None, Mapping], object] = lambda trial, best, start: None,
                  clock: Callable[[], float] = time.monotonic):
         self.measure, self.deadline, self.on_trial, self.clock = measure, deadline, on_trial, clock
-        self.reference: Trial | None = None
+        self.reference: dict[bool, Trial] = {}  # the first trial of each workload (a conversation or not)
         self.outcome: Outcome | None = None
 
     def _time_left_for(self, outcome: Outcome, spare: int = 0) -> bool:
@@ -104,13 +109,17 @@ class Search:
               knob: str | None = None) -> Trial:
         trial = replace(self.measure(dict(setting), phase), knob=knob, phase=phase)
         if trial.seconds is not None:
-            if self.reference is None:
-                self.reference = trial
-            elif trial.ids != self.reference.ids:
+            first = self.reference.setdefault(phase == "turn", trial)
+            mine, theirs, what = trial.ids, first.ids, ""
+            prompts = self.reference.get(False)
+            if phase == "turn" and prompts is not None and mine[:1] != prompts.ids[:1]:
+                first, mine, theirs = prompts, mine[:1], prompts.ids[:1]  # a conversation's first turn: prompt 1
+                what = " (the first turn of a conversation is the first prompt)"
+            if mine != theirs:
                 raise UnsoundRunError(
                     f"k3 tune: {describe(setting, outcome.start) or 'the untuned settings'} gave other ids than "
-                    f"{describe(self.reference.setting, outcome.start) or 'the untuned settings'} "
-                    f"({_first_difference(self.reference.ids, trial.ids)}): a setting must never change an id. "
+                    f"{describe(first.setting, outcome.start) or 'the untuned settings'}{what} "
+                    f"({_first_difference(theirs, mine)}): a setting must never change an id. "
                     "This is a bug in k3 or in a plugin: please report it with this line")
         into.append(trial)
         self.on_trial(trial, best, outcome.start)
@@ -160,7 +169,8 @@ class Search:
 
     def grid(self, knobs: Sequence[Knob], start: Mapping) -> Outcome:
         """Every combination of the knobs' values, each a decode trial after the first (a check of the descent over
-        decode knobs; slow)."""
+        decode knobs; slow). The turn knobs are left as they start: a decode trial cannot judge them."""
+        knobs = [k for k in knobs if k.phase != "turn"]
         out = self.outcome = Outcome(dict(start), dict(start), [])
         best, seen = None, set()
         for values in itertools.product(*(k.values for k in knobs)):

@@ -5,7 +5,9 @@ waits for it; Ctrl-C stops the child with the parent.
 
 The prompts' states: the first trial forwards them and keeps each (a disk prompt cache in `job["states"]`); a
 trial that measures only the reply (`job["resume"]`) starts each prompt from its kept state — one id forwarded,
-not the whole prompt, so a decode trial on a slow model costs its reply, not its prompt. Every other trial
+not the whole prompt, so a decode trial on a slow model costs its reply, not its prompt. A conversation trial
+(`job["conversation"]`) sends the prompts as one conversation's turns, each with everything before it, and keeps
+states only in the RAM its setting gives the prompt cache (EngineConfig.prompt_cache_gb). Every other trial
 forwards its prompts from fresh states. A kept state gives the same ids as a forwarded one (the prompt cache's
 contract), and every trial's ids are checked against the first's.
 
@@ -44,7 +46,7 @@ def run_job(job: Mapping) -> dict:
         states = kept_states(engine, job)
         ids, prefill, decode, tokens, prompt_ids, passes = [], 0.0, 0.0, 0, 0, 0
         started = time.perf_counter()
-        for prompt in job["prompts"]:
+        for prompt in conversation(job, ids) if job.get("conversation") else job["prompts"]:
             session = Session(engine, prompt_cache=states)
             *_, done = session.generate(prompt, SamplingParams(max_tokens=job["reply"]), speculation=draft)
             s = done.stats
@@ -56,7 +58,8 @@ def run_job(job: Mapping) -> dict:
             passes += s["forward_passes"]
         seconds = time.perf_counter() - started
         return {"ids": ids, "seconds": seconds, "load_seconds": load, "prefill_seconds": prefill,
-                "decode_seconds": decode, "seconds_per_token": decode / tokens if tokens else None,
+                "decode_seconds": decode, "turn_seconds": prefill + decode,
+                "seconds_per_token": decode / tokens if tokens else None,
                 "prefill_ids_per_second": prompt_ids / prefill if prefill else None, "forward_passes": passes,
                 "kernels": engine.kernels.name, "peak_rss_bytes": peak_rss_bytes()}
 
@@ -64,15 +67,30 @@ def run_job(job: Mapping) -> dict:
 STATES_RAM, STATES_DISK = 256 << 20, 8 << 30  # the kept prompt states: RAM while a trial runs, disk at most
 
 
+def conversation(job: Mapping, replies: list):
+    """The prompts as one conversation's turns, each sent whole as an API client sends it: the turns before it, each
+    with its reply (`replies` is filled as they are generated), then the prompt."""
+    sent: list[int] = []
+    for prompt in job["prompts"]:
+        if replies:
+            sent += replies[-1]
+        sent += prompt
+        yield list(sent)
+
+
 def kept_states(engine, job: Mapping):
-    """The prompt cache a trial runs with: the kept states to resume from (`resume`), the empty cache the first
-    trial fills, or None (its prompts forwarded from fresh states)."""
+    """The prompt cache a trial runs with: for a conversation, the RAM the setting gives kept prompt states (None:
+    none); otherwise the kept states to resume from (`resume`), the empty cache the first trial fills, or None (its
+    prompts forwarded from fresh states)."""
     from ..api import PrefixCache
 
+    ram = int(engine.config_in.prompt_cache_gb * 1e9)
     where = job.get("states")
-    if where is None or not (job.get("resume") or not any(os.scandir(where))):
-        return None
     try:
+        if job.get("conversation"):
+            return PrefixCache(engine, ram) if ram else None
+        if where is None or not (job.get("resume") or not any(os.scandir(where))):
+            return None
         return PrefixCache(engine, STATES_RAM, disk_dir=where, disk_bytes=STATES_DISK)
     except PluginError:  # an attention backend that cannot keep its state: every trial forwards its prompts
         return None
