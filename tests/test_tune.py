@@ -425,13 +425,17 @@ def test_ctrl_c_keeps_what_was_measured(tiny_model, capsys, monkeypatch):
     assert "(incomplete: --minutes or Ctrl-C cut it short)" in captured.out and "saved in " in captured.out
 
 
-def test_expert_reads_in_flight_are_bounded_naming_the_option(small_model):
+def test_expert_reads_in_flight_and_prefetch_depth_are_bounded_naming_the_option(small_model):
     from k3core.api import open_engine
 
     for bad, says in ((0, r"read_threads: expert reads in flight must be an integer in 1\.\.256, got 0"),
                       (257, r"in 1\.\.256, got 257"), (True, r"store 'lru': read_threads must be int, got True")):
         with pytest.raises(UsageError, match=says):
             open_engine(EngineConfig(small_model, store_options={"read_threads": bad})).close()
+    for bad, says in ((0, r"prefetch_depth: .* an integer in 1\.\.8, got 0"), (9, r"in 1\.\.8, got 9"),
+                      (True, r"store 'lru': prefetch_depth must be int, got True")):
+        with pytest.raises(UsageError, match=says):
+            open_engine(EngineConfig(small_model, cache_gb=0.0, store_options={"prefetch_depth": bad})).close()
 
 
 def test_tune_refuses_bad_usage_naming_the_flag(tiny_model, capsys):

@@ -50,7 +50,7 @@ class Shape:
     trunk_gb: float = 0.0       # the untuned budgets: trunk (0 without a packed trunk), expert cache, prompt cache
     cache_gb: float = 1.0
     prompt_cache_gb: float = 0.0
-    draft_gb: Mapping = field(default_factory=dict)  # draft trunk (as --draft-trunk names it) -> GB its plan rows take
+    draft_gb: Mapping = field(default_factory=dict)  # draft trunk (as --draft-trunk names it) -> GB its weights take
     top_k: int = 1              # the model's routed experts per token
     expert_kib: int = 0         # KiB one expert's read takes
     conversation: bool = False  # the prompts can be one conversation's turns (two or more)
@@ -90,6 +90,14 @@ def start_setting(base: EngineConfig, shape: Shape) -> dict:
 CHUNKS = (64, 128, 256, 512, 1024, 2048)
 
 
+def drafts_with_the_model(setting: Mapping) -> bool:
+    return setting.get("draft") in MODEL_DRAFTS
+
+
+def prefetches(setting: Mapping) -> bool:
+    return setting.get("prefetch") is True
+
+
 def draft_topks(first, top_k: int) -> tuple:
     """The draft model's routed experts per token worth trying: `first`, then 1, a quarter, half (None, the default)
     and all of `top_k`, each count once."""
@@ -106,13 +114,13 @@ def knobs_for(shape: Shape, start: Mapping) -> tuple[list[Knob], list[str]]:
     knobs.append(Knob("draft", ("off",) + drafts, "drafted ids verified in one pass (none, or the source)"))
     knobs.append(Knob("speculate", K_VALUES, "drafted ids per pass (auto adapts to the acceptance)",
                       lambda s: s.get("draft") != "off"))
-    drafting = lambda s: s.get("draft") in MODEL_DRAFTS  # noqa: E731
     if len(shape.draft_gb) > 1:
         knobs.append(Knob("draft_trunk", tuple(shape.draft_gb), "the draft trunk self/auto draft on (its GB come out "
-                          "of the expert cache's)", drafting))
+                          "of the expert cache's)", drafts_with_the_model))
     if shape.draft_gb:
         knobs.append(Knob("draft_topk", draft_topks(start["draft_topk"], shape.top_k),
-                          f"routed experts per token of the draft model (default: half of {shape.top_k})", drafting))
+                          f"routed experts per token of the draft model (default: half of {shape.top_k})",
+                          drafts_with_the_model))
     threads = sorted({shape.cores, max(1, shape.cores // 2), max(1, shape.cores * 3 // 4), 1}, reverse=True)
     knobs.append(Knob("threads", tuple(threads), "kernel threads"))
     if "trunk_gb" in start:
@@ -128,12 +136,11 @@ def knobs_for(shape: Shape, start: Mapping) -> tuple[list[Knob], list[str]]:
         knobs.append(Knob("pin_coded", (False, True), "pinned layers held coded: more fit, each restored per use"))
     if shape.experts_stream:
         sizes = [v for v in READ_KIB if v < shape.expert_kib]
-        prefetching = lambda s: s.get("prefetch") is True  # noqa: E731
         for name, values, what, applies in (
                 ("read_threads", (16, 4, 8, 32), "expert reads in flight at once", None),
                 ("read_kib", tuple(sizes), f"KiB per read of an expert ({shape.expert_kib} KiB; 0: one read)", None),
                 ("prefetch", (True, False), "guessed experts read while attention runs", None),
-                ("prefetch_depth", (1, 2, 4), "guesses prefetch reads per token, in top-k's", prefetching),
+                ("prefetch_depth", (1, 2, 4), "guesses prefetch reads per token, in top-k's", prefetches),
                 ("read_ahead", (True, False), "a prefill round's next experts read early", None)):
             if name not in start:
                 left.append(f"{name}: the expert store takes no such option")

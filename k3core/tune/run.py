@@ -63,8 +63,8 @@ def shape_of(base: EngineConfig, workload: Workload, plugins: Sequence = ()) -> 
 
 
 def _draft_gb(base: EngineConfig, plugins: Sequence) -> dict:
-    """Each draft trunk a tune may try -> the GB of its memory-plan rows: the one --draft-trunk names, and the other
-    kind packed beside the trunk when it names a kind (int8, int4)."""
+    """Each draft trunk a tune may try -> the GB of its weights as the memory plan holds them: the one --draft-trunk
+    names, and the other kind packed beside the trunk when it names a kind (int8, int4)."""
     from ..api import memory_plan
 
     if base.draft_trunk is None:
@@ -75,7 +75,8 @@ def _draft_gb(base: EngineConfig, plugins: Sequence) -> dict:
                             if row.item in DRAFT_ROWS) / 1e9, 3) for name in names}
 
 
-DRAFT_ROWS = ("draft trunk", "draft decode state")  # what a draft model holds (model/draft_weights.py plan_rows)
+DRAFT_ROWS = ("draft trunk",)  # its weights (model/draft_weights.py plan_rows); its decode state, like the model's,
+                               # grows with the context, not from the budget the tune splits
 
 
 def _splits(base: EngineConfig, layers: int, total: float, plugins: Sequence) -> tuple:
