@@ -299,3 +299,35 @@ def test_a_prefault_allocates_a_buffer_s_pages_without_touching_its_bytes():
         assert _resident_bytes(buf) == len(buf)  # every page is there before any read asked for it
     plain = aligned_buffer(96 << 20)
     assert _resident_bytes(plain) == 0  # without it, nothing is
+
+
+def test_a_deeper_prefetch_guesses_further_down_each_token_s_ranking(tiny_model):
+    """prefetch_depth d: one token's guess is its top d·k experts by the router's ranking, the top k first."""
+    from k3core.interfaces import ExpertStore
+    from k3core.model.moe import prefetch_guess, route
+
+    class Hinted(ExpertStore):
+        def __init__(self, room):
+            self.room, self.hints = room, []
+
+        def prefetch_capacity(self):
+            return self.room
+
+        def prefetch(self, layer, experts):
+            self.hints.append(list(experts))
+
+        def fetch(self, layer, experts):
+            raise AssertionError("a guess reads through prefetch only")
+
+    with open_engine(EngineConfig(tiny_model)) as engine:
+        c, kr = engine.config, engine.kernels
+        L = next(L for L in range(c.num_hidden_layers) if not c.is_dense(L))
+        w = engine.placer.layer(L)
+        h = np.random.default_rng(0).standard_normal((1, c.hidden_size)).astype(np.float32)
+        k = c.num_experts_per_token
+        shallow, deep = Hinted(k), Hinted(min(c.num_experts, 2 * k))
+        prefetch_guess(w, h, L, c, kr, shallow)
+        prefetch_guess(w, h, L, c, kr, deep)
+        ids, _ = route(w, kr.rmsnorm(h, w.vec("post_attention_layernorm.weight"), c.rms_norm_eps), c, kr)
+    top = [int(e) for e in ids[0]]
+    assert shallow.hints == [top] and len(set(deep.hints[0])) == deep.room and deep.hints[0][:k] == top
