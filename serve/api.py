@@ -26,7 +26,7 @@ from k3core import LimitError
 from k3core.files.limits import loads_limited
 
 from .http import model_id
-from .schema import ApiError, ChatRequest, CompletionRequest, request_param
+from .schema import ApiError, ChatRequest, CompletionRequest, prompt_param, request_param
 from .worker import Job, Worker
 
 log = logging.getLogger("k3.serve")
@@ -106,11 +106,13 @@ class Api:
         return {"id": self.model_id, "object": "model", "created": self.opts.created, "owned_by": "k3",
                 "context_length": self.engine.max_context}
 
-    def params(self, sampling, mode: str, prompt_len: int) -> SamplingParams:
+    def params(self, sampling, mode: str, prompt_len: int, param: str = "messages") -> SamplingParams:
+        """The sampler's parameters for a prompt of `prompt_len` ids; one that leaves no room for a reply is a 400
+        naming `param`, where the request holds the prompt."""
         left = self.engine.max_context - prompt_len
         if left < 1:
             raise ApiError(400, f"the prompt is {prompt_len} tokens, and the context limit is {self.engine.max_context} "
-                           "(--max-context): no room for a reply", param="messages", code="context_length_exceeded")
+                           "(--max-context): no room for a reply", param=param, code="context_length_exceeded")
         temperature = sampling.temperature
         if temperature is None:
             temperature = SamplingParams.suggested(mode).temperature
@@ -172,27 +174,36 @@ class Api:
             param = tool_place(req, exc.param)
             raise ApiError(400, f"{param}: {exc.problem}", param=param, code="invalid_value") from None
 
-    def prompt_ids(self, prompt: str | tuple[int, ...]) -> list[int]:
-        """A completion prompt's ids: text encoded, or the ids given, each checked against the vocabulary."""
+    def prompt_ids(self, prompt: str | tuple[int, ...], param: str = "prompt") -> list[int]:
+        """A completion prompt's ids: text encoded, or the ids given, each checked against the vocabulary (a 400
+        naming `param`)."""
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
         try:
             self.engine.check_ids(prompt)
             self.tokenizer.decode(prompt)
         except InputError as exc:
-            raise ApiError(400, f"prompt: {exc}", param="prompt", code="invalid_value") from None
+            raise ApiError(400, f"{param}: {exc}", param=param, code="invalid_value") from None
         return list(prompt)
 
-    def prompt_text(self, req: CompletionRequest) -> str:
+    def prompt_text(self, prompt: str | tuple[int, ...]) -> str:
         """What `echo` returns: the prompt's text (its ids decoded when ids were given)."""
-        return req.prompt if isinstance(req.prompt, str) else self.tokenizer.decode(req.prompt)
+        return prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt)
 
-    def completion_job(self, req: CompletionRequest) -> Job:
-        prompt = self.prompt_ids(req.prompt)
-        if not prompt:
-            raise ApiError(400, "prompt: encodes to no tokens", param="prompt", code="invalid_value")
-        return Job(prompt, self.params(req.sampling, "instruct", len(prompt)), emit=None, logprobs=req.logprobs,
-                   score_prompt=req.echo and req.logprobs is not None)
+    def completion_jobs(self, req: CompletionRequest) -> list[Job]:
+        """A job per prompt, every prompt checked before any job starts. `max_tokens` 0 (only with echo): the
+        prompt alone, scored when `logprobs` asks, and no id generated (`echo_only`)."""
+        echo_only = req.sampling.max_tokens == 0
+        sampling = replace(req.sampling, max_tokens=1) if echo_only else req.sampling
+        jobs = []
+        for i, prompt in enumerate(req.prompts):
+            param = prompt_param(len(req.prompts), i)
+            ids = self.prompt_ids(prompt, param)
+            if not ids:
+                raise ApiError(400, f"{param}: encodes to no tokens", param=param, code="invalid_value")
+            jobs.append(Job(ids, self.params(sampling, "instruct", len(ids), param), emit=None, logprobs=req.logprobs,
+                            score_prompt=req.echo and req.logprobs is not None, echo_only=echo_only))
+        return jobs
 
     def start(self, job: Job) -> asyncio.Queue:
         """Submit `job`; its events arrive on the returned queue (thread-safe hand-over to this loop)."""

@@ -2,7 +2,8 @@
 
 `api_router(worker, options)` returns a FastAPI APIRouter with one `Api` (serve/api.py: what the dialects share)
 under OpenAI's chat completions (serve/chat_completions.py: /v1/chat/completions, /v1/completions, /v1/models,
-/health), Anthropic's Messages (serve/anthropic.py) and OpenAI's Responses (serve/responses.py); `k3 ui`
+/health), Anthropic's Messages (serve/anthropic.py), OpenAI's Responses (serve/responses.py) and the tokenizer
+(serve/tokenize.py: /tokenize, /detokenize, /tokenizer_info, as vLLM serves them); `k3 ui`
 includes it in its own app beside the page, so one engine serves both. `build_app(worker, options)` is the
 FastAPI app `k3 serve` (and its --bench) serves: those routes, and `route_error` for anything else — 404 for a
 path no route serves, 405 with `Allow` for a method its route does not take — in the dialect the path speaks.
@@ -14,7 +15,7 @@ from fastapi import APIRouter
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
-from . import anthropic, chat_completions, responses
+from . import anthropic, chat_completions, responses, tokenize
 from .api import Api, ApiOptions, error_response
 from .schema import ApiError
 from .worker import Worker
@@ -28,6 +29,7 @@ def api_router(worker: Worker, opts: ApiOptions) -> APIRouter:
     chat_completions.add_routes(router, api)
     anthropic.add_routes(router, api)  # the Messages and Responses APIs: the same Api, other dialects
     responses.add_routes(router, api)
+    tokenize.add_routes(router, api)
     return router
 
 

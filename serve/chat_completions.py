@@ -1,7 +1,8 @@
 """OpenAI's chat completions on `k3 serve` (and `k3 ui`'s /v1): POST /v1/chat/completions and the legacy
-POST /v1/completions (whole or streamed), and the routes every client starts with: GET /v1/models,
-/v1/models/{model} and /health. Every error here is OpenAI-shaped with its HTTP status. Checked by
-tests/serve/test_openai_api.py with the `openai` package.
+POST /v1/completions (whole or streamed; several prompts, a choice each, whole only), and the routes every client
+starts with: GET /v1/models, /v1/models/{model} and /health. Every error here is OpenAI-shaped with its HTTP
+status. Checked by tests/serve/test_openai_api.py with the `openai` package (several prompts and max_tokens 0:
+tests/serve/test_lm_eval_api.py).
 """
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ from .schema import ChatRequest, CompletionRequest, chat_request, completion_req
 from .worker import Job
 
 
-def _usage(stats: dict) -> dict:
-    return {"prompt_tokens": stats["prompt_tokens"], "completion_tokens": stats["completion_tokens"],
-            "total_tokens": stats["prompt_tokens"] + stats["completion_tokens"],
-            "prompt_tokens_details": {"cached_tokens": stats["cached_tokens"]}}
+def _usage(*stats: dict) -> dict:
+    """`usage` of one job's done stats, or of several summed (the prompts of one completions request)."""
+    prompt, completion, cached = (sum(s[k] for s in stats) for k in ("prompt_tokens", "completion_tokens",
+                                                                      "cached_tokens"))
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 async def _collect(request, events: asyncio.Queue, job: Job):
@@ -38,6 +41,27 @@ async def _collect(request, events: asyncio.Queue, job: Job):
         elif event[0] == "error":
             raise event[1]
     return None
+
+
+async def _collect_all(api: Api, request, jobs: list[Job]):
+    """Every job's `_collect`, in order, or None when the client went away first. At most `engine.sequences` of
+    them are in the worker at once, so one request's prompts never fill its queue alone; the first error ends
+    the others (each reply is the bits it gets alone, batched or not)."""
+    gate = asyncio.Semaphore(max(1, api.engine.sequences))
+
+    async def one(job: Job):
+        async with gate:
+            return await _collect(request, api.start(job), job)
+
+    tasks = [asyncio.ensure_future(one(job)) for job in jobs]
+    try:
+        done = await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:  # a no-op for those that ended; the others' jobs are cancelled
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # every error retrieved, every job let go
+        raise
+    return None if None in done else done
 
 
 def _sse(payload) -> bytes:
@@ -85,26 +109,31 @@ def add_routes(router, api: Api) -> None:
         check_key(request, opts)
         req = completion_request(await read_json(request, opts.max_body_bytes), api.engine.max_context)
         api.check_model(req.model)
-        job = api.completion_job(req)
-        events = api.start(job)
+        jobs = api.completion_jobs(req)
         head = {"id": f"cmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": api.model_id}
-        if req.stream:
-            return StreamingResponse(_completion_stream(api, request, events, job, head, req),
+        if req.stream:  # one prompt: completion_request refuses a stream of several
+            return StreamingResponse(_completion_stream(api, request, api.start(jobs[0]), jobs[0], head, req),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        got = await _collect(request, events, job)
-        if got is None:
+        done = await _collect_all(api, request, jobs)
+        if done is None:
             return JSONResponse({}, status_code=499)
-        texts, reason, stats = got
-        text = (api.prompt_text(req) if req.echo else "") + "".join(texts.get(None, []))
-        return JSONResponse({**head, "object": "text_completion", "usage": _usage(stats),
-                             "choices": [{"index": 0, "text": text, "finish_reason": FINISH[reason],
-                                          "logprobs": _legacy_logprobs(api, job, stats)}]})
+        return JSONResponse({**head, "object": "text_completion", "usage": _usage(*(stats for _, _, stats in done)),
+                             "choices": [_completion_choice(api, req, i, job, *got)
+                                         for i, (job, got) in enumerate(zip(jobs, done))]})
 
     router.add_api_route("/health", guarded(health), methods=["GET"])
     router.add_api_route("/v1/models", guarded(models), methods=["GET"])
     router.add_api_route("/v1/models/{model}", guarded(model), methods=["GET"])
     router.add_api_route("/v1/chat/completions", guarded(chat), methods=["POST"])
     router.add_api_route("/v1/completions", guarded(completions), methods=["POST"])
+
+
+def _completion_choice(api: Api, req: CompletionRequest, index: int, job: Job, texts: dict, reason: str,
+                       stats: dict) -> dict:
+    """Choice `index` of a whole completion: prompt `index`'s text when echoed, then its reply's."""
+    text = (api.prompt_text(req.prompts[index]) if req.echo else "") + "".join(texts.get(None, []))
+    return {"index": index, "text": text, "finish_reason": FINISH[reason],
+            "logprobs": _legacy_logprobs(api, job, stats)}
 
 
 def _legacy_logprobs(api: Api, job: Job, stats: dict) -> dict | None:
@@ -176,11 +205,11 @@ async def _completion_stream(api: Api, request, events, job: Job, head: dict, re
         return _sse(body)
 
     if req.echo and not job.score_prompt:
-        yield chunk(api.prompt_text(req))
+        yield chunk(api.prompt_text(req.prompts[0]))
     try:
         async for event in events_or_cancel(request, events, job):
             if event[0] == "prompt_logprobs":  # echo with logprobs: the prompt goes out with its scores
-                yield chunk(api.prompt_text(req), ids=job.prompt, entries=event[1])
+                yield chunk(api.prompt_text(req.prompts[0]), ids=job.prompt, entries=event[1])
             elif event[0] == "logprob":
                 scores.append(event[1])
             elif event[0] == "text":

@@ -18,6 +18,7 @@ REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 MAX_STOP = 4  # stop sequences per request, as OpenAI allows
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI allows
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' logprobs, as OpenAI allows
+MAX_PROMPTS_PER_REQUEST = 64  # /v1/completions' prompts in one request, a choice each (lm-eval's batch_size > 1)
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512  # OpenAI's bounds on `metadata`
 IDENTIFIERS = ("user", "safety_identifier", "prompt_cache_key")  # strings OpenAI defines; k3 passes them over
 
@@ -76,7 +77,7 @@ class ChatRequest:
 @dataclass(frozen=True)
 class CompletionRequest:
     model: str
-    prompt: str | tuple[int, ...]         # text, or token ids
+    prompts: tuple[str | tuple[int, ...], ...]  # each text or token ids; choice i is prompts[i]'s
     sampling: Sampling
     stream: bool = False
     include_usage: bool = False
@@ -223,7 +224,7 @@ def _only_one(body: dict, name: str, why: str) -> None:
         raise _bad(name, f"only {name} = 1 is served ({why}), got {v!r}")
 
 
-def _sampling(body: dict, max_tokens_limit: int) -> Sampling:
+def _sampling(body: dict, max_tokens_limit: int, least_tokens: int = 1) -> Sampling:
     _not_served(body)
     stop = body.get("stop")
     if stop is None:
@@ -238,7 +239,7 @@ def _sampling(body: dict, max_tokens_limit: int) -> Sampling:
         raise _bad("stop", f"must be a string or a list of strings, got {stop!r}")
     _only_one(body, "n", "one choice per request")
     given = [k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None]
-    max_tokens = _integer(body, given[0], 1, max_tokens_limit) if given else None
+    max_tokens = _integer(body, given[0], least_tokens, max_tokens_limit) if given else None
     return Sampling(temperature=_number(body, "temperature", 0.0, 2.0),
                     top_p=_number(body, "top_p", 0.0, 1.0, 1.0, low_open=True), max_tokens=max_tokens, stop=stops,
                     seed=_integer(body, "seed", 0, 2 ** 64 - 1), top_k=_integer(body, "top_k", 0) or 0,
@@ -350,24 +351,43 @@ def chat_request(body: Any, max_tokens_limit: int) -> ChatRequest:
                        parallel_calls=_bool(body, "parallel_tool_calls", True), tool_places=places)
 
 
-def _prompt(prompt) -> str | tuple[int, ...]:
-    """One prompt: text, or token ids (a list of integers, as OpenAI takes them); a list of one of those is that one."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
+def _one_prompt(prompt, param: str) -> str | tuple[int, ...]:
+    """One prompt: non-empty text, or token ids (a non-empty list of integers, as OpenAI takes them)."""
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return tuple(prompt)
     if not isinstance(prompt, str) or not prompt:
-        raise _bad("prompt", "must be a non-empty string or list of token ids (one prompt per request)")
+        raise _bad(param, "must be a non-empty string or list of token ids")
     return prompt
+
+
+def prompt_param(count: int, index: int) -> str:
+    """How an error names prompt `index` of `count`: `prompt[i]` among several, `prompt` when it is the one."""
+    return f"prompt[{index}]" if count > 1 else "prompt"
+
+
+def _prompts(prompt) -> tuple[str | tuple[int, ...], ...]:
+    """The prompts: one (text, or token ids), or a list of them, at most MAX_PROMPTS_PER_REQUEST."""
+    if not (isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt)):
+        return (_one_prompt(prompt, "prompt"),)
+    if len(prompt) > MAX_PROMPTS_PER_REQUEST:
+        raise _bad("prompt", f"at most {MAX_PROMPTS_PER_REQUEST} prompts per request, got {len(prompt)}")
+    return tuple(_one_prompt(p, prompt_param(len(prompt), i)) for i, p in enumerate(prompt))
 
 
 def completion_request(body: Any, max_tokens_limit: int) -> CompletionRequest:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
-    prompt = _prompt(body.get("prompt"))
+    prompts, stream, echo = _prompts(body.get("prompt")), _bool(body, "stream"), _bool(body, "echo")
     if body.get("suffix") is not None:
         raise _bad("suffix", "insertion (suffix) is not served")
+    if stream and len(prompts) > 1:
+        raise _bad("stream", f"a stream serves one prompt, got {len(prompts)}: send them without `stream` (a choice "
+                   "each) or in a request each")
     _only_one(body, "best_of", "one completion generated per request, none to choose among")
-    return CompletionRequest(model=_model(body), prompt=prompt, sampling=_sampling(body, max_tokens_limit),
-                             stream=_bool(body, "stream"), include_usage=_include_usage(body),
-                             echo=_bool(body, "echo"), logprobs=_integer(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS))
+    sampling = _sampling(body, max_tokens_limit, least_tokens=0)
+    if sampling.max_tokens == 0 and not echo:
+        raise _bad("max_tokens", f"0 generates nothing, which only `echo: true` makes meaningful (the prompt comes "
+                   f"back, scored with `logprobs`); without echo give 1..{max_tokens_limit}")
+    return CompletionRequest(model=_model(body), prompts=prompts, sampling=sampling, stream=stream,
+                             include_usage=_include_usage(body), echo=echo,
+                             logprobs=_integer(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS))

@@ -35,7 +35,8 @@ class Job:
     thread with ("token", id) for each id of a chat reply, ("logprob", TokenLogprob) for each id when
     `logprobs` is set, ("text", channel, text), then ("done", reason, stats) or ("error", ApiError); with
     `score_prompt`, ("prompt_logprobs", [None, TokenLogprob, …]) for the prompt's ids comes before the first id's.
-    The done stats hold them all too: "logprobs" (one per id) and "prompt_logprobs".)"""
+    With `echo_only` no id comes: the prompt's pass ends the job ("done", "length"). The done stats hold them all
+    too: "logprobs" (one per id) and "prompt_logprobs".)"""
 
     prompt: list[int]
     params: SamplingParams
@@ -47,6 +48,7 @@ class Job:
     grammar_param: str = "response_format"  # the request field a failing grammar is named by
     logprobs: int | None = None       # alternatives per id of its log-probabilities; None: none are computed
     score_prompt: bool = False        # the prompt's ids' log-probabilities too (teacher-forced; a fresh state)
+    echo_only: bool = False           # the prompt alone (max_tokens 0 with echo): no id generated
     checkpoints: tuple[int, ...] = ()  # prompt positions whose state the prompt cache keeps (cache_control)
     cancelled: threading.Event = field(default_factory=threading.Event)
     # filled in by the worker
@@ -210,9 +212,11 @@ class Worker:
     def _emitted(self, handle: int, e, used: int) -> bool:
         """One id for a job (`e`, the `used`-th Emitted of its step); True when that ended the job."""
         job, token, context_full = self._active[handle], e.token, e.last
-        job.generated.append(token)
-        if job.score_prompt and len(job.generated) == 1:
+        if job.score_prompt and not job.generated:
             job.emit(("prompt_logprobs", list(job.prompt_logprobs)))
+        if job.echo_only:  # the prompt's pass picked an id no one asked for: dropped, never sent
+            return self._finish(handle, "length", used)
+        job.generated.append(token)
         if job.logprobs is not None:
             job.scores.append(token_logprobs(e.logits, token, job.logprobs))
             job.emit(("logprob", job.scores[-1]))

@@ -1,5 +1,6 @@
-"""lm-eval's `local-completions` model against a live `k3 serve`, on the 20-question task beside this file, twice at
-each of two memory budgets: every number must come out the same. `make eval-check` runs it (never `make test`).
+"""lm-eval's `local-completions` model against a live `k3 serve`, on the 20-question task beside this file, at each
+of two memory budgets, with two ways of tokenizing and batching: every number must come out the same. `make
+eval-check` runs it (never `make test`).
 
 lm-evaluation-harness (PyPI `lm_eval`) runs from its own venv (.venv-eval, built by the Makefile: torch==2.13.0 from
 the machine's CPU wheel first, then lm_eval and transformers), as a subprocess, with its command line as a user
@@ -10,17 +11,18 @@ would type it:
           --include_path benchmarks/lm_eval_task --tasks k3_demo_mc --output_path DIR --log_samples
 
 A loglikelihood task needs a tokenizer on lm-eval's side (to find where the context's ids end in the echoed
-prompt); k3 serves no tokenizer endpoint (/tokenizer_info, /tokenize: lm-eval's "remote" backend) and takes a
-prompt as one string, not ids, so lm-eval loads the checkpoint's tiktoken.model through transformers
-(`tokenizer=`) and sends text (`tokenized_requests=False`). transformers builds that tokenizer with its own
-pre-tokenizer pattern, not MODEL.md §7's, so first every string lm-eval will encode is checked to give the ids k3's
-own tokenizer gives; a difference stops the check before any server starts.
+prompt). Two are run (CLIENTS). `local`, twice, one prompt a request: lm-eval loads the checkpoint's tiktoken.model
+through transformers (`tokenizer=`) and sends text (`tokenized_requests=False`); transformers builds that tokenizer
+with its own pre-tokenizer pattern, not MODEL.md §7's, so first every string lm-eval will encode is checked to give
+the ids k3's own tokenizer gives (a difference stops the check before any server starts). `remote`, once, with
+`--batch_size 4`: lm-eval asks the server's /tokenizer_info and /tokenize (`tokenizer_backend=remote`, no tokenizer
+of its own) and sends the ids, four prompts a request.
 
 The two budgets (the same engine flags `k3 run` takes): `resident` is the default plan (the whole trunk in RAM,
 every expert in the cache); `streamed` serves from a packed trunk with no layer pinned (each layer read through a
 ring of 2 slots every pass) and the expert cache at its floor (2 slots). Each server's memory plan is printed.
 Per run: acc, acc_norm and every choice's loglikelihood and is_greedy as lm-eval logged them (its own decimal
-text); the four runs must agree to the last digit, else exit 1.
+text); every run must agree with the first to the last digit, else exit 1.
 """
 import argparse
 import hashlib
@@ -105,10 +107,16 @@ def stop_server(proc) -> None:
         proc.wait()
 
 
-def lm_eval_run(lm_eval: str, url: str, out: Path, env: dict) -> dict:
+CLIENTS = {  # how lm-eval tokenizes and batches: (its --model_args after model and base_url, its other flags)
+    "local": (f"tokenizer={MODEL.relative_to(ROOT)},tokenized_requests=False", []),
+    "remote": ("tokenizer_backend=remote", ["--batch_size", "4"]),
+}
+
+
+def lm_eval_run(lm_eval: str, url: str, client: str, out: Path, env: dict) -> dict:
+    model_args, flags = CLIENTS[client]
     cmd = [lm_eval, "--model", "local-completions", "--model_args",
-           f"model={MODEL.name},base_url={url}/v1/completions,tokenizer={MODEL.relative_to(ROOT)},"
-           "tokenized_requests=False",
+           f"model={MODEL.name},base_url={url}/v1/completions,{model_args}", *flags,
            "--include_path", str(HERE.relative_to(ROOT)), "--tasks", TASK, "--output_path", str(out), "--log_samples"]
     print("  $ " + " ".join(cmd), flush=True)
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -132,7 +140,8 @@ def main() -> int:
     ap.add_argument("--eval-venv", default=str(ROOT / ".venv-eval"), help="the venv lm_eval is installed in")
     ap.add_argument("--k3", default=str(ROOT / ".venv" / "bin" / "k3"))
     ap.add_argument("--work", default=str(ROOT / "build" / "lm-eval"), help="packed trunk, logs, lm-eval outputs")
-    ap.add_argument("--runs", type=int, default=2, help="lm_eval runs per budget")
+    ap.add_argument("--runs", type=int, default=2, help="lm_eval runs per budget with the local tokenizer (the "
+                    "remote one runs once)")
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -151,13 +160,14 @@ def main() -> int:
         try:
             plan = log.read_text().split("k3 serve:")[0].rstrip()
             print(f"\n{budget}: k3 serve {MODEL.relative_to(ROOT)} {' '.join(flags)}\n{plan}", flush=True)
-            for i in range(1, args.runs + 1):
-                out = work / f"{budget}-{i}"
-                subprocess.run(["rm", "-rf", str(out)], check=True)
-                r = lm_eval_run(str(Path(args.eval_venv) / "bin" / "lm_eval"), url, out, env)
-                print(f"  {budget} run {i}: acc {r['acc']} acc_norm {r['acc_norm']} over {r['docs']} questions; "
-                      f"per-choice loglikelihoods sha256 {r['digest']}", flush=True)
-                runs.append((budget, i, r))
+            for client in CLIENTS:
+                for i in range(1, (args.runs if client == "local" else 1) + 1):
+                    out = work / f"{budget}-{client}-{i}"
+                    subprocess.run(["rm", "-rf", str(out)], check=True)
+                    r = lm_eval_run(str(Path(args.eval_venv) / "bin" / "lm_eval"), url, client, out, env)
+                    print(f"  {budget} {client} run {i}: acc {r['acc']} acc_norm {r['acc_norm']} over {r['docs']} "
+                          f"questions; per-choice loglikelihoods sha256 {r['digest']}", flush=True)
+                    runs.append((f"{budget} {client}", i, r))
         finally:
             stop_server(proc)
 

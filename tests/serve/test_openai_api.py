@@ -394,7 +394,7 @@ def test_each_bad_field_is_a_400_naming_it(demo, body, param):
 
 
 def test_completions_refuse_what_they_cannot_serve(demo):
-    for body, param in (({"prompt": ""}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"),
+    for body, param in (({"prompt": ""}, "prompt"), ({"prompt": ["a", 5]}, "prompt"),
                         ({"prompt": "x", "suffix": "y"}, "suffix")):
         r = httpx.post(demo.url + "/v1/completions", json={"model": demo.name, **body})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
@@ -418,7 +418,8 @@ def test_an_api_key_must_be_long_and_a_bad_flag_is_named(capsys, monkeypatch):
 
 def test_a_completion_prompt_may_be_token_ids(demo):
     """As OpenAI takes them (and lm-eval sends them): the ids of a text give that text's completion; echo gives the
-    ids' text back; an id outside the vocabulary or more than one prompt is a 400 naming `prompt`."""
+    ids' text back; an id outside the vocabulary is a 400 naming `prompt` (several prompts:
+    test_lm_eval_api.py)."""
     text = "The capital of France is"
     ids = demo.slot.tokenizer.encode(text)
     ask = dict(model=demo.name, max_tokens=6, temperature=0, echo=True, logprobs=1)
@@ -427,7 +428,7 @@ def test_a_completion_prompt_may_be_token_ids(demo):
         by_ids = demo.client.completions.create(prompt=prompt, **ask)
         assert by_ids.choices[0].text == by_text.choices[0].text and by_ids.choices[0].text.startswith(text)
         assert by_ids.choices[0].logprobs.token_logprobs == by_text.choices[0].logprobs.token_logprobs
-    for prompt in ([ids[0], 10 ** 6], [ids, ids], [], [True]):
+    for prompt in ([ids[0], 10 ** 6], [[ids[0], 10 ** 6]], [], [True]):
         with pytest.raises(openai.BadRequestError) as e:
             demo.client.completions.create(model=demo.name, prompt=prompt, max_tokens=2)
         assert e.value.body["param"] == "prompt", prompt
