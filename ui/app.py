@@ -22,6 +22,7 @@ from .inputs import check_inputs, refuse, shown
 from .messages import turn_note
 from .session import session_key
 from .setup_tab import setup_tab
+from .plan_picture import CSS as PLAN_CSS
 from .tabs import memory_tab, plugins_markdown, plugins_tab
 
 ENGINE = {"concurrency_limit": 1, "concurrency_id": "engine"}  # one forward pass at a time, all tabs
@@ -44,7 +45,7 @@ CSS = """
 /* table cells break between words, never inside one ("versio|n") */
 #k3-plugins-tab td, #k3-plugins-tab th, #k3-presets td, #k3-presets th, #k3-setup-steps td, #k3-setup-steps th {
   word-break: normal !important; overflow-wrap: normal !important; }
-"""
+""" + PLAN_CSS
 
 
 def theme():

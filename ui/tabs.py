@@ -10,6 +10,7 @@ from k3core import PRESETS, K3Error, describe_plugins
 
 from .guard import ADMIN_FLAG
 from .host import PRESET_CHOICES
+from .plan_picture import plan_picture
 
 
 def _plan_text(plan) -> str:
@@ -61,6 +62,7 @@ def memory_tab(host, chats, guard):
                             elem_id="k3-memory-off", elem_classes="k3-off")
             status = gr.Markdown(elem_id="k3-memory-status")
         with gr.Column(scale=2, min_width=480):  # below the controls in a narrow window: the plan's lines are long
+            picture = gr.HTML(plan_picture(host.engine.plan), elem_id="k3-plan-picture")
             plan = gr.Markdown(_plan_text(host.engine.plan), elem_id="k3-plan")
             gr.Markdown(_presets_table(), elem_id="k3-presets")
 
@@ -69,16 +71,17 @@ def memory_tab(host, chats, guard):
             p = host.preview(preset_, trunk_, cache_)
             what = _budgets_line(preset_, host.budget_of(preset_, trunk_, cache_))
         except K3Error as exc:
-            return "", f"⚠ {exc}"
+            return "", "", f"⚠ {exc}"
         verdict = "fits" if p.fits else "does NOT fit: applying would be refused"
-        return _plan_text(p), f"preview: {verdict} · {what} (the running engine's memory counts as used)"
+        return (plan_picture(p), _plan_text(p),
+                f"preview: {verdict} · {what} (the running engine's memory counts as used)")
 
     def choose_fn(preset_, trunk_, cache_):  # a preset chosen: its budgets fill the fields, the plan is theirs
         if preset_ != "custom":
             try:
                 b = host.budget_of(preset_)
             except K3Error as exc:
-                return gr.skip(), gr.skip(), "", f"⚠ {exc}"
+                return gr.skip(), gr.skip(), "", "", f"⚠ {exc}"
             trunk_, cache_ = b["trunk_gb"], b["cache_gb"]
         return trunk_, cache_, *preview_fn(preset_, trunk_, cache_)
 
@@ -90,28 +93,29 @@ def memory_tab(host, chats, guard):
             guard.check_admin("Changing the memory budgets (the engine reopens for every session)")
             p = host.reload(preset_, trunk_, cache_, save=save_)
         except K3Error as exc:
-            return _plan_text(host.engine.plan), f"⚠ not applied: {exc}"
+            return plan_picture(host.engine.plan), _plan_text(host.engine.plan), f"⚠ not applied: {exc}"
         chats.free_states()
-        return _plan_text(p), ("applied: the engine was reopened; each conversation recomputes its history on "
-                               "its next turn" + (" · saved as your profile" if save_ else ""))
+        return plan_picture(p), _plan_text(p), ("applied: the engine was reopened; each conversation recomputes its "
+                                                "history on its next turn"
+                                                + (" · saved as your profile" if save_ else ""))
 
     def current():  # the engine may have been reopened (Apply, or Setup's "use the saved profile")
         b = host.budget
         return (gr.update(value=b["preset"]), gr.update(value=b["trunk_gb"], interactive=bool(b["trunk"]),
                                                        info=_trunk_info(b)),
-                b["cache_gb"], _plan_text(host.engine.plan))
+                b["cache_gb"], plan_picture(host.engine.plan), _plan_text(host.engine.plan))
 
     inputs = [preset, trunk_gb, cache_gb]
-    preview.click(preview_fn, inputs, [plan, status], api_name="plan_preview", concurrency_limit=None)
+    preview.click(preview_fn, inputs, [picture, plan, status], api_name="plan_preview", concurrency_limit=None)
     # .input, not .change: only a person's choice or edit, never the values these handlers (or `current`) set
-    preset.input(choose_fn, inputs, [trunk_gb, cache_gb, plan, status], api_name="plan_choose",
+    preset.input(choose_fn, inputs, [trunk_gb, cache_gb, picture, plan, status], api_name="plan_choose",
                  concurrency_limit=None)
     for field in (trunk_gb, cache_gb):
-        field.input(edit_fn, [trunk_gb, cache_gb], [preset, plan, status], api_visibility="private",
+        field.input(edit_fn, [trunk_gb, cache_gb], [preset, picture, plan, status], api_visibility="private",
                     concurrency_limit=None)
-    apply.click(apply_fn, [*inputs, save], [plan, status], api_name="plan_apply", concurrency_limit=1,
+    apply.click(apply_fn, [*inputs, save], [picture, plan, status], api_name="plan_apply", concurrency_limit=1,
                 concurrency_id="engine")
-    return [preset, trunk_gb, cache_gb, plan], current
+    return [preset, trunk_gb, cache_gb, picture, plan], current
 
 
 def plugins_markdown(host) -> str:

@@ -194,21 +194,21 @@ def test_the_queue_is_bounded(served, host):
 def test_the_memory_plan_previews_and_applying_reopens_the_engine(served, host, monkeypatch):
     _, url = served
     client = Client(url, verbose=False)
-    plan, status = client.predict("desktop", None, None, api_name="/plan_preview")
-    assert "memory plan" in plan and "preview: fits" in status
+    picture, plan, status = client.predict("desktop", None, None, api_name="/plan_preview")
+    assert "memory plan" in plan and "preview: fits" in status and "planned of" in picture
     with monkeypatch.context() as m:
         m.setattr("k3core.plan.budget.mem_available", lambda: 100 << 20)  # a machine with 100 MB free
-        plan, status = client.predict("custom", None, 1, api_name="/plan_preview")
-    assert "does NOT fit" in status
+        picture, plan, status = client.predict("custom", None, 1, api_name="/plan_preview")
+    assert "does NOT fit" in status and "does NOT fit" in picture and "k3-plan-limit" in picture
     send(client, "hello there").result(timeout=60)
     old = host.engine
-    plan, status = client.predict("laptop", None, None, False, api_name="/plan_apply")
+    _, plan, status = client.predict("laptop", None, None, False, api_name="/plan_apply")
     assert status.startswith("applied") and host.engine is not old and host.budget["preset"] == "laptop"
     final = send(client, "and a second question").result(timeout=60)
     assert "the engine was reopened" in final[2] and session(client)["last"]["reused_tokens"] == 0
     with monkeypatch.context() as m:  # budgets that need a terabyte: refused before the engine is closed
         m.setattr("k3core.plan.budget.WORKING_BYTES", 1 << 40)
-        plan, status = client.predict("custom", None, 1, False, api_name="/plan_apply")
+        _, plan, status = client.predict("custom", None, 1, False, api_name="/plan_apply")
     assert "not applied" in status and "DOES NOT FIT" in status and host.budget["preset"] == "laptop"  # the old budgets came back
 
 

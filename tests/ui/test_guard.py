@@ -57,9 +57,9 @@ def test_without_the_flag_no_client_can_write_files_or_switch_the_model(guarded)
     assert "Setup is off on this page" in status and "--allow-admin" in status
     status, _ = client.predict(api_name="/use_profile")
     assert "off on this page" in status
-    _, status = client.predict("laptop", None, None, True, api_name="/plan_apply")
+    *_, status = client.predict("laptop", None, None, True, api_name="/plan_apply")
     assert "not applied" in status and "off on this page" in status
-    _, status = client.predict("laptop", None, None, api_name="/plan_preview")
+    *_, status = client.predict("laptop", None, None, api_name="/plan_preview")
     assert status.startswith("preview:")  # reading is fine
     assert host.engine is engine and host.engine.plan is plan and os.listdir(root) == []
 

@@ -56,15 +56,15 @@ def test_choosing_a_preset_fills_the_fields_with_its_budgets_and_previews_them(p
     from k3core import PRESETS
 
     _, client = page
-    small_plan, status = client.predict("custom", 0.001, 0.0001, api_name="/plan_preview")  # 1 MB of trunk
+    _, small_plan, status = client.predict("custom", 0.001, 0.0001, api_name="/plan_preview")  # 1 MB of trunk
     assert "layers 0..12" not in small_plan and "custom: trunk 0.001 GB, expert cache 0.0001 GB" in status
     for name, (trunk, cache) in PRESETS.items():
         # what the page had (the custom values above) is replaced by the preset's own
-        got_trunk, got_cache, plan, status = client.predict(name, 0.001, 0.0001, api_name="/plan_choose")
+        got_trunk, got_cache, _, plan, status = client.predict(name, 0.001, 0.0001, api_name="/plan_choose")
         assert (got_trunk, got_cache) == (trunk, cache), name
         assert status.startswith("preview: fits") and f"{name}: trunk {trunk:g} GB, expert cache {cache:g} GB" in status
         assert rows(plan) != rows(small_plan) and "pinned trunk" in plan and "layers 0..12 and lm_head of 13" in plan
-    trunk, cache, plan, status = client.predict("custom", 0.001, 0.0001, api_name="/plan_choose")
+    trunk, cache, _, plan, status = client.predict("custom", 0.001, 0.0001, api_name="/plan_choose")
     assert (trunk, cache, rows(plan)) == (0.001, 0.0001, rows(small_plan))  # custom keeps what the fields say
 
 
@@ -74,7 +74,7 @@ def test_auto_fills_the_fields_with_the_preset_it_picks(page, monkeypatch):
 
     _, client = page
     monkeypatch.setattr("k3core.plan.budget.mem_available", lambda: int(40 * GB))  # desktop fits, workstation not
-    trunk, cache, _, status = client.predict("auto", None, 1, api_name="/plan_choose")
+    trunk, cache, _, _, status = client.predict("auto", None, 1, api_name="/plan_choose")
     assert (trunk, cache) == PRESETS["desktop"] and "auto → desktop: trunk 16 GB, expert cache 10 GB" in status
     monkeypatch.setattr("k3core.plan.budget.mem_available", lambda: 1 << 20)  # not even laptop: said, fields kept
     *_, plan, status = client.predict("auto", 3, 1, api_name="/plan_choose")
@@ -83,7 +83,7 @@ def test_auto_fills_the_fields_with_the_preset_it_picks(page, monkeypatch):
 
 def test_editing_a_field_makes_the_preset_custom_and_previews_it(page):
     app, _ = page
-    preset, plan, status = handler(app, "edit_fn")(0.001, 0.0001)
+    preset, _, plan, status = handler(app, "edit_fn")(0.001, 0.0001)
     assert preset == "custom" and "layers 0..12 and lm_head" not in plan
     assert "custom: trunk 0.001 GB, expert cache 0.0001 GB" in status
     # only a person's edit or choice fires them: what the handlers set does not loop back as another edit
@@ -124,3 +124,20 @@ def test_a_page_opened_after_the_model_changed_names_the_model_in_force(host, tm
     assert any(d["outputs"] == [title._id] for d in loads)
     monkeypatch.setattr("ui.app.header", lambda h: "# another model")
     assert handler(app, "redraw_title")() == "# another model"
+
+
+def test_the_memory_plan_is_drawn_against_what_is_available():
+    """Each row a segment as wide as its share, the room left after them; a plan over the limit drawn past a line."""
+    import re
+
+    from k3core import Plan, PlanRow
+    from ui.plan_picture import plan_picture
+
+    rows = dict(trunk=[PlanRow("pinned trunk", 600, ""), PlanRow("trunk ring", 200, "")],
+                experts=[PlanRow("expert cache", 100, "")], state=[PlanRow("KDA state", 1, "")])
+    fits = plan_picture(Plan(**rows, available=1000))
+    widths = [float(w) for w in re.findall(r'width:([\d.]+)%', fits)]
+    assert widths == [60.0, 20.0, 10.0, 0.1, 9.9] and "901 B planned of 1 kB available (99 B left)" in fits
+    over = plan_picture(Plan(**rows, available=500))
+    assert "k3-plan-limit" in over and "left:55.49%" in over and "does NOT fit" in over
+    assert [float(w) for w in re.findall(r'width:([\d.]+)%', over)] == [66.593, 22.198, 11.099, 0.111]
