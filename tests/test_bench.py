@@ -1,6 +1,7 @@
 """`k3 bench kernels --quick`: the JSON document's structure, every measured number positive, the
 table's target marks and bad usage. Tiny shapes; no timing assertions."""
 import json
+import sys
 
 import pytest
 
@@ -209,6 +210,24 @@ def test_bench_project_prints_the_ram_table_marking_every_k3_figure_projected(ca
     assert list(json.loads(capsys.readouterr().out)["drafts"]) == ["all kinds"]
     assert main(["bench", "project", "--drafts-json", str(drafts), "--draft-source", "ngram"]) == 2
     assert "has no source 'ngram'; it has suffix" in capsys.readouterr().err
+
+
+def test_bench_project_draws_its_tables_into_the_same_svg_bytes_every_time(capsys, tmp_path, monkeypatch):
+    drafts = tmp_path / "drafts.json"
+    drafts.write_text(json.dumps(drafts_doc()))
+    charts = [tmp_path / "a.svg", tmp_path / "b.svg"]
+    for chart in charts:
+        assert main(["bench", "project", "--drafts-json", str(drafts), "--chart", str(chart)]) == 0
+    assert f"chart written to {charts[1]}" in capsys.readouterr().err
+    svg = charts[0].read_text()
+    assert charts[0].read_bytes() == charts[1].read_bytes() and "<dc:date>" not in svg
+    for label in ("C engine, published", "k3 + suffix, agentic", "47k-id prompt, cached", "not a measurement"):
+        assert label in svg, label
+    assert main(["bench", "project", "--chart", str(tmp_path / "chart.txt")]) == 2
+    assert "--chart " in (err := capsys.readouterr().err) and "ending in .svg or .png" in err
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed: said, with the extra that brings it
+    assert main(["bench", "project", "--chart", str(tmp_path / "c.svg")]) == 2
+    assert "pip install 'k3[charts]'" in capsys.readouterr().err and not (tmp_path / "c.svg").exists()
 
 
 def test_bench_project_charges_an_agent_turn_its_new_prompt_ids_and_its_reply_ids(capsys, tmp_path):

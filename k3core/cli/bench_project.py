@@ -9,6 +9,7 @@ Not a measurement of the real model: a projection, and it says so.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from ..errors import UsageError
@@ -138,6 +139,10 @@ def cmd_project(args) -> int:
                     "best": self_row(gb * 1e9, machine, kind, p, unions)}
                    for gb, row in zip(RAM_GB, doc["rows"]) for kind in K3_DRAFT_BYTES
                    for name, p in C_ENGINE_ACCEPTANCE.items()]
+    if args.chart:
+        from .bench_chart import write_chart
+
+        print(f"k3 bench project: chart written to {write_chart(doc, args.chart)}", file=sys.stderr)
     print(json.dumps(doc, indent=1) if args.json else project_table(doc))
     return 0
 
@@ -287,7 +292,8 @@ def add_parser(sub) -> None:
         epilog="examples:\n  k3 bench project\n"
                "  k3 bench drafts --transcripts benchmarks/transcripts/transcripts.jsonl --sources suffix --json "
                "> drafts.json\n  k3 bench project --drafts-json drafts.json\n"
-               "  k3 bench project --drafts-json drafts.json --disk 4.6 --cores 124   # the C engine's machine")
+               "  k3 bench project --drafts-json drafts.json --disk 4.6 --cores 124   # the C engine's machine\n"
+               "  k3 bench project --drafts-json drafts.json --chart docs/projection.svg   # the tables as a picture")
     p.add_argument("--drafts-json", metavar="FILE", help="`k3 bench drafts --transcripts … --json` output: "
                    "speculative columns from its tokens per pass at K = 1, 2, 4, 8, and an agent's turn from its "
                    "prompt and reply ids")
@@ -309,4 +315,6 @@ def add_parser(sub) -> None:
     p.add_argument("--trace", metavar="FILE", help="expert unions from this routing trace's last forward (default: "
                    "the k3-in-c trace's, built in)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--chart", metavar="FILE.svg|FILE.png", help="also draw s/token and the time to the first token "
+                   "by RAM into FILE (matplotlib: the charts extra, pip install 'k3[charts]')")
     p.set_defaults(func=cmd_project)
