@@ -14,10 +14,11 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-# Reinstall (and rebuild the C++ extension) whenever the build inputs change.
+# Reinstall (and rebuild the C++ extension) whenever the build inputs change. pip says nothing while it compiles:
+# scripts/ticker.sh says every 15 s that it is still at it, and passes a failure (pip's error, its exit code) through.
 $(STAMP): $(PY) pyproject.toml CMakeLists.txt $(wildcard native/*)
 	@echo "k3: installing k3's packages and compiling its C++ kernels into $(VENV) (a minute or two the first time)"
-	$(PY) -m pip install --quiet -e '.[test]'
+	sh scripts/ticker.sh 15 "installing and compiling" $(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -32,8 +33,8 @@ test: $(STAMP)
 	$(PY) -m pip uninstall --quiet --yes $(EXAMPLE_PACKAGES); exit $$status
 
 # The first run, as a user makes it: `k3 setup` installs the trained demo model (copied, every sha256 checked),
-# packs it and saves the profile (it prints where: K3_CONFIG_DIR, else ~/.config/k3); `k3 run` asks it a question
-# on that profile, and `k3 ui` serves the chat page on it until Ctrl-C.
+# packs it and saves the profile (its first lines say where: K3_CONFIG_DIR, else ~/.config/k3); `k3 run` asks it a
+# question on that profile, and `k3 ui` serves the chat page on it until Ctrl-C.
 # K3_PLUGINS=none: the built-ins, even where `make test` installed the example plugins.
 demo: export K3_PLUGINS = none
 demo: $(STAMP)

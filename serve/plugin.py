@@ -89,10 +89,11 @@ def cmd_serve(args) -> int:
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
+    p = sub.add_parser(  # help: every path api_router (serve/app.py) serves, no more, as tests/test_cli.py checks
         "serve", formatter_class=argparse.RawDescriptionHelpFormatter,
-        help="an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models) and Anthropic's "
-             "/v1/messages",
+        help="OpenAI's API (/v1/chat/completions, /v1/completions, /v1/responses, /v1/responses/{response_id}, "
+             "/v1/models, /v1/models/{model}), Anthropic's (/v1/messages, /v1/messages/count_tokens), the tokenizer "
+             "(/tokenize, /detokenize, /tokenizer_info) and /health",
         description="Serves one resident engine over the OpenAI HTTP API, so the `openai` package, curl, editors\n"
                     "and agents can use k3. Concurrent requests are advanced together (--sequences), each\n"
                     "reply the bits it gets alone; a follow-up turn forwards only its new tokens. Listens on\n"

@@ -158,6 +158,21 @@ def test_plugins_json_lists_every_builtin_with_its_hooks(capsys):
     assert rows["wizard"]["source"] == "entry point of k3" and "setup" in rows["wizard"]["provides"]["k3_subcommands"]
 
 
+def test_k3_help_lists_every_route_serve_has():
+    """`k3 --help`'s line for serve names each path its router serves, no more and no fewer (issue 42: it had left
+    out /v1/responses), read from serve's real router, so a route added later fails here until the line names it."""
+    import argparse
+    import re
+
+    from k3core.cli.main import build_parser
+    from serve.api import ApiOptions
+    from serve.app import api_router
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    line = next(a.help for a in commands._choices_actions if a.dest == "serve")
+    assert set(re.findall(r"/[\w/{}]+", line)) == {route.path for route in api_router(None, ApiOptions()).routes}
+
+
 def test_python_dash_m_runs_the_same_command_with_exit_codes(tiny_model):
     ok = subprocess.run([sys.executable, "-m", "k3core", "--version"], capture_output=True, text=True)
     assert ok.returncode == 0 and ok.stdout.startswith("k3 ")

@@ -1,6 +1,7 @@
 """Mistakes people make at the `k3` command line (issue 28), each refused or hinted with the exact text the user
 sees: a misspelled or abbreviated flag, a mistyped MODEL_DIR, more --threads than CPUs, the repository's demo/
-training folder (or any source folder) given as a model, and a raw completion of a chat model without --chat."""
+training folder (or any source folder) given as a model, a raw completion of a chat model without --chat, and a
+mistyped subcommand (issue 42)."""
 import argparse
 import json
 import os
@@ -58,6 +59,17 @@ def test_a_plugins_subcommand_refuses_a_misspelled_flag_the_same_way(capsys):
     assert refused(capsys, "serve", "--prot", "8080") == (2, (
         "usage: k3 serve [options] [MODEL_DIR]   (`k3 serve --help` lists them)\n"
         "k3 serve: error: unrecognized argument --prot; did you mean --port?\n"))
+
+
+def test_a_mistyped_subcommand_gets_the_command_it_meant(capsys):
+    assert refused(capsys, "chatt") == (2, (
+        "usage: k3 [options] COMMAND ...   (`k3 --help` lists them)\n"
+        "k3: error: unknown command 'chatt'; did you mean `k3 chat`?\n"))
+    assert refused(capsys, "bench", "strem") == (2, (
+        "usage: k3 bench [options] BENCH ...   (`k3 bench --help` lists them)\n"
+        "k3 bench: error: unknown command 'strem'; did you mean `k3 bench stream`?\n"))
+    code, err = refused(capsys, "xyzzy")  # nothing close: argparse's list of them all
+    assert code == 2 and "k3: error: argument COMMAND: invalid choice: 'xyzzy' (choose from 'run', 'chat', " in err
 
 
 def test_an_extra_word_is_refused_with_the_subcommands_usage(capsys):

@@ -1,6 +1,6 @@
 """`k3 doctor`: the JSON document's structure, that every warn/fail carries a fix, refusals of bad
 usage, and the verdicts under monkeypatched machines (scalar-only CPU, inexact build flags, flush-to-zero,
-low MemAvailable, no native module). Reads 4 MiB or less; no timing assertions."""
+low MemAvailable, no native module, a model installed or not). Reads 4 MiB or less; no timing assertions."""
 import argparse
 import json
 import os
@@ -177,3 +177,55 @@ def test_missing_native_module_fails_with_rebuild(tmp_path, capsys, monkeypatch)
     assert code == 1
     for name in ("cpu -> kernels", "build", "fp environment"):
         assert checks[name]["status"] == "fail" and "make install" in checks[name]["fix"]
+
+
+# the disk check right after `make demo` (issue 42): what the installed model still needs, K3's need for reference
+
+@pytest.fixture
+def disk(tmp_path, monkeypatch):
+    """A profile directory and prompt cache of this test's own, and every filesystem `free` bytes free."""
+    import shutil
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("K3_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("K3_CACHE_DIR", str(tmp_path / "cache"))
+    free = {"bytes": 81.1e9}
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(free=int(free["bytes"])))
+    return free
+
+
+def test_with_a_model_installed_the_disk_check_judges_what_it_still_needs(tmp_path, disk):
+    from k3core.io.profile import Profile, save_profile
+
+    model, trunk = tmp_path / "demo-model", tmp_path / "demo-model" / "trunk"
+    trunk.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (trunk / "trunk.bin").write_bytes(b"packed")
+    save_profile(Profile(model=str(model), trunk=str(trunk), source="demo"))
+    check = doctor.check_space(str(tmp_path))
+    assert (check.status, check.finding) == ("ok", (
+        f"81.1 GB free; the profile's model {model} is on disk, its trunk packed, and still needs at most 20 GB for "
+        f"prompt cache files ({tmp_path}/cache/prompt-cache), 81.1 GB free there: room for it. For reference, Kimi K3 "
+        "itself takes 1.56 TB for its checkpoint and 114 GB for a packed trunk"))
+
+
+def test_an_installed_model_with_its_trunk_still_to_pack_warns_when_it_does_not_fit(tmp_path, tiny_model, disk):
+    from k3core.io.pack import packed_trunk_bytes
+    from k3core.io.profile import Profile, save_profile
+
+    save_profile(Profile(model=str(tiny_model), trunk=str(tmp_path / "trunk")))
+    disk["bytes"] = 5e9
+    check = doctor.check_space(str(tmp_path))
+    trunk = doctor.human(packed_trunk_bytes(tiny_model))
+    assert (check.status, check.finding) == ("warn", (
+        f"5 GB free; the profile's model {tiny_model} is on disk and still needs at most {trunk} for its packed trunk "
+        f"({tmp_path}/trunk) + 20 GB for prompt cache files ({tmp_path}/cache/prompt-cache) = 20 GB, 5 GB free there: "
+        "too little. For reference, Kimi K3 itself takes 1.56 TB for its checkpoint and 114 GB for a packed trunk"))
+    assert check.fix == (f"free space on {tmp_path}/trunk, give the prompt cache less disk (--prompt-cache-disk-gb GB, "
+                         "or --prompt-cache off), or pack the trunk onto another drive: k3 pack MODEL_DIR /other/trunk")
+
+
+def test_with_no_model_installed_the_disk_check_is_for_kimi_k3(tmp_path, disk):
+    check = doctor.check_space(str(tmp_path))
+    assert (check.status, check.finding) == ("warn", "81.1 GB free: too little for the checkpoint (1.56 TB) or a "
+                                                     "packed trunk (114 GB)")

@@ -1,8 +1,10 @@
-"""The README's "Embed k3 in your program" example runs as written, against a demo-model directory."""
+"""The README's "Embed k3 in your program" example runs as written, against a demo-model directory; its `make demo`
+sample shows what the Makefile's `k3 run` line really prints (issue 42)."""
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -15,6 +17,29 @@ def embed_example() -> str:
     text = README.read_text()
     section = text.split("## Embed k3 in your program", 1)[1].split("\n## ", 1)[0]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def demo_sample() -> list[str]:
+    """The lines of the README's `make demo` sample."""
+    return re.search(r"```\n\$ make demo\n(.*?)```", README.read_text(), re.S).group(1).splitlines()
+
+
+def test_the_make_demo_sample_shows_what_k3_run_prints(capsys):
+    from k3core.cli.main import main
+
+    from .conftest import DEMO_MODEL
+
+    recipe = [line.strip().replace("$(VENV)", ".venv") for line in (README.parent / "Makefile").read_text().splitlines()
+              if line.startswith("\t$(VENV)/bin/k3 run ")]
+    sample = demo_sample()
+    assert len(recipe) == 1 and recipe[0] in sample  # the command as make echoes it
+    argv = shlex.split(recipe[0])[1:]
+    assert main([argv[0], str(DEMO_MODEL), *argv[1:]]) == 0  # the profile's model: the demo model, as `make demo` has
+    out, err = capsys.readouterr()
+    printed = (err + out).splitlines()  # what k3 says on stderr comes before the reply starts
+    start = sample.index(recipe[0]) + 1
+    shown = [line.replace("/home/you/k3/demo-model", str(DEMO_MODEL)) for line in sample[start:start + len(printed)]]
+    assert shown == printed
 
 
 def test_the_embedding_example_is_short_and_runs(small_model, tmp_path):

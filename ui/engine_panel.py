@@ -1,7 +1,8 @@
 """The live engine panel: what a 1.56 TB model streaming through a small machine is doing right now.
 `Monitor` is written by the turn worker (it is an Observer of the turn's forward passes; plain
 numbers only, never a Gradio object) and rendered to HTML by whoever polls it (a gr.Timer tick).
-Speeds and bytes come from the engine's own counters and wall-clock stamps, never from estimates.
+Speeds and bytes come from the engine's own counters and wall-clock stamps, memory from the OS, never from
+estimates.
 """
 from __future__ import annotations
 
@@ -182,6 +183,15 @@ def _last_rows(last: dict) -> list[tuple[str, str, str]]:
     return rows
 
 
+def rss_text(peak: int, outside: int, planned: int, available: int) -> str:
+    """Peak RSS as what this process holds besides the engine (`outside`: Python, Gradio, the page, which no memory
+    plan counts; EngineHost.rss_outside_engine) and the rest, which is what the plan's figure compares with. Both
+    from the OS, never estimated."""
+    rest = max(0, peak - outside)
+    return (f"{human(peak)} = {human(outside)} without the engine (Python, Gradio, the page) + {human(rest)} more: "
+            f"{100 * rest / planned:.0f} % of the {human(planned)} the plan holds; {human(available)} available")
+
+
 def render(host, snap: dict) -> str:
     """The panel as an HTML table; each value cell has an id (k3-status, k3-tokens, …) for tests."""
     engine, live, last = host.engine, snap["live"], snap["last"]
@@ -192,8 +202,7 @@ def render(host, snap: dict) -> str:
     ring = f", ring of {stats['ring_slots']} slots" if stats.get("ring_slots") else ""
     draft = getattr(host, "draft", None)  # the draft source speculation uses (k3 ui --speculate), else None
     rows += [
-        ("peak RSS", f"{human(rss)} of {human(plan.total)} planned ({100 * rss / plan.total:.0f} %), "
-                     f"{human(plan.available)} available", "rss"),
+        ("peak RSS", rss_text(rss, host.rss_outside_engine, plan.total, plan.available), "rss"),
         ("hit rate since start", _hits(_io(stats)), "hits-all"),
         ("pinned layers", f"{pinned} / {c.num_hidden_layers}{ring}" if pinned is not None else "–", "pinned"),
         ("read since start", _read(_io(stats)), "io"),

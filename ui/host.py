@@ -9,6 +9,7 @@ from pathlib import Path
 
 from k3core import EngineConfig, UsageError, config_from_profile, load_tokenizer, memory_plan, open_engine
 from k3core.io.profile import Profile, load_profile, save_profile
+from k3core.report.run import rss_bytes
 
 PRESET_CHOICES = ["laptop", "desktop", "workstation", "server", "max", "auto", "custom"]
 
@@ -22,6 +23,9 @@ class EngineHost:
         self.speculation = speculation  # a fresh k3core.Speculation for each turn, or None (k3 ui --speculate)
         spec = speculation()
         self.draft = spec.draft.name if spec is not None else None  # the draft source's name, for the panel
+        # what this process holds besides the engine, from the OS (the panel's baseline): its RSS just before the
+        # engine opens, to which ui/server.py adds what loading the page (Gradio) takes after
+        self.rss_outside_engine = rss_bytes()
         self.engine = open_engine(config)
         self.tokenizer = load_tokenizer(config.tokenizer or config.model)
         self._cache_of = prompt_cache
@@ -89,6 +93,7 @@ class EngineHost:
     def _reopen(self, config: EngineConfig) -> None:
         with self.lock:
             self.engine.close()
+            self.rss_outside_engine = rss_bytes()  # the page's included: it is loaded by now
             try:
                 self.engine = open_engine(config)
                 tokenizer = load_tokenizer(config.tokenizer or config.model)

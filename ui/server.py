@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k3core import EngineConfig, UsageError
+from k3core.report.run import rss_bytes
 
 from serve.http import Listening, Timeouts, is_loopback, listen
 from serve.http import api_key as read_api_key
@@ -157,7 +158,7 @@ def serve(config: EngineConfig, opts: ServerOptions, speculation=lambda: None,
     engine = EngineHost(config, speculation, prompt_cache)
     for notice in engine.engine.notices:
         print(notice, file=sys.stderr)
-    worker = None
+    worker, before_page = None, rss_bytes()
     try:
         os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
         from .app import build
@@ -177,6 +178,7 @@ def serve(config: EngineConfig, opts: ServerOptions, speculation=lambda: None,
         else:
             print("k3 ui: the OpenAI API (/v1) is off: on a non-loopback address it needs an API key (K3_API_KEY)",
                   file=sys.stderr)
+        engine.rss_outside_engine += rss_bytes() - before_page  # Gradio and the page, loaded after the engine
         launch(demo, host, opts.port, auth, block=True, access_log=opts.access_log, api=api, timeouts=opts.timeouts)
     finally:
         if worker is not None:

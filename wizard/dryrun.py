@@ -14,7 +14,7 @@ from k3core.machine.checks import measure_read
 from .hub import UnreachableError
 from .plan import (Plan, _existing, free_bytes, plan_demo, plan_hub, plan_local, plan_published, remaining_bytes,
                    space_check)
-from .progress import estimate, hash_rate, human, rate_text
+from .progress import estimate, hash_rate, human, pack_estimate, rate_text
 from .state import STATE, read_state
 from .verify import is_official
 
@@ -89,7 +89,7 @@ def dry_run(setup) -> int:
              ("verify", f"re-read {human(total)}: size and hash of every file", estimate(total, hashing)),
              ("pack", "skipped (--no-pack)" if o.no_pack else f"{human(plan.trunk_bytes)} into {s.trunk}, codec "
               + ("chosen from the disk and CPU rates (raw or planes)" if o.codec == "auto" else o.codec),
-              "instant" if o.no_pack else estimate(2 * plan.trunk_bytes, disk)),
+              "instant" if o.no_pack else pack_estimate(plan.trunk_bytes, disk, o.codec)),
              ("profile", f"preset {o.preset}, saved for k3 run / k3 chat", "instant"),
              ("tune", "skipped (--no-tune)" if o.no_tune else "k3 tune: short exact trials, the fastest saved",
               "instant" if o.no_tune else f"at most {o.tune_minutes:g} min"),

@@ -1,8 +1,8 @@
 """`k3 setup`'s eight steps and the state machine that runs them: (1) machine check, (2) destination and
 free space, (3) download (or generate the demo), (4) verify, (5) pack the trunk, (6) profile, (7) a short
-`k3 tune` (--no-tune skips it), (8) the next command. Each step says what it will do and how long it should
-take, then its result; finished steps are recorded in <dest>/.k3-setup.json, so a killed wizard run again
-continues where it stopped.
+`k3 tune` (--no-tune skips it), (8) the next command. The first lines say where step 6 will save the profile,
+outside the destination. Each step says what it will do and how long it should take, then its result; finished
+steps are recorded in <dest>/.k3-setup.json, so a killed wizard run again continues where it stopped.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from k3core import K3Error, UsageError, auto_preset, mem_available
 from k3core.io.pack import pack as pack_trunk
-from k3core.io.profile import Profile, save_profile
+from k3core.io.profile import Profile, profile_path, save_profile
 from k3core.machine import checks as machine
 from k3core.machine.cost import choose_trunk_codec
 from k3core.report.meters import PackMeter
@@ -28,7 +28,7 @@ from .hub import Hub
 from .demo import demo_bytes
 from .local_files import derive_index, install_demo, measure_local
 from .plan import parse_source, plan_demo, plan_hub, plan_local, preflight, remaining_bytes
-from .progress import estimate, hash_rate, human
+from .progress import estimate, hash_rate, human, pack_estimate
 from .state import PARTIAL_DIR, PENDING, VERIFIED, SetupState
 from .verify import check_files, record_sums, table_problems
 
@@ -113,6 +113,8 @@ class Setup:
                              "the destination: choose one you can write to") from None
         self.st.set_facts(command=self.command())
         self.say(f"k3 setup: {self.src} -> {self.dest}  (state: {self.dest / '.k3-setup.json'})")
+        self.say(f"          step 6 saves the profile (which model k3 run, chat and ui use) in {profile_path()}; "
+                 "K3_CONFIG_DIR=DIR saves it in DIR instead")
         try:
             for i, (name, title) in enumerate(STEPS, 1):
                 key = self.key(name)
@@ -177,8 +179,8 @@ class Setup:
                 return "skipped (--no-pack)", "instant"
             codec = "raw or planes, chosen from the disk and CPU rates" if self.opts.codec == "auto" \
                 else self.opts.codec
-            return (f"k3 pack {self.dest} {self.trunk}, codec {codec}",
-                    estimate(2 * f.get("trunk_bytes", total), disk))
+            how_long = pack_estimate(f.get("trunk_bytes", total), disk, self.opts.codec)
+            return f"k3 pack {self.dest} {self.trunk}, codec {codec}", how_long
         if name == "profile":
             return "choose a memory preset from RAM and save the profile k3 run / k3 chat use", "instant"
         if name == "tune":

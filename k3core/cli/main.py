@@ -95,6 +95,19 @@ class Parser(argparse.ArgumentParser):
         close = difflib.get_close_matches(name, [s for a in self._actions for s in a.option_strings], n=1)
         return f"unrecognized argument {arg}" + (f"; did you mean {close[0]}?" if close else "")
 
+    def _check_value(self, action, value):
+        """argparse's check of a choice, but a mistyped subcommand is refused naming the closest one (`k3 chatt`:
+        `did you mean `k3 chat`?`) rather than listing them all; with none close, argparse's list stays."""
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError:
+            if not isinstance(action, argparse._SubParsersAction):
+                raise
+            close = difflib.get_close_matches(value, list(action.choices), n=1)
+            if not close:
+                raise
+            raise argparse.ArgumentError(None, f"unknown command {value!r}; did you mean `{self.prog} {close[0]}`?")
+
     def format_usage(self) -> str:
         formatter = self.formatter_class(prog=self.prog)
         formatter.add_usage(self.usage, [a for a in self._actions if not a.option_strings], [])

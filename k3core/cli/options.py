@@ -146,6 +146,7 @@ DEFAULT_PROMPT_CACHE_GB = 1.0  # RAM for kept prompt states where a command keep
 
 
 def add_prompt_cache_arguments(p: argparse.ArgumentParser) -> None:
+    from ..io.profile import DEFAULT_PROMPT_CACHE_DISK_GB
     from ..text.prefix_cache import DEFAULT_INTERVAL
 
     g = p.add_argument_group("prompt cache (a prompt's decode states kept, so any later prompt that starts with the same "
@@ -157,8 +158,8 @@ def add_prompt_cache_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prompt-cache-gb", type=GB, default=None, metavar="GB",
                    help=f"RAM for kept states, least recently used out (default {DEFAULT_PROMPT_CACHE_GB:g}, or what "
                         "`k3 tune` measured; the memory plan counts it)")
-    g.add_argument("--prompt-cache-disk-gb", type=GB, default=20.0, metavar="GB",
-                   help="disk for kept states, least recently used out (default 20)")
+    g.add_argument("--prompt-cache-disk-gb", type=GB, default=DEFAULT_PROMPT_CACHE_DISK_GB, metavar="GB",
+                   help=f"disk for kept states, least recently used out (default {DEFAULT_PROMPT_CACHE_DISK_GB:g})")
     g.add_argument("--prompt-cache-interval", type=int, default=DEFAULT_INTERVAL, metavar="N",
                    help=f"a long prompt is kept every N ids besides every message boundary (default {DEFAULT_INTERVAL}): "
                         "a prompt that differs inside a message forwards at most N ids it shares")
@@ -171,10 +172,9 @@ def prompt_cache_dir(args) -> Path | None:
         return None
     if given:
         return Path(given)
-    if os.environ.get("K3_CACHE_DIR"):
-        return Path(os.environ["K3_CACHE_DIR"]) / "prompt-cache"
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "k3" / "prompt-cache"
+    from ..io.profile import default_prompt_cache_dir
+
+    return default_prompt_cache_dir()
 
 
 def prompt_cache_from_args(args, engine, tokenizer=None):
@@ -470,13 +470,15 @@ def demo_model_hint() -> str:
 FLAGS = {"tokenizer": "tok", "kept_states": "keep-states", "draft_memory_gb": "draft-memory"}  # fields whose flag is not the field's name with dashes
 
 
-def open_engine(config):
-    """Open `config`'s engine, printing the memory plan and any plugin notice to stderr first."""
+def open_engine(config, show_plan: bool = True):
+    """Open `config`'s engine, printing the memory plan (unless not `show_plan`: `k3 run --quiet`) and any plugin
+    notice to stderr first, then what the model is when it says (the demo model: not Kimi K3). A plan that does not
+    fit is refused with the plan in its error either way."""
     from ..api import open_engine as open_
 
     from ..format.notes import model_note
 
-    engine = open_(config, on_plan=lambda plan: print(plan.text(), file=sys.stderr))
+    engine = open_(config, on_plan=(lambda plan: print(plan.text(), file=sys.stderr)) if show_plan else None)
     for notice in engine.notices:
         print(notice, file=sys.stderr)
     if note := model_note(config.model):

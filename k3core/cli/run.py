@@ -374,7 +374,7 @@ def _run(args, config, kind, prompt, params, speculate, outputs) -> int:
     from ..report.run import report_text, run_report
 
     start = time.perf_counter()
-    with open_engine(config) as engine:
+    with open_engine(config, show_plan=not args.quiet) as engine:
         tokenizer = load_tokenizer(config.tokenizer or config.model) if kind == "text" else None
         if kind == "text" and not args.chat and not args.quiet and chats(tokenizer):
             print(chat_hint(args, prompt), file=sys.stderr, flush=True)  # before the raw completion streams
@@ -417,7 +417,8 @@ def add_parser(sub) -> None:
         "run", formatter_class=fmt, help="generate from one prompt (text or token ids), streamed",
         description="Load MODEL_DIR, consume the prompt and generate. Text prompts stream text (raw\n"
                     "completion, or one chat turn with --chat); id prompts print ids. Greedy unless\n"
-                    "--temperature > 0. The memory plan is printed before loading; a run report after.",
+                    "--temperature > 0. The memory plan is printed before loading; a run report after (--quiet:\n"
+                    "neither).",
         epilog="examples:\n"
                "  k3 run 'What is the capital of France?' --chat     # the saved profile's model (k3 setup)\n"
                "  echo 'What is 7 + 5?' | k3 run --chat             # the prompt from standard input\n"
@@ -466,5 +467,7 @@ def add_parser(sub) -> None:
     g.add_argument("--disk-floor", type=SECONDS, metavar="S", nargs="?", const=2.0,
                    help="after the run, probe the disk's O_DIRECT rate for S seconds (default 2) and report the disk "
                         "floor: bytes read per generated id ÷ that rate, and s/token as a multiple of it")
-    g.add_argument("--quiet", action="store_true", help="no run report (nor the hint to add --chat)")
+    g.add_argument("--quiet", action="store_true",
+                   help="no memory plan, run report, tuning line nor hint to add --chat: the reply, what the model is "
+                        "(the demo model: not Kimi K3) and errors only")
     run.set_defaults(func=cmd_run)

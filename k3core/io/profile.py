@@ -40,6 +40,18 @@ def profile_path() -> Path:
     return base / "k3" / "profile.json"
 
 
+DEFAULT_PROMPT_CACHE_DISK_GB = 20.0  # disk for kept prompt states (`k3 doctor` counts it as what a model still needs)
+
+
+def default_prompt_cache_dir() -> Path:
+    """Where kept prompt states go on disk unless --prompt-cache says: $K3_CACHE_DIR/prompt-cache, else
+    $XDG_CACHE_HOME/k3/prompt-cache, else ~/.cache/k3/prompt-cache."""
+    if os.environ.get("K3_CACHE_DIR"):
+        return Path(os.environ["K3_CACHE_DIR"]) / "prompt-cache"
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "k3" / "prompt-cache"
+
+
 def save_profile(profile: Profile, path: Path | None = None) -> Path:
     target = path or profile_path()
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,8 @@ what to change if not.
 
 Each check says ok, warn or fail, what it found and, for warn/fail, the exact fix. The disk checks write,
 fsync, evict and re-read a temporary file under PATH (O_DIRECT where the filesystem allows), then delete it.
+With a model installed (the saved profile's: the demo's, or any), free space is judged against what that model
+still needs, and K3's need is said for reference only.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -145,6 +148,11 @@ def check_path(path: str) -> None:
 
 
 def check_space(path: str, target: Target = RELEASED) -> Check:
+    """Free space under `path` for `target`; for the released K3 with a model already installed (the saved profile's,
+    the demo's or any other), for what that model still needs instead, K3's own need said for reference."""
+    installed = installed_needs() if target is RELEASED else None
+    if installed is not None:
+        return check_installed_space(path, *installed)
     free = shutil.disk_usage(path).free
     ckpt, trunk = human(target.checkpoint_bytes), human(target.trunk_bytes)
     data = {"free": free, "checkpoint": target.checkpoint_bytes, "packed_trunk": target.trunk_bytes}
@@ -157,6 +165,74 @@ def check_space(path: str, target: Target = RELEASED) -> Check:
                      f"with >= {ckpt} free (check it: k3 doctor /that/drive)", data)
     return Check("disk space", "warn", f"{human(free)} free: too little for the checkpoint ({ckpt}) or a packed "
                  f"trunk ({trunk})", "free space, or pack onto another drive: k3 pack MODEL_DIR /other/trunk", data)
+
+
+def installed_needs() -> tuple[str, bool, list[tuple[Path, int, str]]] | None:
+    """(model, its trunk packed, [(directory, bytes, what)]) for the saved profile's model when its directory holds a
+    checkpoint, else None: what it still needs on disk — the packed trunk the profile names, when not packed yet,
+    and the prompt cache's files (its default disk allowance, less what they hold now)."""
+    from ..io.pack import packed_trunk_bytes
+    from ..io.profile import DEFAULT_PROMPT_CACHE_DISK_GB, default_prompt_cache_dir, load_profile
+    from ..io.trunk import TRUNK
+
+    try:
+        profile = load_profile()
+        if profile is None or not (Path(profile.model) / "config.json").is_file():
+            return None
+        packed = bool(profile.trunk) and (Path(profile.trunk) / TRUNK).is_file()
+        needs = [(Path(profile.trunk), packed_trunk_bytes(profile.model), "its packed trunk")] \
+            if profile.trunk and not packed else []
+    except K3Error:  # a damaged profile or checkpoint: the check for the released model
+        return None
+    cache = default_prompt_cache_dir()
+    allowance = int(DEFAULT_PROMPT_CACHE_DISK_GB * 1e9) - _bytes_under(cache)
+    return profile.model, packed, needs + [(cache, max(0, allowance), "prompt cache files")]
+
+
+def check_installed_space(path: str, model: str, packed: bool, needs: list[tuple[Path, int, str]]) -> Check:
+    """Free space for what the installed `model` still needs, each filesystem on its own; Kimi K3's need said as
+    information, never a warning, to whoever set up only the demo."""
+    free, groups = shutil.disk_usage(path).free, {}
+    for where, nbytes, what in needs:
+        groups.setdefault(os.stat(_existing(where)).st_dev, []).append((where, nbytes, what))
+    found, short = [], []
+    for items in groups.values():
+        need, there = sum(n for _, n, _ in items), shutil.disk_usage(_existing(items[0][0])).free
+        parts = " + ".join(f"{human(n)} for {what} ({where})" for where, n, what in items)
+        found.append(f"{parts}{f' = {human(need)}' if len(items) > 1 else ''}, {human(there)} free there")
+        if need > there:
+            short.append(items[0][0])
+    finding = (f"{human(free)} free; the profile's model {model} is on disk{', its trunk packed,' if packed else ''} "
+               f"and still needs at most {'; '.join(found)}: {'too little' if short else 'room for it'}. For "
+               f"reference, Kimi K3 itself takes {human(CHECKPOINT_BYTES)} for its checkpoint and "
+               f"{human(TRUNK_BYTES)} for a packed trunk")
+    data = {"free": free, "model": model, "needs": [{"path": str(w), "bytes": n, "what": t} for w, n, t in needs],
+            "checkpoint": CHECKPOINT_BYTES, "packed_trunk": int(TRUNK_BYTES)}
+    if short:
+        return Check("disk space", "warn", finding, f"free space on {short[0]}, give the prompt cache less disk "
+                     "(--prompt-cache-disk-gb GB, or --prompt-cache off), or pack the trunk onto another drive: "
+                     "k3 pack MODEL_DIR /other/trunk", data)
+    return Check("disk space", "ok", finding, data=data)
+
+
+def _existing(path: Path) -> Path:
+    """`path`, or its nearest ancestor that exists (where a directory not made yet will be)."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _bytes_under(directory: Path, limit: int = 100_000) -> int:
+    """Bytes of the files under `directory` (the first `limit` of them; 0 when it does not exist)."""
+    total = 0
+    for _, (root, _, files) in zip(range(limit), os.walk(directory)):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name), follow_symlinks=False).st_size
+            except OSError:
+                pass
+    return total
 
 
 def _read_back(name: str, size: int, direct: bool) -> float:

@@ -1,7 +1,8 @@
 """The run report: speed, memory and I/O of one generation, from the engine's counters and the
-token timestamps. Peak RSS comes from the OS (getrusage), never from an estimate."""
+token timestamps. Peak RSS comes from the OS (getrusage), and RSS now from /proc, never from an estimate."""
 from __future__ import annotations
 
+import os
 import resource
 
 from ..interfaces import io_seconds
@@ -11,6 +12,12 @@ from ..units import human
 def peak_rss_bytes() -> int:
     """Peak resident set size of this process (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process now: its resident pages in /proc/self/statm."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def per_second(nbytes, seconds):
@@ -113,14 +120,21 @@ def report_text(r: dict) -> str:
         f"{r['load_seconds']:.2f} s, prefill {r['prefill_seconds']:.3f} s, decode {r['seconds_per_token']:.3f} "
         f"s/token{_in_ram_part(r)}; peak RSS {human(r['peak_rss_bytes'])}",
         f"kernels {r['kernels']}, trunk placer {r['trunk_placer']}, expert store {r['expert_store']}",
-        f"trunk read {r['trunk_bytes_read'] / 1e9:.3f} GB at {gbps(r['trunk_read_rate'])}; experts: "
-        f"{r['expert_requests']} requests, TRUE hits {_pct(r['expert_true_hit_rate'])}, retention "
-        f"{_pct(r['expert_retention'])}, read {r['expert_bytes_read'] / 1e9:.3f} GB at {gbps(r['expert_read_rate'])}"
+        f"trunk read {r['trunk_bytes_read'] / 1e9:.3f} GB at {gbps(r['trunk_read_rate'])}; {experts_part(r)}"
         + _prefetch_part(r["stats"]) + f"; I/O {_pct(r['io_share_of_wall'])} of wall time",
         f"{r['forward_passes']} forward passes; {_per_token(r['bytes_read_per_token'])} read per generated id after "
         "the first" + _drafts_part(r),
     ] + _prefill_line(r) + _cache_line(r) + _unchecked_line(r["stats"]) + _nan_scale_line(r["stats"])
         + _disk_lines(r) + _floor_line(r))
+
+
+def experts_part(r: dict) -> str:
+    """The experts' requests, TRUE hits — said what they are where they are shown: a hit counts only an expert
+    resident before the request, never one read for it (a prefetch or a read just before use is a miss) —
+    retention and reads."""
+    return (f"experts: {r['expert_requests']} requests, TRUE hits {_pct(r['expert_true_hit_rate'])} (resident "
+            f"before the request, not read for it), retention {_pct(r['expert_retention'])}, read "
+            f"{r['expert_bytes_read'] / 1e9:.3f} GB at {gbps(r['expert_read_rate'])}")
 
 
 def _cache_line(r: dict) -> list[str]:

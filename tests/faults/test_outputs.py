@@ -21,6 +21,7 @@ from k3core.cli.main import main
 from k3core.errors import K3Error
 
 RUN = ["--ids", "1,2", "--gen", "3", "--quiet"]
+LOUD = RUN[:-1]  # without --quiet the memory plan is printed as the model loads: its absence shows a refusal came first
 LOGITS_BYTES = 3 * 256 * 4  # --gen 3 on the tiny model (vocabulary 256), float32
 
 
@@ -250,7 +251,7 @@ def test_two_outputs_that_are_one_file(capsys, tiny_model, tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     flags = setup(tmp_path)
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()}
-    got = main(["run", str(tiny_model), *RUN, *map(str, flags)])
+    got = main(["run", str(tiny_model), *LOUD, *map(str, flags)])
     err = capsys.readouterr().err
     assert got == code and needle.format(t=tmp_path) in err and "Traceback" not in err, err
     if code:
@@ -290,7 +291,7 @@ def test_an_output_on_a_read_only_file_system(capsys, tiny_model, tmp_path, monk
     (tmp_path / "ro").mkdir()
     path = setup(tmp_path)
     read_only(monkeypatch, tmp_path / "ro")
-    got = main(["run", str(tiny_model), *RUN, flag, str(path)])
+    got = main(["run", str(tiny_model), *LOUD, flag, str(path)])
     err = capsys.readouterr().err
     assert got == 2 and needle.format(path=path, t=tmp_path) in err and "memory plan" not in err, err
 
@@ -320,7 +321,7 @@ def test_json_into_a_fifo_without_a_reader_is_refused_not_waited_on(tiny_model, 
     """No reader: exit 2 before the model loads (a child with a deadline, so a hang fails the row, not the run)."""
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    done = k3("run", tiny_model, *RUN, "--json", fifo, timeout=120)
+    done = k3("run", tiny_model, *LOUD, "--json", fifo, timeout=120)
     assert done.returncode == 2 and f"--json {fifo}: a FIFO with no reader" in done.stderr, done.stderr
     assert "memory plan" not in done.stderr and done.stdout == "" and stat.S_ISFIFO(os.lstat(fifo).st_mode)
 

@@ -71,6 +71,7 @@ class FakeHost:
         named = types.SimpleNamespace(name="stand-in")
         self.engine = types.SimpleNamespace(notices=[], kernels=named, placer=named, store=named, sequences=1)
         self.lock, self.tokenizer, self.generation, self.speculation = threading.Lock(), None, 0, speculation
+        self.rss_outside_engine = 0
 
     def close(self):
         FakeHost.closed += 1

@@ -1,5 +1,7 @@
 """Issue 28, getting started: setup's last step prints the commands the way this shell runs them; the codec
-line says whose projection it prints and that a model in RAM streams nothing; `make demo` ends quietly on Ctrl-C."""
+line says whose projection it prints and that a model in RAM streams nothing; `make demo` ends quietly on Ctrl-C.
+Issue 42: while pip compiles the C++ kernels (`make demo` and `make test`), a line every 15 s says it still is, and a
+failed build still shows pip's error and stops make."""
 from __future__ import annotations
 
 import os
@@ -76,3 +78,36 @@ def test_make_demo_ends_quietly_on_ctrl_c(tmp_path):
     os.killpg(make.pid, signal.SIGINT)  # Ctrl-C reaches the terminal's whole foreground group
     rest, _ = make.communicate(timeout=20)
     assert "stopped" in rest and "make:" not in rest, rest
+
+
+def ticker(*command, every="1"):
+    return subprocess.run(["sh", str(ROOT / "scripts" / "ticker.sh"), every, "compiling", *command],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_a_slow_build_says_every_few_seconds_that_it_is_still_working():
+    done = ticker("sh", "-c", "sleep 2.5; echo built")
+    assert done.returncode == 0 and done.stderr == ""
+    assert re.fullmatch(r"(k3: compiling: \d s so far\n){2,3}built\nk3: compiling: done in \d s\n", done.stdout), \
+        done.stdout
+
+
+def test_a_failed_build_shows_pips_error_and_stops_make(tmp_path):
+    """The install recipe line, as the Makefile has it (`make test` and `make demo` both depend on it), with a
+    stand-in pip that fails at once: its error shown, the failure said, make stopped."""
+    recipe = [line for line in (ROOT / "Makefile").read_text().splitlines()
+              if line.startswith("\t") and "ticker.sh" in line]
+    assert recipe == ["\tsh scripts/ticker.sh 15 \"installing and compiling\" $(PY) -m pip install --quiet -e "
+                      "'.[test]'"]
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "ticker.sh").write_bytes((ROOT / "scripts" / "ticker.sh").read_bytes())
+    pip = tmp_path / "python"
+    pip.write_text("#!/bin/sh\necho 'error: subprocess-exited-with-error: g++: internal compiler error' >&2\n"
+                   "exit 1\n")
+    pip.chmod(0o755)
+    (tmp_path / "Makefile").write_text(f"PY := {pip}\ninstall:\n{recipe[0]}\n\ttouch installed\n")
+    make = subprocess.run(["make", "-s", "install"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert make.returncode == 2 and not (tmp_path / "installed").exists()
+    assert make.stderr.startswith("error: subprocess-exited-with-error: g++: internal compiler error\nk3: installing "
+                                  "and compiling: FAILED after 0 s (exit 1): the output above says why\n")
+    assert "make: *** [Makefile:3: install] Error 1" in make.stderr

@@ -7,7 +7,7 @@ import io
 import pytest
 
 from k3core.report.meters import ProgressMeter as Meter
-from wizard.progress import estimate, human
+from wizard.progress import estimate, human, pack_estimate, span
 from wizard.state import SetupState, StateError
 
 
@@ -50,6 +50,14 @@ def test_sizes_and_estimates_read_well():
     assert human(1_560_936_091_448) == "1.56 TB" and human(113.5e9) == "114 GB"
     assert estimate(3e9, 1e8) == "about 30 s" and estimate(1.56e12, 1e8) == "about 4 h 20 min"
     assert estimate(1, None).startswith("time unknown")
+
+
+def test_a_pack_is_estimated_as_a_range_that_holds_on_a_slow_busy_two_core_machine():
+    demo, k3 = 2.44e6, 113.5e9
+    assert pack_estimate(demo, 1.5e9, "auto") == "2-15 s"  # the codec choice's timing; it took 5.4 s, said "about 1 s"
+    assert pack_estimate(k3, 1e9, "auto") == "4-48 min" and pack_estimate(k3, 1e9, "planes") == "4-47 min"
+    assert pack_estimate(k3, 3e9, "raw") == "76 s to 3 min" and pack_estimate(demo, 1.5e9, "raw") == "about 1 s"
+    assert span(30, 30.4) == "about 30 s" and span(3600, 9000) == "60 min to 2 h 30 min"
 
 
 def test_one_wizard_per_destination(tmp_path):

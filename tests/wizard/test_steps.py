@@ -67,6 +67,11 @@ def test_demo_then_run_from_profile(k3, tmp_path):
     rc, out, err = k3("setup", "--source", "demo", "--dest", dest, "--yes", "--read-mb", "1", "--log-level", "info",
                       "--no-tune")
     assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[1] == (f"          step 6 saves the profile (which model k3 run, chat and ui use) in {tmp_path}/"
+                        "k3-config/profile.json; K3_CONFIG_DIR=DIR saves it in DIR instead")  # said before it happens
+    assert (f"[5/8] pack the trunk: k3 pack {dest} {dest}/trunk, codec raw or planes, chosen from the disk and CPU "
+            "rates (2-15 s)") in lines  # the codec choice's own timing counted (it took 5 s, "about 1 s" said)
     assert "copy the trained demo model" in out and "each sha256 as shipped" in out and "saved" in out
     assert "fits in RAM; nothing streams" in out and "1.56 TB" not in out + err  # sized for the demo
     assert "k3.setup: step 1/8 check: started" in err and "k3.setup: step 8/8 next: done" in err
