@@ -117,8 +117,9 @@ browser-check: $(STAMP)
 	K3_BROWSER_CHECK=1 $(PY) -m pytest -q tests/browser
 
 # lm-evaluation-harness's local-completions model against a live `k3 serve` of the demo model: the 20-question
-# loglikelihood task of benchmarks/lm_eval_task, run twice at each of two memory budgets (all resident; a packed
-# trunk streamed with no layer pinned and the expert cache at its floor); exits 1 unless every number agrees.
+# loglikelihood task of benchmarks/lm_eval_task at each of two memory budgets (all resident; a packed trunk streamed
+# with no layer pinned and the expert cache at its floor), twice with lm-eval's own tokenizer one prompt a request and
+# once with the server's (tokenizer_backend=remote) four prompts a request; exits 1 unless every number agrees.
 # lm_eval runs from its own venv: torch==2.13.0 first (the machine's CPU wheel; anything that admits a newer torch
 # downloads gigabytes), then lm_eval and transformers (its tokenizer of the checkpoint). Never part of `make test`.
 EVAL_VENV := .venv-eval
