@@ -9,12 +9,14 @@ from __future__ import annotations
 import html
 import threading
 import time
+from collections import deque
 
 from k3core import Observer
 from k3core.report.run import peak_rss_bytes, prompt_cache_text
 from k3core.units import human
 
 IO_KEYS = ("trunk_bytes_read", "expert_bytes_read", "expert_requests", "expert_hits", "tokens_forwarded")
+HISTORY_TURNS = 40  # the turns the panel's plots keep (every conversation on this page, in order)
 
 
 def _io(stats: dict) -> dict:
@@ -32,6 +34,7 @@ class Monitor(Observer):
         self.live: dict | None = None   # the turn running now
         self.last: dict | None = None   # the last turn that ended
         self.waiting = 0                # turns waiting for the engine lock
+        self.history: deque = deque(maxlen=HISTORY_TURNS)  # a point per turn that ended: turn_point()
 
     def queued(self, delta: int) -> None:
         """A turn starts (+1) or stops (-1) waiting for the engine lock."""
@@ -96,12 +99,15 @@ class Monitor(Observer):
                      "prefill_io": prefill_io, "decode_io": decode_io, "turn_io": turn,
                      "reused": st.get("reused_tokens"), "speculating": live["speculating"],
                      "drafted": live["drafted"], "accepted": live["accepted"], "passes": live["passes"]}
+        with self._lock:
+            self.history.append(turn_point(self.last))
 
     # ---- read by anyone ----
     def snapshot(self) -> dict:
         with self._lock:
             live = dict(self.live) if self.live else None
-        return {"live": live, "last": self.last, "waiting": self.waiting}
+            history = list(self.history)
+        return {"live": live, "last": self.last, "waiting": self.waiting, "history": history}
 
     def render(self) -> str:
         try:
@@ -109,6 +115,52 @@ class Monitor(Observer):
         except Exception:  # noqa: BLE001 - e.g. the engine is being reopened: keep the last picture
             pass
         return getattr(self, "_html", "")
+
+
+def turn_point(last: dict) -> dict:
+    """What the plots keep of a turn: s/token, prompt ids per second, and bytes read from disk per reply token (by the
+    reply's passes; None where the turn has no such figure)."""
+    n, io = last["generated"], last["decode_io"]
+    return {"seconds_per_token": last["seconds_per_token"],
+            "prefill_rate": last["prefill_tokens"] / last["prefill_seconds"]
+            if last["prefill_tokens"] and last["prefill_seconds"] else None,
+            "read_per_token": (io["trunk_bytes_read"] + io["expert_bytes_read"]) / (n - 1) if io and n > 1 else None}
+
+
+PLOTS = (("seconds_per_token", "s/token", lambda v: f"{v:.3g} s"),
+         ("prefill_rate", "prefill", lambda v: f"{v:.3g} ids/s"),
+         ("read_per_token", "disk read / token", human))
+PLOT_W, PLOT_H = 180, 28
+
+
+def sparkline(values: list) -> str:
+    """An SVG line of `values` (None: a gap), scaled from their least to their most; a dot on the last one."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return ""
+    low, high = min(known), max(known)
+    step = PLOT_W / max(1, len(values) - 1)
+    points = [(i * step, PLOT_H - 2 - (PLOT_H - 4) * ((v - low) / (high - low) if high > low else 0.5))
+              for i, v in enumerate(values) if v is not None]
+    line = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+    x, y = points[-1]
+    return (f'<svg class="k3-spark" width="{PLOT_W}" height="{PLOT_H}" viewBox="0 0 {PLOT_W} {PLOT_H}">'
+            f'<polyline points="{line}" fill="none" stroke="currentColor" stroke-width="1.5"/>'
+            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="currentColor"/></svg>')
+
+
+def plots(history: list[dict]) -> str:
+    """Rows of the panel: each figure of the last turns as a line, with its last value and its range."""
+    rows = []
+    for key, name, show in PLOTS:
+        values = [p[key] for p in history]
+        known = [v for v in values if v is not None]
+        if len(known) < 2:
+            continue
+        rows.append(f'<tr><th>{html.escape(name)}</th><td id="k3-plot-{key.replace("_", "-")}">'
+                    f'{sparkline(values)}<br>last {show(known[-1])} · {show(min(known))} … {show(max(known))} over '
+                    f'{len(values)} turns</td></tr>')
+    return "".join(rows)
 
 
 def _rate(tokens, seconds) -> str:
@@ -218,4 +270,4 @@ def render(host, snap: dict) -> str:
     for name, value, elem in rows:
         shown = _status(live, snap["waiting"]) if value is None else html.escape(value)
         cells.append(f'<tr><th>{html.escape(name)}</th><td id="k3-{elem}">{shown}</td></tr>')
-    return f'<table class="k3-panel">{"".join(cells)}</table>'
+    return f'<table class="k3-panel">{"".join(cells)}{plots(snap.get("history", []))}</table>'
