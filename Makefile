@@ -148,3 +148,13 @@ $(CLAUDE_STAMP):
 .PHONY: claude-check
 claude-check: $(STAMP) $(CLAUDE_STAMP)
 	K3_PLUGINS=none $(PY) benchmarks/claude_code/claude_check.py --claude-venv $(CLAUDE_VENV)
+
+# Structured output through real client libraries, unchanged, against a live `k3 serve` of the demo model (issue 42):
+# `llm --schema 'name, age int'`, instructor's default mode, the openai SDK's .parse() and a forced tool call (required,
+# and named), pydantic-ai's Agent(output_type=…) and langchain-openai's with_structured_output, 10 tries each at
+# temperature 1 (max_tokens 200, 120 s a try); exits 1 unless every one is 10 of 10. Each library is PyPI's latest in a
+# venv of its own under .venv-clients/, built by the script on first use (instructor pins an older openai); every try's
+# requests and replies in build/clients-check.json. A few minutes. Never part of `make test`.
+.PHONY: clients-check
+clients-check: $(STAMP)
+	K3_PLUGINS=none $(PY) benchmarks/clients/clients_check.py
