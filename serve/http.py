@@ -129,6 +129,9 @@ def timeouts_from_args(args) -> Timeouts:
     return Timeouts(header=args.header_timeout, body=args.body_timeout)
 
 
+SHUTDOWN_GRACE = 3.0  # seconds a stopping server gives open requests (a page's event stream never ends by itself)
+
+
 @dataclass
 class Listening:
     url: str
@@ -149,7 +152,7 @@ def listen(app, host: str, port: int, access_log: bool = False, timeouts: Timeou
 
     protocol = functools.partial(DeadlineProtocol, header_timeout=timeouts.header, body_timeout=timeouts.body)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=access_log,
-                                           http=protocol))
+                                           http=protocol, timeout_graceful_shutdown=SHUTDOWN_GRACE))
     if access_log:
         logging.getLogger("uvicorn.access").setLevel(logging.INFO)
     thread = threading.Thread(target=server.run, name="k3-serve-http", daemon=True)
