@@ -172,9 +172,10 @@ def main() -> int:
             stop_server(proc)
 
     first = runs[0][2]
-    print(f"\nper-question scores (loglikelihood, is_greedy) of the first run:")
+    print("\nper-question scores (loglikelihood, is_greedy) of the first run:")
     for doc_id, resps in first["scores"]:
-        print(f"  {doc_id:10} " + "  ".join(f"{float(lp):9.4f}{'*' if greedy == 'True' else ' '}" for lp, greedy in resps))
+        print(f"  {doc_id:10} " + "  ".join(f"{float(lp):9.4f}{'*' if greedy == 'True' else ' '}"
+                                            for lp, greedy in resps))
     differ = [(b, i) for b, i, r in runs if (r["acc"], r["acc_norm"], r["scores"]) !=
               (first["acc"], first["acc_norm"], first["scores"])]
     if differ:
