@@ -229,3 +229,21 @@ def test_with_no_model_installed_the_disk_check_is_for_kimi_k3(tmp_path, disk):
     check = doctor.check_space(str(tmp_path))
     assert (check.status, check.finding) == ("warn", "81.1 GB free: too little for the checkpoint (1.56 TB) or a "
                                                      "packed trunk (114 GB)")
+
+
+def test_with_a_model_installed_that_fits_in_ram_a_slow_disk_is_enough_and_k3_s_need_is_information(
+        tmp_path, tiny_model, disk, monkeypatch):
+    from k3core.io.profile import Profile, save_profile
+
+    slow = {"bytes": 64 << 20, "seconds": 0.2, "bytes_per_s": 0.3e9, "direct": True, "direct_refusal": None}
+    assert doctor.check_read(slow, "ext4").status == "warn"  # no profile: the machine is checked for K3
+    save_profile(Profile(model=str(tiny_model)))
+    monkeypatch.setattr(budget, "mem_available", lambda: 8 << 30)
+    check = doctor.check_read(slow, "ext4")
+    size = doctor.human(sum(f.stat().st_size for f in tiny_model.glob("*.safetensors")))
+    assert (check.status, check.finding) == ("ok", (
+        f"0.30 GB/s reading 64 MiB back, sequential, O_DIRECT; enough: the profile's model {tiny_model.name} ({size}) "
+        "is read once, then runs from RAM. For reference, Kimi K3 streams: at this speed a token reading ~25.8 GB of "
+        f"experts would wait ~{doctor.EXPERT_BYTES / 0.3e9:.0f} s on the disk alone (NVMe: 3-6 GB/s)"))
+    monkeypatch.setattr(budget, "mem_available", lambda: 1 << 10)  # it would not fit in RAM: streaming, a warning
+    assert doctor.check_read(slow, "ext4").status == "warn"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from k3core.machine.checks import measure_read
 
+from .demo import demo_bytes
 from .hub import UnreachableError
 from .plan import (Plan, _existing, free_bytes, plan_demo, plan_hub, plan_local, plan_published, remaining_bytes,
                    space_check)
@@ -49,7 +50,7 @@ def dry_run(setup) -> int:
         s.say(f"  source       the checkpoint in {s.dest}, used in place")
     else:
         plan = plan_demo()
-        s.say("  source       the built-in demo model (generated: small shape, seed 0)")
+        s.say(f"  source       the trained demo model shipped with k3 ({human(demo_bytes())}; not Kimi K3)")
     files = plan.files
     weights = [r for r in files.values() if r["kind"] in ("weights", "vision")]
     small = [r for r in files.values() if r["kind"] == "meta"]
@@ -82,9 +83,9 @@ def dry_run(setup) -> int:
                   else f"time unknown offline; {estimate(fetch, REFERENCE_RATE)} at 1 Gbit/s")
     steps = [("machine check", "k3 doctor's checks", "a few s"),
              ("space", "the check above, again", "a few s"),
-             ("download" if s.src.kind == "hf" else "generate" if s.src.kind == "demo" else "download",
+             ("download",
               f"{human(fetch)} in {o.jobs} parallel streams" if s.src.kind == "hf" else
-              "the demo model" if s.src.kind == "demo" else "nothing: used in place",
+              "copy the demo model and check each file's sha256" if s.src.kind == "demo" else "nothing: used in place",
               fetch_time if s.src.kind == "hf" else "a few s"),
              ("verify", f"re-read {human(total)}: size and hash of every file", estimate(total, hashing)),
              ("pack", "skipped (--no-pack)" if o.no_pack else f"{human(plan.trunk_bytes)} into {s.trunk}, codec "

@@ -123,3 +123,13 @@ def test_offline_dry_run_of_a_started_setup_plans_with_what_the_last_run_recorde
     assert lines[-3:] == ["  not checked  the Hub's current file list, the commit main points at now, the network rate",
                           f"               network unreachable: {REASON}",
                           f"  -> run it once the Hub answers: k3 setup --source hf://{REPO} --dest {dest} --yes"]
+
+
+def test_a_dry_run_of_the_demo_says_it_copies_the_trained_model(k3, tmp_path):
+    from k3core.units import human
+    from wizard.demo import demo_bytes
+
+    rc, out, _ = k3(*setup_args(tmp_path / "demo", "demo", "--dry-run"))
+    assert rc == 0 and "generate" not in out
+    assert f"  source       the trained demo model shipped with k3 ({human(demo_bytes())}; not Kimi K3)\n" in out
+    assert "  [3/8] download      copy the demo model and check each file's sha256 (a few s)\n" in out
