@@ -158,7 +158,7 @@ def test_the_grid_measures_every_combination_a_knob_applies_to():
 def shape(**changes):
     base = dict(cores=4, layers=8, trunk_streams=True, experts_stream=True,
                 store_options=frozenset(K.STORE_KNOBS), budget_gb=4.0, splits=(2.0, 3.0), longest_prompt=40,
-                has_draft_trunk=False, has_family_threads=True, trunk_gb=2.0, cache_gb=2.0, top_k=8,
+                has_family_threads=True, trunk_gb=2.0, cache_gb=2.0, top_k=8,
                 expert_kib=2048)
     return K.Shape(**{**base, **changes})
 
@@ -186,7 +186,7 @@ def test_a_resident_model_leaves_out_what_cannot_move_and_says_why():
 
 
 def test_a_draft_trunk_adds_the_self_and_auto_sources_and_long_prompts_the_chunk():
-    s = shape(has_draft_trunk=True, longest_prompt=300)
+    s = shape(draft_gb={"int8": 0.5}, longest_prompt=300)
     knobs, _ = K.knobs_for(s, K.start_setting(EngineConfig("m", trunk="t"), s))
     by = {k.name: k for k in knobs}
     assert by["draft"].values == ("off", "suffix", "ngram", "self", "auto")
@@ -212,7 +212,7 @@ def test_a_setting_becomes_the_engine_config_and_speculation_it_names():
 
 
 def test_the_prompt_cache_and_the_draft_trunk_take_their_ram_from_the_expert_cache():
-    s = shape(has_draft_trunk=True, draft_gb={"int8": 0.5, "int4": 0.3}, conversation=True)
+    s = shape(draft_gb={"int8": 0.5, "int4": 0.3}, conversation=True)
     base = EngineConfig("m", trunk="t", trunk_gb=2.0, cache_gb=2.0, draft_trunk="int8")
     start = K.start_setting(base, s)
     knobs = {k.name: k for k in K.knobs_for(s, start)[0]}

@@ -106,7 +106,6 @@ def cmd_codec(args) -> int:
     return 0
 
 
-
 def codec_table(d: dict) -> str:
     return "\n".join([
         f"codec planes on {d['blocks']} blocks of {d['block_bytes'] >> 10} KiB from {d['trunk']} ({d['cpu']})", "",

@@ -172,17 +172,17 @@ def installed_needs() -> tuple[str, bool, list[tuple[Path, int, str]]] | None:
     checkpoint, else None: what it still needs on disk — the packed trunk the profile names, when not packed yet,
     and the prompt cache's files (its default disk allowance, less what they hold now)."""
     from ..io.pack import packed_trunk_bytes
-    from ..io.profile import DEFAULT_PROMPT_CACHE_DISK_GB, default_prompt_cache_dir, load_profile
+    from ..io.profile import DEFAULT_PROMPT_CACHE_DISK_GB, default_prompt_cache_dir
     from ..io.trunk import TRUNK
 
+    profile = installed_profile()
+    if profile is None:
+        return None
     try:
-        profile = load_profile()
-        if profile is None or not (Path(profile.model) / "config.json").is_file():
-            return None
         packed = bool(profile.trunk) and (Path(profile.trunk) / TRUNK).is_file()
         needs = [(Path(profile.trunk), packed_trunk_bytes(profile.model), "its packed trunk")] \
             if profile.trunk and not packed else []
-    except K3Error:  # a damaged profile or checkpoint: the check for the released model
+    except K3Error:  # a damaged checkpoint: the check for the released model
         return None
     cache = default_prompt_cache_dir()
     allowance = int(DEFAULT_PROMPT_CACHE_DISK_GB * 1e9) - _bytes_under(cache)
@@ -275,17 +275,24 @@ def measure_read(path: str, mib: int) -> dict:
         os.unlink(name)
 
 
-def installed_target() -> Target | None:
-    """The saved profile's model as a Target (its shards' bytes) when its directory holds a checkpoint, else None."""
+def installed_profile():
+    """The saved profile when its model directory holds a checkpoint; None without one (or a damaged profile: the
+    checks are then for the released model)."""
     from ..io.profile import load_profile
 
     try:
         profile = load_profile()
     except K3Error:
         return None
-    root = Path(profile.model) if profile is not None else None
-    if root is None or not (root / "config.json").is_file():
+    return profile if profile is not None and (Path(profile.model) / "config.json").is_file() else None
+
+
+def installed_target() -> Target | None:
+    """The saved profile's model as a Target (its shards' bytes) when it is installed (installed_profile), else None."""
+    profile = installed_profile()
+    if profile is None:
         return None
+    root = Path(profile.model)
     size = sum(f.stat().st_size for f in root.glob("*.safetensors"))
     return Target(f"the profile's model {root.name} ({human(size)})", size, size)
 

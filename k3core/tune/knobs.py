@@ -44,7 +44,6 @@ class Shape:
     budget_gb: float | None     # trunk_gb + cache_gb at the untuned settings (None: no packed trunk)
     splits: tuple               # trunk GB values that pin 0, ¼, ½, ¾ or all layers within budget_gb
     longest_prompt: int
-    has_draft_trunk: bool
     has_family_threads: bool    # the kernel backend takes per-family thread counts
     coded_trunk: bool = False   # a coded pack whose placer may hold pinned layers coded (pin_coded)
     trunk_gb: float = 0.0       # the untuned budgets: trunk (0 without a packed trunk), expert cache, prompt cache
@@ -110,7 +109,7 @@ def draft_topks(first, top_k: int) -> tuple:
 def knobs_for(shape: Shape, start: Mapping) -> tuple[list[Knob], list[str]]:
     """The knobs worth turning, most promising first, and a line for each left out."""
     knobs, left = [], []
-    drafts = DRAFTS + (("self", "auto") if shape.has_draft_trunk else ())
+    drafts = DRAFTS + (MODEL_DRAFTS if shape.draft_gb else ())
     knobs.append(Knob("draft", ("off",) + drafts, "drafted ids verified in one pass (none, or the source)"))
     knobs.append(Knob("speculate", K_VALUES, "drafted ids per pass (auto adapts to the acceptance)",
                       lambda s: s.get("draft") != "off"))

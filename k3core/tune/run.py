@@ -56,7 +56,7 @@ def shape_of(base: EngineConfig, workload: Workload, plugins: Sequence = ()) -> 
     return K.Shape(cores=default_threads(), layers=layers, trunk_streams=streams,
                    experts_stream=experts_held < every_expert, store_options=options, budget_gb=total,
                    splits=splits, longest_prompt=max(map(len, workload.prompts)),
-                   has_draft_trunk=base.draft_trunk is not None, has_family_threads=family, coded_trunk=coded,
+                   has_family_threads=family, coded_trunk=coded,
                    trunk_gb=budget.trunk_gb or 0.0, cache_gb=budget.cache_gb, prompt_cache_gb=base.prompt_cache_gb,
                    draft_gb=_draft_gb(base, plugins), top_k=c.num_experts_per_token, expert_kib=expert_kib,
                    conversation=len(workload.prompts) > 1)

@@ -84,10 +84,10 @@ def kept_states(engine, job: Mapping):
     prompts forwarded from fresh states)."""
     from ..api import PrefixCache
 
-    ram = int(engine.config_in.prompt_cache_gb * 1e9)
     where = job.get("states")
     try:
         if job.get("conversation"):
+            ram = int(engine.config_in.prompt_cache_gb * 1e9)
             return PrefixCache(engine, ram) if ram else None
         if where is None or not (job.get("resume") or not any(os.scandir(where))):
             return None
