@@ -1,5 +1,5 @@
 """`k3 setup`'s eight steps and the state machine that runs them: (1) machine check, (2) destination and
-free space, (3) download (or generate the demo), (4) verify, (5) pack the trunk, (6) profile, (7) a short
+free space, (3) download (or copy the trained demo model), (4) verify, (5) pack the trunk, (6) profile, (7) a short
 `k3 tune` (--no-tune skips it), (8) the next command. The first lines say where step 6 will save the profile,
 outside the destination. Each step says what it will do and how long it should take, then its result; finished
 steps are recorded in <dest>/.k3-setup.json, so a killed wizard run again continues where it stopped.
