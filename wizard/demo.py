@@ -1,11 +1,10 @@
 """The demo model shipped with k3 (wizard/data/demo-model): its files, sizes and sha256, from its SHA256SUMS."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from k3core import K3Error
+from k3core.format.notes import demo_model_dir
 
-DEMO_MODEL = Path(__file__).parent / "data" / "demo-model"
+DEMO_MODEL = demo_model_dir()
 DEMO_SUMS = "SHA256SUMS"
 
 

@@ -1,7 +1,7 @@
 """What `k3 setup` will fetch and where it must fit: the source (hf://REPO[@REV], a directory, demo), the files
 chosen from the Hub's listing (weight shards + config and tokenizer files; vision shards only on request),
 the packed-trunk estimate, and the free-space preflight that refuses before the first byte.
-Checked by tests/wizard/test_plan.py and the setup tests.
+Checked by tests/wizard/test_steps.py (the plan, the free-space refusal) and tests/wizard/test_dry_run_offline.py.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """`k3 setup`'s memory across runs: `<dest>/.k3-setup.json` (versioned JSON, written atomically) records the
 source, the resolved commit, the steps finished and every file's expected size and hash, bytes on disk and
 status; `<dest>/.k3-setup.log` keeps a timestamped log. A kill at any moment leaves the last complete state.
-One wizard per destination (an flock). Never holds the token. Checked by tests/wizard/test_state.py.
+One wizard per destination (an flock). Never holds the token. Checked by tests/wizard/test_progress_state.py (the
+lock, atomic writes) and tests/wizard/test_steps.py (resuming at the right step).
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The `k3` command: argument parsing, human and JSON output, exit codes, and the tools behind
-subcommands (doctor, bench, sim-cache, pack). Built on the model, text and io rooms; of the rest of
-k3core only the front door (api.py) imports from here, to hand plugins the engine flags and the doctor.
+"""The `k3` command: argument parsing, human and JSON output, exit codes (main.py), and one module per command
+family (run, chat, pack, plugins, doctor, tune, bench, sim-cache). The top room: it may import every other room of
+k3core, and of k3core only __main__.py imports it; the front door (api.py) never does. One module here is public,
+options.py: the flags `k3 run` shares with `k3 chat` and with the subcommands of plugins (serve/, ui/, wizard/).
 """

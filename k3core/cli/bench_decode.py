@@ -315,8 +315,9 @@ def cmd_drafts(args) -> int:
             raise UsageError(f"{flag} needs --transcripts: the chat prompts are decoded by the model, with ngram "
                              "drafts and its own tokenizer")
     from ..api import AUTO_K, ChatSession, EngineConfig, SamplingParams, load_tokenizer, open_engine, speculation
+    from ..format.notes import demo_model_dir
 
-    model = Path(args.model) if args.model else Path(__file__).resolve().parents[2] / "wizard" / "data" / "demo-model"
+    model = Path(args.model) if args.model else demo_model_dir()
     rows = []
     with open_engine(EngineConfig(model, speculate=AUTO_K)) as engine:
         tok = load_tokenizer(model)

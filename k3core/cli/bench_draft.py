@@ -141,11 +141,12 @@ def live(engine, ks: list[int], questions: list[str], tokenizer, gen: int, specu
 
 def cmd_draft(args) -> int:
     from ..api import AUTO_K, EngineConfig, open_engine
+    from ..format.notes import demo_model_dir
     from ..io.draft_trunk import default_dir, open_draft_trunk
     from .bench_tokenizer import bench_tokenizer
     from .bench_transcripts import read_conversations, scored_turns
 
-    model = Path(args.model) if args.model else REPO / "wizard" / "data" / "demo-model"
+    model = Path(args.model) if args.model else demo_model_dir()
     if not 1 <= args.turns <= MAX_TURNS:
         raise UsageError(f"--turns takes 1..{MAX_TURNS}, got {args.turns}")
     kinds = set(args.kinds.split(","))

@@ -298,9 +298,10 @@ def accepted_cell(c: dict) -> str:
 
 
 def cmd_transcripts(args) -> int:
+    from ..format.notes import demo_model_dir
     from .bench_tokenizer import bench_tokenizer
 
-    model = Path(args.model) if args.model else Path(__file__).resolve().parents[2] / "wizard" / "data" / "demo-model"
+    model = Path(args.model) if args.model else demo_model_dir()
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     specs = source_specs(args.sources)

@@ -449,8 +449,8 @@ def _source_files(root: Path) -> list[str]:
 
 def demo_model_hint() -> str:
     """Where the demo model is: the saved profile's when `k3 setup --source demo` made it, else how to install
-    it, and the copy that ships with k3 (wizard/data/demo-model, a path: k3core imports no wizard)."""
-    from ..format.notes import DEMO_MARKER
+    it, and the copy that ships with k3 (format/notes.py's demo_model_dir: a path, as k3core imports no wizard)."""
+    from ..format.notes import DEMO_MARKER, demo_model_dir
     from ..io.profile import load_profile
 
     try:
@@ -460,7 +460,7 @@ def demo_model_hint() -> str:
     if profile and (profile.source == "demo" or (Path(profile.model) / DEMO_MARKER).is_file()):
         return f"the demo model is {profile.model}, the saved profile's: leave MODEL_DIR out to use it"
     text = "`k3 setup --source demo --yes` installs the demo model and saves it as the profile"
-    shipped = Path(__file__).resolve().parents[2] / "wizard" / "data" / "demo-model"
+    shipped = demo_model_dir()
     if (shipped / DEMO_MARKER).is_file():
         relative = os.path.relpath(shipped)
         text += f", or give its shipped copy, {shipped if relative.startswith('..') else relative}, as MODEL_DIR"

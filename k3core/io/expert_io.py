@@ -4,7 +4,7 @@ Each aligned run of an expert's bytes is one read, or with `read_kib` (the store
 reads of at most that many KiB, all in flight together on the same threads.
 
 Stores own the buffers and decide what to keep; this module only reads, and a failed or short read, or an
-expert whose bytes do not have the checksums recorded for the checkpoint (io/tensor_sums.py, checked on the
+expert whose bytes do not have the checksums recorded for the checkpoint (format/tensor_sums.py, checked on the
 reading threads as each read lands), raises UnsoundRunError (exit 4) instead of handing back anything.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Generate small checkpoints in the real Kimi K3 format (MODEL.md §9), written by io/writer.py: names,
+"""Generate small checkpoints in the real Kimi K3 format (MODEL.md §9), written by testmodel/writer.py: names,
 dtypes, sharding, index json, MXFP4 experts, nested or flat config, tokenizer files.
 
 Weights are random but deliberately shaped so every trap of docs/MODEL.md changes the output; the same

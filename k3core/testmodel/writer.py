@@ -1,7 +1,7 @@
 """Writing checkpoints in the real Kimi K3 format (MODEL.md §3, §6): every tensor the config implies, named
 and typed as the released model stores them (BF16 matrices, F32 vectors, MXFP4 experts), in shards of
 one layer each plus one of model-level tensors (and a vision stub), with the index json, a nested or
-flat config.json, the tokenizer files and every tensor's checksum (io/tensor_sums.py) — written into a
+flat config.json, the tokenizer files and every tensor's checksum (format/tensor_sums.py) — written into a
 sibling directory and renamed into place.
 
 Used by the test-model generator (random weights) and the demo trainer (trained weights); what the
