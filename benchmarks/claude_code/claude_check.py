@@ -23,51 +23,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from live_server import MODEL, LiveServer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-MODEL = ROOT / "wizard" / "data" / "demo-model"
-K3 = Path(sys.executable).parent / "k3"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """`k3 serve` on the demo model, its log in `log`."""
-
-    def __init__(self, cache: Path, log: Path):
-        self.port, self.log = free_port(), log
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "K3_PLUGINS": "none"}
-        self.proc = subprocess.Popen([str(K3), "serve", str(MODEL), "--port", str(self.port), "--prompt-cache",
-                                      str(cache), "--log-level", "info"], stdout=log.open("ab"),
-                                     stderr=subprocess.STDOUT, env=env)
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        raise SystemExit(f"k3 serve did not come up; see {log}")
-
-    def health(self) -> dict:
-        return httpx.get(self.url + "/health", timeout=10).json()
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=60)
 
 
 def claude(cli: str, url: str, home: Path, work: Path, *args: str, headers: str | None = None):
@@ -82,7 +47,7 @@ def claude(cli: str, url: str, home: Path, work: Path, *args: str, headers: str 
     return run, time.perf_counter() - started
 
 
-def step(name: str, server: Server, run_cli) -> dict:
+def step(name: str, server: LiveServer, run_cli) -> dict:
     before = server.health()
     run, seconds = run_cli()
     after = server.health()
@@ -110,7 +75,7 @@ def main() -> int:
         home, work, cache, log = tmp / "home", tmp / "work", tmp / "prompt-cache", tmp / "serve.log"
         home.mkdir()
         work.mkdir()
-        server = Server(cache, log)
+        server = LiveServer(["--prompt-cache", str(cache), "--log-level", "info"], log, "claude-check")
         try:
             def hi():
                 return claude(cli, server.url, home, work, "-p", "say hi", "--output-format", "json")
@@ -121,7 +86,7 @@ def main() -> int:
                 "--verbose", headers="x-k3-tool-choice: ListAgents")))
             rows.append(step("3. a second conversation", server, hi))
             server.stop()
-            server = Server(cache, log)
+            server = LiveServer(["--prompt-cache", str(cache), "--log-level", "info"], log, "claude-check")
             rows.append(step("4. after a restart", server, hi))
         finally:
             server.stop()

@@ -28,34 +28,25 @@ import argparse
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
-
-import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from k3core import load_tokenizer  # noqa: E402
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from live_server import MODEL, LiveServer  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 TASK = "k3_demo_mc"
 DATA = HERE / "k3_demo_mc.jsonl"
-MODEL = ROOT / "wizard" / "data" / "demo-model"
 
 HF_IDS = """
 import json, sys, transformers
 tok = transformers.AutoTokenizer.from_pretrained(sys.argv[1])
 print(json.dumps([tok(s, add_special_tokens=False).input_ids for s in json.load(sys.stdin)]))
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def check_tokenizer(eval_python: str, env: dict) -> int:
@@ -76,35 +67,6 @@ def check_tokenizer(eval_python: str, env: dict) -> int:
     if bad:
         sys.exit(f"eval-check: {len(bad)} of {len(strings)} strings tokenize differently; the scores would be wrong")
     return len(strings)
-
-
-def start_server(k3: str, flags: list[str], log: Path):
-    port = free_port()
-    with open(log, "w") as out:
-        proc = subprocess.Popen([k3, "serve", str(MODEL), "--port", str(port), *flags], stdout=out,
-                                stderr=subprocess.STDOUT, env={**os.environ, "K3_PLUGINS": "none"})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"eval-check: k3 serve exited {proc.returncode}:\n{log.read_text()}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.terminate()
-    sys.exit(f"eval-check: k3 serve did not answer /health within 120 s:\n{log.read_text()}")
-
-
-def stop_server(proc) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 CLIENTS = {  # how lm-eval tokenizes and batches: (its --model_args after model and base_url, its other flags)
@@ -156,9 +118,10 @@ def main() -> int:
     for budget, flags in BUDGETS.items():
         flags = [f.format(trunk=trunk) for f in flags]
         log = work / f"serve-{budget}.log"
-        proc, url = start_server(args.k3, flags, log)
+        server = LiveServer(flags, log, "eval-check", k3=args.k3)
+        url = server.url
         try:
-            plan = log.read_text().split("k3 serve:")[0].rstrip()
+            plan = server.plan()
             print(f"\n{budget}: k3 serve {MODEL.relative_to(ROOT)} {' '.join(flags)}\n{plan}", flush=True)
             for client in CLIENTS:
                 for i in range(1, (args.runs if client == "local" else 1) + 1):
@@ -169,7 +132,7 @@ def main() -> int:
                           f"questions; per-choice loglikelihoods sha256 {r['digest']}", flush=True)
                     runs.append((f"{budget} {client}", i, r))
         finally:
-            stop_server(proc)
+            server.stop()
 
     first = runs[0][2]
     print("\nper-question scores (loglikelihood, is_greedy) of the first run:")
