@@ -22,7 +22,8 @@ from .interfaces import PlanRow
 from .io.profile import Profile, ProfileError, load_profile, profile_path
 from .model.state_file import StateFileError, load_state, save_state
 from .model.draft_weights import open_draft
-from .model.engine import DecodeState, Engine, Observer
+from .model.engine import DecodeState, Engine
+from .model.observer import Observer
 from .plan.budget import PRESETS, Plan, auto_preset, mem_available
 from .plan.engine_config import EngineConfig, resolve
 from .plan.tuned import tuning_for

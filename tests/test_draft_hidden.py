@@ -8,7 +8,7 @@ import pytest
 
 from k3core import BatchGenerator, EngineConfig, PluginError, Sampler, SamplingParams, Speculation, open_engine
 from k3core.model import attnres
-from k3core.model.engine import Observer
+from k3core.model.observer import Observer
 from k3core.plugin_api import DraftSource
 from k3core.plugins.drafts import NgramDraft
 from k3core.testing.engines import generation

@@ -90,7 +90,7 @@ def draft_logits(tiny_model, packed, backend, threads):
     with open_engine(EngineConfig(tiny_model, trunk=packed, kernels=backend, threads=threads)) as engine:
         for kind in ("int8", "int4"):
             draft = open_draft_trunk(default_dir(packed, kind), engine.placer.trunk)
-            model = DraftModel(engine, DraftPlacer(engine, draft), 1)
+            model = DraftModel(engine, DraftPlacer(engine.placer, draft, engine.config.num_hidden_layers), 1)
             state = model.new_state()
             alone = np.concatenate([model.forward([i], state, all_logits=True) for i in IDS])
             out[kind] = model.logits(IDS), alone
@@ -113,8 +113,8 @@ def test_the_draft_model_s_logit_bytes_are_the_same_on_every_backend_thread_coun
 
 def test_a_rolled_back_draft_state_gives_the_bytes_of_the_state_that_never_saw_the_rejected_ids(tiny_model, packed):
     with open_engine(EngineConfig(tiny_model, trunk=packed)) as engine:
-        model = DraftModel(engine, DraftPlacer(engine, open_draft_trunk(default_dir(packed, "int4"),
-                                                                        engine.placer.trunk)), 2)
+        draft = open_draft_trunk(default_dir(packed, "int4"), engine.placer.trunk)
+        model = DraftModel(engine, DraftPlacer(engine.placer, draft, engine.config.num_hidden_layers), 2)
         a, drafted, c = IDS[:5], IDS[5:9], IDS[9:]
         state = model.new_state()
         model.forward(a, state)

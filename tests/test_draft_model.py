@@ -38,7 +38,8 @@ def engine(tiny_model, packed):
 
 def draft_model(engine, packed, top_k=None, where=None):
     draft = open_draft_trunk(where or default_dir(packed, "int8"), engine.placer.trunk)
-    return DraftModel(engine, DraftPlacer(engine, draft), top_k or engine.config.num_experts_per_token)
+    weights = DraftPlacer(engine.placer, draft, engine.config.num_hidden_layers)
+    return DraftModel(engine, weights, top_k or engine.config.num_experts_per_token)
 
 
 def with_the_model_s_weights(model, engine):

@@ -1,9 +1,10 @@
 """The house keeps to its plan. Every import in k3core/, serve/, ui/ and wizard/ (at any depth: inside a
-function too; not the ones under `if TYPE_CHECKING:`, which never run) is an edge of one graph, and:
+function too, and under `if TYPE_CHECKING:`) is an edge of one graph, and:
 
-- the graph has no cycle (a cycle works only by import order: the test names its modules and edges);
-- an edge between two rooms of k3core is one the table ROOMS allows — one downward stack, so the front door
-  never imports the command line, the core never a built-in plugin by name, a room never one above it;
+- the graph has no cycle (one that runs works only by import order; one through `if TYPE_CHECKING:`, which never
+  runs, still ties files that cannot be read apart): the test names its modules and edges;
+- an import that runs between two rooms of k3core is one the table ROOMS allows — one downward stack, so the front
+  door never imports the command line, the core never a built-in plugin by name, a room never one above it;
 - a built-in plugin imports k3core.plugin_api and nothing else of k3; the plugin manager imports no plugin;
 - serve/, ui/ and wizard/ import only the front door, the plugin API and the public modules of the rooms
   each one lists in FRONT_ENDS; k3core imports none of them nor a web framework; serve never imports ui;
@@ -94,11 +95,12 @@ def _target(module: str, name: str | None) -> str | None:
     return module
 
 
-def imports_of(module: str) -> list[tuple[int, str]]:
-    """(line, imported module) for every import in `module` that runs (relative ones resolved)."""
+def imports_of(module: str, type_checking: bool = False) -> list[tuple[int, str]]:
+    """(line, imported module) for every import in `module` that runs (relative ones resolved); with `type_checking`,
+    those under `if TYPE_CHECKING:` too."""
     path = MODULES[module]
     tree = ast.parse(path.read_text())
-    skip = _type_checking_nodes(tree)
+    skip = set() if type_checking else _type_checking_nodes(tree)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out = []
     for node in ast.walk(tree):
@@ -115,12 +117,13 @@ def imports_of(module: str) -> list[tuple[int, str]]:
 
 
 def edges() -> dict[str, set[str]]:
-    """module -> the modules of the four packages it imports (a name inside a module counts as the module)."""
+    """module -> the modules of the four packages it imports, under `if TYPE_CHECKING:` too (a name inside a module
+    counts as the module)."""
     def owner(name):
         while name and name not in MODULES and name not in ("k3core._native", "k3core.__version__"):
             name = name.rpartition(".")[0]
         return name or None
-    return {m: {o for _, i in imports_of(m) if (o := owner(i)) and o != m} for m in MODULES}
+    return {m: {o for _, i in imports_of(m, type_checking=True) if (o := owner(i)) and o != m} for m in MODULES}
 
 
 def room(module: str) -> str:

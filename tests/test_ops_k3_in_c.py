@@ -10,7 +10,7 @@ import pytest
 
 from k3core.model.attnres import Residual
 from k3core.format.config import Config
-from k3core.model.engine import decoder_layer
+from k3core.model.layer import decoder_layer
 from k3core.interfaces import ExpertStore, ExpertWeights, Param, Weights
 from k3core.model.moe import latent_moe
 from k3core.plugins.kda import KDA

@@ -17,7 +17,7 @@ from k3core import _native
 from k3core.io import draft_pack, pack
 from k3core.io.draft_trunk import DraftSpec, default_dir
 from k3core.model.draft_weights import held_bytes
-from k3core.model.engine import Observer
+from k3core.model.observer import Observer
 from k3core.plugins.self_draft import SelfDraft
 from k3core.testing import draft_source_checks
 from k3core.testing.checks import CheckFailed

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UsageError
-from ..model.engine import Observer
+from ..model.observer import Observer
 from ..units import human
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,7 +54,7 @@ def measure(engine, draft, ks: list[int], turns) -> dict:
 
     rows = {k: {"agreed": 0, "positions": 0, "seconds": 0.0} for k in ks}
     exact_seconds = ids = 0
-    weights = DraftPlacer(engine, draft)  # read once for every top-k
+    weights = DraftPlacer(engine.placer, draft, engine.config.num_hidden_layers)  # read once for every top-k
     models = {k: DraftModel(engine, weights, k) for k in ks}
     for t in turns:
         whole = [*t.prompt, *t.reply]

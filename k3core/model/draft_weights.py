@@ -14,19 +14,15 @@ held dequantized, as float32.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import UsageError
 from ..format.checkpoint import HEAD, layer_prefix
-from ..interfaces import Param, PlanRow, Weights
+from ..interfaces import Param, PlanRow, TrunkPlacer, Weights
 from ..io.draft_trunk import COPIED, KINDS, DraftTensor, DraftTrunk, default_dir, draft_linear, open_draft_trunk
 from ..io.trunk import load_trunk
 from ..plan.engine_config import EngineConfig, Resolved
-
-if TYPE_CHECKING:
-    from .engine import Engine
 
 DEQUANTIZED = ("self_attn.kv_b_proj.weight",)  # read per head, transposed: held as float32
 
@@ -123,13 +119,13 @@ def plan_rows(draft: DraftTrunk, r: Resolved, e: EngineConfig, top_k: int) -> li
 
 class DraftPlacer:
     """Where the draft model's weights come from: every layer and the head from the draft trunk, read once at open
-    (each run checked against its checksums); the embedding rows from the engine's own placer."""
+    (each run checked against its checksums); the embedding rows from the engine's own placer, `target`. `layers`:
+    the model's number of layers, every one of which the draft trunk must hold."""
 
-    def __init__(self, target: Engine, draft: DraftTrunk):
-        n = target.config.num_hidden_layers
-        check_every_layer(draft, n)
-        self.target, self.kind = target.placer, draft.spec.kind
-        self._layers = [Weights(layer_prefix(L), held(draft.layer(L))) for L in range(n)]
+    def __init__(self, target: TrunkPlacer, draft: DraftTrunk, layers: int):
+        check_every_layer(draft, layers)
+        self.target, self.kind = target, draft.spec.kind
+        self._layers = [Weights(layer_prefix(L), held(draft.layer(L))) for L in range(layers)]
         model = held(draft.model())
         self._head = model.pop(HEAD)
         self._model = Weights("", model)

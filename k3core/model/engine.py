@@ -1,14 +1,15 @@
 """The engine: the Kimi K3 forward pass over the layers (MODEL.md §4) on a decode state.
 
 Placement, expert reads, attention and kernels are plugins (chosen by engine_config.resolve); this file
-only wires the residual stream (AttnRes), the layer order and the decode state together. Whoever wants
-to watch a pass (progress, routing) passes Observers as an argument; nothing is stored on the engine.
+only wires the residual stream (AttnRes), the layer order (one layer: layer.py) and the decode state together.
+Whoever wants to watch a pass (progress, routing) passes Observers (observer.py) as an argument; nothing is
+stored on the engine.
 """
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -19,42 +20,14 @@ from ..interfaces import DraftTarget
 from ..plan.engine_config import EngineConfig, resolve
 from .draft_weights import DraftKernels, DraftPlacer, draft_topk, open_draft
 from .finite import BindCheck, check_embed_rows, head_error, output_error
-from .mlp import dense_mlp
-from .moe import latent_moe, prefetch_guess
+from .layer import decoder_layer
 
 if TYPE_CHECKING:
     from ..format.config import Config
     from ..interfaces import AttentionBackend, ExpertStore, KernelBackend, TrunkPlacer, Weights
     from ..plan.budget import Plan
     from ..plugin_manager import K3PluginManager
-
-
-class Observer:
-    """Watches forward passes and generations. Override what you need; the defaults do nothing.
-
-    Passed as an argument (`Engine.forward(..., observers=[o])`, `generate_ids`, `Session.generate`,
-    `ChatSession.ask`), called on the thread that runs the pass. An exception raised here stops the
-    pass; the decode state it was advancing must then be treated as spent."""
-
-    def on_layer(self, layer: int, layers: int) -> None:
-        """A forward pass starts layer `layer` of `layers` (layer 0 starts a new pass)."""
-
-    def on_route(self, layer: int, expert_ids: np.ndarray) -> None:
-        """Layer `layer` routed its tokens: expert ids int64 [T, k] in rank order."""
-
-    def on_token(self, token: int, logits: np.ndarray) -> None:
-        """A generation picked `token` from `logits` [V] (float32)."""
-
-    def on_draft(self, drafted: int, accepted: int) -> None:
-        """A speculative verify pass checked `drafted` drafted ids and the model agreed with the first `accepted`."""
-
-    hidden_layers: tuple[int, ...] = ()  # the layers whose hidden states on_hidden is given (none: never called)
-
-    def on_hidden(self, layer: int, hidden: np.ndarray, spans: Sequence[tuple[int, int, int]]) -> None:
-        """Layer `layer` (one of `hidden_layers`) is done: `hidden` float32 [T, H] is the residual stream's plain sum
-        after it (the embedding plus every layer's output so far: the attention-residual blocks and the partial sum,
-        added in order) for every row of the pass; `spans` gives each sequence's rows as (first row, end row, the
-        position of its first row in its sequence). The engine's array, valid during the call: copy what you keep."""
+    from .observer import Observer
 
 
 @dataclass
@@ -118,7 +91,7 @@ class Engine:
         self.draft: DraftModel | None = None  # the model on a draft trunk (--draft-trunk): what `self` drafts run
         if draft is not None:
             try:
-                self.draft = DraftModel(self, DraftPlacer(self, draft),
+                self.draft = DraftModel(self, DraftPlacer(self.placer, draft, self.config.num_hidden_layers),
                                         draft_topk(config, self.config.num_experts_per_token), config.draft_cache_only)
             except BaseException:
                 self.close()
@@ -320,31 +293,6 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def decoder_layer(L: int, w: Weights, stream: Residual, segments: Sequence[tuple[int, int, Any]], c: Config,
-                  kr: KernelBackend, attention: AttentionBackend, store: ExpertStore,
-                  observers: Sequence[Observer] = (), cache_only: bool = False) -> None:
-    """One layer (MODEL.md §4.1): AttnRes in, attention, AttnRes, MLP or latent MoE; updates `stream`.
-    `segments`: (start, stop, layer state) of each sequence's rows; only attention tells them apart. `cache_only` (a
-    draft model's --draft-cache-only): route only to the experts the store holds, and read nothing ahead."""
-    h = stream.mix(kr, fold(w, "self_attention_res"), c.rms_norm_eps) if stream.blocks else stream.prefix
-    if L % c.attn_res_block_size == 0:
-        stream.close_block()  # the snapshot is the layer's INPUT prefix
-    allowed = None
-    if cache_only and not c.is_dense(L):
-        allowed = np.zeros(c.num_experts, bool)
-        allowed[list(store.held(L))] = True
-    elif not c.is_dense(L):
-        prefetch_guess(w, h, L, c, kr, store)  # the expert reads overlap the attention below
-    x = kr.rmsnorm(h, w.vec("input_layernorm.weight"), c.rms_norm_eps)
-    if len(segments) == 1:
-        stream.add(attention.forward(w, x, segments[0][2], c, kr))
-    else:
-        stream.add(attention.forward_batch(w, x, segments, c, kr))
-    h = stream.mix(kr, fold(w, "mlp_res"), c.rms_norm_eps)
-    x = kr.rmsnorm(h, w.vec("post_attention_layernorm.weight"), c.rms_norm_eps)
-    stream.add(dense_mlp(w, x, c, kr) if c.is_dense(L) else latent_moe(w, x, L, c, kr, store, observers, allowed))
 
 
 class DraftModel(Engine):

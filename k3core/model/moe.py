@@ -14,7 +14,7 @@ from .mlp import dense_mlp
 
 if TYPE_CHECKING:
     from ..format.config import Config
-    from .engine import Observer
+    from .observer import Observer
 
 P = "block_sparse_moe."
 

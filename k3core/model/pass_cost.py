@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from ..format.checkpoint import expert_bytes, trunk_bytes_per_pass
-from .engine import Engine, Observer
+from .engine import Engine
+from .observer import Observer
 
 if TYPE_CHECKING:
     from ..format.checkpoint import Checkpoint

@@ -39,7 +39,8 @@ from ..model.pass_cost import PassCost
 from .sampling import Sampler
 
 if TYPE_CHECKING:
-    from ..model.engine import DecodeState, Engine, Observer
+    from ..model.engine import DecodeState, Engine
+    from ..model.observer import Observer
 
 SCORED_LOGITS_BYTES = 64 << 20  # the float32 logits of one scored prompt chunk, at most
 

@@ -15,7 +15,8 @@ from .channels import Event
 from .session import Session
 
 if TYPE_CHECKING:
-    from ..model.engine import DecodeState, Engine, Observer
+    from ..model.engine import DecodeState, Engine
+    from ..model.observer import Observer
     from .generate import Speculation
     from .prefix_cache import PrefixCache
     from .tokenizer import Tokenizer

@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import InputError, PluginError, UsageError
 from ..interfaces import DraftSource
 from ..plan.engine_config import MAX_SPECULATE
-from ..model.engine import Observer
+from ..model.observer import Observer
 from ..model.pass_cost import READ_WEIGHT, PassCost
 from .sampling import Sampler
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from ..errors import K3Error, UsageError
 from ..interfaces import io_seconds
-from ..model.engine import Observer
+from ..model.observer import Observer
 from .channels import Event, TextStream
 from .generate import Speculation, generate_ids
 from .sampling import Sampler, SamplingParams
