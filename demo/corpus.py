@@ -1,15 +1,16 @@
 """The demo model's corpus: seeded, templated K3 XTML chat conversations with short right answers.
 
 Categories: world capitals (several phrasings each), arithmetic on 0..12 (+, -, ×), colours of
-common things, opposites, greetings, "who are you", and an honest "I don't know" for anything else.
-A held-out split keeps some (country, phrasing) pairs and some number pairs out of training, to
-measure generalisation; the out-of-domain evaluation questions use fillers and templates that
-training never shows.
+common things, opposites, greetings, "who are you", and an honest "I don't know" for anything else;
+then short JSON replies and tool calls (corpus_structured.py). A held-out split keeps some (country, phrasing)
+pairs and some number pairs out of training, to measure generalisation; the out-of-domain evaluation questions
+use fillers and templates that training never shows.
 
 A conversation is a dict: {"messages": [...], "mode": "instruct" | "thinking", "category": str,
 "expect": the exact reply, "key": a string the reply must contain}. `messages` are k3core.text.chat
-messages (user, then assistant with `content` and, in thinking mode, `thinking`); render them with
-k3core.text.chat.render, which is what the engine's ChatSession renders.
+messages (user, then assistant with `content` and, in thinking mode, `thinking`; a tool call's assistant has
+`tools`, and a conversation with tools declared has "tools"); render them with k3core.text.chat.render
+(tools=conv.get("tools"), own_replies=True), which is what the engine's ChatSession and server render.
 
     python demo/corpus.py [--seed 0] [--show 10]      # sizes per split and category, a few samples
 """
@@ -18,6 +19,8 @@ from __future__ import annotations
 import argparse
 import random
 from collections import Counter
+
+import corpus_structured
 
 IDK = "I don't know — I am a tiny demo model."
 GREETING = "Hello! How can I help?"
@@ -247,7 +250,8 @@ def _ood_question(rng: random.Random, templates, fillers, countries) -> str:
 def build(seed: int = 0, heldout_pair_fraction: float = 0.35, heldout_number_fraction: float = 0.08,
           thinking_fraction: float = 0.04) -> dict:
     """Every split: {"train": [...], "eval_train": [...], "heldout_capital": [...], "new_phrasing": [...],
-    "heldout_arith": [...], "ood_eval": [...], "small_talk": [...]} (lists of conversations)."""
+    "heldout_arith": [...], "ood_eval": [...], "small_talk": [...], "json_eval": [...], "tool_eval": [...]}
+    (lists of conversations)."""
     rng = random.Random(seed)
     train: list[dict] = []
     splits = {k: [] for k in ("eval_train", "heldout_capital", "new_phrasing", "heldout_arith", "ood_eval",
@@ -336,13 +340,19 @@ def build(seed: int = 0, heldout_pair_fraction: float = 0.35, heldout_number_fra
     for cat, items in sorted(by_cat.items()):
         if cat not in per_cat:
             continue
-        uniq = [c for c in items if not (c["messages"][0]["content"] in dedup or dedup.add(c["messages"][0]["content"]))]
+        uniq = [c for c in items
+                if not (c["messages"][0]["content"] in dedup or dedup.add(c["messages"][0]["content"]))]
         eval_train += rng.sample(uniq, min(per_cat[cat], len(uniq)))
     splits["eval_train"] = eval_train
     capitals_eval = [c for c in instruct if c["category"] == "capital"
                      and c["messages"][0]["content"] == "What is the capital of France?"]
     assert capitals_eval, "the headline question must be in training"
-    return {"train": train, **splits}
+
+    # JSON replies and tool calls (corpus_structured.py): drawn last, from a Random of their own.
+    plain = [c for c in instruct if c["category"] in ("capital", "colour", "opposite", "greeting")]
+    part = corpus_structured.build(seed, [(c, k) for c, k in CAPITALS if not c.startswith("the ")], plain)
+    splits["json_eval"], splits["tool_eval"] = part["json_eval"], part["tool_eval"]
+    return {"train": train + part["train"], **splits}
 
 
 def main():

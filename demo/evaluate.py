@@ -7,7 +7,12 @@ MODEL_DIR defaults to wizard/data/demo-model. The questions come from demo/corpu
 model was trained with: in-distribution (a fixed sample of the trained phrasings), held-out
 (country, phrasing) pairs, capital questions in templates never trained on, unseen number pairs,
 out-of-domain questions with unseen fillers and templates, greetings and identity, and a few questions
-in thinking mode. --write-provenance stores the table in the model's k3-demo-model.json (and
+in thinking mode. Then the structured part (corpus_structured.py), sampled at temperature 1 (seeds 0..N-1) as a
+client would: a reply held to a person schema for requests and names never trained on, a forced call of a person
+tool never trained on (named, or "required" among the other tools declared), each *valid* when it closed and its
+name is a non-empty string and its age an integer (*exact*: the person named in the request, where one was);
+and, greedy, whether the model calls get_weather for the weather and answers a capital itself with tools
+declared. --write-provenance stores the table in the model's k3-demo-model.json (and
 refreshes SHA256SUMS).
 """
 from __future__ import annotations
@@ -21,8 +26,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus  # noqa: E402
+import corpus_structured  # noqa: E402
 
-from k3core import ChatSession, EngineConfig, SamplingParams, load_tokenizer, open_engine  # noqa: E402
+from k3core import (ChatSession, Conversation, EngineConfig, SamplingParams, Session, chat_grammar,  # noqa: E402
+                    load_tokenizer, open_engine)
+from k3core.text.chat import build_ids, forced_tool_prefix, parse_tool_calls, render, split_reply  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = ROOT / "wizard" / "data" / "demo-model"
@@ -53,6 +61,102 @@ def ask(engine, tok, question: str, mode: str = "instruct", max_tokens: int = 40
     return chat.last["answer"], chat.last["reason"] == "stop id"
 
 
+def person_ok(value) -> bool:
+    return (isinstance(value, dict) and isinstance(value.get("name"), str) and value["name"].strip() != ""
+            and type(value.get("age")) is int)
+
+
+def json_reply(engine, tok, conv: dict, seed: int) -> tuple[bool, bool, str]:
+    """(valid, exact, text) of a reply held to a person schema (one of the shapes clients send, by seed)."""
+    chat = Conversation(tok, "instruct")
+    chat.add_user(conv["messages"][0]["content"])
+    params = SamplingParams(temperature=1.0, seed=seed, max_tokens=80,
+                            json_schema=corpus_structured.person_schema(seed % 4))
+    done = list(Session(engine, tok).generate(chat.prompt(), params, stop_ids=chat.stop_ids, channel="response"))[-1]
+    text = split_reply(done.ids, tok).content
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return False, False, text
+    valid = done.reason == "stop id" and person_ok(value)
+    named = conv["messages"][0]["content"]
+    exact = valid and value["name"] in named and str(value["age"]) in named
+    return valid, exact, text
+
+
+def tool_reply(engine, tok, conv: dict, seed: int) -> tuple[bool, bool, str]:
+    """(valid, exact, text) of a forced call: the person tool named (even seeds), or "required" among every tool
+    the conversation declares (odd seeds: valid only when the person tool is the one called)."""
+    tools, person = conv["tools"], conv["messages"][1]["tools"].split('"')[1]
+    named = person if seed % 2 == 0 else None
+    forced = build_ids(tok, forced_tool_prefix("instruct", named))
+    prompt = render(conv["messages"][:1], tok, "instruct", tools=tools) + forced
+    grammar = chat_grammar(tok, "response", tools=tools, tool_choice=named or "required")
+    params = SamplingParams(temperature=1.0, seed=seed, max_tokens=100)
+    done = list(Session(engine, tok).generate(prompt, params, stop_ids=grammar.stop_ids, channel=None,
+                                              grammar=grammar))[-1]
+    text = tok.decode(forced + done.ids)
+    calls = parse_tool_calls(text)
+    valid = (done.reason == "stop id" and len(calls) == 1 and calls[0].complete and calls[0].name == person
+             and person_ok(calls[0].arguments))
+    question = conv["messages"][0]["content"]
+    exact = valid and calls[0].arguments["name"] in question and str(calls[0].arguments["age"]) in question
+    return valid, exact, text
+
+
+def auto_tools(engine, tok) -> dict:
+    """Greedy, tools declared (get_weather, add, search_web) and none forced: the weather asked for is a call
+    to get_weather for that city; a capital asked for is answered in text."""
+    tools = [corpus_structured.WEATHER_TOOL, corpus_structured.ADD_TOOL, corpus_structured.SEARCH_TOOL]
+    out = {}
+    for label, questions in (("weather -> get_weather(city)", [f"What is the weather in {c}?"
+                                                               for c in corpus_structured.CITIES[:10]]),
+                             ("capital -> answered in text", [f"What is the capital of {c}?" for c, _ in
+                                                              corpus.CAPITALS[:10]])):
+        good = 0
+        for q in questions:
+            prompt = render([{"role": "user", "content": q}], tok, "instruct", tools=tools)
+            done = list(Session(engine, tok).generate(prompt, SamplingParams(max_tokens=60),
+                                                      stop_ids=[tok.id_of("<|end_of_msg|>")], channel=None))[-1]
+            reply = split_reply(done.ids, tok)
+            calls = parse_tool_calls(reply.tools or "")
+            if label.startswith("weather"):
+                good += (len(calls) == 1 and calls[0].name == "get_weather"
+                         and calls[0].arguments.get("city") == q.split(" in ")[1].rstrip("?"))
+            else:
+                good += not calls and q.split(" of ")[1].rstrip("?") in reply.content
+        out[label] = {"n": len(questions), "exact": round(good / len(questions), 4)}
+    return out
+
+
+def structured(engine, tok, data: dict, limit: int | None, show_failures: int) -> dict:
+    results = {}
+    for name, convs, one in (("json reply, held-out requests and names (t=1)", data["json_eval"], json_reply),
+                             ("forced tool call, held-out tools (t=1)", data["tool_eval"], tool_reply)):
+        convs = convs[:limit] if limit else convs
+        valid = exact = extracting = 0
+        failures = []
+        for seed, conv in enumerate(convs):
+            v, e, text = one(engine, tok, conv, seed)
+            valid += v
+            person = conv.get("arguments") or json.loads(conv["expect"])
+            if person.get("name", "") in conv["messages"][0]["content"]:  # a person to extract, not to invent
+                extracting += 1
+                exact += e
+            if not v and len(failures) < show_failures:
+                failures.append((conv["messages"][0]["content"], text))
+        results[name] = {"n": len(convs), "valid": round(valid / len(convs), 4),
+                         "exact (person named in the request)": f"{exact} of {extracting}"}
+        print(f"{name:46s} {len(convs):4d} {100 * valid / len(convs):6.1f}% valid; "
+              f"{exact} of {extracting} named persons exact", flush=True)
+        for q, r in failures:
+            print(f"      {q!r} -> {r!r}")
+    for name, r in auto_tools(engine, tok).items():
+        results[f"tools declared, greedy: {name}"] = r
+        print(f"{'tools declared, greedy: ' + name:46s} {r['n']:4d} {100 * r['exact']:6.1f}%", flush=True)
+    return results
+
+
 def evaluate(model_dir: Path, seed: int, limit: int | None, show_failures: int, threads: int = 1) -> dict:
     data = corpus.build(seed)
     tok = load_tokenizer(model_dir)
@@ -79,6 +183,7 @@ def evaluate(model_dir: Path, seed: int, limit: int | None, show_failures: int, 
             print(f"{name:46s} {n:4d} {100 * exact / n:6.1f}% {100 * contains / n:8.1f}%", flush=True)
             for q, r in failures:
                 print(f"      {q!r} -> {r!r}")
+        results.update(structured(engine, tok, data, limit, show_failures))
     results["seconds"] = round(time.time() - t0, 1)
     print(f"{results['seconds']} s")
     return results
@@ -87,7 +192,8 @@ def evaluate(model_dir: Path, seed: int, limit: int | None, show_failures: int, 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", nargs="?", type=Path, default=DEFAULT_MODEL)
-    ap.add_argument("--seed", type=int, default=None, help="corpus seed (default: the model's, from k3-demo-model.json)")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="corpus seed (default: the model's, from k3-demo-model.json)")
     ap.add_argument("--limit", type=int, default=None, help="at most N questions per category")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--show-failures", type=int, default=3)

@@ -34,8 +34,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus  # noqa: E402
+import corpus_structured  # noqa: E402
 
-from k3core.testmodel.writer import float_bytes, plan_shards, tokenizer_files, write_checkpoint  # noqa: E402
+from k3core.testmodel.writer import float_bytes, tokenizer_files, write_checkpoint  # noqa: E402
 from k3core.format import mxfp4
 from k3core.format.checkpoint import HEAD, PREFIX  # noqa: E402
 from k3core.format.config import parse_config  # noqa: E402
@@ -63,9 +64,11 @@ def demo_config(vocab_size: int):
 # tokenizer and data
 
 def build_tokenizer(train_convs, directory: Path, n_merges: int = N_MERGES):
-    """tiktoken.model + tokenizer_config.json in `directory`; returns (files, tokenizer)."""
+    """tiktoken.model + tokenizer_config.json in `directory`; returns (files, tokenizer). The merges are learned
+    from the chat categories alone: JSON and tool calls are spelled with them, and every chat id stays as it was
+    before those were added."""
     runs = []
-    for conv in train_convs:
+    for conv in (c for c in train_convs if c["category"] not in corpus_structured.CATEGORIES):
         runs += [text for is_marker, text in segments(conv["messages"], conv["mode"], add_generation_prompt=False)
                  if not is_marker and text]
     tokens = [bytes([b]) for b in range(256)] + train_bpe("\n".join(runs), n_merges)
@@ -79,28 +82,27 @@ def build_tokenizer(train_convs, directory: Path, n_merges: int = N_MERGES):
 
 
 def encode_conv(conv, tok):
-    """(ids, loss mask): the mask marks every assistant token, its closing markup and <|end_of_msg|>."""
-    msgs, mode = conv["messages"], conv["mode"]
+    """(ids, loss mask): the mask marks every assistant token, its closing markup and <|end_of_msg|> (a tool
+    call's included: the empty response's close, the `tools` channel)."""
+    msgs, mode, tools = conv["messages"], conv["mode"], conv.get("tools")
     ids: list[int] = []
     mask: list[int] = []
     for i, m in enumerate(msgs):
         if m["role"] != "assistant":
             continue
-        prefix = render(msgs[:i], tok, mode, add_generation_prompt=True)
-        full = render(msgs[:i + 1], tok, mode, add_generation_prompt=False)
+        prefix = render(msgs[:i], tok, mode, add_generation_prompt=True, tools=tools, own_replies=True)
+        full = render(msgs[:i + 1], tok, mode, add_generation_prompt=False, tools=tools, own_replies=True)
         assert full[:len(prefix)] == prefix and len(prefix) >= len(ids), "rendering is not prefix-stable"
         mask += [0] * (len(prefix) - len(ids)) + [1] * (len(full) - len(prefix))
         ids = full
     return ids, mask
 
 
-def prompt_ids(conv, tok):
-    return render(conv["messages"][:-1], tok, conv["mode"], add_generation_prompt=True)
-
-
 class Batches:
     """Seeded epochs: shuffle, pack conversations into rows of up to `row_len` tokens (a multi-turn
-    chat; the first one starts from a fresh state, as a new chat does), batch the rows."""
+    chat; the first one starts from a fresh state, as a new chat does; one with tools declared starts a row,
+    as declarations start a prompt), batch rows of similar length (tool declarations make rows of ~250
+    tokens: a batch is padded to its longest row), shuffle the batches."""
 
     def __init__(self, encoded, batch_rows: int, seed: int, row_len: int = 100):
         self.encoded, self.batch_rows, self.row_len = encoded, batch_rows, row_len
@@ -111,22 +113,23 @@ class Batches:
     def _refill(self):
         rows, ids, mask = [], [], []
         for j in self.rng.permutation(len(self.encoded)):
-            i, m = self.encoded[j]
-            if ids and len(ids) + len(i) > self.row_len:
+            i, m, starts_row = self.encoded[j]
+            if ids and (starts_row or len(ids) + len(i) > self.row_len):
                 rows.append((ids, mask))
                 ids, mask = [], []
             ids, mask = ids + i, mask + m
         rows.append((ids, mask))
-        self.queue = rows[::-1]
+        batches, group = [], self.batch_rows * 16
+        for g in range(0, len(rows), group):
+            similar = sorted(rows[g:g + group], key=lambda r: len(r[0]))
+            batches += [similar[k:k + self.batch_rows] for k in range(0, len(similar), self.batch_rows)]
+        self.queue = [batches[k] for k in self.rng.permutation(len(batches))]
         self.epochs += 1
 
     def next(self):
-        rows = []
-        while len(rows) < self.batch_rows:
-            if not self.queue:
-                self._refill()
-            rows.append(self.queue.pop())
-        return pad(rows)
+        if not self.queue:
+            self._refill()
+        return pad(self.queue.pop())
 
 
 def pad(rows, pad_id: int = 0):
@@ -520,9 +523,11 @@ def main():
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--qat", type=float, default=0.15, help="final fraction of training that is quantisation-aware")
     ap.add_argument("--merges", type=int, default=N_MERGES)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (a fixed --steps is bit-reproducible for "
+                    "a given seed and thread count)")
     ap.add_argument("--selftest", action="store_true", help="check the chunked recurrence and fake MXFP4, then exit")
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     if args.selftest:
         selftest()
         return
@@ -537,9 +542,9 @@ def main():
     files, tok = build_tokenizer(data["train"], tokdir, args.merges)
     shutil.rmtree(tokdir)  # the tokenizer is loaded; its files are written again with the checkpoint
     c = demo_config(tok.vocab_size)
-    encoded = [encode_conv(cv, tok) for cv in data["train"]]
-    n_tokens = sum(len(i) for i, _ in encoded)
-    n_target = sum(sum(m) for _, m in encoded)
+    encoded = [(*encode_conv(cv, tok), "tools" in cv) for cv in data["train"]]
+    n_tokens = sum(len(i) for i, _, _ in encoded)
+    n_target = sum(sum(m) for _, m, _ in encoded)
     model = DemoK3(c, args.seed)
     print(f"vocab {c.vocab_size}, {model.n_params():,} parameters; corpus {len(encoded)} conversations, "
           f"{n_tokens:,} tokens ({n_target:,} trained on); setup {time.time() - t0:.1f} s", flush=True)
@@ -592,8 +597,9 @@ def main():
         "command": " ".join(shlex.quote(a) for a in ["python", "demo/train.py", "--out", str(args.out),
                                                      "--steps", str(step), "--seed", str(args.seed),
                                                      "--batch", str(args.batch), "--lr", str(args.lr),
+                                                     "--threads", str(args.threads),
                                                      "--qat", str(args.qat), "--merges", str(args.merges)]),
-        "seed": args.seed, "steps": step, "train_minutes": round(minutes, 2), "threads": 1,
+        "seed": args.seed, "steps": step, "train_minutes": round(minutes, 2), "threads": args.threads,
         "torch": torch.__version__, "parameters": model.n_params(), "vocab_size": c.vocab_size,
         "bpe_merges": args.merges, "corpus_conversations": len(encoded), "corpus_tokens": n_tokens,
         "corpus_trained_tokens": n_target, "epochs": batches.epochs, "final_loss_ema": round(ema, 4),

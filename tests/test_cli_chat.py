@@ -175,8 +175,8 @@ def test_an_instruct_reply_has_no_labels():
 
 
 def test_stats_add_up_as_printed_in_decimal_units():
-    first, stats_1, second, stats_2 = piped("what is 6 + 7?", "/stats", "and 2 + 3?", "/stats")
-    assert (first, second) == (SIX_AND_SEVEN, SIX_AND_SEVEN.replace("6 + 7", "2 + 3").replace("13", "5"))
+    first, stats_1, second, stats_2 = piped("what is 6 + 7?", "/stats", "and 3 + 4?", "/stats")
+    assert (first, second) == (SIX_AND_SEVEN, SIX_AND_SEVEN.replace("6 + 7", "3 + 4").replace("13", "7"))
     forwarded = "  forwarded  50 tokens = 18 new + 32 generated (each generated token but the last)"
     for shown, lines in ((stats_1, ["last turn (stop id):",
                                     "  prompt     18 tokens = 0 reused (the decode state or the prompt cache) + 18 new",

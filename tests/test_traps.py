@@ -3,7 +3,7 @@ from a model that is right. The engine's own code is untouched; the breakage liv
 import numpy as np
 import pytest
 
-import k3core.model.engine
+import k3core.model.layer
 from k3core.model import moe
 from k3core import EngineConfig, open_engine
 from k3core.model.mlp import dense_mlp
@@ -136,7 +136,7 @@ def test_a_broken_trap_fails_a_gate(setup, trap):
 
 def test_per_expert_latent_norm_fails_a_gate(setup, monkeypatch):
     engine, o = setup
-    monkeypatch.setattr(k3core.model.engine, "latent_moe", per_expert_norm_moe)
+    monkeypatch.setattr(k3core.model.layer, "latent_moe", per_expert_norm_moe)
     assert not passes(gate1(engine, o))
 
 
