@@ -1,7 +1,7 @@
 """k3: run Kimi K3 on one CPU machine, exactly. The public API is the front door, k3core.api, whose
-names are importable from here (`from k3core import open_engine, EngineConfig`); plugins use
-k3core.plugin_api. Names load on first use and `import k3core` itself imports nothing, so it stays cheap for the
-command line and `k3` gets its Ctrl-C handler in place early (k3core/cli/interrupt.py)."""
+names are importable from here (`from k3core import open_engine, EngineConfig`), with its errors in k3core.errors;
+plugins use k3core.plugin_api. Names load on first use and `import k3core` itself imports nothing, so it stays
+cheap for the command line and `k3` gets its Ctrl-C handler in place early (k3core/cli/interrupt.py)."""
 
 __version__ = "0.1.0"
 

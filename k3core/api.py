@@ -1,5 +1,5 @@
 """k3's front door: what a program embedding k3 uses — engines and their configs, the memory plan,
-generation and sampling, sessions and chat, decode states, and the errors. Re-exported from `k3core` itself:
+generation and sampling, sessions and chat, and decode states. Re-exported from `k3core` itself:
 
     from k3core import EngineConfig, open_engine, load_tokenizer, ChatSession, SamplingParams
 
@@ -8,54 +8,59 @@ generation and sampling, sessions and chat, decode states, and the errors. Re-ex
         for event in chat.ask("What is the capital of France?", SamplingParams(max_tokens=40)):
             print(event.text, end="")
 
-Everything else has a room of its own, each named for what it holds (docs/ARCHITECTURE.md lists them): the
-checkpoint format (k3core.format), files on disk (k3core.files, k3core.io), machine checks and projections
-(k3core.machine), progress and reports (k3core.report), generated test models (k3core.testmodel), and the
-flags a subcommand plugin shares with `k3 run` (k3core.cli.options). Plugins use k3core.plugin_api.
+The errors are in k3core.errors (K3Error, the base of them all, is here too), except those that live beside the
+code that raises them (k3core.errors imports nothing of k3, so it cannot offer them): ProfileError
+(k3core.io.profile), StateFileError (k3core.model.state_file), LimitError (k3core.files.limits), ChatInputError
+(k3core.text.chat), SchemaError (k3core.text.structured) and SequenceFailed (k3core.text.batch) among them.
+
+Everything else is imported from the room that holds it (docs/ARCHITECTURE.md lists them): the memory plan's
+types (Plan in k3core.plan.budget, PlanRow in k3core.interfaces), the engine's decode state (DecodeState in
+k3core.model.engine), the rest of the text layer (Tokenizer in k3core.text.tokenizer, AUTO_K in k3core.text.generate,
+Emitted in k3core.text.batch, Grammar in k3core.text.structured, Reply and ToolCall in k3core.text.chat, TokenLogprob
+in k3core.text.logprobs), the checkpoint format (k3core.format), files on disk (k3core.files, k3core.io), machine
+checks and projections (k3core.machine), progress and reports (k3core.report), generated test models
+(k3core.testmodel), and the flags a subcommand plugin shares with `k3 run` (k3core.cli.options). draft_source, what
+speculation() builds its draft sources with, stays here for the benchmarks that need one alone. Plugins use
+k3core.plugin_api.
 """
 from __future__ import annotations
 
-from .errors import (BindingError, CheckpointError, ConfigError, InputError, K3Error, PlanError, PluginError,
-                     TokenizerError, TrunkError, UnsoundRunError, UsageError)
-from .files.limits import LimitError
-from .interfaces import PlanRow
-from .io.profile import Profile, ProfileError, load_profile, profile_path
-from .model.state_file import StateFileError, load_state, save_state
+from .errors import K3Error, UsageError
+from .io.profile import Profile, load_profile, profile_path
+from .model.state_file import load_state, save_state
 from .model.draft_weights import open_draft
-from .model.engine import DecodeState, Engine
+from .model.engine import Engine
 from .model.observer import Observer
 from .plan.budget import PRESETS, Plan, auto_preset, mem_available
 from .plan.engine_config import EngineConfig, resolve
 from .plan.tuned import tuning_for
 from .plugin_manager import describe_plugins as _describe
 from .plugin_manager import choose_draft, get_plugin_manager, new_plugin_manager
-from .text.batch import BatchGenerator, Emitted, SequenceFailed
-from .text.chat import ChatInputError, Conversation, Reply, ToolCall
+from .text.batch import BatchGenerator
+from .text.chat import Conversation
 from .text.chat_session import ChatSession
 from .text.channels import Event
 from .text.generate import AUTO_K, Speculation, generate_ids, greedy_ids
-from .text.logprobs import TokenLogprob, token_logprobs
+from .text.logprobs import token_logprobs
 from .text.sampling import Sampler, SamplingParams
 from .text.session import Session
 from .text.prefix_cache import PrefixCache
-from .text.structured import Grammar, SchemaError, chat_grammar
-from .text.tokenizer import Tokenizer, load_tokenizer
+from .text.structured import chat_grammar
+from .text.tokenizer import load_tokenizer
 
 __all__ = [
     # engines, their configs and the memory plan
-    "EngineConfig", "open_engine", "memory_plan", "Engine", "DecodeState", "Observer", "Plan", "PlanRow", "PRESETS",
-    "auto_preset", "mem_available", "config_from_profile", "check_checkpoint", "describe_plugins",
+    "EngineConfig", "open_engine", "Engine", "Observer", "memory_plan", "PRESETS", "auto_preset", "mem_available",
+    "config_from_profile", "check_checkpoint", "describe_plugins",
     # generation
-    "generate_ids", "greedy_ids", "Sampler", "SamplingParams", "Speculation", "speculation", "draft_source", "AUTO_K",
-    "BatchGenerator", "Emitted", "SequenceFailed", "Grammar", "chat_grammar", "token_logprobs", "TokenLogprob",
+    "generate_ids", "greedy_ids", "Sampler", "SamplingParams", "speculation", "Speculation", "BatchGenerator",
+    "token_logprobs", "chat_grammar",
     # text, chat and sessions
-    "Tokenizer", "load_tokenizer", "Session", "ChatSession", "Conversation", "Event", "Reply", "ToolCall",
+    "load_tokenizer", "Session", "ChatSession", "Conversation", "Event",
     # decode states
     "PrefixCache", "save_state", "load_state",
-    # errors
-    "K3Error", "UsageError", "ConfigError", "CheckpointError", "BindingError", "TrunkError", "InputError",
-    "TokenizerError", "PluginError", "PlanError", "UnsoundRunError", "ProfileError", "StateFileError",
-    "ChatInputError", "SchemaError", "LimitError",
+    # the base of every error (the others: k3core.errors)
+    "K3Error",
 ]
 
 

@@ -1,6 +1,7 @@
 """The errors k3 raises on bad input, each carrying the exit code the CLI uses.
 
-Every message names the file, field or tensor at fault; nothing here prints or exits.
+Every message names the file, field or tensor at fault; nothing here prints or exits. This module imports nothing of
+k3, so a few errors live beside the code that raises them instead (k3core/api.py's docstring names them).
 """
 
 EXIT_CODES = """exit codes:

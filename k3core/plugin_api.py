@@ -90,17 +90,30 @@ def builtin_kernels(name: str | None = None) -> KernelBackend:
 
 
 __all__ = [
+    # registering a plugin (the hooks are in k3core.hookspecs)
     "hookimpl",
+    # the kinds of plugin: the interfaces one implements
     "KernelBackend", "AttentionBackend", "ExpertStore", "TrunkPlacer", "CachePolicy", "LRUPolicy", "DraftSource",
     "DraftTarget",
+    # the types the interfaces pass
     "Param", "Weights", "ExpertWeights", "TensorSpec", "DTYPES",
+    # what a placer or store is given, and what its plan() returns
     "PluginContext", "Budget", "PluginOptions", "PlanRow",
-    "CachingStore", "CachingOptions", "cache_slots", "ExpertReader", "expert_slot_bytes", "ALIGN", "Opened", "align_down", "align_up", "aligned_buffer", "Prefault",
-    "open_for_reading", "read_into", "read_exact", "Span", "read_spans", "open_trunk", "load_trunk", "TrunkReader", "trunk_scratch_bytes", "trunk_room_for",
-    "trunk_capacity", "RAW", "TensorSums", "nan_scales",
+    # an expert store to subclass
+    "CachingStore", "CachingOptions", "cache_slots", "nan_scales",
+    # reading bytes: experts; anything else, through the aligned reader; a packed trunk; checkpoint tensors, checked
+    "ExpertReader", "expert_slot_bytes",
+    "ALIGN", "Opened", "align_down", "align_up", "aligned_buffer", "Prefault", "open_for_reading", "read_into",
+    "read_exact", "Span", "read_spans",
+    "open_trunk", "load_trunk", "TrunkReader", "trunk_scratch_bytes", "trunk_room_for", "trunk_capacity", "RAW",
+    "TensorSums",
+    # naming tensors
     "PREFIX", "HEAD", "VISION_PREFIXES", "layer_prefix", "expert_prefix", "EXPERT_PARTS", "MATRIX", "FLOAT",
+    # the counters a store's and a placer's stats() report
     "STORE_STATS", "STORE_PREFETCH_STATS", "PLACER_STATS",
+    # errors
     "UnsoundRunError", "PlanError", "UsageError", "PluginError", "CheckpointError",
+    # small helpers
     "human", "read_limited", "default_threads", "KERNEL_FAMILIES", "native", "builtin_kernels", "E2M1",
     "scale_multipliers",
 ]

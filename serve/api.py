@@ -18,12 +18,12 @@ from dataclasses import dataclass, replace
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
-from k3core import (ChatInputError, Grammar, InputError, SamplingParams, SchemaError, TokenizerError, UsageError,
-                    chat_grammar)
-from k3core.text.chat import (build_ids as build_chat_ids, forced_tool_prefix, parse_tool_calls, render as render_chat,
-                              split_reply)
-from k3core import LimitError
-from k3core.files.limits import loads_limited
+from k3core import SamplingParams
+from k3core.errors import InputError, TokenizerError, UsageError
+from k3core.files.limits import LimitError, loads_limited
+from k3core.text.chat import (ChatInputError, build_ids as build_chat_ids, forced_tool_prefix, parse_tool_calls,
+                              render as render_chat, split_reply)
+from k3core.text.structured import Grammar, SchemaError, chat_grammar
 
 from .http import model_id
 from .schema import ApiError, ChatRequest, CompletionRequest, prompt_param, request_param

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from k3core import UsageError
+from k3core.errors import UsageError
 
 log = logging.getLogger("k3.serve")
 KEY_ENV = "K3_API_KEY"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from k3core import SchemaError
+from k3core.text.structured import SchemaError
 from k3core.text.openai_messages import TOOL_NAME, MessageError, k3_messages, tool_arguments
 from k3core.text.structured import schema_text
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
-from k3core import InputError
+from k3core.errors import InputError
 
 from .api import Api, check_key, guarded, read_json
 from .logprobs import piece

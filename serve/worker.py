@@ -19,8 +19,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from k3core import (BatchGenerator, InputError, K3Error, PrefixCache, Sampler, SamplingParams, SequenceFailed,
-                    token_logprobs)
+from k3core import BatchGenerator, PrefixCache, Sampler, SamplingParams, token_logprobs
+from k3core.errors import InputError, K3Error
+from k3core.text.batch import SequenceFailed
 from k3core.text.channels import TextStream
 from k3core.text.structured import GrammarError
 
@@ -44,7 +45,7 @@ class Job:
     channel: str | None = None        # the XTML channel the prompt's generation prefix opened (chat)
     forced: list[int] = field(default_factory=list)  # ids at the prompt's end the reply is parsed from too
     stop_ids: frozenset = frozenset()
-    grammar: object = None            # a k3core.Grammar the reply is held to (a JSON schema, forced tool calls)
+    grammar: object = None            # the reply's Grammar (k3core.text.structured): a JSON schema, forced tool calls
     grammar_param: str = "response_format"  # the request field a failing grammar is named by
     logprobs: int | None = None       # alternatives per id of its log-probabilities; None: none are computed
     score_prompt: bool = False        # the prompt's ids' log-probabilities too (teacher-forced; a fresh state)

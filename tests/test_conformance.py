@@ -138,7 +138,8 @@ def test_the_kit_fails_a_cache_policy_that_does_not_count_its_evictions():
 def test_an_attention_backend_that_cannot_keep_its_state_inside_a_pass_fails_the_kit_and_the_prompt_cache_says_so():
     """KDA without keep_at: its state has arrays that are not positional, so the prompt cache (on by default) cannot
     keep a checkpoint inside a pass; the kit's check fails naming keep_at, and a PrefixCache refuses the engine."""
-    from k3core import EngineConfig, PluginError, PrefixCache, open_engine
+    from k3core import EngineConfig, PrefixCache, open_engine
+    from k3core.errors import PluginError
     from k3core.interfaces import AttentionBackend
     from k3core.plugins.kda import KDA
     from k3core.testing import models

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from k3core import BatchGenerator, EngineConfig, PluginError, Sampler, SamplingParams, Speculation, open_engine
+from k3core import BatchGenerator, EngineConfig, Sampler, SamplingParams, Speculation, open_engine
+from k3core.errors import PluginError
 from k3core.model import attnres
 from k3core.model.observer import Observer
 from k3core.plugin_api import DraftSource

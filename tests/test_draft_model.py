@@ -9,7 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from k3core import EngineConfig, UsageError, open_engine
+from k3core import EngineConfig, open_engine
+from k3core.errors import UsageError
 from k3core.io import draft_pack, pack
 from k3core.io.draft_trunk import DraftSpec, default_dir, open_draft_trunk
 from k3core.model.draft_weights import DraftPlacer

@@ -80,7 +80,7 @@ def test_a_nan_in_a_matrix_is_named_by_layer_and_tensor_not_sampled(tiny_model, 
     output is not finite is named, with the matrix that holds the NaN."""
     import shutil
 
-    from k3core import CheckpointError
+    from k3core.errors import CheckpointError
     from k3core.format.scan import record_tensor_sums
     from k3core.format.checkpoint import layer_prefix, open_checkpoint
 
@@ -100,7 +100,7 @@ def test_a_nan_in_a_matrix_is_named_by_layer_and_tensor_not_sampled(tiny_model, 
 
 
 def test_an_output_that_overflows_with_finite_weights_is_not_blamed_on_a_tensor():
-    from k3core import CheckpointError
+    from k3core.errors import CheckpointError
     from k3core.interfaces import Param, Weights
     from k3core.model.finite import output_error
 

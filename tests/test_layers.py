@@ -6,8 +6,9 @@ function too, and under `if TYPE_CHECKING:`) is an edge of one graph, and:
 - an import that runs between two rooms of k3core is one the table ROOMS allows — one downward stack, so the front
   door never imports the command line, the core never a built-in plugin by name, a room never one above it;
 - a built-in plugin imports k3core.plugin_api and nothing else of k3; the plugin manager imports no plugin;
-- serve/, ui/ and wizard/ import only the front door, the plugin API and the public modules of the rooms
-  each one lists in FRONT_ENDS; k3core imports none of them nor a web framework; serve never imports ui;
+- serve/, ui/ and wizard/ import only the front door, its errors (k3core.errors), the plugin API and the public
+  modules of the rooms each one lists in FRONT_ENDS; k3core imports none of them nor a web framework; serve never
+  imports ui;
 - importing the front door loads no argument parser, web framework, CLI module or plugin.
 docs/ARCHITECTURE.md shows the same table.
 """
@@ -50,11 +51,11 @@ ROOMS = {
                    "testmodel", "testing", "api", "tune"},
     "__main__": {"cli"},
 }
-# what each front end may import of k3core: the front door, the plugin API, and these public modules
-FRONT_DOOR = {"k3core", "k3core.api", "k3core.plugin_api"}
+# what each front end may import of k3core: the front door and its errors, the plugin API, and these public modules
+FRONT_DOOR = {"k3core", "k3core.api", "k3core.errors", "k3core.plugin_api"}
 FRONT_ENDS = {
-    "serve": {"k3core.cli.options", "k3core.report.logs", "k3core.files.limits", "k3core.text.chat",
-              "k3core.text.channels", "k3core.text.structured", "k3core.text.openai_messages"},
+    "serve": {"k3core.cli.options", "k3core.report.logs", "k3core.files.limits", "k3core.text.batch",
+              "k3core.text.chat", "k3core.text.channels", "k3core.text.structured", "k3core.text.openai_messages"},
     "ui": {"k3core.cli.options", "k3core.report.logs", "k3core.report.run", "k3core.units", "k3core.io.profile",
            "k3core.io.codec", "k3core.format.notes", "k3core.text.channels"},
     "wizard": {"k3core.cli.options", "k3core.report.logs", "k3core.report.meters", "k3core.units",

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from k3core import EngineConfig, UsageError, generate_ids, memory_plan, open_engine
+from k3core import EngineConfig, generate_ids, memory_plan, open_engine
+from k3core.errors import UsageError
 from k3core.plan import prefill
 from k3core.plan.prefill import K3, K3_UNION, Rates, Where
 

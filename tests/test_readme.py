@@ -56,7 +56,8 @@ def test_the_embedding_example_is_short_and_runs(small_model, tmp_path):
 def test_a_misspelled_option_is_an_error_naming_it_and_the_valid_ones(small_model):
     import pytest
 
-    from k3core import EngineConfig, UsageError, memory_plan
+    from k3core import EngineConfig, memory_plan
+    from k3core.errors import UsageError
 
     with pytest.raises(UsageError, match=r"the expert store 'lru' has no option 'cach_gb'; its options are: direct_io"):
         memory_plan(EngineConfig(small_model, store_options={"cach_gb": 1}))

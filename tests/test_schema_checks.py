@@ -9,10 +9,10 @@ import json
 import numpy as np
 import pytest
 
-from k3core import BatchGenerator, EngineConfig, Grammar, Sampler, SamplingParams, SchemaError, load_tokenizer, open_engine
+from k3core import BatchGenerator, EngineConfig, Sampler, SamplingParams, load_tokenizer, open_engine
 from k3core.text.batch import SequenceFailed
 from k3core.text.schema_checks import no_finite_instance, pattern_problem, patterns
-from k3core.text.structured import GrammarError, reply_grammar, schema_text
+from k3core.text.structured import Grammar, GrammarError, SchemaError, reply_grammar, schema_text
 
 from .conftest import DEMO_MODEL
 

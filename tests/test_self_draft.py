@@ -11,8 +11,10 @@ import sys
 
 import pytest
 
-from k3core import (AUTO_K, BatchGenerator, ChatSession, Conversation, EngineConfig, PlanError, Sampler, SamplingParams,
-                    Speculation, TrunkError, UsageError, load_tokenizer, memory_plan, open_engine, speculation)
+from k3core import (BatchGenerator, ChatSession, Conversation, EngineConfig, Sampler, SamplingParams, Speculation,
+                    load_tokenizer, memory_plan, open_engine, speculation)
+from k3core.text.generate import AUTO_K
+from k3core.errors import PlanError, TrunkError, UsageError
 from k3core import _native
 from k3core.io import draft_pack, pack
 from k3core.io.draft_trunk import DraftSpec, default_dir

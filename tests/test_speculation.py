@@ -11,9 +11,9 @@ import random
 import numpy as np
 import pytest
 
-from k3core import (AUTO_K, BatchGenerator, ChatSession, Conversation, EngineConfig, Sampler, SamplingParams, Session,
-                    Speculation, load_tokenizer,
-                    open_engine)
+from k3core import (BatchGenerator, ChatSession, Conversation, EngineConfig, Sampler, SamplingParams, Session,
+                    Speculation, load_tokenizer, open_engine)
+from k3core.text.generate import AUTO_K
 from k3core.errors import InputError, K3Error, PluginError, UsageError
 from k3core.plugin_api import DraftSource
 from k3core.plugins.drafts import NgramDraft, ReplayDraft

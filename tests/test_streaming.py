@@ -214,7 +214,7 @@ def test_a_budget_that_holds_everything_pins_everything(packed):
 
 
 def test_a_trunk_budget_below_the_ring_is_refused_naming_it(packed):
-    from k3core import PlanError
+    from k3core.errors import PlanError
     model, trunk = packed
     with pytest.raises(PlanError, match="cannot hold even the ring: 2 slots"):
         open_engine(EngineConfig(model, trunk=trunk, trunk_gb=1e-6))

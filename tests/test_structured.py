@@ -14,15 +14,15 @@ import re
 import jsonschema
 import pytest
 
-from k3core import (AUTO_K, BatchGenerator, Conversation, EngineConfig, Grammar, Sampler, SamplingParams, SchemaError,
-                    Session, Speculation, chat_grammar, load_tokenizer, open_engine)
-from k3core.text.structured import schema_text
+from k3core import (BatchGenerator, Conversation, EngineConfig, Sampler, SamplingParams, Session, Speculation,
+                    chat_grammar, load_tokenizer, open_engine)
+from k3core.text.generate import AUTO_K
+from k3core.text.structured import MAX_SCHEMA_BYTES, Grammar, SchemaError, reply_grammar, schema_text
 from k3core.errors import UsageError
 from k3core.io.pack import pack
 from k3core import _native
 from k3core.plugins.drafts import NgramDraft
 from k3core.testing.schemas import SCHEMAS
-from k3core.text.structured import MAX_SCHEMA_BYTES, reply_grammar
 
 from .conftest import DEMO_MODEL
 from .test_speculation import Listed

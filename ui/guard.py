@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from k3core import UsageError
+from k3core.errors import UsageError
 
 ADMIN_FLAG = "--allow-admin"
 

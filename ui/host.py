@@ -7,7 +7,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from k3core import EngineConfig, UsageError, config_from_profile, load_tokenizer, memory_plan, open_engine
+from k3core import EngineConfig, config_from_profile, load_tokenizer, memory_plan, open_engine
+from k3core.errors import UsageError
 from k3core.io.profile import Profile, load_profile, save_profile
 from k3core.report.run import rss_bytes
 

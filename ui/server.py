@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from k3core import EngineConfig, UsageError
+from k3core import EngineConfig
+from k3core.errors import UsageError
 from k3core.report.run import rss_bytes
 
 from serve.http import Listening, Timeouts, is_loopback, listen

@@ -12,7 +12,7 @@ import time
 
 import gradio as gr
 
-from k3core import K3Error, UsageError
+from k3core.errors import K3Error, UsageError
 from k3core.io.codec import CODECS as TRUNK_CODECS
 
 from .guard import ADMIN_FLAG

@@ -11,7 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
-from k3core import K3Error, UsageError
+from k3core.errors import K3Error, UsageError
 from k3core.files.limits import INDEX_FILE_BYTES, read_json_limited
 from k3core.format.notes import DEMO_MARKER, TEST_MODEL_MARKER
 from k3core.report.meters import ProgressMeter

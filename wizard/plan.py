@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from k3core import K3Error, UsageError
+from k3core.errors import K3Error, UsageError
 from k3core.format.checkpoint import VISION_PREFIXES
 from k3core.io.pack import packed_trunk_bytes
 from k3core.machine.checks import TRUNK_BYTES as RELEASED_TRUNK_BYTES

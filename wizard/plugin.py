@@ -56,7 +56,7 @@ exit codes:
 
 
 def cmd_setup(args) -> int:
-    from k3core import UsageError
+    from k3core.errors import UsageError
 
     from .steps import Options, Setup
 

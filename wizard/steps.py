@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from k3core import K3Error, UsageError, auto_preset, mem_available
+from k3core import auto_preset, mem_available
+from k3core.errors import K3Error, UsageError
 from k3core.io.pack import pack as pack_trunk
 from k3core.io.profile import Profile, profile_path, save_profile
 from k3core.machine import checks as machine

@@ -17,7 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
 
-from k3core import K3Error, UsageError, check_checkpoint
+from k3core import check_checkpoint
+from k3core.errors import K3Error, UsageError
 from k3core.format import tensor_sums
 from k3core.format.safetensors_index import ShardIndex, file_kind
 from k3core.format.scan import scan_weights

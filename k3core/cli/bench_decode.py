@@ -314,7 +314,8 @@ def cmd_drafts(args) -> int:
         if given is not None:
             raise UsageError(f"{flag} needs --transcripts: the chat prompts are decoded by the model, with ngram "
                              "drafts and its own tokenizer")
-    from ..api import AUTO_K, ChatSession, EngineConfig, SamplingParams, load_tokenizer, open_engine, speculation
+    from ..api import ChatSession, EngineConfig, SamplingParams, load_tokenizer, open_engine, speculation
+    from ..text.generate import AUTO_K
     from ..format.notes import demo_model_dir
 
     model = Path(args.model) if args.model else demo_model_dir()

@@ -107,7 +107,8 @@ def live(engine, ks: list[int], questions: list[str], tokenizer, gen: int, specu
     decode what the model emits): ids, passes (the prompt's included: it emits the first id), drafts proposed and
     accepted, seconds, and whether the ids are the serial ones. The engine's draft model is swapped per top-k (one set
     of weights)."""
-    from ..api import AUTO_K, Conversation, speculation
+    from ..api import Conversation, speculation
+    from ..text.generate import AUTO_K
     from ..model.engine import DraftModel
     from ..text.session import bytes_read  # the draft model's reads go through the shared store and placer
 
@@ -140,7 +141,8 @@ def live(engine, ks: list[int], questions: list[str], tokenizer, gen: int, specu
 
 
 def cmd_draft(args) -> int:
-    from ..api import AUTO_K, EngineConfig, open_engine
+    from ..api import EngineConfig, open_engine
+    from ..text.generate import AUTO_K
     from ..format.notes import demo_model_dir
     from ..io.draft_trunk import default_dir, open_draft_trunk
     from .bench_tokenizer import bench_tokenizer

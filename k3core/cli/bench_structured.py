@@ -106,7 +106,8 @@ def vocabulary_ms(tokenizer) -> float:
 
 def measure_schema(engine, tokenizer, name: str, description: str, schema: dict, max_tokens: int) -> dict:
     """One greedy instruct reply to a fresh conversation, held to `schema`: its timings and its validation."""
-    from ..api import Conversation, Grammar, SamplingParams, Session
+    from ..api import Conversation, SamplingParams, Session
+    from ..text.structured import Grammar
     from ..text.structured import schema_text
     from ..text.structured import reply_grammar
 

@@ -12,8 +12,8 @@ import time
 from .options import (EXIT_CODES, add_engine_arguments, add_prompt_cache_arguments, add_sampling_arguments,
                       add_speculation_arguments, engine_config_from_args, open_engine, prompt_cache_from_args,
                       sampling_params_from_args, speculation_from_args)
-from ..api import K3Error, StateFileError
-from ..errors import UsageError
+from ..errors import K3Error, UsageError
+from ..model.state_file import StateFileError
 from ..text.chat import MODES
 from ..units import human
 from ..text.channels import visible

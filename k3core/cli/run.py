@@ -17,7 +17,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ..api import Observer, UsageError
+from ..api import Observer
+from ..errors import UsageError
 from ..errors import OutputError
 from ..text.channels import visible
 from ..files import device

@@ -284,7 +284,8 @@ def state_with_meta(engine, tmp_path, meta: bytes):
         "the limit of a state file's metadata" in text, full=True),
 ])
 def test_state_file_metadata(engine, tmp_path, meta, said):
-    from k3core import LimitError, load_state
+    from k3core import load_state
+    from k3core.files.limits import LimitError
 
     path = state_with_meta(engine, tmp_path, meta)
     with pytest.raises(LimitError) as refused:
@@ -294,7 +295,7 @@ def test_state_file_metadata(engine, tmp_path, meta, said):
 
 @pytest.mark.faults_full
 def test_setup_state_file(tmp_path):
-    from k3core import LimitError
+    from k3core.files.limits import LimitError
     from wizard.state import STATE, read_state
 
     put(tmp_path / STATE, NESTED)

@@ -11,7 +11,8 @@ import shutil
 import numpy as np
 import pytest
 
-from k3core import CheckpointError, EngineConfig, open_engine
+from k3core import EngineConfig, open_engine
+from k3core.errors import CheckpointError
 from k3core.format.scan import record_tensor_sums
 from k3core.cli.main import main
 from k3core.interfaces import Param, Weights

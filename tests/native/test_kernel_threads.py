@@ -7,7 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from k3core import EngineConfig, UsageError, _native, greedy_ids, open_engine
+from k3core import EngineConfig, _native, greedy_ids, open_engine
+from k3core.errors import UsageError
 from k3core.cli.main import build_parser, main
 from k3core.cli.options import engine_config_from_args
 from k3core.interfaces import KERNEL_FAMILIES, Param

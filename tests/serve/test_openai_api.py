@@ -401,7 +401,7 @@ def test_completions_refuse_what_they_cannot_serve(demo):
 
 
 def test_an_api_key_must_be_long_and_a_bad_flag_is_named(capsys, monkeypatch):
-    from k3core import UsageError
+    from k3core.errors import UsageError
     from serve.http import api_key
 
     monkeypatch.delenv("K3_API_KEY", raising=False)

@@ -8,7 +8,7 @@ import os
 import pytest
 from gradio_client import Client
 
-from k3core import UsageError
+from k3core.errors import UsageError
 from tests.ui.test_app import free_port
 from ui.guard import Guard
 

@@ -130,7 +130,8 @@ def test_the_memory_plan_is_drawn_against_what_is_available():
     """Each row a segment as wide as its share, the room left after them; a plan over the limit drawn past a line."""
     import re
 
-    from k3core import Plan, PlanRow
+    from k3core.plan.budget import Plan
+    from k3core.interfaces import PlanRow
     from ui.plan_picture import plan_picture
 
     rows = dict(trunk=[PlanRow("pinned trunk", 600, ""), PlanRow("trunk ring", 200, "")],

@@ -42,7 +42,8 @@ def test_lru_loses_the_same_experts_to_the_same_scan():
 
 
 def test_unknown_or_mistyped_options_are_refused_by_name():
-    from k3core import EngineConfig, UsageError, memory_plan
+    from k3core import EngineConfig, memory_plan
+    from k3core.errors import UsageError
     from k3core.testing.models import model
     from k3core.testing.stores import offering
 
