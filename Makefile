@@ -93,7 +93,7 @@ bench-drafts-bpe: $(STAMP)
 	$(PY) -m k3core.cli.bench_transcripts $(DRAFTS_BPE_JSON)
 
 clean:
-	rm -rf $(VENV) $(EVAL_VENV) $(CLAUDE_VENV) build $(DEMO_DIR)
+	rm -rf $(VENV) $(EVAL_VENV) $(CLAUDE_VENV) .venv-clients build $(DEMO_DIR)
 
 # NEON backend == scalar, byte for byte, under qemu-aarch64 (installs the cross toolchain and qemu from
 # Debian if missing). Kept out of `make test` so that stays quick; .ci/run runs both.
@@ -152,9 +152,12 @@ claude-check: $(STAMP) $(CLAUDE_STAMP)
 # Structured output through real client libraries, unchanged, against a live `k3 serve` of the demo model (issue 42):
 # `llm --schema 'name, age int'`, instructor's default mode, the openai SDK's .parse() and a forced tool call (required,
 # and named), pydantic-ai's Agent(output_type=…) and langchain-openai's with_structured_output, 10 tries each at
-# temperature 1 (max_tokens 200, 120 s a try); exits 1 unless every one is 10 of 10. Each library is PyPI's latest in a
-# venv of its own under .venv-clients/, built by the script on first use (instructor pins an older openai); every try's
-# requests and replies in build/clients-check.json. A few minutes. Never part of `make test`.
+# temperature 1 (max_tokens 200, 120 s a try); and Moonshot's agent CLI, kimi-cli 1.51.0 (`kimi --print -p 'say hi'`;
+# Python >= 3.12: CLIENTS_FLAGS="--kimi-python PATH" if none is on PATH). Exits 1 unless every one is 10 of 10. Each
+# library is PyPI's in a venv of its own under .venv-clients/, built by the script on first use (instructor pins an
+# older openai); every try's requests and replies in build/clients-check.json. About 10 minutes (kimi's first try
+# forwards its ~29,000-id prompt). Never part of `make test`.
+CLIENTS_FLAGS ?=
 .PHONY: clients-check
 clients-check: $(STAMP)
-	K3_PLUGINS=none $(PY) benchmarks/clients/clients_check.py
+	K3_PLUGINS=none $(PY) benchmarks/clients/clients_check.py $(CLIENTS_FLAGS)

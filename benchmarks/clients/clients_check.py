@@ -13,11 +13,20 @@ among them; delete a venv to take a newer release). Per try, with at most --max-
   openai-tool-named     the same, tool_choice naming record_person                 } call's arguments valid (jsonschema)
   pydantic-ai           Agent(OpenAIChatModel, output_type=Person): a Person
   langchain             ChatOpenAI(base_url=…).with_structured_output(Person): a Person
+  kimi                  Moonshot's agent CLI, `kimi --print --final-message-only -p 'say hi'` with k3 serve as its
+                        provider (type "kimi", a config file and KIMI_SHARE_DIR in a temporary directory;
+                        KIMI_MODEL_TEMPERATURE 1, KIMI_MODEL_MAX_TOKENS --max-tokens): exit 0 and a reply. Its whole
+                        agent prompt and tool list go with every request (~29,000 ids of the demo's tokenizer), the
+                        time of day in it, so each try forwards its tail again: 3 tries. kimi-cli 1.51.0, the last
+                        release that runs — 1.52.0, the archived package's final release, only prints that the CLI
+                        moved to Kimi Code (not on PyPI) —, needs Python >= 3.12: its venv is made with --kimi-python, or
+                        the first of python3.12 … python3.14 on PATH that runs.
 (one_try.py holds the library calls; Person is {name: str, age: int}.) Every try must also end on a closed reply:
 the last the server sent must not say finish_reason "length". The clients talk to recorder.py, a proxy that passes
 every byte through and keeps each exchange, so a try's reply length (completion_tokens, from usage) and raw text are
-known whatever the library shows. A try is killed after --try-seconds. Prints the memory plan, a line per try and
-per client ("k of N valid", the first failure quoted); --json keeps every try with its requests and replies.
+known whatever the library shows. A try is killed after --try-seconds (kimi's after 15 minutes at least).
+Prints the memory plan, a line per try and per client ("k of N valid", the first failure quoted); --json keeps every
+try with its requests and replies.
 Exits 0 only when every client is N of N.
 """
 from __future__ import annotations
@@ -26,8 +35,8 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,10 +49,11 @@ import jsonschema
 from one_try import PERSON, PROMPT, TOOL
 from recorder import Recorder
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from live_server import LiveServer  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-MODEL = ROOT / "wizard" / "data" / "demo-model"
-K3 = Path(sys.executable).parent / "k3"
 
 VENVS = {  # venv: (what pip installs in it, the distributions whose versions are reported)
     "llm": (["llm"], ["llm", "openai"]),
@@ -51,73 +61,56 @@ VENVS = {  # venv: (what pip installs in it, the distributions whose versions ar
     "openai": (["openai"], ["openai"]),
     "pydantic-ai": (["pydantic-ai-slim[openai]"], ["pydantic-ai-slim", "openai"]),
     "langchain": (["langchain-openai"], ["langchain-openai", "langchain-core", "openai"]),
+    "kimi": (["kimi-cli==1.51.0"], ["kimi-cli"]),
 }
+NEEDS_PYTHON = {"kimi": (3, 12)}  # venv: the oldest Python its packages install on (else this one's)
 CLIENTS = {"llm": "llm", "instructor": "instructor", "openai-parse": "openai", "openai-tool-required": "openai",
-           "openai-tool-named": "openai", "pydantic-ai": "pydantic-ai", "langchain": "langchain"}  # client: venv
+           "openai-tool-named": "openai", "pydantic-ai": "pydantic-ai", "langchain": "langchain",
+           "kimi": "kimi"}  # client: venv
+KIMI_PROMPT = "say hi"
+# kimi's prompt holds the time of day ~9 kB in, so every try forwards the part after it again: fewer, longer tries
+TRIES = {"kimi": 3}             # client: its tries, at most (--tries for the others)
+TRY_SECONDS = {"kimi": 900}     # client: a try's limit, at least (--try-seconds for the others)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def interpreter(name: str, given: str | None) -> str:
+    """The Python to make venv `name` with: `given`, else this one, else the first python3.N on PATH new enough for
+    it (one that runs: a pyenv shim for a version not selected does not)."""
+    need = NEEDS_PYTHON.get(name)
+    if need is None:
+        return sys.executable
+    candidates = [given] if given else [sys.executable] + [f"python3.{minor}" for minor in range(need[1], 15)]
+    probe = f"import sys, venv; sys.exit(sys.version_info[:2] < {need})"
+    for candidate in candidates:
+        found = shutil.which(candidate)
+        if found and subprocess.run([found, "-c", probe], capture_output=True).returncode == 0:
+            return found
+    where = f"--kimi-python {given} is not" if given else f"neither this Python nor python3.{need[1]} … python3.14 is"
+    sys.exit(f"clients-check: {' '.join(VENVS[name][0])} needs Python >= {need[0]}.{need[1]}, and {where} one that "
+             f"runs; name one with --kimi-python PATH, or leave {name} out: --clients "
+             + ",".join(c for c, v in CLIENTS.items() if v != name))
 
 
-def ensure_venv(venvs: Path, name: str) -> tuple[Path, str]:
-    """The venv's bin directory, built when missing or made from other requirements; and its versions."""
+def ensure_venv(venvs: Path, name: str, python: str | None = None) -> tuple[Path, str]:
+    """The venv's bin directory, built when missing or made from other requirements (or, where a Python is named
+    for it, by another Python); and its versions."""
     packages, dists = VENVS[name]
     venv = venvs / name
     stamp = venv / ".k3-clients-installed"
-    if not stamp.exists() or stamp.read_text() != " ".join(packages):
+    python = interpreter(name, python)
+    wanted = " ".join(packages) + (f" with {python}" if name in NEEDS_PYTHON else "")
+    if not stamp.exists() or stamp.read_text() != wanted:
         print(f"clients-check: building {venv.relative_to(ROOT)}: pip install {' '.join(packages)}", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        subprocess.run([python, "-m", "venv", "--clear", str(venv)], check=True)
         pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *packages],
                              capture_output=True, text=True)
         if pip.returncode != 0:
             sys.exit(f"clients-check: pip install {' '.join(packages)} exited {pip.returncode}:\n{pip.stderr[-4000:]}")
-        stamp.write_text(" ".join(packages))
+        stamp.write_text(wanted)
     versions = subprocess.run([str(venv / "bin" / "python"), "-c", "import importlib.metadata as m, sys; "
                                "print(' '.join(d + ' ' + m.version(d) for d in sys.argv[1:]))", *dists],
                               capture_output=True, text=True, check=True).stdout.strip()
     return venv / "bin", versions
-
-
-class Server:
-    """`k3 serve` on the demo model on a free loopback port, its prompt cache and log in `work`."""
-
-    def __init__(self, work: Path):
-        self.log = work / "serve.log"
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self.cmd = [str(K3), "serve", str(MODEL), "--port", self.url.rsplit(":", 1)[1],
-                    "--prompt-cache", str(work / "prompt-cache")]
-        with open(self.log, "w") as out:
-            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT,
-                                         env={**os.environ, "K3_PLUGINS": "none"})
-        try:
-            self.wait()
-        except BaseException:  # Ctrl-C while it starts, or it never came up
-            self.stop()
-            raise
-
-    def wait(self) -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        sys.exit(f"clients-check: k3 serve did not come up within 120 s:\n{self.log.read_text()}")
-
-    def plan(self) -> str:
-        return self.log.read_text().split("k3 serve:")[0].rstrip()
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def llm_home(work: Path, url: str, model: str) -> Path:
@@ -129,7 +122,19 @@ def llm_home(work: Path, url: str, model: str) -> Path:
     return home
 
 
-def command(client: str, bin_dir: Path, url: str, model: str, max_tokens: int) -> list[str]:
+def kimi_config(work: Path, url: str, model: str) -> Path:
+    """kimi's config: k3 serve as a provider of type "kimi" (an OpenAI-compatible /v1), its model the default."""
+    config = work / "kimi-config.toml"
+    config.write_text(f'default_model = "k3"\n\n[providers.k3]\ntype = "kimi"\nbase_url = "{url}/v1"\n'
+                      f'api_key = "k3-local"\n\n[models.k3]\nprovider = "k3"\nmodel = "{model}"\n'
+                      'max_context_size = 131072\n')
+    return config
+
+
+def command(client: str, bin_dir: Path, url: str, model: str, max_tokens: int, work: Path) -> list[str]:
+    if client == "kimi":
+        return [str(bin_dir / "kimi"), "--config-file", str(kimi_config(work, url, model)), "-w", str(work),
+                "--print", "--final-message-only", "-p", KIMI_PROMPT]
     if client == "llm":
         return [str(bin_dir / "llm"), "-m", "k3-demo", "--schema", "name, age int", "-o", "temperature", "1",
                 "-o", "max_tokens", str(max_tokens), PROMPT]
@@ -156,7 +161,10 @@ def run_try(cmd: list[str], env: dict, seconds: float) -> dict:
 
 
 def returned(client: str, stdout: str):
-    """What the client gave back: llm's stdout parsed as JSON, else one_try.py's {"value"} or {"error"}."""
+    """What the client gave back: kimi's final message, llm's stdout parsed as JSON, else one_try.py's {"value"} or
+    {"error"}."""
+    if client == "kimi":
+        return stdout.strip(), None
     if client == "llm":
         try:
             return json.loads(stdout), None
@@ -171,6 +179,8 @@ def returned(client: str, stdout: str):
 
 def invalid_value(client: str, value) -> str | None:
     """Why the value is not what the client was asked for, or None."""
+    if client == "kimi":
+        return None if value else "no final message on stdout"
     try:
         if not client.startswith("openai-tool"):
             jsonschema.validate(value, PERSON)
@@ -223,9 +233,9 @@ def tokens(chats: list) -> str:
 def check_client(client: str, cmd: list[str], recorder: Recorder, env: dict, args) -> list[dict]:
     print(f"\n{client}\n  $ {shlex.join(cmd)}", flush=True)
     rows = []
-    for i in range(1, args.tries + 1):
+    for i in range(1, min(args.tries, TRIES.get(client, args.tries)) + 1):
         recorder.label = f"{client} {i}"
-        outcome = run_try(cmd, env, args.try_seconds)
+        outcome = run_try(cmd, env, max(args.try_seconds, TRY_SECONDS.get(client, 0)))
         exchanges = recorder.labelled(recorder.label)
         for ex in exchanges:
             ex.done.wait(30)
@@ -253,6 +263,8 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=200, help="max_tokens of every request (default 200)")
     p.add_argument("--clients", default=",".join(CLIENTS), help=f"a comma-separated subset of {', '.join(CLIENTS)}")
     p.add_argument("--venvs", default=str(ROOT / ".venv-clients"), help="where each library's venv is built")
+    p.add_argument("--kimi-python", metavar="PATH", help="a Python >= 3.12 to build kimi's venv with (default: this "
+                   "one if new enough, else the first python3.12 … python3.14 on PATH that runs)")
     p.add_argument("--json", default=str(ROOT / "build" / "clients-check.json"), help="every try, written here")
     args = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # as Ctrl-C does: through `finally`, the server stopped
@@ -260,35 +272,40 @@ def main() -> int:
     unknown = set(clients) - set(CLIENTS)
     if unknown:
         p.error(f"unknown clients {sorted(unknown)}; known: {', '.join(CLIENTS)}")
-    bins = {name: ensure_venv(Path(args.venvs), name) for name in dict.fromkeys(CLIENTS[c] for c in clients)}
+    bins = {name: ensure_venv(Path(args.venvs), name, args.kimi_python if name == "kimi" else None)
+            for name in dict.fromkeys(CLIENTS[c] for c in clients)}
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        server = Server(Path(tmp))
+        server = LiveServer(["--prompt-cache", str(Path(tmp) / "prompt-cache")], Path(tmp) / "serve.log",
+                            "clients-check")
         recorder = None
         try:
             model = httpx.get(server.url + "/v1/models", timeout=10).json()["data"][0]["id"]
             print(f"\n$ {shlex.join(server.cmd)}\n{server.plan()}", flush=True)
             recorder = Recorder(server.url)
-            env = {**os.environ, "LLM_USER_PATH": str(llm_home(Path(tmp), recorder.url, model))}
+            env = {**os.environ, "LLM_USER_PATH": str(llm_home(Path(tmp), recorder.url, model)),
+                   "KIMI_SHARE_DIR": str(Path(tmp) / "kimi-share"), "KIMI_MODEL_TEMPERATURE": "1",
+                   "KIMI_MODEL_MAX_TOKENS": str(args.max_tokens)}
             env.pop("OPENAI_API_KEY", None)
             for client in clients:
                 bin_dir, versions = bins[CLIENTS[client]]
-                cmd = command(client, bin_dir, recorder.url, model, args.max_tokens)
+                cmd = command(client, bin_dir, recorder.url, model, args.max_tokens, Path(tmp))
                 results[client] = {"versions": versions, "command": cmd,
                                    "tries": check_client(client, cmd, recorder, env, args)}
         finally:
             if recorder:
                 recorder.close()
             server.stop()
-    print(f"\nclients-check: {args.tries} tries each at temperature 1, max_tokens {args.max_tokens}")
+    print(f"\nclients-check: {args.tries} tries each (kimi {TRIES['kimi']}) at temperature 1, max_tokens "
+          f"{args.max_tokens}")
     for client, result in results.items():
         print("  " + summary_line(client, result["versions"], result["tries"]))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"server": server.cmd, "tries": args.tries, "max_tokens": args.max_tokens,
                                            "clients": results}, indent=1))
     short = [c for c, r in results.items() if not all(t["valid"] for t in r["tries"])]
-    print(f"clients-check: {'FAILED: ' + ', '.join(short) + ' short of' if short else 'every client'} "
-          f"{args.tries} of {args.tries}; every try in {args.json}")
+    print("clients-check: " + (f"FAILED: {', '.join(short)} had an invalid try" if short
+                               else "every try of every client valid") + f"; every try in {args.json}")
     return 1 if short else 0
 
 
