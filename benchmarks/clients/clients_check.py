@@ -19,8 +19,8 @@ among them; delete a venv to take a newer release). Per try, with at most --max-
                         agent prompt and tool list go with every request (~29,000 ids of the demo's tokenizer), the
                         time of day in it, so each try forwards its tail again: 3 tries. kimi-cli 1.51.0, the last
                         release that runs — 1.52.0, the archived package's final release, only prints that the CLI
-                        moved to Kimi Code (not on PyPI) —, needs Python >= 3.12: its venv is made with --kimi-python, or
-                        the first of python3.12 … python3.14 on PATH that runs.
+                        moved to Kimi Code (not on PyPI) —, needs Python >= 3.12: its venv is made with
+                        --kimi-python, or the first of python3.12 … python3.14 on PATH that runs.
 (one_try.py holds the library calls; Person is {name: str, age: int}.) Every try must also end on a closed reply:
 the last the server sent must not say finish_reason "length". The clients talk to recorder.py, a proxy that passes
 every byte through and keeps each exchange, so a try's reply length (completion_tokens, from usage) and raw text are
