@@ -36,7 +36,8 @@ def test_quiet_prints_the_reply_and_what_the_model_is_no_plan_nor_report(capsys)
     out, err = capsys.readouterr()
     assert out == "The capital of France is Paris.\n"
     assert err == (f"k3: {DEMO_MODEL} is the k3 demo model: a tiny model with the Kimi K3 architecture, trained to "
-                   "answer capitals, small sums, colours, opposites and greetings; it is not Kimi K3\n")
+                   "answer capitals, small sums, colours, opposites and greetings, and to write short JSON and tool "
+                   "calls; it is not Kimi K3\n")
 
 
 def test_the_report_says_what_a_true_hit_is():

@@ -7,7 +7,7 @@ from pathlib import Path
 DEMO_MARKER = "k3-demo-model.json"        # written by demo/train.py beside the demo checkpoint
 TEST_MODEL_MARKER = "k3-test-model.json"  # written by `k3 make-model` (k3core/testmodel/make.py)
 DEMO_NOTE = ("the k3 demo model: a tiny model with the Kimi K3 architecture, trained to answer capitals, small sums, "
-             "colours, opposites and greetings; it is not Kimi K3")
+             "colours, opposites and greetings, and to write short JSON and tool calls; it is not Kimi K3")
 TEST_MODEL_NOTE = "a generated test model: random weights in the real K3 format; it streams tokens, not sense"
 
 
