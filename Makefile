@@ -152,11 +152,12 @@ claude-check: $(STAMP) $(CLAUDE_STAMP)
 # Structured output through real client libraries, unchanged, against a live `k3 serve` of the demo model (issue 42):
 # `llm --schema 'name, age int'`, instructor's default mode, the openai SDK's .parse() and a forced tool call (required,
 # and named), pydantic-ai's Agent(output_type=…) and langchain-openai's with_structured_output, 10 tries each at
-# temperature 1 (max_tokens 200, 120 s a try); and Moonshot's agent CLI, kimi-cli 1.51.0 (`kimi --print -p 'say hi'`;
-# Python >= 3.12: CLIENTS_FLAGS="--kimi-python PATH" if none is on PATH). Exits 1 unless every one is 10 of 10. Each
-# library is PyPI's in a venv of its own under .venv-clients/, built by the script on first use (instructor pins an
-# older openai); every try's requests and replies in build/clients-check.json. About 10 minutes (kimi's first try
-# forwards its ~29,000-id prompt). Never part of `make test`.
+# temperature 1 (max_tokens 200, 120 s a try); and Moonshot's agent CLI, kimi-cli 1.51.0, 3 tries of
+# `kimi --print -p 'say hi'` (Python >= 3.12: CLIENTS_FLAGS="--kimi-python PATH" if none runs on PATH). Exits 1 unless
+# every try of every client is valid. Each library is PyPI's in a venv of its own under .venv-clients/, built by the
+# script on first use (instructor pins an older openai); every try's requests and replies in
+# build/clients-check.json. About 15 minutes here: the structured clients take a few, kimi's tries the rest (each
+# forwards much of its ~29,000-id prompt). Never part of `make test`.
 CLIENTS_FLAGS ?=
 .PHONY: clients-check
 clients-check: $(STAMP)

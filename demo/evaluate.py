@@ -66,8 +66,9 @@ def person_ok(value) -> bool:
             and type(value.get("age")) is int)
 
 
-def json_reply(engine, tok, conv: dict, seed: int) -> tuple[bool, bool, str]:
-    """(valid, exact, text) of a reply held to a person schema (one of the shapes clients send, by seed)."""
+def json_reply(engine, tok, conv: dict, seed: int) -> tuple[dict | None, str]:
+    """(the person, the reply's text) of a reply held to a person schema (one of the shapes clients send, by seed);
+    the person is None unless the reply closed and holds a valid one."""
     chat = Conversation(tok, "instruct")
     chat.add_user(conv["messages"][0]["content"])
     params = SamplingParams(temperature=1.0, seed=seed, max_tokens=80,
@@ -77,18 +78,16 @@ def json_reply(engine, tok, conv: dict, seed: int) -> tuple[bool, bool, str]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
-        return False, False, text
-    valid = done.reason == "stop id" and person_ok(value)
-    named = conv["messages"][0]["content"]
-    exact = valid and value["name"] in named and str(value["age"]) in named
-    return valid, exact, text
+        return None, text
+    return (value if done.reason == "stop id" and person_ok(value) else None), text
 
 
-def tool_reply(engine, tok, conv: dict, seed: int) -> tuple[bool, bool, str]:
-    """(valid, exact, text) of a forced call: the person tool named (even seeds), or "required" among every tool
-    the conversation declares (odd seeds: valid only when the person tool is the one called)."""
-    tools, person = conv["tools"], conv["messages"][1]["tools"].split('"')[1]
-    named = person if seed % 2 == 0 else None
+def tool_reply(engine, tok, conv: dict, seed: int) -> tuple[dict | None, str]:
+    """(the person, the reply's text) of a forced call: the person tool named (even seeds), or "required" among every
+    tool the conversation declares (odd seeds); the person is None unless one closed call of the person tool holds
+    a valid one."""
+    tools, person_tool = conv["tools"], conv["key"]
+    named = person_tool if seed % 2 == 0 else None
     forced = build_ids(tok, forced_tool_prefix("instruct", named))
     prompt = render(conv["messages"][:1], tok, "instruct", tools=tools) + forced
     grammar = chat_grammar(tok, "response", tools=tools, tool_choice=named or "required")
@@ -97,11 +96,9 @@ def tool_reply(engine, tok, conv: dict, seed: int) -> tuple[bool, bool, str]:
                                               grammar=grammar))[-1]
     text = tok.decode(forced + done.ids)
     calls = parse_tool_calls(text)
-    valid = (done.reason == "stop id" and len(calls) == 1 and calls[0].complete and calls[0].name == person
+    valid = (done.reason == "stop id" and len(calls) == 1 and calls[0].complete and calls[0].name == person_tool
              and person_ok(calls[0].arguments))
-    question = conv["messages"][0]["content"]
-    exact = valid and calls[0].arguments["name"] in question and str(calls[0].arguments["age"]) in question
-    return valid, exact, text
+    return (calls[0].arguments if valid else None), text
 
 
 def auto_tools(engine, tok) -> dict:
@@ -109,22 +106,18 @@ def auto_tools(engine, tok) -> dict:
     to get_weather for that city; a capital asked for is answered in text."""
     tools = [corpus_structured.WEATHER_TOOL, corpus_structured.ADD_TOOL, corpus_structured.SEARCH_TOOL]
     out = {}
-    for label, questions in (("weather -> get_weather(city)", [f"What is the weather in {c}?"
-                                                               for c in corpus_structured.CITIES[:10]]),
-                             ("capital -> answered in text", [f"What is the capital of {c}?" for c, _ in
-                                                              corpus.CAPITALS[:10]])):
+    weather = [(f"What is the weather in {c}?", c) for c in corpus_structured.CITIES[:10]]
+    capitals = [(f"What is the capital of {c}?", capital) for c, capital in corpus.CAPITALS[:10]]
+    for label, questions in (("weather -> get_weather(city)", weather), ("capital -> answered in text", capitals)):
         good = 0
-        for q in questions:
+        for q, want in questions:
             prompt = render([{"role": "user", "content": q}], tok, "instruct", tools=tools)
             done = list(Session(engine, tok).generate(prompt, SamplingParams(max_tokens=60),
                                                       stop_ids=[tok.id_of("<|end_of_msg|>")], channel=None))[-1]
             reply = split_reply(done.ids, tok)
-            calls = parse_tool_calls(reply.tools or "")
-            if label.startswith("weather"):
-                good += (len(calls) == 1 and calls[0].name == "get_weather"
-                         and calls[0].arguments.get("city") == q.split(" in ")[1].rstrip("?"))
-            else:
-                good += not calls and q.split(" of ")[1].rstrip("?") in reply.content
+            calls = [(c.name, c.arguments) for c in parse_tool_calls(reply.tools or "")]
+            good += calls == [("get_weather", {"city": want})] if questions is weather else \
+                (not calls and want in reply.content)
         out[label] = {"n": len(questions), "exact": round(good / len(questions), 4)}
     return out
 
@@ -137,14 +130,14 @@ def structured(engine, tok, data: dict, limit: int | None, show_failures: int) -
         valid = exact = extracting = 0
         failures = []
         for seed, conv in enumerate(convs):
-            v, e, text = one(engine, tok, conv, seed)
-            valid += v
-            person = conv.get("arguments") or json.loads(conv["expect"])
-            if person.get("name", "") in conv["messages"][0]["content"]:  # a person to extract, not to invent
+            got, text = one(engine, tok, conv, seed)
+            valid += got is not None
+            question, asked = conv["messages"][0]["content"], conv.get("arguments") or json.loads(conv["expect"])
+            if asked["name"] in question:  # a person to extract, not to invent
                 extracting += 1
-                exact += e
-            if not v and len(failures) < show_failures:
-                failures.append((conv["messages"][0]["content"], text))
+                exact += got is not None and (got["name"], got["age"]) == (asked["name"], asked.get("age"))
+            if got is None and len(failures) < show_failures:
+                failures.append((question, text))
         results[name] = {"n": len(convs), "valid": round(valid / len(convs), 4),
                          "exact (person named in the request)": f"{exact} of {extracting}"}
         print(f"{name:46s} {len(convs):4d} {100 * valid / len(convs):6.1f}% valid; "

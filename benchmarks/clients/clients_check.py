@@ -27,7 +27,7 @@ every byte through and keeps each exchange, so a try's reply length (completion_
 known whatever the library shows. A try is killed after --try-seconds (kimi's after 15 minutes at least).
 Prints the memory plan, a line per try and per client ("k of N valid", the first failure quoted); --json keeps every
 try with its requests and replies.
-Exits 0 only when every client is N of N.
+Exits 0 only when every try of every client is valid.
 """
 from __future__ import annotations
 
