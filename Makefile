@@ -14,9 +14,19 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
+# The package's modules, rewritten only when a module is added, moved or removed: the editable install maps each
+# module to its file, so a module that became a folder (or left) needs the install again.
+MODULE_LIST := $(VENV)/.k3-modules
+$(MODULE_LIST): FORCE | $(PY)
+	@find k3core serve ui wizard -name '*.py' -not -path '*/__pycache__/*' | LC_ALL=C sort > $@.new
+	@cmp -s $@.new $@ && rm $@.new || mv $@.new $@
+
+.PHONY: FORCE
+FORCE:
+
 # Reinstall (and rebuild the C++ extension) whenever the build inputs change. pip says nothing while it compiles:
 # scripts/ticker.sh says every 15 s that it is still at it, and passes a failure (pip's error, its exit code) through.
-$(STAMP): $(PY) pyproject.toml CMakeLists.txt $(wildcard native/*)
+$(STAMP): $(PY) pyproject.toml CMakeLists.txt $(wildcard native/*) $(MODULE_LIST)
 	@echo "k3: installing k3's packages and compiling its C++ kernels into $(VENV) (a minute or two the first time)"
 	sh scripts/ticker.sh 15 "installing and compiling" $(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)

@@ -334,7 +334,7 @@ def parser() -> argparse.ArgumentParser:
                "  make bench-suffix                                          # the demo model, the shipped transcripts\n"
                "  .venv/bin/python benchmarks/suffix_bench.py --draft-memory 0.5   # a 0.5 GB index\n"
                "  .venv/bin/python benchmarks/suffix_bench.py --json | jq .memory\n"
-               "reading it: docs/PERFORMANCE.md, \"The suffix index's cost\".")
+               "reading it: docs/performance-notes/suffix-index-cost.md.")
     p.add_argument("model", metavar="MODEL_DIR", nargs="?",
                    help="its tokenizer renders the transcripts, its decode pass is the yardstick (default: the "
                         "shipped demo model)")

@@ -1,7 +1,7 @@
 """The demo corpus's structured part: short JSON replies and tool calls, so that a client asking the demo model for
 JSON or forcing a tool call gets a short value that closes (issue 42).
 
-k3 holds such a reply to its schema with a grammar (k3core/text/structured.py), which writes every key and bracket
+k3 holds such a reply to its schema with a grammar (k3core/generation/structured.py), which writes every key and bracket
 itself; the model writes only the values. So the model has to learn what a value looks like after its key — a
 name, an age, a city, a capital, a number — and to close it. Three kinds of conversation:
 

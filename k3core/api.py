@@ -10,14 +10,14 @@ generation and sampling, sessions and chat, and decode states. Re-exported from 
 
 The errors are in k3core.errors (K3Error, the base of them all, is here too), except those that live beside the
 code that raises them (k3core.errors imports nothing of k3, so it cannot offer them): ProfileError
-(k3core.io.profile), StateFileError (k3core.model.state_file), LimitError (k3core.files.limits), ChatInputError
-(k3core.text.chat), SchemaError (k3core.text.structured) and SequenceFailed (k3core.text.batch) among them.
+(k3core.plan.profile), StateFileError (k3core.model.state_file), LimitError (k3core.files.limits), ChatInputError
+(k3core.text.chat), SchemaError (k3core.generation.structured) and SequenceFailed (k3core.generation.batch) among them.
 
 Everything else is imported from the room that holds it (docs/ARCHITECTURE.md lists them): the memory plan's
 types (Plan in k3core.plan.budget, PlanRow in k3core.interfaces), the engine's decode state (DecodeState in
-k3core.model.engine), the rest of the text layer (Tokenizer in k3core.text.tokenizer, AUTO_K in k3core.text.generate,
-Emitted in k3core.text.batch, Grammar in k3core.text.structured, Reply and ToolCall in k3core.text.chat, TokenLogprob
-in k3core.text.logprobs), the checkpoint format (k3core.format), files on disk (k3core.files, k3core.io), machine
+k3core.model.engine), the rest of the text and generation rooms (Tokenizer in k3core.text.tokenizer, Reply and
+ToolCall in k3core.text.chat, AUTO_K in k3core.generation.generate, Emitted in k3core.generation.batch, Grammar in
+k3core.generation.structured, TokenLogprob in k3core.generation.logprobs), the checkpoint format (k3core.format), files on disk (k3core.files, k3core.io), machine
 checks and projections (k3core.machine), progress and reports (k3core.report), generated test models
 (k3core.testmodel), and the flags a subcommand plugin shares with `k3 run` (k3core.cli.options). draft_source, what
 speculation() builds its draft sources with, stays here for the benchmarks that need one alone. Plugins use
@@ -26,7 +26,7 @@ k3core.plugin_api.
 from __future__ import annotations
 
 from .errors import K3Error, UsageError
-from .io.profile import Profile, load_profile, profile_path
+from .plan.profile import Profile, load_profile, profile_path
 from .model.state_file import load_state, save_state
 from .model.draft_weights import open_draft
 from .model.engine import Engine
@@ -36,16 +36,16 @@ from .plan.engine_config import EngineConfig, resolve
 from .plan.tuned import tuning_for
 from .plugin_manager import describe_plugins as _describe
 from .plugin_manager import choose_draft, get_plugin_manager, new_plugin_manager
-from .text.batch import BatchGenerator
+from .generation.batch import BatchGenerator
 from .text.chat import Conversation
-from .text.chat_session import ChatSession
-from .text.channels import Event
-from .text.generate import AUTO_K, Speculation, generate_ids, greedy_ids
-from .text.logprobs import token_logprobs
-from .text.sampling import Sampler, SamplingParams
-from .text.session import Session
-from .text.prefix_cache import PrefixCache
-from .text.structured import chat_grammar
+from .generation.chat_session import ChatSession
+from .generation.channels import Event
+from .generation.generate import AUTO_K, Speculation, generate_ids, greedy_ids
+from .generation.logprobs import token_logprobs
+from .generation.sampling import Sampler, SamplingParams
+from .generation.session import Session
+from .generation.prefix_cache import PrefixCache
+from .generation.structured import chat_grammar
 from .text.tokenizer import load_tokenizer
 
 __all__ = [
@@ -104,8 +104,8 @@ AUTO_SOURCES = ("suffix", "self")  # what --draft auto chooses among, each pass 
 def speculation(draft: str = "ngram", k: int | str = "auto", plugins=()) -> Speculation:
     """Speculative decoding settings for Session.generate / ChatSession.ask / generate_ids: the draft source
     `draft` names — or "auto": each pass the one of AUTO_SOURCES that promises the fewest bytes per emitted id
-    (text/generate.py Drafting) — and `k` drafted ids per pass, or "auto" (adaptive, up to AUTO_K). The engine must
-    have been opened with EngineConfig(speculate=...) at least that large."""
+    (generation/generate.py Drafting) — and `k` drafted ids per pass, or "auto" (adaptive, up to AUTO_K). The engine
+    must have been opened with EngineConfig(speculate=...) at least that large."""
     first, *rest = [draft_source(name, plugins) for name in (AUTO_SOURCES if draft == "auto" else (draft,))]
     if k == "auto":
         return Speculation(first, AUTO_K, adaptive=True, alternatives=tuple(rest))

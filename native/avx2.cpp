@@ -38,7 +38,8 @@ constexpr size_t kTileTokens = 4;  // of the 16 ymm registers
 size_t x_stride(size_t in) { return (in + kLanes - 1) / kLanes * kLanes + kLanes; }
 
 // Token t's row at xd + t * stride; elements past `in` are +0.0. Line aligned, and stride is a multiple of 16, so
-// no load of x straddles two cache lines (with malloc's 16 bytes every other one did: docs/PERFORMANCE.md).
+// no load of x straddles two cache lines (with malloc's 16 bytes every other one did:
+// docs/performance-notes/avx2-fma-bound.md).
 const double* widen_x(const float* x, size_t in, size_t tokens, size_t stride) {
     thread_local std::vector<double> store;
     double* buf = line_aligned(store, tokens * stride);

@@ -23,7 +23,7 @@ from k3core.errors import InputError, TokenizerError, UsageError
 from k3core.files.limits import LimitError, loads_limited
 from k3core.text.chat import (ChatInputError, build_ids as build_chat_ids, forced_tool_prefix, parse_tool_calls,
                               render as render_chat, split_reply)
-from k3core.text.structured import Grammar, SchemaError, chat_grammar
+from k3core.generation.structured import Grammar, SchemaError, chat_grammar
 
 from .http import model_id
 from .schema import ApiError, ChatRequest, CompletionRequest, prompt_param, request_param

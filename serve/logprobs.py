@@ -1,4 +1,4 @@
-"""Log-probabilities as OpenAI's two APIs shape them, from k3core's TokenLogprob (k3core/text/logprobs.py computes
+"""Log-probabilities as OpenAI's two APIs shape them, from k3core's TokenLogprob (k3core/generation/logprobs.py computes
 them; nothing here changes a number).
 
 Chat: `logprobs.content`, one entry per generated id: {token, logprob, bytes, top_logprobs: [{token, logprob,

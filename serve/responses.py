@@ -18,7 +18,7 @@ from collections import OrderedDict
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from k3core.text.channels import Channels
+from k3core.generation.channels import Channels
 from k3core.text.chat import tool_call_markup
 
 from .api import (Api, ToolCallWatch, chat_job, chat_reply, check_key, events_or_cancel, guarded, internal_error,

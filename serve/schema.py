@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from k3core.text.structured import SchemaError
+from k3core.generation.structured import SchemaError
 from k3core.text.openai_messages import TOOL_NAME, MessageError, k3_messages, tool_arguments
-from k3core.text.structured import schema_text
+from k3core.generation.structured import schema_text
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 MAX_STOP = 4  # stop sequences per request, as OpenAI allows

@@ -21,9 +21,9 @@ from typing import Callable
 
 from k3core import BatchGenerator, PrefixCache, Sampler, SamplingParams, token_logprobs
 from k3core.errors import InputError, K3Error
-from k3core.text.batch import SequenceFailed
-from k3core.text.channels import TextStream
-from k3core.text.structured import GrammarError
+from k3core.generation.batch import SequenceFailed
+from k3core.generation.channels import TextStream
+from k3core.generation.structured import GrammarError
 
 from .schema import ApiError
 
@@ -45,7 +45,7 @@ class Job:
     channel: str | None = None        # the XTML channel the prompt's generation prefix opened (chat)
     forced: list[int] = field(default_factory=list)  # ids at the prompt's end the reply is parsed from too
     stop_ids: frozenset = frozenset()
-    grammar: object = None            # the reply's Grammar (k3core.text.structured): a JSON schema, forced tool calls
+    grammar: object = None            # the reply's Grammar (k3core.generation.structured): a JSON schema, forced calls
     grammar_param: str = "response_format"  # the request field a failing grammar is named by
     logprobs: int | None = None       # alternatives per id of its log-probabilities; None: none are computed
     score_prompt: bool = False        # the prompt's ids' log-probabilities too (teacher-forced; a fresh state)

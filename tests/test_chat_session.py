@@ -1,8 +1,8 @@
 """ChatSession: a reply whose text spells an added token (the model emitted, say, <|sep|> as text)
 does not break the next turn, and the next turn still feeds the model its exact ids."""
-from k3core.text.chat_session import ChatSession
+from k3core.generation.chat_session import ChatSession
 from k3core import EngineConfig, open_engine
-from k3core.text.sampling import SamplingParams
+from k3core.generation.sampling import SamplingParams
 from k3core.text.tokenizer import load_tokenizer
 
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from k3core.cli.main import Parser, build_parser, main
-from k3core.io.profile import Profile, save_profile
+from k3core.plan.profile import Profile, save_profile
 
 from .conftest import DEMO_MODEL
 

@@ -195,7 +195,7 @@ def disk(tmp_path, monkeypatch):
 
 
 def test_with_a_model_installed_the_disk_check_judges_what_it_still_needs(tmp_path, disk):
-    from k3core.io.profile import Profile, save_profile
+    from k3core.plan.profile import Profile, save_profile
 
     model, trunk = tmp_path / "demo-model", tmp_path / "demo-model" / "trunk"
     trunk.mkdir(parents=True)
@@ -211,7 +211,7 @@ def test_with_a_model_installed_the_disk_check_judges_what_it_still_needs(tmp_pa
 
 def test_an_installed_model_with_its_trunk_still_to_pack_warns_when_it_does_not_fit(tmp_path, tiny_model, disk):
     from k3core.io.pack import packed_trunk_bytes
-    from k3core.io.profile import Profile, save_profile
+    from k3core.plan.profile import Profile, save_profile
 
     save_profile(Profile(model=str(tiny_model), trunk=str(tmp_path / "trunk")))
     disk["bytes"] = 5e9
@@ -233,7 +233,7 @@ def test_with_no_model_installed_the_disk_check_is_for_kimi_k3(tmp_path, disk):
 
 def test_with_a_model_installed_that_fits_in_ram_a_slow_disk_is_enough_and_k3_s_need_is_information(
         tmp_path, tiny_model, disk, monkeypatch):
-    from k3core.io.profile import Profile, save_profile
+    from k3core.plan.profile import Profile, save_profile
 
     slow = {"bytes": 64 << 20, "seconds": 0.2, "bytes_per_s": 0.3e9, "direct": True, "direct_refusal": None}
     assert doctor.check_read(slow, "ext4").status == "warn"  # no profile: the machine is checked for K3

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,43 +26,48 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("k3core", "serve", "ui", "wizard")
 
-# room -> the rooms it may import. A room is a folder of k3core, or one of its top-level modules; "native" is the
-# C++ extension k3core._native, "version" is `from k3core import __version__` (k3core/__init__.py, which imports
-# nothing at load).
-BASE = {"errors", "units", "interfaces", "hookspecs", "native", "version"}
-ROOMS = {
-    "errors": set(), "units": set(), "hookspecs": set(), "native": set(), "version": set(),
-    "interfaces": {"errors"},
-    "files": {"errors"},
-    "format": BASE | {"files"},
-    "plugin_manager": {"errors", "hookspecs", "version"},      # the built-ins by module name, at build time
-    "io": BASE | {"files", "format"},
-    "plan": BASE | {"files", "format", "plugin_manager"},
-    "model": BASE | {"files", "format", "io", "plan"},
-    "text": BASE | {"files", "format", "model", "plan"},
-    "report": BASE,
-    "machine": BASE | {"files", "format", "io", "plan", "model"},
-    "testmodel": BASE | {"files", "format", "plugin_manager", "text"},
-    "plugin_api": BASE | {"files", "format", "io", "plan", "plugin_manager"},
-    "plugins": {"plugin_api"},
-    "testing": BASE | {"files", "format", "io", "plan", "model", "text", "plugin_manager", "testmodel"},
-    "api": BASE | {"files", "format", "io", "plan", "model", "text", "plugin_manager"},
-    "tune": BASE | {"files", "format", "io", "plan", "model", "text", "plugin_manager", "report", "api"},
-    "cli": BASE | {"files", "format", "io", "plan", "model", "text", "plugin_manager", "report", "machine",
-                   "testmodel", "testing", "api", "tune"},
-    "__main__": {"cli"},
-}
+# room -> the rooms it may import: the table in docs/ARCHITECTURE.md, "The rooms of k3core". A room is a folder of
+# k3core, or one of its top-level modules; "native" is the C++ extension k3core._native, "version" is
+# `from k3core import __version__` (k3core/__init__.py, which imports nothing at load).
+ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
+TABLE_HEAD = "| room | what lives there | may import |"
+
+
+def _room_name(cell_name: str) -> str:
+    name = cell_name.removesuffix(".py").rstrip("/")
+    return {"_native": "native", "__init__": "version"}.get(name, name)
+
+
+def rooms_table(text: str) -> tuple[set[str], dict[str, set[str]]]:
+    """(base, room -> the rooms it may import) as the table in `text` says, `base` expanded."""
+    base_line = re.search(r"\*base\* there stands for (.*?)\.\n\n", text, re.S)
+    assert base_line, f"{ARCHITECTURE.name} no longer says what *base* stands for"
+    base = {_room_name(n) for n in re.findall(r"`([^`]+)`", base_line.group(1))}
+    rows = text[text.index(TABLE_HEAD):].split("\n\n", 1)[0].splitlines()[2:]
+    table = {}
+    for row in rows:
+        cells = row.split(" | ")
+        allowed = {_room_name(n) for n in re.findall(r"`([^`]+)`", cells[-1])}
+        if re.match(r"\|? ?base\b", cells[-1].strip()):
+            allowed |= base
+        for name in re.findall(r"`([^`]+)`", cells[0]):
+            table[_room_name(name)] = allowed
+    return base, table
+
+
+BASE, ROOMS = rooms_table(ARCHITECTURE.read_text())
 # what each front end may import of k3core: the front door and its errors, the plugin API, and these public modules
 FRONT_DOOR = {"k3core", "k3core.api", "k3core.errors", "k3core.plugin_api"}
 FRONT_ENDS = {
-    "serve": {"k3core.cli.options", "k3core.report.logs", "k3core.files.limits", "k3core.text.batch",
-              "k3core.text.chat", "k3core.text.channels", "k3core.text.structured", "k3core.text.openai_messages"},
-    "ui": {"k3core.cli.options", "k3core.report.logs", "k3core.report.run", "k3core.units", "k3core.io.profile",
-           "k3core.io.codec", "k3core.format.notes", "k3core.text.channels"},
+    "serve": {"k3core.cli.options", "k3core.report.logs", "k3core.files.limits", "k3core.generation.batch",
+              "k3core.text.chat", "k3core.generation.channels", "k3core.generation.structured",
+              "k3core.text.openai_messages"},
+    "ui": {"k3core.cli.options", "k3core.report.logs", "k3core.report.run", "k3core.units", "k3core.plan.profile",
+           "k3core.io.codec", "k3core.format.notes", "k3core.generation.channels"},
     "wizard": {"k3core.cli.options", "k3core.report.logs", "k3core.report.meters", "k3core.units",
                "k3core.files.limits", "k3core.files.atomic", "k3core.format.checkpoint", "k3core.format.notes",
                "k3core.format.safetensors_index", "k3core.format.scan", "k3core.format.tensor_sums", "k3core.io.codec", "k3core.io.pack",
-               "k3core.io.profile", "k3core.machine.checks", "k3core.machine.cost"},
+               "k3core.plan.profile", "k3core.machine.checks", "k3core.machine.cost"},
 }
 WEB = ("fastapi", "gradio", "uvicorn", "starlette")
 

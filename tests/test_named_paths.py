@@ -10,7 +10,7 @@ and either ends in one of EXTENSIONS or starts with one of FOLDERS, e.g. `io/ten
 DIR/FILE); a path under build/ or a .venv folder; the few paths of other projects in ELSEWHERE.
 
 When it exists: as a file or folder relative to the repository's root, to k3core/, to the citing file's own
-folder or to any top-level folder (so `io/pack.py` or `text/structured.py` written inside k3core counts). A path
+folder or to any top-level folder (so `io/pack.py` or `generation/structured.py` written inside k3core counts). A path
 with no extension may also name the files of that stem: `serve/app` for serve/app.py,
 `tests/fixtures/oracles/demo-chat0` for its .json and .npz.
 """

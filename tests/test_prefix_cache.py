@@ -1,4 +1,4 @@
-"""The prompt cache (k3core/text/prefix_cache.py): a prompt resumes from the deepest kept checkpoint of any
+"""The prompt cache (k3core/generation/prefix_cache.py): a prompt resumes from the deepest kept checkpoint of any
 conversation, and the ids and logits are the bits a fresh forward gives — cold, warm, read back from disk after a
 restart, at every RAM budget, and in a batch. A damaged or foreign file is dropped and recomputed; another model
 never reads one; what RAM and disk hold stays within their limits."""
@@ -11,8 +11,8 @@ import pytest
 
 from k3core import BatchGenerator, EngineConfig, K3Error, PrefixCache, load_tokenizer, open_engine
 from k3core.testing.engines import state_bytes
-from k3core.text.generate import generate_ids
-from k3core.text.prefix_disk import SUFFIX
+from k3core.generation.generate import generate_ids
+from k3core.generation.prefix_disk import SUFFIX
 
 from .conftest import DEMO_MODEL
 

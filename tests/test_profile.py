@@ -3,7 +3,7 @@ one is refused naming the file; no profile and no MODEL_DIR is a clear usage err
 import pytest
 
 from k3core.cli.main import main
-from k3core.io.profile import Profile, ProfileError, load_profile, save_profile
+from k3core.plan.profile import Profile, ProfileError, load_profile, save_profile
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from k3core.errors import K3Error, UsageError
-from k3core.text.sampling import Sampler, SamplingParams, SplitMix64, StopMatcher, det_exp, penalise
+from k3core.generation.sampling import Sampler, SamplingParams, SplitMix64, StopMatcher, det_exp, penalise
 
 
 def machine_free_logits(n=64):

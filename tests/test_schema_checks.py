@@ -1,4 +1,4 @@
-"""What a schema must pass before its grammar is compiled (k3core/text/schema_checks.py, structured.py's
+"""What a schema must pass before its grammar is compiled (k3core/generation/schema_checks.py, structured.py's
 `check_schema` and `Grammar._probe`), and what happens when a grammar still fails mid-reply: GrammarError for that
 reply alone, never the stop id its mask falls back to, and a batch that drops that sequence while the others keep
 the ids they get alone (SequenceFailed). The HTTP side is tests/faults/test_requests.py."""
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from k3core import BatchGenerator, EngineConfig, Sampler, SamplingParams, load_tokenizer, open_engine
-from k3core.text.batch import SequenceFailed
-from k3core.text.schema_checks import no_finite_instance, pattern_problem, patterns
-from k3core.text.structured import Grammar, GrammarError, SchemaError, reply_grammar, schema_text
+from k3core.generation.batch import SequenceFailed
+from k3core.generation.schema_checks import no_finite_instance, pattern_problem, patterns
+from k3core.generation.structured import Grammar, GrammarError, SchemaError, reply_grammar, schema_text
 
 from .conftest import DEMO_MODEL
 

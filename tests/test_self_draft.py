@@ -13,7 +13,7 @@ import pytest
 
 from k3core import (BatchGenerator, ChatSession, Conversation, EngineConfig, Sampler, SamplingParams, Speculation,
                     load_tokenizer, memory_plan, open_engine, speculation)
-from k3core.text.generate import AUTO_K
+from k3core.generation.generate import AUTO_K
 from k3core.errors import PlanError, TrunkError, UsageError
 from k3core import _native
 from k3core.io import draft_pack, pack

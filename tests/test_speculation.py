@@ -13,7 +13,7 @@ import pytest
 
 from k3core import (BatchGenerator, ChatSession, Conversation, EngineConfig, Sampler, SamplingParams, Session,
                     Speculation, load_tokenizer, open_engine)
-from k3core.text.generate import AUTO_K
+from k3core.generation.generate import AUTO_K
 from k3core.errors import InputError, K3Error, PluginError, UsageError
 from k3core.plugin_api import DraftSource
 from k3core.plugins.drafts import NgramDraft, ReplayDraft
@@ -143,7 +143,7 @@ def test_auto_drafts_what_the_bytes_pay_for():
     real trace's): one id on the prior (1 in 4 accepted pays for a second row, 1.17x the bytes), none once that
     fails, resting long enough that such tries cost 2 % of the passes; K = 8 once every draft is right; 1 or 0
     at a coin's odds."""
-    from k3core.text.generate import DraftLength
+    from k3core.generation.generate import DraftLength
 
     class K3AtTheFloor:
         union = {1: 1.0, 2: 1.66, 3: 2.2, 4: 2.76, 5: 3.25, 6: 3.8, 7: 4.3, 8: 4.75, 9: 5.18}

@@ -1,4 +1,4 @@
-"""Structured output (k3core/text/structured.py): a reply held to a JSON schema by a mask on the logits.
+"""Structured output (k3core/generation/structured.py): a reply held to a JSON schema by a mask on the logits.
 
 On the trained demo model and a random `small` model, the reply to each of k3core.testing.schemas' 22 schemas
 parses and validates with `jsonschema` (a validator k3 did not write), greedy and sampled, in instruct and
@@ -16,8 +16,8 @@ import pytest
 
 from k3core import (BatchGenerator, Conversation, EngineConfig, Sampler, SamplingParams, Session, Speculation,
                     chat_grammar, load_tokenizer, open_engine)
-from k3core.text.generate import AUTO_K
-from k3core.text.structured import MAX_SCHEMA_BYTES, Grammar, SchemaError, reply_grammar, schema_text
+from k3core.generation.generate import AUTO_K
+from k3core.generation.structured import MAX_SCHEMA_BYTES, Grammar, SchemaError, reply_grammar, schema_text
 from k3core.errors import UsageError
 from k3core.io.pack import pack
 from k3core import _native

@@ -12,7 +12,7 @@ import re
 import pytest
 
 from k3core import ChatSession, EngineConfig, SamplingParams, Speculation, load_tokenizer, open_engine
-from k3core.text.generate import AUTO_K
+from k3core.generation.generate import AUTO_K
 from k3core.plugins.suffix import BYTES_PER_ID, DEFAULT_BYTES, MATCH_SCALE, SuffixDraft, SuffixIndex
 from k3core.testing.engines import generation
 

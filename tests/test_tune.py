@@ -12,7 +12,7 @@ import pytest
 from k3core.cli.main import main
 from k3core.errors import UnsoundRunError, UsageError
 from k3core.interfaces import default_threads
-from k3core.io.profile import Profile, load_profile, save_profile
+from k3core.plan.profile import Profile, load_profile, save_profile
 from k3core.plan.engine_config import EngineConfig
 from k3core.plan.tuned import Tuned, fingerprint, machine_changes, tuning_for
 from k3core.tune import knobs as K

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from k3core import EngineConfig, config_from_profile, load_tokenizer, memory_plan, open_engine
 from k3core.errors import UsageError
-from k3core.io.profile import Profile, load_profile, save_profile
+from k3core.plan.profile import Profile, load_profile, save_profile
 from k3core.report.run import rss_bytes
 
 PRESET_CHOICES = ["laptop", "desktop", "workstation", "server", "max", "auto", "custom"]

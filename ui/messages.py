@@ -5,7 +5,7 @@ message are shown as escapes, never obeyed by the page.
 """
 from __future__ import annotations
 
-from k3core.text.channels import visible
+from k3core.generation.channels import visible
 
 
 def display(messages: list[dict]) -> list[dict]:

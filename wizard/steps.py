@@ -19,7 +19,7 @@ from pathlib import Path
 from k3core import auto_preset, mem_available
 from k3core.errors import K3Error, UsageError
 from k3core.io.pack import pack as pack_trunk
-from k3core.io.profile import Profile, profile_path, save_profile
+from k3core.plan.profile import Profile, profile_path, save_profile
 from k3core.machine import checks as machine
 from k3core.machine.cost import choose_trunk_codec
 from k3core.report.meters import PackMeter

@@ -64,10 +64,10 @@ def workload(tokenizer, system_ids: int, tasks: int, n_tools: int = 6):
 
 
 def run_mode(engine, tokenizer, mode: str, args, cache_dir: str) -> dict:
-    from ..text.batch import BatchGenerator
+    from ..generation.batch import BatchGenerator
     from ..text.chat import EOM, render, split_reply
-    from ..text.prefix_cache import PrefixCache
-    from ..text.sampling import Sampler, SamplingParams
+    from ..generation.prefix_cache import PrefixCache
+    from ..generation.sampling import Sampler, SamplingParams
 
     system, declared, convs = workload(tokenizer, args.system_ids, 2, args.tools)
     eom = tokenizer.id_of(EOM)

@@ -37,7 +37,7 @@ def worker(job: dict) -> dict:
     """Open the engine `job` describes and generate; the ids, timings and counters as a dict."""
     from ..api import BatchGenerator, EngineConfig, Sampler, SamplingParams, Session, open_engine, speculation
     from ..report.run import peak_rss_bytes
-    from ..text.session import bytes_read
+    from ..generation.session import bytes_read
 
     fields = dict(trunk=job.get("trunk"), trunk_gb=job.get("trunk_gb"), cache_gb=job.get("cache_gb"),
                   pin_layers=job.get("pin_layers"), max_context=512 + 64,
@@ -315,7 +315,7 @@ def cmd_drafts(args) -> int:
             raise UsageError(f"{flag} needs --transcripts: the chat prompts are decoded by the model, with ngram "
                              "drafts and its own tokenizer")
     from ..api import ChatSession, EngineConfig, SamplingParams, load_tokenizer, open_engine, speculation
-    from ..text.generate import AUTO_K
+    from ..generation.generate import AUTO_K
     from ..format.notes import demo_model_dir
 
     model = Path(args.model) if args.model else demo_model_dir()
@@ -371,9 +371,10 @@ def add_drafts_parser(sub) -> None:
                                    "auto, per kind and overall. benchmarks/transcripts/transcripts.jsonl is a set\n"
                                    "built from local text (its README says what and from where).\n\n"
                                    "The demo model's tokenizer has 768 ids (~1.4 characters each) and overstates\n"
-                                   "acceptance; --tokenizer scores with a real-sized vocabulary (docs/PERFORMANCE.md,\n"
-                                   "\"Draft acceptance on transcripts\"). MODEL_DIR still gives the chat markup of a\n"
-                                   "plain ranks file and the pass bytes that `auto` weighs drafts by.",
+                                   "acceptance; --tokenizer scores with a real-sized vocabulary\n"
+                                   "(docs/performance-notes/draft-acceptance-transcripts.md). MODEL_DIR still gives\n"
+                                   "the chat markup of a plain ranks file and the pass bytes that `auto` weighs\n"
+                                   "drafts by.",
                        epilog="examples:\n  k3 bench drafts\n  k3 bench drafts /models/my-model --gen 80 --json\n"
                               "  k3 bench drafts --transcripts benchmarks/transcripts/transcripts.jsonl "
                               "--sources ngram\n"

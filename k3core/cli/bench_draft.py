@@ -108,9 +108,9 @@ def live(engine, ks: list[int], questions: list[str], tokenizer, gen: int, specu
     accepted, seconds, and whether the ids are the serial ones. The engine's draft model is swapped per top-k (one set
     of weights)."""
     from ..api import Conversation, speculation
-    from ..text.generate import AUTO_K
+    from ..generation.generate import AUTO_K
     from ..model.engine import DraftModel
-    from ..text.session import bytes_read  # the draft model's reads go through the shared store and placer
+    from ..generation.session import bytes_read  # the draft model's reads go through the shared store and placer
 
     weights, most = engine.draft.placer, engine.config.num_experts_per_token
     runs = [("serial", None, None), ("suffix", None, ("suffix", speculate))]
@@ -142,7 +142,7 @@ def live(engine, ks: list[int], questions: list[str], tokenizer, gen: int, specu
 
 def cmd_draft(args) -> int:
     from ..api import EngineConfig, open_engine
-    from ..text.generate import AUTO_K
+    from ..generation.generate import AUTO_K
     from ..format.notes import demo_model_dir
     from ..io.draft_trunk import default_dir, open_draft_trunk
     from .bench_tokenizer import bench_tokenizer

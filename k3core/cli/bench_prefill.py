@@ -31,7 +31,7 @@ def measure(args, chunk: int) -> dict:
     from ..api import open_engine
     from ..interfaces import default_threads
     from ..plan import prefill
-    from ..text.generate import prefill as forward_prompt
+    from ..generation.generate import prefill as forward_prompt
     from .options import engine_config_from_args
 
     config = engine_config_from_args(args, tuned=False)  # a bench measures what its flags say, never a saved tuning

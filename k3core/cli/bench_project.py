@@ -23,8 +23,8 @@ RAM_GB = (8, 32, 64, 128)
 # kimi-k3-in-c v1.0.0, README's "resident RAM / decode" table: one 124-core x86-64 with a 4.6 GB/s NVMe, RAM
 # capped by a cgroup (its docs/data/speed-2026-08.md; the 128 GB row is "128+ GB", trunk resident, 179 GB peak RSS)
 C_ENGINE_SECONDS = {8: 26.5, 32: 24.2, 64: 19.8, 128: 5.6}
-# `k3 bench stream` on this machine (2-vCPU AMD EPYC, AVX-512; docs/PERFORMANCE.md, "the real model at 8 GB,
-# projected"): the planes trunk restored per core, and a whole token's kernels per core
+# `k3 bench stream` on this machine (2-vCPU AMD EPYC, AVX-512; docs/performance-notes/projection-8gb.md): the
+# planes trunk restored per core, and a whole token's kernels per core
 MEASURED_DECODE_PER_CORE = 3.63e9
 MEASURED_COMPUTE_PER_CORE = 8.2e9
 DRAFT_KS = ("1", "2", "4", "8")  # `auto` varies its K pass by pass: its passes have no one union

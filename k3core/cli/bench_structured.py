@@ -97,7 +97,7 @@ def vocabulary_ms(tokenizer) -> float:
     """Building llguidance's view of `tokenizer` (once per tokenizer: later grammars reuse it), in ms."""
     import llguidance  # noqa: F401  (imported first: its import is not the build)
 
-    from ..text.structured import _Vocabulary
+    from ..generation.structured import _Vocabulary
 
     started = time.perf_counter()
     _Vocabulary.of(tokenizer, chat=True)
@@ -107,9 +107,9 @@ def vocabulary_ms(tokenizer) -> float:
 def measure_schema(engine, tokenizer, name: str, description: str, schema: dict, max_tokens: int) -> dict:
     """One greedy instruct reply to a fresh conversation, held to `schema`: its timings and its validation."""
     from ..api import Conversation, SamplingParams, Session
-    from ..text.structured import Grammar
-    from ..text.structured import schema_text
-    from ..text.structured import reply_grammar
+    from ..generation.structured import Grammar
+    from ..generation.structured import schema_text
+    from ..generation.structured import reply_grammar
 
     started = time.perf_counter()
     grammar = TimedGrammar(Grammar(tokenizer, reply_grammar(schema_text(schema), "response")))

@@ -12,7 +12,7 @@ recorded ids whatever was proposed, so only the number of passes changes. The pr
 before each verify pass the draft source proposes up to K ids after the prompt and the ids so far, the accepted
 ones are the longest common prefix with the recorded continuation, and the pass yields those plus the model's
 own next id. Tokens per pass = the turn's ids / its passes (1.00 is serial decoding). K "auto" is --speculate
-auto's adaptive length (k3core.text.generate.DraftLength).
+auto's adaptive length (k3core.generation.generate.DraftLength).
 
 Sources see the file as a server sees its requests: a fresh source per turn (begin, propose, end), turns in file
 order, so one that learns across requests has learnt the conversations before the turn. Each (source, K) runs in
@@ -153,7 +153,7 @@ class Counts:
 
 def draft_length(k: str, cost):
     """K's draft length; auto weighs drafts by `cost` (a PassCost: the model's bytes, its routing's unions unseen)."""
-    from ..text.generate import AUTO_K, DraftLength
+    from ..generation.generate import AUTO_K, DraftLength
     return DraftLength(AUTO_K, adaptive=True, cost=cost) if k == "auto" else DraftLength(int(k), adaptive=False)
 
 
@@ -168,7 +168,7 @@ def common_prefix(a, b) -> int:
 
 def walk(source, turn: Turn, k: str, vocab: int, cost=None) -> Counts:
     """One turn decoded against its recorded ids with `source`'s drafts: passes, proposed and accepted ids."""
-    from ..text.generate import proposals
+    from ..generation.generate import proposals
 
     length, reply = draft_length(k, cost), turn.reply
     source.begin(turn.prompt)

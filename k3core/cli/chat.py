@@ -16,7 +16,7 @@ from ..errors import K3Error, UsageError
 from ..model.state_file import StateFileError
 from ..text.chat import MODES
 from ..units import human
-from ..text.channels import visible
+from ..generation.channels import visible
 
 # each command: its synopsis (what /help and a bad use print) and what it does
 COMMANDS = {
@@ -161,7 +161,7 @@ class LineEditing:
     chat_history beside the saved profile (owner-readable only), across sessions."""
 
     def __init__(self):
-        from ..io.profile import profile_path
+        from ..plan.profile import profile_path
 
         self.path = profile_path().parent / "chat_history"
         try:

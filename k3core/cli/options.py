@@ -146,8 +146,8 @@ DEFAULT_PROMPT_CACHE_GB = 1.0  # RAM for kept prompt states where a command keep
 
 
 def add_prompt_cache_arguments(p: argparse.ArgumentParser) -> None:
-    from ..io.profile import DEFAULT_PROMPT_CACHE_DISK_GB
-    from ..text.prefix_cache import DEFAULT_INTERVAL
+    from ..plan.profile import DEFAULT_PROMPT_CACHE_DISK_GB
+    from ..generation.prefix_cache import DEFAULT_INTERVAL
 
     g = p.add_argument_group("prompt cache (a prompt's decode states kept, so any later prompt that starts with the same "
                              "ids forwards only the rest; never changes a bit)")
@@ -172,7 +172,7 @@ def prompt_cache_dir(args) -> Path | None:
         return None
     if given:
         return Path(given)
-    from ..io.profile import default_prompt_cache_dir
+    from ..plan.profile import default_prompt_cache_dir
 
     return default_prompt_cache_dir()
 
@@ -182,7 +182,7 @@ def prompt_cache_from_args(args, engine, tokenizer=None):
     boundaries come from the tokenizer's `<|end_of_msg|>`, when it has one."""
     from ..errors import TokenizerError
     from ..text.chat import EOM
-    from ..text.prefix_cache import PrefixCache
+    from ..generation.prefix_cache import PrefixCache
 
     ram, disk_gb, interval = engine.config_in.prompt_cache_gb, args.prompt_cache_disk_gb, args.prompt_cache_interval
     if not (disk_gb >= 0):  # --prompt-cache-gb is EngineConfig's prompt_cache_gb, checked there
@@ -206,7 +206,7 @@ def prompt_cache_from_args(args, engine, tokenizer=None):
 def speculate_k(args) -> int:
     """The --speculate value as drafted ids per pass (auto: its ceiling); 0 when off."""
     from ..plan.engine_config import MAX_SPECULATE
-    from ..text.generate import AUTO_K
+    from ..generation.generate import AUTO_K
 
     value = getattr(args, "speculate", None)
     if value is None:
@@ -263,7 +263,7 @@ def draft_memory_gb(args) -> float:
 
 
 def sampling_params_from_args(args):
-    from ..text.sampling import SamplingParams
+    from ..generation.sampling import SamplingParams
 
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           repetition_penalty=args.repeat_penalty, seed=args.seed, max_tokens=args.max_tokens,
@@ -355,7 +355,7 @@ def engine_config_from_args(args, tuned: bool = True):
 def profile_tuning(args):
     """The saved profile's tuning when this run is of the profile's model and on the machine it was measured on (its
     line said on stderr unless --quiet); its speculation becomes --speculate / --draft when neither was given."""
-    from ..io.profile import load_profile
+    from ..plan.profile import load_profile
     from ..plan.tuned import tuning_for
 
     try:
@@ -451,7 +451,7 @@ def demo_model_hint() -> str:
     """Where the demo model is: the saved profile's when `k3 setup --source demo` made it, else how to install
     it, and the copy that ships with k3 (format/notes.py's demo_model_dir: a path, as k3core imports no wizard)."""
     from ..format.notes import DEMO_MARKER, demo_model_dir
-    from ..io.profile import load_profile
+    from ..plan.profile import load_profile
 
     try:
         profile = load_profile()

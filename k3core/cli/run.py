@@ -20,7 +20,7 @@ from pathlib import Path
 from ..api import Observer
 from ..errors import UsageError
 from ..errors import OutputError
-from ..text.channels import visible
+from ..generation.channels import visible
 from ..files import device
 from ..files.atomic import Output, unwritable, write_output
 from ..files.limits import read_limited
@@ -217,8 +217,8 @@ def disk_floor(model, report: dict, seconds: float) -> dict:
 
 
 def read_schema(path: str) -> str:
-    """--json-schema FILE as the schema's JSON text (k3core/text/structured.py schema_text), refused by name."""
-    from ..text.structured import MAX_SCHEMA_BYTES, schema_text
+    """--json-schema FILE as the schema's JSON text (k3core/generation/structured.py schema_text), refused by name."""
+    from ..generation.structured import MAX_SCHEMA_BYTES, schema_text
 
     try:
         text = read_limited(path, MAX_SCHEMA_BYTES, "a JSON schema (--json-schema)").decode("utf-8")

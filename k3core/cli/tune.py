@@ -125,7 +125,7 @@ def _figures(trial) -> str:
 
 def save(result, base):
     """Into the saved profile when it is this model's (a new profile when there is none); the path, or None."""
-    from ..io.profile import Profile, load_profile, profile_path, save_profile
+    from ..plan.profile import Profile, load_profile, profile_path, save_profile
     from ..plan.tuned import same_model
 
     profile = load_profile()

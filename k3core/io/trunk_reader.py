@@ -28,7 +28,8 @@ from .codec import RAW, blocks_for, restore
 
 READ_BYTES = 16 << 20  # bytes per read of a raw range, stored bytes per read of a coded one (or one block's, if
                        # larger), at most: an expert read that comes waits behind one such read at most (16 MiB
-                       # rather than 64: floor expert reads +20 %, s/token and loads the same; docs/PERFORMANCE.md)
+                       # rather than 64: floor expert reads +20 %, s/token and loads the same;
+                       # docs/performance-notes/trunk-reads-16mib.md)
 DECODE_BLOCKS = 8      # blocks restored together, on every core, once their read has landed
 
 

@@ -172,7 +172,7 @@ def installed_needs() -> tuple[str, bool, list[tuple[Path, int, str]]] | None:
     checkpoint, else None: what it still needs on disk — the packed trunk the profile names, when not packed yet,
     and the prompt cache's files (its default disk allowance, less what they hold now)."""
     from ..io.pack import packed_trunk_bytes
-    from ..io.profile import DEFAULT_PROMPT_CACHE_DISK_GB, default_prompt_cache_dir
+    from ..plan.profile import DEFAULT_PROMPT_CACHE_DISK_GB, default_prompt_cache_dir
     from ..io.trunk import TRUNK
 
     profile = installed_profile()
@@ -278,7 +278,7 @@ def measure_read(path: str, mib: int) -> dict:
 def installed_profile():
     """The saved profile when its model directory holds a checkpoint; None without one (or a damaged profile: the
     checks are then for the released model)."""
-    from ..io.profile import load_profile
+    from ..plan.profile import load_profile
 
     try:
         profile = load_profile()
@@ -357,7 +357,7 @@ def check_tuning() -> Check:
     """The settings `k3 tune` saved in the profile: what they are and what they were measured to gain, or that they
     came from another machine (then runs do not use them)."""
     from ..errors import K3Error
-    from ..io.profile import load_profile
+    from ..plan.profile import load_profile
     from ..plan.tuned import tuning_for
 
     try:

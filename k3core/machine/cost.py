@@ -3,7 +3,7 @@ the CPU it spends, by trunk codec, RAM size and draft length. `k3 bench stream` 
 own run, `k3 bench project` tabulates RAM sizes; `k3 setup` picks the codec its machine runs faster
 (choose_codec).
 
-The method (docs/PERFORMANCE.md, "The real model by RAM, projected"):
+The method (docs/PERFORMANCE.md, "The real model by RAM, projected"; docs/performance-notes/projection-by-ram.md):
 
 * a pass of T rows (one serial token, or a verify pass of K drafts: T = K + 1) reads the trunk once — the part
   of it not pinned in RAM, at its stored ratio — and, in each of the 92 MoE layers, the union of the experts its
@@ -36,7 +36,7 @@ RAM_BESIDES_TRUNK = 5e9       # of 8 GB, what the laptop preset (3 GB of trunk) 
                               # decode state, working memory and the system: the same at every RAM size,
                               # the rest to the trunk (STREAMING-FACTS: trunk before cache)
 # what each row of a pass past the first costs in kernel time, in first rows: `k3 bench kernels` on this
-# machine (docs/PERFORMANCE.md, "The small GEMMs behind it", 2 threads, T = 8: bf16 2.80x and MXFP4 1.75x the
+# machine (docs/performance-notes/small-gemms.md, 2 threads, T = 8: bf16 2.80x and MXFP4 1.75x the
 # tokens/s of one row, so 8 rows take 2.86 and 4.57 rows' time); for T < 8 it overstates the CPU
 ROW_COST_BF16 = (8 / 2.80 - 1) / 7
 ROW_COST_MXFP4 = (8 / 1.75 - 1) / 7

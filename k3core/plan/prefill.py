@@ -1,5 +1,5 @@
 """What a prompt costs to forward, and the prefill chunk that forwards it fastest (issue 39; docs/PERFORMANCE.md,
-"The prompt side").
+"The prompt side"; the method in full: docs/performance-notes/prefill-issue-39.md).
 
 A pass of T prompt ids whose first sits at position p costs
     read(T)    = the trunk bytes the placer streams + moe_layers × union(T) × expert_bytes × miss

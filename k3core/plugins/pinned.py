@@ -48,7 +48,7 @@ class PinnedOptions(PluginOptions):
     pin_head: bool | None = None  # keep lm_head in RAM; default: only when every layer is pinned
     pin_coded: bool = False  # with a coded pack, hold pinned layers as stored blocks and restore them on each
                              # use: more of them fit, but each costs a restore per token (measured slower than
-                             # streaming them on 2 cores: docs/PERFORMANCE.md, "Holding pinned layers coded")
+                             # streaming them on 2 cores: docs/performance-notes/pin-coded.md)
     check_reads: bool = True  # every raw block read against the manifest's checksum; false only to measure the cost
                               # (a coded pack's blocks are always checked: restoring computes the checksum anyway)
 

@@ -9,8 +9,8 @@ from ..interfaces import DraftSource
 from ..model.engine import Engine
 from ..plan.engine_config import EngineConfig
 from ..testmodel.make import shape_config
-from ..text.generate import AUTO_K, Speculation
-from ..text.sampling import SamplingParams
+from ..generation.generate import AUTO_K, Speculation
+from ..generation.sampling import SamplingParams
 from . import models
 from .checks import Check, CheckFailed, expect
 from .engines import generation

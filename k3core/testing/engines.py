@@ -6,8 +6,8 @@ import numpy as np
 from ..model.engine import Engine
 from ..plan.engine_config import EngineConfig
 from ..plugin_manager import get_plugin_manager, new_plugin_manager
-from ..text.generate import generate_ids, greedy_ids
-from ..text.sampling import Sampler, SamplingParams
+from ..generation.generate import generate_ids, greedy_ids
+from ..generation.sampling import Sampler, SamplingParams
 
 PROMPT = (3, 1, 4, 1, 5, 9, 2, 6)
 STEPS = 6

@@ -1,7 +1,6 @@
-"""Text around the engine: the tokenizer, the K3 chat format, sampling, structured output, id generation
-(generate_ids) and batches of it (BatchGenerator), the prompt cache, and the text layer on top of it (Session,
-ChatSession: detokenising, stop strings, chat channels).
+"""Text as K3 reads and writes it: the tokenizer (tiktoken BPE ranks, and training one for a test model), the
+K3 chat format (rendering a conversation, splitting a reply), and OpenAI-style messages turned into K3's. Making
+tokens is the next room up, k3core.generation.
 
-May import: k3core.errors, k3core.interfaces, k3core.units, k3core.files, k3core.format, k3core.plan,
-k3core.model (the engine, its decode states and their state files). Not io, nor a room above this one.
+May import: k3core.errors, k3core.interfaces, k3core.units, k3core.files. Nothing that runs the model.
 """

@@ -12,7 +12,7 @@ from typing import Callable, Mapping
 
 from ..interfaces import KERNEL_FAMILIES
 from ..plan.engine_config import EngineConfig
-from ..text.generate import AUTO_K
+from ..generation.generate import AUTO_K
 
 FAMILY = "kernel_threads."        # a knob per kernel family: kernel_threads.attention, …
 STORE_KNOBS = ("read_threads", "read_kib", "prefetch", "prefetch_depth", "read_ahead")  # expert-store options

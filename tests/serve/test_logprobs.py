@@ -1,4 +1,4 @@
-"""Log-probabilities (k3core/text/logprobs.py, served by serve/logprobs.py): through the official `openai` client,
+"""Log-probabilities (k3core/generation/logprobs.py, served by serve/logprobs.py): through the official `openai` client,
 equal to the last bit to a float64 log-softmax of `Engine.logits` recomputed here, and the same bits at two
 memory budgets, on two kernel backends, with speculation and in a batch."""
 from __future__ import annotations
@@ -14,8 +14,8 @@ from k3core import (BatchGenerator, EngineConfig, Sampler, SamplingParams, gener
                     open_engine, speculation, token_logprobs)
 from k3core.io.pack import pack as pack_trunk
 from k3core.text.chat import render as render_chat
-from k3core.text.logprobs import det_log
-from k3core.text.sampling import det_exp
+from k3core.generation.logprobs import det_log
+from k3core.generation.sampling import det_exp
 from serve.logprobs import chat_logprobs, piece
 
 from ..conftest import DEMO_MODEL
@@ -164,7 +164,7 @@ def test_the_same_bits_at_two_budgets_on_two_backends_and_speculating(reference,
 
 @pytest.mark.parametrize("scored_bytes", [64 << 20, 3 * 4 * 768])  # chunks of prefill_chunk 5, or of 3 rows
 def test_a_scored_prompt_in_a_batch_is_engine_logits(reference, monkeypatch, scored_bytes):
-    from k3core.text import batch as batch_module
+    from k3core.generation import batch as batch_module
 
     monkeypatch.setattr(batch_module, "SCORED_LOGITS_BYTES", scored_bytes)
     engine, tokenizer = reference

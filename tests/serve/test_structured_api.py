@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from k3core import Speculation
-from k3core.text.generate import AUTO_K
+from k3core.generation.generate import AUTO_K
 from k3core.plugins.drafts import NgramDraft
 from k3core.testing.schemas import SCHEMAS
 

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from k3core.text.chat_session import ChatSession
+from k3core.generation.chat_session import ChatSession
 from k3core import EngineConfig, open_engine
 from k3core.cli.options import engine_config_from_args
-from k3core.text.sampling import SamplingParams
+from k3core.generation.sampling import SamplingParams
 from k3core.text.tokenizer import load_tokenizer
 
 GREEDY = SamplingParams(max_tokens=6)  # short greedy replies: the random test model stays in plain text

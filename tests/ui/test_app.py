@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from k3core.text.sampling import SamplingParams
-from k3core.text.channels import visible
+from k3core.generation.sampling import SamplingParams
+from k3core.generation.channels import visible
 from tests.ui.conftest import slowed
 
 gradio_client = pytest.importorskip("gradio_client")

@@ -7,10 +7,10 @@ from __future__ import annotations
 import re
 import time
 
-from k3core.text.sampling import SamplingParams
+from k3core.generation.sampling import SamplingParams
 
 from k3core import speculation
-from k3core.text.channels import visible
+from k3core.generation.channels import visible
 from tests.ui.conftest import GREEDY, on_each_layer, slowed, ui_args
 from ui.chat import Chats
 from ui.engine_panel import Monitor

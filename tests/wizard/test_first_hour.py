@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from k3core.io.profile import load_profile
+from k3core.plan.profile import load_profile
 from wizard import steps
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from k3core.machine import checks as doctor
-from k3core.io.profile import load_profile
+from k3core.plan.profile import load_profile
 from k3core.machine.cost import choose_codec
 from wizard import plan as plan_module
 from wizard.steps import Setup

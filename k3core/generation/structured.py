@@ -36,7 +36,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import K3Error, UsageError
-from .chat import EOM
+from ..text.chat import EOM
 from .schema_checks import engine_message, no_finite_instance, pattern_problem, patterns
 
 log = logging.getLogger("k3.structured")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .chat import CLOSE, EOM, OPEN, SEP
+from ..text.chat import CLOSE, EOM, OPEN, SEP
 from .sampling import StopMatcher
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Iterator, NoReturn, Sequence
 
 from ..model.state_file import StateFileError
-from .chat import CLOSE, EOM, FIELDS, MODES, SEP, Conversation, render
+from ..text.chat import CLOSE, EOM, FIELDS, MODES, SEP, Conversation, render
 from ..errors import UsageError
 from .sampling import SamplingParams
 from .channels import Event
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..model.observer import Observer
     from .generate import Speculation
     from .prefix_cache import PrefixCache
-    from .tokenizer import Tokenizer
+    from ..text.tokenizer import Tokenizer
 
 
 class ChatSession:

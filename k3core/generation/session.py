@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from ..model.engine import Engine
     from .prefix_cache import PrefixCache
-    from .tokenizer import Tokenizer
+    from ..text.tokenizer import Tokenizer
 
 
 class Cancelled(K3Error):
