@@ -39,7 +39,7 @@ def k3_expert_stores():
     """Return a list of ExpertStore classes (k3core.plugin_api), each with a `name`.
 
     The engine builds the one named by --expert-store, else the first one returned, from a PluginContext
-    (docs/PLUGINS.md).
+    (docs/plugins/hooks.md).
     """
 
 

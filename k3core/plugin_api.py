@@ -1,11 +1,11 @@
-"""Everything a k3 plugin may use, in one module (docs/PLUGINS.md is the contract in words). k3's own
+"""Everything a k3 plugin may use, in one module (docs/plugins/ is the contract in words). k3's own
 built-in plugins (k3core/plugins/) import from here and nowhere else, so this surface is exercised on
 every run; a third-party package does the same:
 
     from k3core.plugin_api import ExpertStore, PluginOptions, hookimpl, ExpertReader, ...
 
 What is here, by use:
-- registering: `hookimpl` (the hooks are in k3core.hookspecs; see PLUGINS.md);
+- registering: `hookimpl` (the hooks are in k3core.hookspecs; see docs/plugins/hooks.md);
 - the interfaces: KernelBackend, AttentionBackend, ExpertStore, TrunkPlacer, CachePolicy (and
   LRUPolicy, the reference rule), DraftSource (and DraftTarget, what the engine offers one), with the
   types they pass: Param, Weights, ExpertWeights, TensorSpec, and DTYPES (safetensors dtype → itemsize, numpy dtype);

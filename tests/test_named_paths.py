@@ -28,8 +28,8 @@ FOLDERS = ("k3core", "native", "wizard", "ui", "serve", "tests", "docs", "demo",
 ELSEWHERE = {
     "pydoc_data/topics.py": "CPython's standard library",
     "docs/data/speed-2026-08.md": "kimi-k3-in-c",
-    "my_store/__init__.py": "the plugin package docs/PLUGINS.md shows",
-    "tests/test_my_store.py": "the plugin package docs/PLUGINS.md shows",
+    "my_store/__init__.py": "the plugin package docs/plugins/tutorial.md builds",
+    "tests/test_my_store.py": "the plugin package docs/plugins/tutorial.md builds",
 }
 URL = re.compile(r"\w+://\S+")
 WORD = re.compile(r"[\w./~*{}<>$-]*/[\w./~*{}<>$-]*")

@@ -2,7 +2,7 @@
 attention (AttentionBackend), experts (ExpertStore, and the CachePolicy a store and `k3 sim-cache` share), trunk
 (TrunkPlacer), drafts (DraftSource, DraftTarget); base, what every kind shares (Plugin, ContextPlugin and the context
 an expert store or trunk placer is built from); tensors, what crosses them (Param, Weights, ExpertWeights,
-TensorSpec). Plugins reach all of it through k3core.plugin_api; the contract in words is docs/PLUGINS.md. Arrays
+TensorSpec). Plugins reach all of it through k3core.plugin_api; the contract in words is docs/plugins/hooks.md. Arrays
 are numpy; activations crossing an interface are float32, C-contiguous.
 """
 from .attention import AttentionBackend
