@@ -100,7 +100,7 @@ bench-drafts-bpe: $(STAMP)
 		--sources ngram,suffix $(if $(JOBS),--jobs $(JOBS)) --json > $(DRAFTS_BPE_JSON).part \
 	|| { rm -f $(DRAFTS_BPE_JSON).part; exit 1; }
 	mv $(DRAFTS_BPE_JSON).part $(DRAFTS_BPE_JSON)
-	$(PY) -m k3core.cli.bench_transcripts $(DRAFTS_BPE_JSON)
+	$(PY) -m k3core.cli.bench.transcripts $(DRAFTS_BPE_JSON)
 
 clean:
 	rm -rf $(VENV) $(EVAL_VENV) $(CLAUDE_VENV) .venv-clients build $(DEMO_DIR)

@@ -36,8 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from k3core.cli.bench_structured import ms
-from k3core.cli.bench_transcripts import Turn
+from k3core.cli.bench.structured import ms
+from k3core.cli.bench.transcripts import Turn
 
 ROOT = Path(__file__).resolve().parents[1]
 DRAFT_K = "8"              # drafted ids per pass of the walk, as bench_transcripts.walk takes K
@@ -99,7 +99,7 @@ def timed_index(capacity: int):
 def walk_turns(turns: list[Turn], capacity: int, vocab: int):
     """Every turn walked at K=8 with the suffix source on a TimedIndex of its own: (the index, Counts)."""
     from k3core.plugins.suffix import SuffixDraft
-    from k3core.cli.bench_transcripts import Counts, walk
+    from k3core.cli.bench.transcripts import Counts, walk
 
     index, total = timed_index(capacity), Counts()
     source = SuffixDraft()
@@ -222,7 +222,7 @@ def measure(model: Path, path, capacity: int) -> dict:
     from k3core.api import load_tokenizer
     from k3core.errors import UsageError
     from k3core.machine.rates import machine_info
-    from k3core.cli.bench_transcripts import read_conversations, scored_turns
+    from k3core.cli.bench.transcripts import read_conversations, scored_turns
 
     date = datetime.now(timezone.utc).isoformat(timespec="seconds")
     tokenizer = load_tokenizer(model)

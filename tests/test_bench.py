@@ -125,7 +125,7 @@ def test_bench_stream_compares_two_trunks_against_the_disk_floor(capsys, tiny_mo
     # a coded ring slot holds its layer's stored bytes too (in place), so on this tiny model the raw pack pins
     # more layers at the same budget; what each streamed layer costs is its stored bytes
     assert second["trunk_bytes_read"] > 0 and second["pinned_layers"] <= first["pinned_layers"]
-    from k3core.cli.bench_stream import stream_table
+    from k3core.cli.bench.stream import stream_table
     table = stream_table(doc)
     assert "| raw |" in table and "| planes |" in table and "| raw, prefetch=false |" in table and "× floor" in table
     assert doc["raw_o_direct_probe_busy"]["rate"] > 0 and "vs busy probe" in table and "while every core computes" in table
@@ -143,7 +143,7 @@ def test_bench_stream_refuses_a_prompt_length_past_its_limit_before_anything_run
 
 
 def test_the_real_model_projection_adds_up():
-    from k3core.cli.bench_stream import projections
+    from k3core.cli.bench.stream import projections
     from k3core.machine.cost import Drafts, K3_HEAD_BYTES, K3_TRUNK_BYTES, TOKEN_EXPERT_BYTES, projection
 
     stream, experts = K3_TRUNK_BYTES + K3_HEAD_BYTES, TOKEN_EXPERT_BYTES
@@ -161,7 +161,7 @@ def test_the_real_model_projection_adds_up():
     spec = projections(rows, [("t", 1.0)], None, 5e9, {"agentic": [Drafts(1, 1.9, 2.0), Drafts(8, 6.8, 8.1)]})
     fast = spec[-1]["speculation"]["agentic"]  # 16 cores: disk-bound, where eight drafts pay most
     assert fast["k"] == 8 and fast["seconds_per_token"] < spec[-1]["seconds_per_token"]
-    from k3core.cli.bench_stream import stream_table
+    from k3core.cli.bench.stream import stream_table
     table = stream_table({"raw_o_direct_probe": {"rate": 1e9, "queue_depth": 16}, "runs": [], "draft_source": "suffix",
                           "projection_k3_8gb": spec})
     assert "| suffix, agentic: s/token (K) |" in table and f"| {fast['seconds_per_token']:.1f} (8) |" in table
@@ -233,7 +233,7 @@ def test_bench_project_draws_its_tables_into_the_same_svg_bytes_every_time(capsy
 def test_bench_project_charges_an_agent_turn_its_new_prompt_ids_and_its_reply_ids(capsys, tmp_path):
     """Each group's mean turn (drafts_doc's CENSUS) costs the prefill of its new prompt ids after its context, in
     the prompt table's chunk, plus its reply ids at the group's speculative s/token: recomputed here."""
-    from k3core.cli.bench_project import prefill_terms
+    from k3core.cli.bench.project import prefill_terms
     from k3core.machine.cost import Machine
     from k3core.plan.prefill import K3, prompt_seconds
 
@@ -291,7 +291,7 @@ def test_bench_pair_runs_two_packs_in_one_process_taking_turns(tiny_model, tmp_p
     assert (first["trunk_codec"], second["trunk_codec"]) == ("raw", "planes") and doc["same_ids"]
     assert len(doc["ids"]) == 4 and len(first["token_seconds"]) == len(second["token_seconds"]) == 4
     assert doc["second_vs_first_median"] > 0 and first["ring_slots"] > 0
-    from k3core.cli.bench_pair import pair_table
+    from k3core.cli.bench.pair import pair_table
     assert "same ids: yes" in pair_table(doc) and "| planes |" in pair_table(doc)
     assert main(["bench", "pair", str(tiny_model), "--trunk", str(raw), "--compare-trunk", str(coded),
                  "--gen", "1"]) == 2

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from k3core import load_tokenizer
-from k3core.cli import bench_tokenizer
-from k3core.cli.bench_transcripts import read_conversations, scored_turns, table
+from k3core.cli.bench import tokenizer as bench_tokenizer
+from k3core.cli.bench.transcripts import read_conversations, scored_turns, table
 from k3core.cli.main import main
 from k3core.text.bpe import train_bpe
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from k3core import load_tokenizer
-from k3core.cli.bench_transcripts import acceptance, kind_census, pass_cost, read_conversations, scored_turns
+from k3core.cli.bench.transcripts import acceptance, kind_census, pass_cost, read_conversations, scored_turns
 from k3core.cli.main import main
 from k3core.plugin_api import DraftSource
 from k3core.text import chat

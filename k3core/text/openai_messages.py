@@ -1,6 +1,6 @@
 """OpenAI chat `messages` -> k3 chat messages (the dicts k3core/text/chat.py renders): the one reading of them,
 used by the server's chat completions (serve/schema.py) and `k3 bench drafts --transcripts`
-(k3core/cli/bench_transcripts.py), so a recorded conversation is scored as the server would have rendered it.
+(k3core/cli/bench/transcripts.py), so a recorded conversation is scored as the server would have rendered it.
 
 developer is system; content is a string or a list of text parts joined (any other part is refused by name);
 null or absent only on an assistant turn (one that only called tools, as OpenAI takes it, or only thought): a

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import UsageError
-from ..interfaces import default_threads
-from ..units import human
-from ..machine.probes import busy_probe, raw_probe
-from ..machine.cost import Drafts, Layout, Machine, fastest, projection
-from ..format.checkpoint import expert_bytes, open_checkpoint, trunk_bytes_per_pass
+from ...errors import UsageError
+from ...interfaces import default_threads
+from ...units import human
+from ...machine.probes import busy_probe, raw_probe
+from ...machine.cost import Drafts, Layout, Machine, fastest, projection
+from ...format.checkpoint import expert_bytes, open_checkpoint, trunk_bytes_per_pass
 
 # Full Kimi K3, per decode token (MODEL.md §1, STREAMING-FACTS): all 93 trunk layers, lm_head, 1,472 experts.
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
@@ -133,7 +133,7 @@ def projections(rows: list[dict], trunks: list[tuple[Path, float]], decode_per_c
 
 def trunk_ratio(trunk_dir) -> float:
     """Stored bytes ÷ restored bytes of a packed trunk (1 for a raw pack)."""
-    from ..io.trunk import load_trunk
+    from ...io.trunk import load_trunk
 
     runs = load_trunk(trunk_dir).runs.values()
     return 1.0 if all(r.codec == "raw" for r in runs) else sum(r.span for r in runs) / sum(r.length for r in runs)
@@ -141,8 +141,8 @@ def trunk_ratio(trunk_dir) -> float:
 
 def decode_rate(trunk_dir, seconds: float = 1.0) -> float:
     """Restored bytes per second on one core, decoding blocks sampled from a coded trunk (as k3 bench codec)."""
-    from .bench_codec import measure, sample_blocks
-    from ..io.trunk import load_trunk
+    from .codec import measure, sample_blocks
+    from ...io.trunk import load_trunk
 
     trunk = load_trunk(trunk_dir)
     blocks = sample_blocks(trunk, 64 << 20, trunk.block_bytes)
@@ -153,7 +153,7 @@ def default_budgets(model_dir, trunk_dirs) -> list[tuple[float, float]]:
     """(trunk GB, cache GB): the ring alone (nothing pinned, cache floor), about half the layers
     pinned with a small cache, and everything pinned with every expert cached; each the most any of the
     packs `trunk_dirs` needs for it (a coded pack's ring slots are larger: they restore in place)."""
-    from ..api import EngineConfig, memory_plan
+    from ...api import EngineConfig, memory_plan
 
     ckpt = open_checkpoint(model_dir)
     config = ckpt.config
@@ -169,8 +169,8 @@ def default_budgets(model_dir, trunk_dirs) -> list[tuple[float, float]]:
 
 
 def cmd_stream(args) -> int:
-    from ..io.pack import pack
-    from .bench_project import read_drafts
+    from ...io.pack import pack
+    from .project import read_drafts
 
     model, trunk = Path(args.model), Path(args.trunk)
     source, drafts = read_drafts(args.drafts_json, args.draft_source) if args.drafts_json else (None, {})
@@ -322,7 +322,7 @@ def _bytes_touched_per_token(model) -> float:
 
 def budget_pairs(text: str) -> list[tuple[float, float]]:
     """--budgets T:C,…: each a finite GB >= 0 (k3core/cli/options.py GB), refused by argparse naming the flag."""
-    from .options import GB
+    from ..options import GB
 
     pairs = [tuple(GB(v) for v in b.split(":")) for b in text.split(",")]
     if any(len(p) != 2 for p in pairs):
@@ -331,7 +331,7 @@ def budget_pairs(text: str) -> list[tuple[float, float]]:
 
 
 def add_parser(sub) -> None:
-    from .options import GB, SECONDS
+    from ..options import GB, SECONDS
 
     p = sub.add_parser(
         "stream", help="expert reads vs a raw O_DIRECT probe, s/token and peak RSS at several budgets",

@@ -27,7 +27,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from ..errors import UsageError
+from ...errors import UsageError
 
 WORDS = ("the agent reads a file runs a command edits a line checks the result and reports what changed in the "
          "repository when a test fails it looks at the error finds the cause and tries again").split()
@@ -64,10 +64,10 @@ def workload(tokenizer, system_ids: int, tasks: int, n_tools: int = 6):
 
 
 def run_mode(engine, tokenizer, mode: str, args, cache_dir: str) -> dict:
-    from ..generation.batch import BatchGenerator
-    from ..text.chat import EOM, render, split_reply
-    from ..generation.prefix_cache import PrefixCache
-    from ..generation.sampling import Sampler, SamplingParams
+    from ...generation.batch import BatchGenerator
+    from ...text.chat import EOM, render, split_reply
+    from ...generation.prefix_cache import PrefixCache
+    from ...generation.sampling import Sampler, SamplingParams
 
     system, declared, convs = workload(tokenizer, args.system_ids, 2, args.tools)
     eom = tokenizer.id_of(EOM)
@@ -162,7 +162,7 @@ def table(result: dict) -> str:
 
 
 def cmd_agent(args) -> int:
-    from ..api import EngineConfig, load_tokenizer, open_engine
+    from ...api import EngineConfig, load_tokenizer, open_engine
 
     modes = args.modes.split(",")
     if bad := [m for m in modes if m not in MODES]:

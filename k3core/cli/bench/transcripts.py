@@ -24,7 +24,7 @@ turn's prompt past the previous turn's prompt and reply), `prompt_ids` their tot
 `context_ids` the total of the ids before them (context_ids / turns: where a mean turn's new ids start).
 
 The ids are MODEL_DIR's tokenizer's, or --tokenizer's (bench_tokenizer.py: e.g. a real-sized BPE where the model is
-the demo one, whose 768 ids overstate acceptance). `python -m k3core.cli.bench_transcripts FILE.json` prints the
+the demo one, whose 768 ids overstate acceptance). `python -m k3core.cli.bench.transcripts FILE.json` prints the
 table of a --json document.
 """
 from __future__ import annotations
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
-from ..errors import UsageError
-from ..text.openai_messages import MessageError, k3_messages
+from ...errors import UsageError
+from ...text.openai_messages import MessageError, k3_messages
 
 KS = ("1", "2", "4", "8", "auto")
 DEFAULT_SOURCES = "ngram,suffix"
@@ -63,7 +63,7 @@ class BadLine(UsageError):
 
 def read_conversations(path) -> list[Conversation]:
     """The conversations of a JSONL file; a line that is not one is refused, naming it and the field."""
-    from ..files.limits import loads_limited, read_limited
+    from ...files.limits import loads_limited, read_limited
 
     try:
         text = read_limited(path, TRANSCRIPTS_BYTES, "a transcripts file").decode("utf-8")
@@ -109,7 +109,7 @@ class Turn:
 
 def scored_turns(conversations: list[Conversation], tokenizer, path) -> list[Turn]:
     """Every assistant turn of every conversation, in file order."""
-    from ..text.chat import render as render_chat
+    from ...text.chat import render as render_chat
 
     out = []
     for c in conversations:
@@ -153,7 +153,7 @@ class Counts:
 
 def draft_length(k: str, cost):
     """K's draft length; auto weighs drafts by `cost` (a PassCost: the model's bytes, its routing's unions unseen)."""
-    from ..generation.generate import AUTO_K, DraftLength
+    from ...generation.generate import AUTO_K, DraftLength
     return DraftLength(AUTO_K, adaptive=True, cost=cost) if k == "auto" else DraftLength(int(k), adaptive=False)
 
 
@@ -168,7 +168,7 @@ def common_prefix(a, b) -> int:
 
 def walk(source, turn: Turn, k: str, vocab: int, cost=None) -> Counts:
     """One turn decoded against its recorded ids with `source`'s drafts: passes, proposed and accepted ids."""
-    from ..generation.generate import proposals
+    from ...generation.generate import proposals
 
     length, reply = draft_length(k, cost), turn.reply
     source.begin(turn.prompt)
@@ -198,7 +198,7 @@ def acceptance(turns: list[Turn], make_source, k: str, vocab: int, cost=None) ->
 
 def run_job(job: tuple) -> dict:
     """One (source, K) over the turns, in a process of its own: {"all": summary, "by_kind": {kind: summary}}."""
-    from ..api import draft_source
+    from ...api import draft_source
 
     spec, k, turns, vocab, cost = job
     total, by_kind = acceptance(turns, lambda: draft_source(spec), k, vocab, cost)
@@ -228,8 +228,8 @@ def run_all(specs: list[str], turns: list[Turn], vocab: int, cost, at_once: int 
 
 def pass_cost(model):
     """What `auto` weighs drafts by: the model's pass bytes (its checkpoint's), unions as independent routing's."""
-    from ..format.checkpoint import open_checkpoint
-    from ..model.pass_cost import PassCost
+    from ...format.checkpoint import open_checkpoint
+    from ...model.pass_cost import PassCost
 
     checkpoint = open_checkpoint(model)
     try:
@@ -240,7 +240,7 @@ def pass_cost(model):
 
 def source_specs(given: str | None) -> list[str]:
     """The --sources list, each checked to name an installed draft source (one is built to check it)."""
-    from ..api import draft_source
+    from ...api import draft_source
 
     specs = [s.strip() for s in (given or DEFAULT_SOURCES).split(",") if s.strip()]
     if not specs:
@@ -251,7 +251,7 @@ def source_specs(given: str | None) -> list[str]:
 
 
 def document(model, path, conversations, turns, results, tokenizer: dict) -> dict:
-    from .bench_tokenizer import shown
+    from .tokenizer import shown
 
     kinds = sorted({t.kind for t in turns})
     census = {kind: kind_census(kind, conversations, turns) for kind in kinds}
@@ -274,7 +274,7 @@ def kind_census(kind: str, conversations, turns) -> dict:
 
 
 def table(doc: dict) -> str:
-    from .bench_tokenizer import label
+    from .tokenizer import label
 
     whose = label(doc["tokenizer"]) if "tokenizer" in doc else f"the tokenizer of {Path(doc['model']).name}"
     head = "| source | kind | turns | reply ids | " + " | ".join(f"K={k}" if k != "auto" else "auto" for k in KS) + " |"
@@ -298,8 +298,8 @@ def accepted_cell(c: dict) -> str:
 
 
 def cmd_transcripts(args) -> int:
-    from ..format.notes import demo_model_dir
-    from .bench_tokenizer import bench_tokenizer
+    from ...format.notes import demo_model_dir
+    from .tokenizer import bench_tokenizer
 
     model = Path(args.model) if args.model else demo_model_dir()
     if args.jobs is not None and args.jobs < 1:
@@ -318,5 +318,5 @@ def cmd_transcripts(args) -> int:
 
 if __name__ == "__main__":  # the table of a --json document
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m k3core.cli.bench_transcripts DRAFTS.json")
+        sys.exit("usage: python -m k3core.cli.bench.transcripts DRAFTS.json")
     print(table(json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))))

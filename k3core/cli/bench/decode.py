@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .bench_stream import default_budgets, run_limited
+from .stream import default_budgets, run_limited
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 NGRAM_PROMPTS = {  # ids that repeat, as "repeat after me" or a list does
@@ -35,9 +35,9 @@ def batch_prompts(n: int) -> list[list[int]]:
 
 def worker(job: dict) -> dict:
     """Open the engine `job` describes and generate; the ids, timings and counters as a dict."""
-    from ..api import BatchGenerator, EngineConfig, Sampler, SamplingParams, Session, open_engine, speculation
-    from ..report.run import peak_rss_bytes
-    from ..generation.session import bytes_read
+    from ...api import BatchGenerator, EngineConfig, Sampler, SamplingParams, Session, open_engine, speculation
+    from ...report.run import peak_rss_bytes
+    from ...generation.session import bytes_read
 
     fields = dict(trunk=job.get("trunk"), trunk_gb=job.get("trunk_gb"), cache_gb=job.get("cache_gb"),
                   pin_layers=job.get("pin_layers"), max_context=512 + 64,
@@ -80,7 +80,7 @@ def worker(job: dict) -> dict:
 
 def prefill_worker(job: dict) -> dict:
     """k3's prefill of job["prefill"] ids with the trunk resident and every expert cached: seconds."""
-    from ..api import EngineConfig, open_engine
+    from ...api import EngineConfig, open_engine
 
     with open_engine(EngineConfig(job["model"], cache_gb=job["cache_gb"], max_context=len(job["prefill"]) + 8,
                                   prefill_chunk=len(job["prefill"]))) as engine:
@@ -93,7 +93,7 @@ def prefill_worker(job: dict) -> dict:
 def references_worker(job: dict) -> dict:
     """Serial greedy ids of each of job["prompts"], trunk resident and experts cached (ids do not depend on
     the budget): what each sequence of a batch must produce."""
-    from ..api import EngineConfig, greedy_ids, open_engine
+    from ...api import EngineConfig, greedy_ids, open_engine
 
     with open_engine(EngineConfig(job["model"], cache_gb=job["cache_gb"], max_context=512)) as engine:
         return {"ids": [greedy_ids(engine, p, job["gen"])[0] for p in job["prompts"]]}
@@ -107,7 +107,7 @@ def run_job(job: dict, limit: int | None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         spec, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
         spec.write_text(json.dumps(job))
-        ran = run_limited([sys.executable, "-m", "k3core.cli.bench_decode", str(spec), str(out)], limit)
+        ran = run_limited([sys.executable, "-m", "k3core.cli.bench.decode", str(spec), str(out)], limit)
         if ran["exit"] != 0:
             return {"error": ran["stderr"][-2000:], "exit": ran["exit"]}
         result = json.loads(out.read_text())
@@ -159,8 +159,8 @@ def plan_runs(args, vocab: int) -> list[tuple[str, dict]]:
 
 
 def cmd_decode(args) -> int:
-    from ..io.pack import pack
-    from ..format.checkpoint import open_checkpoint
+    from ...io.pack import pack
+    from ...format.checkpoint import open_checkpoint
 
     model, trunk = Path(args.model), Path(args.trunk)
     if not (trunk / "manifest.json").exists():
@@ -231,7 +231,7 @@ def compared(r: dict, ref: dict, solo: dict) -> dict:
 
 def decode_table(doc: dict) -> str:
     """The document of one `k3 bench decode` as Markdown (what docs/PERFORMANCE.md shows)."""
-    from ..units import human
+    from ...units import human
 
     runs = doc["runs"]
     lines = [f"decode on {Path(doc['model']).name} at trunk {doc['trunk_gb']:.2f} GB + cache {doc['cache_gb']:.2f} GB, "
@@ -266,7 +266,7 @@ def decode_table(doc: dict) -> str:
 
 
 def add_parser(sub) -> None:
-    from .options import GB
+    from ..options import GB
 
     import argparse
 
@@ -305,8 +305,8 @@ CHAT_PROMPTS = {  # what people ask that repeats itself: where lookup drafts can
 def cmd_drafts(args) -> int:
     """ngram acceptance on chat prompts, serial vs --speculate auto and 4, in this process; with --transcripts,
     teacher-forced acceptance on recorded conversations (bench_transcripts.py)."""
-    from ..errors import UsageError
-    from .bench_transcripts import cmd_transcripts
+    from ...errors import UsageError
+    from .transcripts import cmd_transcripts
 
     if args.transcripts:
         return cmd_transcripts(args)
@@ -314,9 +314,9 @@ def cmd_drafts(args) -> int:
         if given is not None:
             raise UsageError(f"{flag} needs --transcripts: the chat prompts are decoded by the model, with ngram "
                              "drafts and its own tokenizer")
-    from ..api import ChatSession, EngineConfig, SamplingParams, load_tokenizer, open_engine, speculation
-    from ..generation.generate import AUTO_K
-    from ..format.notes import demo_model_dir
+    from ...api import ChatSession, EngineConfig, SamplingParams, load_tokenizer, open_engine, speculation
+    from ...generation.generate import AUTO_K
+    from ...format.notes import demo_model_dir
 
     model = Path(args.model) if args.model else demo_model_dir()
     rows = []
@@ -355,7 +355,7 @@ def cmd_drafts(args) -> int:
 def add_drafts_parser(sub) -> None:
     import argparse
 
-    from .bench_tokenizer import HELP as TOKENIZER_HELP
+    from .tokenizer import HELP as TOKENIZER_HELP
 
     p = sub.add_parser("drafts", help="draft acceptance: ngram on chat prompts, or any draft source on recorded "
                        "conversations (--transcripts); default model: the demo model",
@@ -383,7 +383,7 @@ def add_drafts_parser(sub) -> None:
                               "  k3 bench drafts --transcripts benchmarks/transcripts/transcripts.jsonl "
                               "--tokenizer qwen --json > drafts.json\n"
                               "  k3 bench drafts --transcripts chats.jsonl --tokenizer /models/Kimi-K3   # K3's ids\n"
-                              "  python -m k3core.cli.bench_transcripts drafts.json   # the table of a --json file")
+                              "  python -m k3core.cli.bench.transcripts drafts.json   # the table of a --json file")
     p.add_argument("model", metavar="MODEL_DIR", nargs="?", help="default: the shipped demo model")
     p.add_argument("--gen", type=int, default=60, metavar="N", help="ids per reply at most (default 60)")
     p.add_argument("--transcripts", metavar="FILE.jsonl", help="score recorded conversations instead (teacher-forced)")

@@ -18,16 +18,16 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import UsageError
-from ..plan.budget import cpu_name
-from ..machine.rates import restore_rate
+from ...errors import UsageError
+from ...plan.budget import cpu_name
+from ...machine.rates import restore_rate
 
 
 def sample_blocks(trunk, sample_bytes: int, block: int) -> list[tuple[bytes, list[int]]]:
     """Blocks of `block` bytes spread evenly over every run of a raw packed trunk, about sample_bytes in all,
     each with the offsets in it where its run's tensors start."""
-    from ..files.aligned_io import aligned_buffer
-    from ..io.trunk_reader import TrunkReader, room_for
+    from ...files.aligned_io import aligned_buffer
+    from ...io.trunk_reader import TrunkReader, room_for
 
     runs = list(trunk.runs.values())
     total = sum(r.length for r in runs)
@@ -47,7 +47,7 @@ def sample_blocks(trunk, sample_bytes: int, block: int) -> list[tuple[bytes, lis
 
 
 def measure(blocks: list[tuple[bytes, list[int]]], block: int, threads: int, seconds: float) -> dict:
-    from ..io import codec
+    from ...io import codec
 
     raw = sum(len(b) for b, _ in blocks)
     hist = np.zeros(256, np.int64)
@@ -81,9 +81,9 @@ def measure(blocks: list[tuple[bytes, list[int]]], block: int, threads: int, sec
 
 
 def cmd_codec(args) -> int:
-    from ..io.codec import BLOCK
-    from ..io.pack import pack
-    from ..io.trunk import load_trunk
+    from ...io.codec import BLOCK
+    from ...io.pack import pack
+    from ...io.trunk import load_trunk
 
     path = Path(args.path)
     if (path / "config.json").exists():  # a checkpoint: its raw pack first, beside the sample
@@ -136,7 +136,7 @@ Blocks are sampled evenly over every run (--sample-gb, or --all).
 
 
 def add_parser(sub) -> None:
-    from .options import SECONDS, number
+    from ..options import SECONDS, number
 
     p = sub.add_parser("codec", help="the lossless trunk codec: ratio vs the entropy bound, decode GB/s per core",
                        description=CODEC_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,

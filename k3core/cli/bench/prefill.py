@@ -20,19 +20,19 @@ import time
 
 import numpy as np
 
-from ..errors import UsageError
-from ..units import human
+from ...errors import UsageError
+from ...units import human
 
 MAX_IDS = 1 << 16  # a prompt longer than this is a run, not a bench
 
 
 def measure(args, chunk: int) -> dict:
     """One chunk length: open, warm (unless --cold), forward the prompt from a fresh state, timed."""
-    from ..api import open_engine
-    from ..interfaces import default_threads
-    from ..plan import prefill
-    from ..generation.generate import prefill as forward_prompt
-    from .options import engine_config_from_args
+    from ...api import open_engine
+    from ...interfaces import default_threads
+    from ...plan import prefill
+    from ...generation.generate import prefill as forward_prompt
+    from ..options import engine_config_from_args
 
     config = engine_config_from_args(args, tuned=False)  # a bench measures what its flags say, never a saved tuning
     config = config.replace(prefill_chunk=chunk, max_context=max(4096, args.ids + 1))
@@ -65,7 +65,7 @@ def measure(args, chunk: int) -> dict:
 def predict(runs: list[dict], ids: int) -> None:
     """Each run's predicted seconds and bytes (plan/prefill.py), the compute rate calibrated on the first run's
     time not spent waiting for reads."""
-    from ..plan import prefill
+    from ...plan import prefill
 
     first = runs[0]
     def disk(r):  # the run's own read rate; one that read nothing is not slowed by the disk's rate
@@ -81,7 +81,7 @@ def predict(runs: list[dict], ids: int) -> None:
 
 
 def cmd_prefill(args) -> int:
-    from ..machine.rates import measure_fma
+    from ...machine.rates import measure_fma
 
     try:
         chunks = [int(c) for c in args.chunks.split(",")] if args.chunks else [128, 256, 512]
@@ -133,7 +133,7 @@ def _percent(share: float | None) -> str:
 
 
 def add_parser(sub) -> None:
-    from .options import add_engine_arguments
+    from ..options import add_engine_arguments
 
     p = sub.add_parser("prefill", help="a prompt at several prefill chunks: ids/s, share of the FMA probe, and the "
                        "cost model's prediction", formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import UsageError
+from ...errors import UsageError
 
 FORMATS = (".svg", ".png")
 

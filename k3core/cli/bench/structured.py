@@ -97,7 +97,7 @@ def vocabulary_ms(tokenizer) -> float:
     """Building llguidance's view of `tokenizer` (once per tokenizer: later grammars reuse it), in ms."""
     import llguidance  # noqa: F401  (imported first: its import is not the build)
 
-    from ..generation.structured import _Vocabulary
+    from ...generation.structured import _Vocabulary
 
     started = time.perf_counter()
     _Vocabulary.of(tokenizer, chat=True)
@@ -106,10 +106,10 @@ def vocabulary_ms(tokenizer) -> float:
 
 def measure_schema(engine, tokenizer, name: str, description: str, schema: dict, max_tokens: int) -> dict:
     """One greedy instruct reply to a fresh conversation, held to `schema`: its timings and its validation."""
-    from ..api import Conversation, SamplingParams, Session
-    from ..generation.structured import Grammar
-    from ..generation.structured import schema_text
-    from ..generation.structured import reply_grammar
+    from ...api import Conversation, SamplingParams, Session
+    from ...generation.structured import Grammar
+    from ...generation.structured import schema_text
+    from ...generation.structured import reply_grammar
 
     started = time.perf_counter()
     grammar = TimedGrammar(Grammar(tokenizer, reply_grammar(schema_text(schema), "response")))
@@ -145,8 +145,8 @@ def totals(rows: list[dict]) -> dict:
 
 
 def chosen_schemas(names: str | None) -> list[tuple[str, str, dict]]:
-    from ..errors import UsageError
-    from ..testing.schemas import SCHEMAS
+    from ...errors import UsageError
+    from ...testing.schemas import SCHEMAS
 
     if names is None:
         return SCHEMAS
@@ -162,9 +162,9 @@ def chosen_schemas(names: str | None) -> list[tuple[str, str, dict]]:
 def measure(args) -> dict:
     from importlib.metadata import version
 
-    from ..api import load_tokenizer
-    from ..machine.rates import machine_info
-    from .options import engine_config_from_args, open_engine
+    from ...api import load_tokenizer
+    from ...machine.rates import machine_info
+    from ..options import engine_config_from_args, open_engine
 
     schemas = chosen_schemas(args.schemas)
     config, date = engine_config_from_args(args, tuned=False), datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -210,7 +210,7 @@ def structured_table(doc: dict) -> str:
 
 
 def cmd_structured(args) -> int:
-    from ..errors import UnsoundRunError, UsageError
+    from ...errors import UnsoundRunError, UsageError
 
     if args.max_tokens < 1:
         raise UsageError(f"--max-tokens must be at least 1, got {args.max_tokens}")
@@ -224,7 +224,7 @@ def cmd_structured(args) -> int:
 
 
 def add_parser(sub) -> None:
-    from .options import add_engine_arguments
+    from ..options import add_engine_arguments
 
     p = sub.add_parser(
         "structured", help="the structured-output mask's cost per token against the forward pass, per schema",

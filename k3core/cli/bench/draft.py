@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import UsageError
-from ..model.observer import Observer
-from ..units import human
+from ...errors import UsageError
+from ...model.observer import Observer
+from ...units import human
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_TURNS = 1000  # --turns: a bench, not a corpus pass
@@ -49,8 +49,8 @@ def timed_logits(model, ids) -> tuple[np.ndarray, float]:
 
 def measure(engine, draft, ks: list[int], turns) -> dict:
     """Agreement and seconds per id of the draft model at each of `ks` against `engine` on `turns`."""
-    from ..model.draft_weights import DraftPlacer
-    from ..model.engine import DraftModel
+    from ...model.draft_weights import DraftPlacer
+    from ...model.engine import DraftModel
 
     rows = {k: {"agreed": 0, "positions": 0, "seconds": 0.0} for k in ks}
     exact_seconds = ids = 0
@@ -89,7 +89,7 @@ class Drafts(Observer):
 
 def answer(engine, prompt: list[int], stop: set[int], gen: int, spec) -> tuple[list[int], int, Drafts]:
     """Greedy ids after `prompt` up to a stop id or `gen` of them, the passes that took, and the drafts counted."""
-    from ..api import generate_ids
+    from ...api import generate_ids
 
     counted, passes = Drafts(), engine.forward_passes
     ids, steps = [], generate_ids(engine, prompt, engine.new_state(), observers=[counted], speculation=spec)
@@ -107,10 +107,10 @@ def live(engine, ks: list[int], questions: list[str], tokenizer, gen: int, specu
     decode what the model emits): ids, passes (the prompt's included: it emits the first id), drafts proposed and
     accepted, seconds, and whether the ids are the serial ones. The engine's draft model is swapped per top-k (one set
     of weights)."""
-    from ..api import Conversation, speculation
-    from ..generation.generate import AUTO_K
-    from ..model.engine import DraftModel
-    from ..generation.session import bytes_read  # the draft model's reads go through the shared store and placer
+    from ...api import Conversation, speculation
+    from ...generation.generate import AUTO_K
+    from ...model.engine import DraftModel
+    from ...generation.session import bytes_read  # the draft model's reads go through the shared store and placer
 
     weights, most = engine.draft.placer, engine.config.num_experts_per_token
     runs = [("serial", None, None), ("suffix", None, ("suffix", speculate))]
@@ -141,12 +141,12 @@ def live(engine, ks: list[int], questions: list[str], tokenizer, gen: int, specu
 
 
 def cmd_draft(args) -> int:
-    from ..api import EngineConfig, open_engine
-    from ..generation.generate import AUTO_K
-    from ..format.notes import demo_model_dir
-    from ..io.draft_trunk import default_dir, open_draft_trunk
-    from .bench_tokenizer import bench_tokenizer
-    from .bench_transcripts import read_conversations, scored_turns
+    from ...api import EngineConfig, open_engine
+    from ...generation.generate import AUTO_K
+    from ...format.notes import demo_model_dir
+    from ...io.draft_trunk import default_dir, open_draft_trunk
+    from .tokenizer import bench_tokenizer
+    from .transcripts import read_conversations, scored_turns
 
     model = Path(args.model) if args.model else demo_model_dir()
     if not 1 <= args.turns <= MAX_TURNS:
@@ -208,7 +208,7 @@ def table(doc: dict) -> str:
 
 
 def add_parser(sub) -> None:
-    from .options import GB
+    from ..options import GB
 
     p = sub.add_parser("draft", help="a draft trunk's teacher-forced agreement with the model, and its cost",
                        formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -21,7 +21,7 @@ UNCHECKED = {"check_reads": False}  # the placer's and the store's option: no ch
 
 
 def _engine(model, trunk, args, checked: bool = True):
-    from ..api import EngineConfig, open_engine
+    from ...api import EngineConfig, open_engine
 
     context = max(16, len(args.ids) + args.gen)  # 16: the engine's least context
     fields = dict(trunk=trunk, trunk_gb=args.trunk_gb, cache_gb=args.cache_gb, max_context=context)
@@ -31,7 +31,7 @@ def _engine(model, trunk, args, checked: bool = True):
 
 
 def _summary(name, trunk, engine, times, load) -> dict:
-    from ..report.run import per_second
+    from ...report.run import per_second
 
     s = engine.stats()
     steady = times[1:]  # the first is the prompt's prefill
@@ -49,8 +49,8 @@ def _summary(name, trunk, engine, times, load) -> dict:
 
 
 def measure(args) -> dict:
-    from ..api import generate_ids
-    from ..report.run import peak_rss_bytes
+    from ...api import generate_ids
+    from ...report.run import peak_rss_bytes
 
     trunks = {"first": args.trunk, "second": args.compare_trunk or args.trunk}
     engines, loads, gens, times, ids = {}, {}, {}, {}, {}
@@ -84,8 +84,8 @@ def measure(args) -> dict:
 
 
 def pair_table(doc: dict) -> str:
-    from ..units import human
-    from ..report.run import gbps
+    from ...units import human
+    from ...report.run import gbps
 
     def secs(x):
         return "n/a" if x is None else f"{x:.3f}"
@@ -104,8 +104,8 @@ def pair_table(doc: dict) -> str:
 
 
 def cmd_pair(args) -> int:
-    from ..errors import UnsoundRunError, UsageError
-    from .options import parse_ids
+    from ...errors import UnsoundRunError, UsageError
+    from ..options import parse_ids
 
     if (args.compare_trunk is None) != args.unchecked:
         raise UsageError("give --compare-trunk DIR (two packs) or --unchecked (one pack, read with and without checks)")
@@ -125,7 +125,7 @@ def cmd_pair(args) -> int:
 
 
 def add_parser(sub) -> None:
-    from .options import GB
+    from ..options import GB
 
     p = sub.add_parser("pair", help="two packed trunks in one process, taking turns: s/token ratio, same ids",
                        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,

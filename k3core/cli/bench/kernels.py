@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import UsageError
-from ..machine.rates import machine_info, measure_fma, timed
+from ...errors import UsageError
+from ...machine.rates import machine_info, measure_fma, timed
 
 MB = 1e6
 GEMM_TOKENS = (2, 4, 8, 16, 64)  # the small batches of speculation and batched sequences, and a prefill chunk
@@ -77,7 +77,7 @@ def numpy_mxfp4(p, s, x, bufs):
 
 def draft_weights(bf16):
     """q_proj as a draft trunk holds it (io/draft_trunk.py quantize, from the bf16 values): {kind: (data, scales)}."""
-    from ..io.draft_trunk import INT4, INT8, STEP, quantize
+    from ...io.draft_trunk import INT4, INT8, STEP, quantize
     w = np.empty(bf16.shape, np.float32)
     w.view(np.uint32)[...] = bf16.astype(np.uint32) << 16
     step = max(1, STEP // bf16.shape[1])
@@ -88,7 +88,7 @@ def draft_weights(bf16):
 
 def numpy_draft(kind, data, scales, x, f32):
     """The numpy path draft_linear was before the draft kernels: dequantize to float32 (into f32), then W @ x."""
-    from ..io.draft_trunk import INT8, unpack_int4
+    from ...io.draft_trunk import INT8, unpack_int4
     w = f32.view(np.float32)
     if kind == INT8:
         np.multiply(data, scales[:, None], out=w, dtype=np.float32)
@@ -212,7 +212,7 @@ def row(work, backend, threads, m, probe, numpy_row=None, fma=None):
 
 
 def run_kernels(backends, threads, seconds, quick, log=lambda *_: None):
-    from .. import _native
+    from ... import _native
     s = QUICK if quick else REAL
     probe_rows, in_cache = measure_probe(s, threads, seconds)
     probe = {p["threads"]: p["gbps"] for p in probe_rows}
@@ -296,8 +296,8 @@ def _csv(text, what, convert=str):
 def cmd_kernels(args) -> int:
     import sys
 
-    from .. import _native
-    from ..interfaces import default_threads
+    from ... import _native
+    from ...interfaces import default_threads
     available = _native.available_backends()
     backends = _csv(args.backends, "backends") if args.backends else available
     unknown = [b for b in backends if b not in available]
@@ -345,17 +345,11 @@ targets (printed with ✓/✗, never asserted):
 """
 
 
-def add_parser(subparsers) -> None:
-    from .options import SECONDS
+def add_parser(sub) -> None:
+    from ..options import SECONDS
 
-    fmt = argparse.RawDescriptionHelpFormatter
-    bench = subparsers.add_parser("bench", help="measure kernel and memory throughput on this machine",
-                                  description="Benchmarks on this machine; `k3 bench BENCH --help` explains each.",
-                                  formatter_class=fmt)
-    sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
-    bench.set_defaults(func=lambda args: bench.print_help() or 2)
     k = sub.add_parser("kernels", help="native kernels vs a memory probe and numpy, on K3 shapes",
-                       description=KERNELS_HELP, formatter_class=fmt,
+                       description=KERNELS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="examples:\n  k3 bench kernels                         # every backend, 1 and all cores\n"
                               "  k3 bench kernels --backends avx2 --threads 2 --seconds 3\n"
                               "  k3 bench kernels --quick --json          # tiny shapes, for tests")
@@ -365,22 +359,3 @@ def add_parser(subparsers) -> None:
     k.add_argument("--quick", action="store_true", help="tiny shapes and 0.01 s per cell (for tests)")
     k.add_argument("--seconds", type=SECONDS, metavar="S", help="time per cell (default 1; 0.01 with --quick)")
     k.set_defaults(func=cmd_kernels)
-    from .bench_agent import add_parser as add_agent
-    from .bench_codec import add_parser as add_codec
-    from .bench_decode import add_drafts_parser, add_parser as add_decode
-    from .bench_draft import add_parser as add_draft
-    from .bench_pair import add_parser as add_pair
-    from .bench_prefill import add_parser as add_prefill
-    from .bench_project import add_parser as add_project
-    from .bench_stream import add_parser as add_stream
-    from .bench_structured import add_parser as add_structured
-    add_stream(sub)
-    add_pair(sub)
-    add_codec(sub)
-    add_decode(sub)
-    add_drafts_parser(sub)
-    add_project(sub)
-    add_structured(sub)
-    add_agent(sub)
-    add_prefill(sub)
-    add_draft(sub)
