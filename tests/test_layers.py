@@ -3,14 +3,15 @@ function too, and under `if TYPE_CHECKING:`) is an edge of one graph, and:
 
 - the graph has no cycle (one that runs works only by import order; one through `if TYPE_CHECKING:`, which never
   runs, still ties files that cannot be read apart): the test names its modules and edges;
-- an import that runs between two rooms of k3core is one the table ROOMS allows — one downward stack, so the front
-  door never imports the command line, the core never a built-in plugin by name, a room never one above it;
+- an import between two rooms of k3core (one under `if TYPE_CHECKING:` too) is one the rooms table allows — one
+  downward stack, so the front door never imports the command line, the core never a built-in plugin by name, a
+  room never one above it;
 - a built-in plugin imports k3core.plugin_api and nothing else of k3; the plugin manager imports no plugin;
 - serve/, ui/ and wizard/ import only the front door, its errors (k3core.errors), the plugin API and the public
   modules of the rooms each one lists in FRONT_ENDS; k3core imports none of them nor a web framework; serve never
   imports ui;
 - importing the front door loads no argument parser, web framework, CLI module or plugin.
-docs/ARCHITECTURE.md shows the same table.
+The rooms table is the one docs/ARCHITECTURE.md shows: this test reads it there (rooms_table).
 """
 from __future__ import annotations
 
@@ -198,7 +199,7 @@ def test_every_room_is_in_the_table_and_the_table_points_down():
 
 def test_rooms_import_only_the_rooms_below_them():
     wrong = [f"{MODULES[m].relative_to(ROOT)}:{line} imports {i} ({room(m)} may not import {room(i)})"
-             for m in MODULES if m.startswith("k3core") for line, i in imports_of(m)
+             for m in MODULES if m.startswith("k3core") for line, i in imports_of(m, type_checking=True)
              if i.startswith("k3core") and room(i) != room(m) and room(i) not in ROOMS[room(m)]]
     assert not wrong, "\n".join(wrong)
 

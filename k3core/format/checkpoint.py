@@ -11,7 +11,6 @@ from pathlib import Path
 
 from .config import Config, load_config
 from ..errors import BindingError, CheckpointError, ConfigError
-from ..interfaces import TensorSpec
 from .safetensors_index import ShardIndex
 
 PREFIX = "language_model.model."
@@ -23,6 +22,18 @@ FLOAT = ("BF16", "F16", "F32")
 A_LOG_STORED = 128  # released A_log holds 128 floats; only the first `kda_num_heads` mean anything
 EXPERT_PARTS = ("w1.weight_packed", "w1.weight_scale", "w2.weight_packed",
                 "w2.weight_scale", "w3.weight_packed", "w3.weight_scale")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor the config implies: its name, shape and the dtypes it may be stored in.
+
+    `shape` None means any shape holding at least `min_numel` values (A_log is padded)."""
+
+    name: str
+    shape: tuple[int, ...] | None
+    dtypes: tuple[str, ...]
+    min_numel: int = 0
 
 
 def layer_prefix(layer: int) -> str:

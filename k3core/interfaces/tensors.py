@@ -1,5 +1,6 @@
-"""Tensors as the engine hands them around: what a config implies (TensorSpec), one stored tensor (Param), a
-layer's trunk tensors by name (Weights) and one routed expert's MXFP4 bytes (ExpertWeights)."""
+"""Tensors as the engine hands them around: one stored tensor (Param), a layer's trunk tensors by name (Weights)
+and one routed expert's MXFP4 bytes (ExpertWeights); what a config implies (TensorSpec) is the checkpoint
+format's (k3core.format.checkpoint), named here too for the plugins."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,18 +9,9 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import CheckpointError
+from ..format.checkpoint import TensorSpec
 
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """A tensor the config implies: its name, shape and the dtypes it may be stored in.
-
-    `shape` None means any shape holding at least `min_numel` values (A_log is padded)."""
-
-    name: str
-    shape: tuple[int, ...] | None
-    dtypes: tuple[str, ...]
-    min_numel: int = 0
+__all__ = ["ExpertWeights", "Param", "TensorSpec", "Weights"]
 
 
 class Param:

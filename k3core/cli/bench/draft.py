@@ -23,7 +23,7 @@ from ...errors import UsageError
 from ...model.observer import Observer
 from ...units import human
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]  # k3core/cli/bench/draft.py -> the repository
 MAX_TURNS = 1000  # --turns: a bench, not a corpus pass
 
 
