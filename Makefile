@@ -35,8 +35,9 @@ install: $(STAMP)
 
 # The example plugins (examples/*: separate packages, each with its own tests), installed as a third party
 # would for the run and removed after it, pass or fail: their entry points make them the defaults, so the suite
-# pins K3_PLUGINS=none (tests/conftest.py) and tests/test_examples.py runs them through `k3 plugins --check` and
-# against the built-ins' ids; afterwards `k3` in .venv uses the built-ins, as a user's install does.
+# pins K3_PLUGINS=none (tests/conftest.py) and tests/plugins/test_examples.py runs them through
+# `k3 plugins --check` and against the built-ins' ids; afterwards `k3` in .venv uses the built-ins, as a user's
+# install does.
 test: $(STAMP)
 	$(PY) -m pip install --quiet --no-deps $(foreach e,$(EXAMPLES),-e $(e))
 	status=0; $(PY) -m pytest -q --durations=12 tests $(EXAMPLES) || status=$$?; \

@@ -89,7 +89,7 @@ def cmd_serve(args) -> int:
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(  # help: every path api_router (serve/app.py) serves, no more, as tests/test_cli.py checks
+    p = sub.add_parser(  # help: every path api_router (serve/app.py) serves, no more, as tests/cli/test_cli.py checks
         "serve", formatter_class=argparse.RawDescriptionHelpFormatter,
         help="OpenAI's API (/v1/chat/completions, /v1/completions, /v1/responses, /v1/responses/{response_id}, "
              "/v1/models, /v1/models/{model}), Anthropic's (/v1/messages, /v1/messages/count_tokens), the tokenizer "

@@ -2,7 +2,7 @@
 
 The suite tests k3's built-ins as documented, so it loads no third-party entry-point plugin (the
 examples `make test` installs included): K3_PLUGINS=none for this process and every `k3` it starts.
-tests/test_examples.py runs the installed examples explicitly. Nothing is written into the user's
+tests/plugins/test_examples.py runs the installed examples explicitly. Nothing is written into the user's
 configuration nor cache: K3_CONFIG_DIR (profile, chat history) and K3_CACHE_DIR (the prompt cache's files) are
 fresh directories per run, removed at its end.
 """

@@ -1,7 +1,7 @@
 """The fast path of the safetensors index: headers and index json in the layout the safetensors and
 Hugging Face writers produce, checked in place with numpy instead of json.loads (MODEL.md §6 asks for
 497,220 tensors in well under a second). Anything not in that exact layout returns None, and the
-json.loads path in safetensors_index decides; tests/test_safetensors_index.py holds both to one answer.
+json.loads path in safetensors_index decides; tests/format/test_safetensors_index.py holds both to one answer.
 """
 import json
 import re

@@ -3,7 +3,7 @@
 `open` reads each shard's 8-byte length and JSON header (never tensor data) and raises CheckpointError
 naming file and tensor for every MODEL.md §6 rule; it neither converts dtypes (BF16 stays uint16 bits) nor
 caches tensors. Headers and index json as the safetensors/HF writers lay them out are checked in place
-with numpy, anything else by json.loads (the reference); tests/test_safetensors_index.py checks both.
+with numpy, anything else by json.loads (the reference); tests/format/test_safetensors_index.py checks both.
 """
 import errno
 import hashlib

@@ -12,8 +12,8 @@ ends; the passes that forward those positions keep the state there (Engine keep_
 
 RAM holds `ram_bytes` of node data, least recently used out; with a disk tier (prefix_disk.py) a node's data
 is also written there, so what leaves RAM — or the process — is read back, its checksum checked, when asked
-for. Checked by tests/test_prefix_cache.py: the same ids and logits with the cache on and off, cold, warm, after
-a restart, at every budget and in a batch.
+for. Checked by tests/generation/test_prefix_cache.py: the same ids and logits with the cache on and off, cold,
+warm, after a restart, at every budget and in a batch.
 """
 from __future__ import annotations
 

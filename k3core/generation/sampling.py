@@ -23,7 +23,7 @@ Same seed -> same ids on every machine: the PRNG is splitmix64 in Python ints (o
 per sampled id; u = (z >> 11) * 2**-53), and the probability path uses only IEEE-exact operations
 (+ - * /, rint, ldexp): `det_exp` is a fixed polynomial, not libm's or numpy's SIMD exp, whose last
 bits vary by machine. Greedy picks draw nothing. Stop ids and stop strings are the caller's job;
-`StopMatcher` helps with the latter. Checked by tests/test_sampling.py.
+`StopMatcher` helps with the latter. Checked by tests/generation/test_sampling.py.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ found before generation (structured.py's `schema_text` turns each problem into a
 symbols" of a grammar). It over-approximates "has a finite instance": every keyword it does not model counts as
 satisfiable, so it refuses only a schema that truly has none. Contradictions without recursion (`false`, two
 types under `allOf`) are left to llguidance, which refuses them at compile by name. Checked by
-tests/test_schema_checks.py (against the `jsonschema` library) and tests/faults/test_requests.py.
+tests/generation/test_schema_checks.py (against the `jsonschema` library) and tests/faults/test_requests.py.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ killed derivation resumes after the last run that still hashes; the manifest and
 `verify_draft`, every run against its checksums. The machinery (free space, lock, atomic JSON, progress) is
 io/pack.py's; this file only says what a draft's runs are.
 
-Checked by tests/test_draft_trunk.py: the same bytes resumed or not, torn runs, refusals.
+Checked by tests/io/test_draft_trunk.py: the same bytes resumed or not, torn runs, refusals.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ draft source that proposes ids the exact model then verifies. Drafts never decid
 match anything bit for bit, but all of it is deterministic. This module holds the derivation, the format
 (docs/DRAFT-TRUNK.md, byte for byte), its reader and `draft_linear`, a draft tensor's product by a kernel backend's
 int8_linear / int4_linear; it does not hold the writer (io/draft_pack.py), the `self` draft source, nor those kernels
-(their arithmetic: native/kernels.h, docs/NUMERICS.md). Checked by tests/test_draft_trunk.py against an independent
+(their arithmetic: native/kernels.h, docs/NUMERICS.md). Checked by tests/io/test_draft_trunk.py against an independent
 re-derivation from the trunk's bf16 values.
 
 The derivation: every 2-D BF16 tensor of the chosen layers' runs and of the model run (each projection, the router,

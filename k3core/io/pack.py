@@ -3,7 +3,7 @@ with a versioned manifest.json, resumably; verifying a pack; and the packed size
 before it is packed. The format and its reader (`open_trunk`, used by the trunk placers) are in
 io/trunk.py; the `k3 pack` command in cli/pack.py.
 
-Checked by tests/test_pack.py against ShardIndex.read: every tensor's bytes, kills and torn writes.
+Checked by tests/io/test_pack.py against ShardIndex.read: every tensor's bytes, kills and torn writes.
 """
 from __future__ import annotations
 

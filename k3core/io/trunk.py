@@ -3,7 +3,7 @@ fingerprint that ties a pack to its checkpoint, and the manifest reader the trun
 (`open_trunk`), which proves the manifest's tensor table against the checkpoint's headers rather than trust
 it. It never reads a run: placers own the I/O.
 
-Written by k3core/io/pack.py; checked by tests/test_pack.py.
+Written by k3core/io/pack.py; checked by tests/io/test_pack.py.
 """
 from __future__ import annotations
 

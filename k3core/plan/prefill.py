@@ -32,7 +32,7 @@ DEFAULT_CHUNK, CHUNK_STEP = 512, 256
 CHUNK_SHARE = 1 / 16      # of the RAM available, at most, for one pass's activations
 SLACK = 0.02              # seconds per prompt id within 2 % of the best are as good
 # item T - 1: distinct experts of T consecutive ids per MoE layer ÷ top-k, on the real model's routing trace
-# (tests/fixtures/k3-in-c/expert_trace.bin, machine/routing.py; tests/test_cost.py recomputes it)
+# (tests/fixtures/k3-in-c/expert_trace.bin, machine/routing.py; tests/machine/test_cost.py recomputes it)
 K3_UNION = (1.0, 1.657, 2.228, 2.756, 3.253, 3.746, 4.252, 4.718, 5.181, 5.666, 6.186, 6.8)
 # what `auto` assumes of a machine it has not measured: an NVMe that reads 3 GB/s, and the multiply-adds per
 # second per core prefill reached end to end on `wide` (issue 39: 27 G on a Zen 4 core); `k3 bench project`

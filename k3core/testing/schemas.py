@@ -1,6 +1,6 @@
 """JSON schemas for structured output checks: each one any model can finish under the mask, since every
 string, number and array in it is bounded (a length, a pattern, an enum, a range, maxItems). Used by
-tests/test_structured.py (every reply parsed and validated with `jsonschema`) and `k3 bench structured`
+tests/generation/test_structured.py (every reply parsed and validated with `jsonschema`) and `k3 bench structured`
 (the mask's cost per token). Each entry: (name, what it exercises, schema).
 """
 from __future__ import annotations

@@ -31,7 +31,7 @@ ImmutableSandboxedEnvironment(trim_blocks, lstrip_blocks) with: `messages` (norm
 with special tokens allowed. Since markup typed into a message would then become real markup, that
 path refuses such text unless `allow_markup_in_text=True`. Without a template, the builder
 assembles ids itself: markers by id, each text run between markers by `tokenizer.encode(run)` with
-specials NOT allowed. `CHAT_TEMPLATE` renders exactly what the builder builds (tests/test_chat.py
+specials NOT allowed. `CHAT_TEMPLATE` renders exactly what the builder builds (tests/text/test_chat.py
 checks both); a template that ignores `tools` gets them declared the builder's way.
 
 Assistant turns are text like any other message (a client may send any history), except for an

@@ -1,7 +1,7 @@
 """Kimi K3's tokenizer (MODEL.md §7): a tiktoken BPE over `tiktoken.model`, plus the added tokens of
 `tokenizer_config.json`, split by the pat_str of §7 or by a shipped `tokenization_kimi.py`'s (read, never run).
 Raw text only: no BOS is added and chat markup is rendered elsewhere. Checked token for token
-against a tiktoken Encoding built independently from the same files (tests/test_tokenizer.py).
+against a tiktoken Encoding built independently from the same files (tests/text/test_tokenizer.py).
 """
 from __future__ import annotations
 

