@@ -40,7 +40,7 @@ install: $(STAMP)
 # install does.
 # TEST_WORKERS: pytest processes (pytest-xdist). The suite is mostly single-threaded: two on a 2-core machine took
 # 10.5 min where one took 15.4. Each worker makes its own test models and config and cache folders (tests/conftest.py);
-# servers listen on ports the OS picks. TEST_WORKERS=1 runs it in one process, in file order.
+# servers listen on ports the OS picks. TEST_WORKERS=0 runs it in this one process, in file order.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pip install --quiet --no-deps $(foreach e,$(EXAMPLES),-e $(e))
