@@ -69,6 +69,19 @@ fuzz: $(STAMP)
 faults: $(STAMP)
 	K3_PLUGINS=none K3_FAULTS_FULL=1 $(PY) -m pytest -q tests/faults
 
+# The most a product under the kernel contract can do on this core (issue 39; docs/performance-notes/
+# avx512-batch-icelake.md): the FMA probe, FMAs each fed by an L1 load, and the batch kernels' register tiles over
+# doubles resident in L1, one thread, AVX-512 and AVX2. x86-64 only; a few seconds.
+CEILING_FLAGS = -O2 -ffp-contract=off -fno-fast-math
+.PHONY: bench-ceiling
+bench-ceiling:
+	@case "$$(uname -m)" in x86_64|amd64) ;; *) echo "bench-ceiling measures x86-64 vector units only"; exit 2;; esac
+	@mkdir -p build
+	$(CXX) $(CEILING_FLAGS) -DWIDTH=512 -mavx512f -mfma -o build/fma-ceiling-512 benchmarks/fma_ceiling.cpp
+	$(CXX) $(CEILING_FLAGS) -DWIDTH=256 -mavx2 -mfma -o build/fma-ceiling-256 benchmarks/fma_ceiling.cpp
+	build/fma-ceiling-512
+	build/fma-ceiling-256
+
 bench-index: $(STAMP)
 	$(PY) benchmarks/index_bench.py
 
