@@ -1,8 +1,8 @@
 // The AVX-512 (F/BW/VL) backend of kernels.h. Each (row, token) keeps its 16 double lanes in two zmm:
-// for BF16/F16/F32 and the draft's int8 the first holds lanes 0..7 and the second lanes 8..15; for MXFP4 and
+// for F16/F32 and the draft's int8 the first holds lanes 0..7 and the second lanes 8..15; for BF16, MXFP4 and
 // the draft's int4 the first holds the even lanes 0, 2, .., 14 and the second the odd lanes (the low nibbles
-// of 8 packed bytes are 8 even lanes). x is widened to double once per call in the matching order; the fold
-// is the scalar one.
+// of 8 packed bytes are 8 even lanes; the low halves of 8 32-bit words of bf16 are 8 even lanes). x is widened
+// to double once per call in the matching order; the fold is the scalar one.
 // GCC 12 warns falsely inside its own AVX-512 headers (_mm512_undefined_*, GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
@@ -59,15 +59,24 @@ const double* widen_x_even_odd(const float* x, size_t in, size_t tokens) {
     return buf;
 }
 
-// The int4 order, per token: stride = 32 G doubles (G groups), each 16 columns as widen_x_even_odd puts them,
-// +0.0 past `in` (the padded last group's columns).
+// Per token: stride (a multiple of 16) doubles, each 16 columns as widen_x_even_odd puts them, +0.0 past `in`
+// (BF16's last partial block; int4's padded last group, stride = 32 G).
 const double* widen_x_even_odd_padded(const float* x, size_t in, size_t tokens, size_t stride) {
     thread_local std::vector<double> store;
     double* buf = line_aligned(store, tokens * stride);
+    const __m512i even = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
+    const __m512i odd = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
     for (size_t t = 0; t < tokens; ++t) {
         const float* xt = x + t * in;
         double* dt = buf + t * stride;
-        for (size_t b = 0; b < stride; b += kLanes)
+        size_t b = 0;
+        for (; b + kLanes <= in; b += kLanes) {
+            const __m512d lo = _mm512_cvtps_pd(_mm256_loadu_ps(xt + b));
+            const __m512d hi = _mm512_cvtps_pd(_mm256_loadu_ps(xt + b + 8));
+            _mm512_store_pd(dt + b, _mm512_permutex2var_pd(lo, even, hi));
+            _mm512_store_pd(dt + b + 8, _mm512_permutex2var_pd(lo, odd, hi));
+        }
+        for (; b < stride; b += kLanes)
             for (size_t k = 0; k < kLanes / 2; ++k) {
                 const size_t even = b + 2 * k, odd = even + 1;
                 dt[b + k] = even < in ? static_cast<double>(xt[even]) : 0.0;
@@ -86,8 +95,6 @@ double lanes_sum(__m512d lanes0to7, __m512d lanes8to15) {
     return lane_combine(acc);
 }
 
-float fold(__m512d lanes0to7, __m512d lanes8to15) { return to_f32(lanes_sum(lanes0to7, lanes8to15)); }
-
 // What row o's folded lanes v become in y: the float32 of v, or of the int8 product's scale times v (kernels.h).
 struct Plain {
     float operator()(size_t, double v) const { return to_f32(v); }
@@ -97,25 +104,34 @@ struct RowScaled {
     float operator()(size_t o, double v) const { return to_f32(static_cast<double>(scale[o]) * v); }
 };
 
-float fold_even_odd(__m512d even, __m512d odd) {
+double lanes_sum_even_odd(__m512d even, __m512d odd) {
     const __m512i lo = _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11);
     const __m512i hi = _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15);
-    return fold(_mm512_permutex2var_pd(even, lo, odd), _mm512_permutex2var_pd(even, hi, odd));
+    return lanes_sum(_mm512_permutex2var_pd(even, lo, odd), _mm512_permutex2var_pd(even, hi, odd));
 }
+
+float fold_even_odd(__m512d even, __m512d odd) { return to_f32(lanes_sum_even_odd(even, odd)); }
 
 // ---- BF16 / F16 / F32: 16 weights widened to two zmm of doubles --------------------------------------------
 
+// kEvenOdd: load gives the even lanes and the odd ones (x widened by widen_x_even_odd_padded, folded by
+// lanes_sum_even_odd), not lanes 0..7 and 8..15.
+// BF16: 32-bit word k of a block holds elements 2k (its low half) and 2k + 1. As float32 they are the word shifted
+// left 16 and the word with its low half cleared; f32 -> f64 is exact. Two uops fewer per 16 weights than widening
+// 8 zero-extended halves at a time, on the ports the FMAs use (docs/performance-notes/avx512-batch-icelake.md).
 struct Bf16 {
     using Elem = uint16_t;
-    static __m512d eight(const Elem* p) {  // bf16 -> f32 is a 16-bit shift; f32 -> f64 is exact
-        const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-        return _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
+    static constexpr bool kEvenOdd = true;
+    static void load(const Elem* p, __m512d& even, __m512d& odd) {
+        const __m256i words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+        even = _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32(words, 16)));
+        odd = _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_and_si256(words, _mm256_set1_epi32(-65536))));
     }
-    static void load(const Elem* p, __m512d& lo, __m512d& hi) { lo = eight(p), hi = eight(p + 8); }
 };
 
 struct F16 {
     using Elem = uint16_t;
+    static constexpr bool kEvenOdd = false;
     static void load(const Elem* p, __m512d& lo, __m512d& hi) {  // f16 -> f32 is exact, subnormals too
         const __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
         lo = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
@@ -125,6 +141,7 @@ struct F16 {
 
 struct F32 {
     using Elem = float;
+    static constexpr bool kEvenOdd = false;
     static void load(const Elem* p, __m512d& lo, __m512d& hi) {
         lo = _mm512_cvtps_pd(_mm256_loadu_ps(p));
         hi = _mm512_cvtps_pd(_mm256_loadu_ps(p + 8));
@@ -133,6 +150,7 @@ struct F32 {
 
 struct I8 {  // the draft's int8 codes: sign-extended to int32, then converted (exact)
     using Elem = int8_t;
+    static constexpr bool kEvenOdd = false;
     static void load(const Elem* p, __m512d& lo, __m512d& hi) {
         const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
         lo = _mm512_cvtepi32_pd(_mm512_castsi512_si256(v));
@@ -195,7 +213,8 @@ struct LinearTile {
         for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
             for (int t = 0; t < TT; ++t)
-                y[(t0 + t) * out + o + r] = finish(o + r, lanes_sum(acc[r][t][0], acc[r][t][1]));
+                y[(t0 + t) * out + o + r] = finish(o + r, W::kEvenOdd ? lanes_sum_even_odd(acc[r][t][0], acc[r][t][1])
+                                                                      : lanes_sum(acc[r][t][0], acc[r][t][1]));
     }
 };
 
@@ -204,7 +223,8 @@ void linear_rows(const void* w, size_t in, const float* x, size_t tokens, float*
                  size_t r1) {
     const size_t stride = (in + kLanes - 1) / kLanes * kLanes;
     const auto* wt = static_cast<const typename W::Elem*>(w);
-    const LinearTile<W> tile{wt, in, widen_x(x, in, tokens, stride), stride, y, out, Plain{}};
+    const double* xd = W::kEvenOdd ? widen_x_even_odd_padded(x, in, tokens, stride) : widen_x(x, in, tokens, stride);
+    const LinearTile<W> tile{wt, in, xd, stride, y, out, Plain{}};
     for_tiles(r0, r1, tokens, tile);
 }
 
