@@ -535,7 +535,7 @@ class Kernels {
         auto y = new_array({tokens, out});
         float* yp = y.mutable_data();
         without_gil([&] {
-            for_token_tiles(tokens, [&](size_t t0, size_t n) {
+            for_token_tiles(tokens, in, [&](size_t t0, size_t n) {
                 parallel_rows(call, out, rows_per_part(in * n), [&](size_t r0, size_t r1) {
                     mk_->linear(type, w.ptr, in, x.ptr + t0 * in, n, yp + t0 * out, out, r0, r1);
                 });
@@ -552,7 +552,7 @@ class Kernels {
         auto y = new_array({tokens, rows});
         float* yp = y.mutable_data();
         without_gil([&] {
-            for_token_tiles(tokens, [&](size_t t0, size_t n) {
+            for_token_tiles(tokens, in, [&](size_t t0, size_t n) {
                 parallel_rows(call, rows, rows_per_part(in * n), [&](size_t r0, size_t r1) {
                     run(x.ptr + t0 * in, n, yp + t0 * rows, r0, r1);
                 });
@@ -562,21 +562,29 @@ class Kernels {
     }
 
     void mxfp4_rows(const Call& call, const Mxfp4& w, const float* x, size_t tokens, float* y) {
-        for_token_tiles(tokens, [&](size_t t0, size_t n) {
+        for_token_tiles(tokens, w.in(), [&](size_t t0, size_t n) {
             parallel_rows(call, w.rows(), rows_per_part(w.in() * n), [&](size_t r0, size_t r1) {
                 mk_->mxfp4(w.packed.ptr, w.scale.ptr, w.in(), x + t0 * w.in(), n, y + t0 * w.rows(), w.rows(), r0, r1);
             });
         });
     }
 
-    // A product of more than kTokenTile tokens goes kTokenTile tokens at a time, so a tile's widened x (tokens x in
-    // doubles: 3.7 MB for 64 rows of 7168) stays in the last-level cache while every weight row passes it; past it
-    // each row block streamed x from DRAM again (`k3 bench prefill`: bf16 at T = 512 ran at 56 % of T = 64). Each
-    // tile is a batched call of its own, whose tokens get the bits they get alone (kernels.h): no bit changes.
-    static constexpr size_t kTokenTile = 64;
+    // A product of many tokens goes a tile of tokens at a time, so that the tile's x widened to double (tokens x in
+    // doubles) stays within kTileXBytes, about one core's L2, while every weight row passes it; past the last-level
+    // cache each row block streamed x from DRAM again (`k3 bench prefill` on a Zen 3: bf16 at T = 512 ran at 56 % of
+    // T = 64), and past L2 from the last-level cache (on an Ice Lake core, MXFP4 3072 x 3584 at T = 64 ran 1.15-1.21x
+    // faster in tiles of 16 to 36 tokens than in one of 64 with AVX-512, 1.35-1.49x with AVX2; bf16 1024 x 7168 with
+    // AVX2 in tiles of 13-18 tokens 1.30-1.45x; docs/performance-notes/avx512-batch-icelake.md). Never more than
+    // kTokenTile tokens, never fewer than kMinTokenTile. Each tile is a batched call of its own, whose tokens get the
+    // bits they get alone (kernels.h): no bit changes.
+    static constexpr size_t kTokenTile = 64, kMinTokenTile = 8, kTileXBytes = size_t{1} << 20;
+    static size_t token_tile(size_t in) {
+        return std::clamp(kTileXBytes / (std::max<size_t>(in, 1) * sizeof(double)), kMinTokenTile, kTokenTile);
+    }
     template <class F>
-    static void for_token_tiles(size_t tokens, F&& fn) {
-        for (size_t t0 = 0; t0 < tokens; t0 += kTokenTile) fn(t0, tokens - t0 < kTokenTile ? tokens - t0 : kTokenTile);
+    static void for_token_tiles(size_t tokens, size_t in, F&& fn) {
+        const size_t tile = token_tile(in);
+        for (size_t t0 = 0; t0 < tokens; t0 += tile) fn(t0, std::min(tile, tokens - t0));
     }
 
     const MatrixKernels* mk_;

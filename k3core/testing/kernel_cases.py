@@ -267,15 +267,24 @@ def batch_cases():
     """(name, call(backend) -> the batch's rows, call(backend, t) -> row t computed alone): a batch of
     tokens gives each token its single-token bytes."""
     r = rng(3)
-    w, x = bf16_weights(r, 40, 100), activations(r, (150, 100))  # 150: past two of the native token tiles (64)
+    w, x = bf16_weights(r, 40, 100), activations(r, (150, 100))  # 150: past two of the native token tiles (64 here)
     packed, scale = mxfp4_weights(r, 40, 96)
     xm = activations(r, (150, 96))
     p = Param(w, "BF16")
     codes, scales = int8_weights(r, 40, 100)
     packed4, scales4 = int4_weights(r, 40, 100)
+    # Wide rows: the native module's tiles hold 1 MiB of x as doubles, 31 tokens of 4,100 columns, 32 of 4,096.
+    pw = Param(bf16_weights(r, 3, 4100), "BF16")
+    xw = activations(r, (70, 4100))
+    packed_w, scale_w = mxfp4_weights(r, 3, 4096)
+    xmw = activations(r, (70, 4096))
     return [("linear BF16, 150 tokens", lambda k: k.linear(p, x), lambda k, t: k.linear(p, x[t:t + 1])),
             ("mxfp4_linear, 150 tokens", lambda k: k.mxfp4_linear(packed, scale, xm),
              lambda k, t: k.mxfp4_linear(packed, scale, xm[t:t + 1])),
+            ("linear BF16, 70 tokens of 4,100 columns", lambda k: k.linear(pw, xw),
+             lambda k, t: k.linear(pw, xw[t:t + 1])),
+            ("mxfp4_linear, 70 tokens of 4,096 columns", lambda k: k.mxfp4_linear(packed_w, scale_w, xmw),
+             lambda k, t: k.mxfp4_linear(packed_w, scale_w, xmw[t:t + 1])),
             ("int8_linear, 150 tokens", lambda k: k.int8_linear(codes, scales, x),
              lambda k, t: k.int8_linear(codes, scales, x[t:t + 1])),
             ("int4_linear, 150 tokens", lambda k: k.int4_linear(packed4, scales4, 100, x),
