@@ -273,7 +273,8 @@ def batch_cases():
     p = Param(w, "BF16")
     codes, scales = int8_weights(r, 40, 100)
     packed4, scales4 = int4_weights(r, 40, 100)
-    # Wide rows: the native module's tiles hold 1 MiB of x as doubles, 31 tokens of 4,100 columns, 32 of 4,096.
+    # Wide rows: the native module's token tiles hold at most 1 MiB of x as doubles (31 tokens of 4,100 columns,
+    # 32 of 4,096), so 70 tokens run as three tiles.
     pw = Param(bf16_weights(r, 3, 4100), "BF16")
     xw = activations(r, (70, 4100))
     packed_w, scale_w = mxfp4_weights(r, 3, 4096)
