@@ -108,6 +108,7 @@ def test_bench_prefill_measures_each_chunk_and_sets_the_model_beside_it(tiny_mod
     assert [r["chunk"] for r in doc["runs"]] == [4, 8, 24] and doc["fma_probe_macs_per_second"] > 0
     for r in doc["runs"]:
         assert r["seconds"] > 0 and r["predicted_seconds"] > 0 and 0 < r["share_of_fma"]
+        assert r["share_of_fma"] == pytest.approx(r["macs"] / r["seconds"] / r["fma_probe_macs_per_second"])
         assert r["bytes_read"] == r["predicted_bytes"] == 0  # the tiny model's experts all fit the cache
     assert doc["runs"][0]["predicted_vs_measured"] == pytest.approx(1.0)  # the first calibrates
 

@@ -4,7 +4,8 @@ the kernels in use and against what plan/prefill.py predicts (issue 39).
 Per chunk length, one engine opened with it; a seeded prompt of --ids ids forwarded once untimed (it fills the
 expert cache and pages; --cold skips it) and then once timed, from a fresh state. Reported: ids/s, the model's
 multiply-adds per id (its weights, and the attention pairs of this prompt), those per second per core and as a
-share of the FMA probe at the same thread count, the bytes read (the engine's own counters) beside the cost
+share of the FMA probe at the same thread count, measured right after each run (on a shared host the probe
+itself moves between runs), the bytes read (the engine's own counters) beside the cost
 model's, the time the pass waited for reads (its I/O share) and the share of the time reads were in flight that
 compute hid, and the predicted seconds: the compute rate calibrated on the first chunk length's time not spent
 waiting, the disk rate measured by each run's reads — so the later lengths test how the model's cost changes
@@ -94,13 +95,14 @@ def cmd_prefill(args) -> int:
     for chunk in chunks:
         runs.append(measure(args, chunk))
         r = runs[-1]
+        r["fma_probe_macs_per_second"] = measure_fma([r["backend"]], [r["threads"]], 0.5)[0]["macs_per_s"]
         if not args.json:
             print(f"chunk {chunk}: {r['seconds']:.1f} s, {r['ids_per_second']:.2f} ids/s", flush=True)
-    fma = measure_fma([runs[0]["backend"]], [runs[0]["threads"]], 1.0)[0]["macs_per_s"]
+    fma = float(np.median([r["fma_probe_macs_per_second"] for r in runs]))
     predict(runs, args.ids)
     for r in runs:
         r["macs_per_second_per_core"] = r["macs"] / r["seconds"] / r["threads"]
-        r["share_of_fma"] = r["macs"] / r["seconds"] / fma
+        r["share_of_fma"] = r["macs"] / r["seconds"] / r["fma_probe_macs_per_second"]
         r["predicted_vs_measured"] = r["predicted_seconds"] / r["seconds"]
         r["io_share"] = r["wait_seconds"] / r["seconds"]  # the pass stood waiting for bytes
         r["reads_hidden"] = 1 - r["wait_seconds"] / r["read_seconds"] if r["read_seconds"] > 0 else None
@@ -113,15 +115,17 @@ def cmd_prefill(args) -> int:
 def table(doc: dict) -> str:
     r0 = doc["runs"][0]
     lines = [f"prefill of {doc['ids']} ids ({'cold' if doc['cold'] else 'after one untimed pass'}), {r0['backend']} kernels, "
-             f"{r0['threads']} threads; FMA probe {doc['fma_probe_macs_per_second'] / 1e9:.1f} G multiply-adds/s; "
+             f"{r0['threads']} threads; FMA probe after each run, median {doc['fma_probe_macs_per_second'] / 1e9:.1f} "
+             f"G multiply-adds/s; "
              f"weights {r0['macs_per_id_weights'] / 1e9:.2f} G multiply-adds per id; predicted: plan/prefill.py, compute "
              f"rate calibrated on chunk {r0['chunk']} ({r0['calibrated_macs_per_core'] / 1e9:.1f} G/s per core)", "",
-             "| chunk | seconds | ids/s | G MACs/s per core | % FMA probe | read | predicted read | waited | "
-             "I/O share | reads hidden | predicted s | predicted ÷ measured |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| chunk | seconds | ids/s | G MACs/s per core | FMA probe G/s | % FMA probe | read | predicted read | "
+             "waited | I/O share | reads hidden | predicted s | predicted ÷ measured |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in doc["runs"]:
         lines.append(f"| {r['chunk']} | {r['seconds']:.1f} | {r['ids_per_second']:.2f} | "
-                     f"{r['macs_per_second_per_core'] / 1e9:.1f} | {100 * r['share_of_fma']:.0f} % | {human(r['bytes_read'])} | "
+                     f"{r['macs_per_second_per_core'] / 1e9:.1f} | {r['fma_probe_macs_per_second'] / 1e9:.1f} | "
+                     f"{100 * r['share_of_fma']:.0f} % | {human(r['bytes_read'])} | "
                      f"{human(r['predicted_bytes'])} | {r['wait_seconds']:.1f} s | {_percent(r['io_share'])} | "
                      f"{_percent(r['reads_hidden'])} | "
                      f"{r['predicted_seconds']:.1f} | {r['predicted_vs_measured']:.2f} |")
