@@ -44,24 +44,9 @@ const double* widen_x(const float* x, size_t in, size_t tokens, size_t stride) {
     return buf;
 }
 
-// MXFP4 order, per group of 32: elements 0,2,..,14 | 1,3,..,15 | 16,18,..,30 | 17,19,..,31.
-const double* widen_x_even_odd(const float* x, size_t in, size_t tokens) {
-    thread_local std::vector<double> store;
-    double* buf = line_aligned(store, tokens * in);
-    const __m512i even = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
-    const __m512i odd = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
-    for (size_t i = 0; i < tokens * in; i += kLanes) {
-        const __m512d a = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
-        const __m512d b = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8));
-        _mm512_storeu_pd(buf + i, _mm512_permutex2var_pd(a, even, b));
-        _mm512_storeu_pd(buf + i + 8, _mm512_permutex2var_pd(a, odd, b));
-    }
-    return buf;
-}
-
-// Per token: stride (a multiple of 16) doubles, each 16 columns as widen_x_even_odd puts them, +0.0 past `in`
-// (BF16's last partial block; int4's padded last group, stride = 32 G).
-const double* widen_x_even_odd_padded(const float* x, size_t in, size_t tokens, size_t stride) {
+// The even/odd order, per 16 columns: elements 0, 2, .., 14 | 1, 3, .., 15. Per token: stride (a multiple of 16)
+// doubles, +0.0 past `in` (BF16's last partial block; int4's padded last group, stride = 32 G; MXFP4: stride = in).
+const double* widen_x_even_odd(const float* x, size_t in, size_t tokens, size_t stride) {
     thread_local std::vector<double> store;
     double* buf = line_aligned(store, tokens * stride);
     const __m512i even = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
@@ -114,7 +99,7 @@ float fold_even_odd(__m512d even, __m512d odd) { return to_f32(lanes_sum_even_od
 
 // ---- BF16 / F16 / F32: 16 weights widened to two zmm of doubles --------------------------------------------
 
-// kEvenOdd: load gives the even lanes and the odd ones (x widened by widen_x_even_odd_padded, folded by
+// kEvenOdd: load gives the even lanes and the odd ones (x widened by widen_x_even_odd, folded by
 // lanes_sum_even_odd), not lanes 0..7 and 8..15.
 // BF16: 32-bit word k of a block holds elements 2k (its low half) and 2k + 1. As float32 they are the word shifted
 // left 16 and the word with its low half cleared; f32 -> f64 is exact. Two uops fewer per 16 weights than widening
@@ -223,7 +208,7 @@ void linear_rows(const void* w, size_t in, const float* x, size_t tokens, float*
                  size_t r1) {
     const size_t stride = (in + kLanes - 1) / kLanes * kLanes;
     const auto* wt = static_cast<const typename W::Elem*>(w);
-    const double* xd = W::kEvenOdd ? widen_x_even_odd_padded(x, in, tokens, stride) : widen_x(x, in, tokens, stride);
+    const double* xd = W::kEvenOdd ? widen_x_even_odd(x, in, tokens, stride) : widen_x(x, in, tokens, stride);
     const LinearTile<W> tile{wt, in, xd, stride, y, out, Plain{}};
     for_tiles(r0, r1, tokens, tile);
 }
@@ -311,7 +296,7 @@ struct Mx4Tile {
 
 void mxfp4(const uint8_t* packed, const uint8_t* scale, size_t in, const float* x, size_t tokens, float* y,
            size_t out, size_t r0, size_t r1) {
-    const Mx4Tile tile{packed, scale, in, widen_x_even_odd(x, in, tokens), y, out};
+    const Mx4Tile tile{packed, scale, in, widen_x_even_odd(x, in, tokens, in), y, out};
     for_tiles(r0, r1, tokens, tile);
 }
 
@@ -398,7 +383,7 @@ struct Int4Tile {
 void int4_groups(const uint8_t* packed, const float* scale, size_t in, const float* x, size_t tokens, float* y,
                  size_t out, size_t r0, size_t r1) {
     const size_t stride = int4_groups_of(in) * kGroup;
-    const Int4Tile tile{packed, scale, in, widen_x_even_odd_padded(x, in, tokens, stride), stride, y, out};
+    const Int4Tile tile{packed, scale, in, widen_x_even_odd(x, in, tokens, stride), stride, y, out};
     for_tiles(r0, r1, tokens, tile);
 }
 
