@@ -109,13 +109,32 @@ def gaussian_restore_rate(seconds: float, threads: int = 1, blocks: int = 64) ->
     return restore_rate([(b, s[:b.stored]) for b, s in zip(coded, stored)], codec.BLOCK, threads, seconds)
 
 
+PROBE_CALL_SECONDS = 0.02
+
+
+def probe_rounds(name, seconds=PROBE_CALL_SECONDS, clock=time.perf_counter):
+    """Rounds of backend `name`'s FMA probe that take at least `seconds` on one thread. A pool's start and join
+    (~0.1 ms) count against each timed call: 200,000 AVX-512 rounds (0.4 ms) read an Ice Lake core's probe 15 % low on
+    one thread and 30 % low on two, and every share of the probe that much too high."""
+    from .. import _native
+    rounds = 1_000
+    while True:
+        start = clock()
+        _native.fma_probe(name, rounds)
+        took = clock() - start
+        if took >= seconds:
+            return rounds
+        rounds *= 16 if took <= 0 else max(2, min(16, int(1.25 * seconds / took) + 1))
+
+
 def measure_fma(backends, threads, seconds):
     """Each backend's FMA bound: its probe loop (12 independent chains of its widest double multiply-add)
-    on `threads` threads at once; multiply-adds per second, all threads together."""
+    on `threads` threads at once, each call at least PROBE_CALL_SECONDS long; multiply-adds per second, all
+    threads together."""
     from .. import _native
     rows = []
     for name, t in itertools.product(backends, threads):
-        rounds = 20_000 if name == "scalar" else 200_000
+        rounds = probe_rounds(name)
         with ThreadPoolExecutor(t) as pool:
             macs = _native.fma_probe(name, rounds) * t
             m = timed(lambda: list(pool.map(lambda _: _native.fma_probe(name, rounds), range(t))), seconds / 4)
