@@ -517,7 +517,7 @@ class Kernels {
     }
 
    private:
-    // The pool's split of rows, in at most as many parts as the cap of call's kernel family.
+    // The pool's split of rows, taken by at most as many threads as the cap of call's kernel family.
     void parallel_rows(const Call& call, size_t rows, size_t min_rows, const std::function<void(size_t, size_t)>& fn) {
         pool_.parallel_rows(rows, min_rows, fn, caps_[call.family()].load());
     }

@@ -1,4 +1,4 @@
-// The worker pool of pool.h: part p of n covers rows [rows*p/n, rows*(p+1)/n); the caller runs part 0.
+// The worker pool of pool.h: chunk c of n covers rows [rows*c/n, rows*(c+1)/n); the caller takes chunks too.
 #include "pool.h"
 
 #include <algorithm>
@@ -59,15 +59,15 @@ void Pool::work(unsigned index, unsigned long seen) {
             wake_.wait(lock, news);
         }
         const std::function<void(size_t, size_t)>* job;
-        size_t rows;
-        unsigned parts;
+        size_t rows, chunks;
+        unsigned takers;
         {
             std::lock_guard<std::mutex> lock(mutex_);
             if (quit_) return;
             seen = generation_;
-            job = job_, rows = rows_, parts = parts_;
+            job = job_, rows = rows_, chunks = chunks_, takers = takers_;
         }
-        if (index < parts) (*job)(rows * index / parts, rows * (index + 1) / parts);
+        if (index < takers) take_chunks(*job, rows, chunks);
         if (pending_.fetch_sub(1) == 1) {
             std::lock_guard<std::mutex> lock(mutex_);
             done_.notify_one();
@@ -75,24 +75,31 @@ void Pool::work(unsigned index, unsigned long seen) {
     }
 }
 
+void Pool::take_chunks(const std::function<void(size_t, size_t)>& fn, size_t rows, size_t chunks) {
+    for (size_t c = next_chunk_.fetch_add(1); c < chunks; c = next_chunk_.fetch_add(1))
+        fn(rows * c / chunks, rows * (c + 1) / chunks);
+}
+
 void Pool::parallel_rows(size_t rows, size_t min_rows, const std::function<void(size_t, size_t)>& fn,
-                         unsigned max_parts) {
+                         unsigned max_threads) {
     const size_t useful = min_rows ? rows / min_rows : rows;
-    const unsigned cap = max_parts ? std::min(threads_, max_parts) : threads_;
-    const unsigned parts = static_cast<unsigned>(std::max<size_t>(1, std::min<size_t>(cap, useful)));
-    if (parts == 1) {
+    const unsigned cap = max_threads ? std::min(threads_, max_threads) : threads_;
+    const unsigned takers = static_cast<unsigned>(std::max<size_t>(1, std::min<size_t>(cap, useful)));
+    if (takers == 1) {
         fn(0, rows);
         return;
     }
+    const size_t chunks = std::min(useful, takers * kChunksPerThread);
     std::lock_guard<std::mutex> serial(call_);
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        job_ = &fn, rows_ = rows, parts_ = parts;
-        pending_ = threads_ - 1;  // every worker wakes and counts down, a worker with no part too
+        job_ = &fn, rows_ = rows, chunks_ = chunks, takers_ = takers;
+        next_chunk_ = 0;
+        pending_ = threads_ - 1;  // every worker wakes and counts down, a worker that takes no chunk too
         ++generation_;
     }
     wake_.notify_all();
-    fn(0, rows / parts);
+    take_chunks(fn, rows, chunks);
     const auto finished = [&] { return pending_.load() == 0; };
     if (!spin_until(finished, kSpin)) {
         std::unique_lock<std::mutex> lock(mutex_);

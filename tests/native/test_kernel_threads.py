@@ -1,7 +1,8 @@
-"""Per-family thread caps (Kernels.set_family_threads, EngineConfig.kernel_threads, --kernel-threads) split the same
-whole rows into fewer parts: a kernel of each family, its family capped at 1, 2 and 3 of 4 threads, gives its 1-thread
-bytes on every native backend, and an engine with capped families generates the default config's ids and logits. The
-caps are reported as set, and a wrong family or count is refused naming the valid ones."""
+"""Per-family thread caps (Kernels.set_family_threads, EngineConfig.kernel_threads, --kernel-threads) let fewer threads
+take the same whole rows, in chunks the threads take in turn: a kernel of each family, its family capped at 1, 2 and 3
+of 4 threads, gives its 1-thread bytes on every native backend, and an engine with capped families generates the
+default config's ids and logits. The caps are reported as set, and a wrong family or count is refused naming the valid
+ones."""
 import os
 
 import numpy as np
@@ -27,7 +28,7 @@ def kernels(name, threads):
 
 
 def family_calls():
-    """family -> a call of one of its kernels whose rows 4 threads split into 4 uneven parts (509 rows, 13 heads).
+    """family -> a call of one of its kernels whose rows 4 threads take in uneven chunks (509 rows in 16, 13 heads).
     The kernels of `other` run on the calling thread: its cap must change nothing."""
     r = rng(21)
     w, x = Param(bf16_weights(r, 509, 256), "BF16"), activations(r, (64, 256))
