@@ -329,7 +329,11 @@ class Kernels {
             std::vector<float> g(tokens * inter), u(tokens * inter), h(tokens * inter);
             mxfp4_rows(call, w1, z.ptr, tokens, g.data());
             mxfp4_rows(call, w3, z.ptr, tokens, u.data());
-            k3::ops::situ_glu(g.data(), u.data(), g.size(), beta, linear_beta, h.data());
+            // elementwise, so split by token: an element's two tanh and one exp cost a few hundred multiply-adds
+            parallel_rows(call, tokens, rows_per_part(inter * 256), [&](size_t t0, size_t t1) {
+                k3::ops::situ_glu(g.data() + t0 * inter, u.data() + t0 * inter, (t1 - t0) * inter, beta, linear_beta,
+                                  h.data() + t0 * inter);
+            });
             mxfp4_rows(call, w2, h.data(), tokens, yp);
         });
         return y;

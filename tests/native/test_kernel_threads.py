@@ -15,7 +15,7 @@ from k3core.cli.options import engine_config_from_args
 from k3core.interfaces import KERNEL_FAMILIES, Param
 from k3core.plugins.native_kernels import NativeKernels
 from k3core.plugins.reference_kernels import ReferenceKernels
-from k3core.testing.kernel_cases import activations, bf16_weights, mxfp4_weights, rng, same
+from k3core.testing.kernel_cases import activations, bf16_weights, expert_case, mxfp4_weights, rng, same
 
 BACKENDS = _native.available_backends()
 THREADS, CAPS = 4, (1, 2, 3)
@@ -54,6 +54,17 @@ def test_a_capped_family_gives_its_one_thread_bytes(backend, family):
         got.append(call(k))
         assert same(got[-1], want), (backend, family, cap)
 
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_expert_of_many_tokens_gives_its_one_thread_bytes_at_every_thread_count(backend):
+    """The expert kernel splits its three products and the SiTU-GLU between them by rows and tokens: 40 tokens of an
+    expert with 64 intermediate columns take 16 chunks of the GLU on 4 threads."""
+    e, _ = expert_case(rng(22))
+    z = activations(rng(23), (40, 96)) * 4
+    want = kernels(backend, 1).expert(e, z, 4.0, 25.0)
+    for threads in (2, 3, 4):
+        assert same(kernels(backend, threads).expert(e, z, 4.0, 25.0), want), (backend, threads)
 
 def test_family_threads_reports_each_cap_and_an_unknown_family_is_refused_naming_the_valid_ones():
     k = kernels("scalar", THREADS)
