@@ -1,4 +1,4 @@
-"""The FMA probe's timing: every share of the probe that `k3 bench kernels` and `k3 bench prefill` print divides by it."""
+"""The FMA probe's timing: every share of the probe that `k3 bench kernels` and `k3 bench prefill` print rests on it."""
 from k3core import _native
 from k3core.machine import rates
 
