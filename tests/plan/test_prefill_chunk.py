@@ -113,6 +113,32 @@ def test_bench_prefill_measures_each_chunk_and_sets_the_model_beside_it(tiny_mod
     assert doc["runs"][0]["predicted_vs_measured"] == pytest.approx(1.0)  # the first calibrates
 
 
+
+def test_bench_prefill_by_kernel_times_every_kernel_and_counts_each_products_multiply_adds(tiny_model, capsys):
+    import json
+
+    from k3core.cli.main import main
+
+    assert main(["bench", "prefill", str(tiny_model), "--ids", "24", "--chunks", "4,24", "--by-kernel", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    text = json.loads((tiny_model / "config.json").read_text())["text_config"]
+    moe_layers = text["num_hidden_layers"] - text["first_k_dense_replace"]
+    expert_macs = (24 * text["num_experts_per_token"] * moe_layers * 3 * text["routed_expert_hidden_size"]
+                   * text["moe_intermediate_size"])
+    for r in doc["runs"]:
+        kernels = {k["kernel"]: k for k in r["by_kernel"]}
+        assert {"linear", "expert", "mqa_attention", "kda_recurrence", "rmsnorm"} <= set(kernels)
+        assert kernels["expert"]["macs"] == expert_macs  # every id's routed experts, whatever the chunk
+        assert kernels["linear"]["macs"] > 0 and kernels["mqa_attention"]["macs"] is None
+        assert sum(k["seconds"] for k in r["by_kernel"]) <= r["seconds"]
+        for k in r["by_kernel"]:
+            assert k["share"] == pytest.approx(k["seconds"] / r["seconds"])
+            if k["macs"] is not None:
+                assert k["share_of_fma"] == pytest.approx(k["macs"] / k["seconds"] / r["fma_probe_macs_per_second"])
+    assert main(["bench", "prefill", str(tiny_model), "--ids", "8", "--chunks", "8", "--by-kernel"]) == 0
+    out = capsys.readouterr().out
+    assert "chunk 8, by kernel" in out and "| expert |" in out and "| outside the kernels |" in out
+
 def test_bench_prefill_refuses_bad_chunks_and_lengths_by_name(tiny_model):
     from k3core.cli.main import main
 

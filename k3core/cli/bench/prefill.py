@@ -9,13 +9,15 @@ itself moves between runs), the bytes read (the engine's own counters) beside th
 model's, the time the pass waited for reads (its I/O share) and the share of the time reads were in flight that
 compute hid, and the predicted seconds: the compute rate calibrated on the first chunk length's time not spent
 waiting, the disk rate measured by each run's reads — so the later lengths test how the model's cost changes
-with the chunk.
+with the chunk. --by-kernel also times every kernel call of the timed pass: where the pass went, and each matrix
+product's multiply-adds per second against the same probe.
 
 Not a test: it measures and prints; it asserts nothing about speed.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 
@@ -25,6 +27,72 @@ from ...errors import UsageError
 from ...units import human
 
 MAX_IDS = 1 << 16  # a prompt longer than this is a run, not a bench
+SETUP = ("available", "set_threads", "set_family_threads")  # a backend's methods that are not kernels
+
+
+def _tokens(x) -> int:
+    return x.shape[0] if np.ndim(x) == 2 else 1
+
+
+def _mxfp4_macs(packed) -> int:
+    return packed.shape[0] * packed.shape[1] * 2
+
+
+# The weight multiply-adds of a matrix product's call (the others count none): rows x columns x tokens.
+PRODUCT_MACS = {
+    "linear": lambda w, x, *_: w.shape[0] * w.shape[1] * _tokens(x),
+    "mxfp4_linear": lambda packed, scale, x, *_: _mxfp4_macs(packed) * _tokens(x),
+    "int8_linear": lambda codes, scales, x, *_: codes.shape[0] * codes.shape[1] * _tokens(x),
+    "int4_linear": lambda packed, scales, cols, x, *_: packed.shape[0] * cols * _tokens(x),
+    "expert": lambda e, z, *_: (_mxfp4_macs(e.w1_packed) + _mxfp4_macs(e.w2_packed) + _mxfp4_macs(e.w3_packed))
+    * _tokens(z),
+}
+
+
+class KernelClock:
+    """While open, every kernel method of `kernels` (a KernelBackend) is timed: calls, seconds, and for the matrix
+    products the weight multiply-adds (PRODUCT_MACS)."""
+
+    def __init__(self, kernels):
+        from ...interfaces import KernelBackend
+
+        self.kernels, self.calls = kernels, {}
+        self.names = sorted(n for n, f in vars(KernelBackend).items()
+                            if callable(f) and not n.startswith("_") and n not in SETUP)
+
+    def __enter__(self):
+        for name in self.names:
+            setattr(self.kernels, name, self._timed(name, getattr(self.kernels, name)))
+        return self
+
+    def __exit__(self, *exc):
+        for name in self.names:
+            delattr(self.kernels, name)  # the class's method again
+
+    def _timed(self, name, call):
+        macs = PRODUCT_MACS.get(name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            out = call(*args, **kwargs)
+            seconds = time.perf_counter() - start
+            row = self.calls.setdefault(name, {"kernel": name, "calls": 0, "seconds": 0.0,
+                                               "macs": 0 if macs else None})
+            row["calls"] += 1
+            row["seconds"] += seconds
+            if macs:
+                row["macs"] += macs(*args, **kwargs)
+            return out
+        return timed
+
+    def rows(self, seconds: float, threads: int) -> list[dict]:
+        """One row a kernel called, the longest first: its share of the pass and, for a product, its multiply-adds
+        per second per core."""
+        out = []
+        for row in sorted(self.calls.values(), key=lambda r: -r["seconds"]):
+            per_core = row["macs"] / row["seconds"] / threads if row["macs"] and row["seconds"] > 0 else None
+            out.append({**row, "share": row["seconds"] / seconds, "macs_per_second_per_core": per_core})
+        return out
 
 
 def measure(args, chunk: int) -> dict:
@@ -41,9 +109,11 @@ def measure(args, chunk: int) -> dict:
         prompt = [int(i) for i in np.random.default_rng(args.seed).integers(0, engine.config.vocab_size, args.ids)]
         if not args.cold:
             forward_prompt(engine, prompt, engine.new_state())
-        before, start = engine.stats(), time.perf_counter()
-        forward_prompt(engine, prompt, engine.new_state())
-        seconds, after = time.perf_counter() - start, engine.stats()
+        clock = KernelClock(engine.kernels) if args.by_kernel else contextlib.nullcontext()
+        with clock:
+            before, start = engine.stats(), time.perf_counter()
+            forward_prompt(engine, prompt, engine.new_state())
+            seconds, after = time.perf_counter() - start, engine.stats()
         shape = prefill.Shape.of_checkpoint(engine.checkpoint)
         where = prefill.where_held(shape, type(engine.placer).streamed_bytes(engine.placer.ctx),
                                    sum(r.bytes for r in engine.plan.experts))
@@ -52,6 +122,7 @@ def measure(args, chunk: int) -> dict:
                 ("expert_bytes_read", "expert_read_seconds", "trunk_bytes_read", "trunk_read_seconds",
                  "expert_wait_seconds", "trunk_wait_seconds")}
         backend = engine.kernels.name
+        by_kernel = clock.rows(seconds, threads) if args.by_kernel else None
     pairs = args.ids * (args.ids + 1) / 2
     bytes_read = read["expert_bytes_read"] + read["trunk_bytes_read"]
     waited = read["expert_wait_seconds"] + read["trunk_wait_seconds"] if bytes_read else 0.0  # else: bookkeeping only
@@ -59,7 +130,7 @@ def measure(args, chunk: int) -> dict:
             "threads": threads, "macs": args.ids * shape.macs_per_id + pairs * shape.macs_per_pair,
             "macs_per_id_weights": shape.macs_per_id, "bytes_read": bytes_read,
             "read_seconds": read["expert_read_seconds"] + read["trunk_read_seconds"],
-            "wait_seconds": waited,
+            "wait_seconds": waited, "by_kernel": by_kernel,
             "shape": shape, "where": where}
 
 
@@ -106,6 +177,9 @@ def cmd_prefill(args) -> int:
         r["predicted_vs_measured"] = r["predicted_seconds"] / r["seconds"]
         r["io_share"] = r["wait_seconds"] / r["seconds"]  # the pass stood waiting for bytes
         r["reads_hidden"] = 1 - r["wait_seconds"] / r["read_seconds"] if r["read_seconds"] > 0 else None
+        for k in r["by_kernel"] or []:
+            k["share_of_fma"] = (k["macs"] / k["seconds"] / r["fma_probe_macs_per_second"]
+                                 if k["macs_per_second_per_core"] is not None else None)
         del r["shape"], r["where"]
     doc = {"model": args.model, "ids": args.ids, "cold": args.cold, "fma_probe_macs_per_second": fma, "runs": runs}
     print(json.dumps(doc, indent=1) if args.json else table(doc))
@@ -129,7 +203,26 @@ def table(doc: dict) -> str:
                      f"{human(r['predicted_bytes'])} | {r['wait_seconds']:.1f} s | {_percent(r['io_share'])} | "
                      f"{_percent(r['reads_hidden'])} | "
                      f"{r['predicted_seconds']:.1f} | {r['predicted_vs_measured']:.2f} |")
+    for r in doc["runs"]:
+        if r["by_kernel"] is not None:
+            lines += ["", *kernel_table(r)]
     return "\n".join(lines)
+
+
+def kernel_table(run: dict) -> list[str]:
+    """Where chunk `run`'s pass went: each kernel's calls, seconds and share; a product's rate against the probe."""
+    rows = run["by_kernel"]
+    outside = run["seconds"] - sum(k["seconds"] for k in rows)
+    lines = [f"chunk {run['chunk']}, by kernel ({100 * (1 - outside / run['seconds']):.0f} % of the pass in kernels; "
+             f"products: weight multiply-adds per second per core, share of the run's probe)", "",
+             "| kernel | calls | seconds | share of the pass | G MACs/s per core | % FMA probe |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for k in rows:
+        rate = "" if k["macs_per_second_per_core"] is None else f"{k['macs_per_second_per_core'] / 1e9:.1f}"
+        lines.append(f"| {k['kernel']} | {k['calls']} | {k['seconds']:.2f} | {100 * k['share']:.1f} % | {rate} | "
+                     f"{'' if k['share_of_fma'] is None else _percent(k['share_of_fma'])} |")
+    lines.append(f"| outside the kernels | | {outside:.2f} | {100 * outside / run['seconds']:.1f} % | | |")
+    return lines
 
 
 def _percent(share: float | None) -> str:
@@ -144,11 +237,15 @@ def add_parser(sub) -> None:
                        description=__doc__.split("\n\n")[1],
                        epilog="examples:\n  k3 bench prefill demo-model --ids 1024 --chunks 128,512,1024\n"
                               "  k3 bench prefill wide --ids 256 --chunks 64,128,256\n"
+                              "  k3 bench prefill wide --ids 128 --chunks 128 --by-kernel\n"
                               "  k3 bench prefill wide --trunk wide-trunk --preset laptop --ids 512 --chunks 128,256,512")
     p.add_argument("--ids", type=int, default=512, metavar="N", help="prompt length (default 512)")
     p.add_argument("--chunks", metavar="A,B,…", help="prefill chunk lengths, the first calibrates (default 128,256,512)")
     p.add_argument("--seed", type=int, default=0, help="the prompt's seed (default 0)")
     p.add_argument("--cold", action="store_true", help="time the first pass (nothing read before it)")
+    p.add_argument("--by-kernel", action="store_true",
+                   help="also time every kernel call of the timed pass: each kernel's share of it, and each matrix "
+                        "product's multiply-adds per second against the probe")
     p.add_argument("--json", action="store_true")
     add_engine_arguments(p)
     p.set_defaults(func=cmd_prefill)
