@@ -16,7 +16,10 @@ def test_peak_rss_is_split_into_the_page_and_the_rest_against_the_plan():
 
 
 def test_the_panel_shows_the_split_measured_by_the_os(host):
-    assert 0 < host.rss_outside_engine <= peak_rss_bytes() and 0 < rss_bytes() <= peak_rss_bytes()
+    # Linux keeps a process's resident pages in per-CPU counters and reads them approximately: /proc/self/statm
+    # can run a few pages ahead of the peak getrusage reports (seen: 32 KB), never megabytes.
+    slack = 1 << 20
+    assert 0 < host.rss_outside_engine <= peak_rss_bytes() + slack and 0 < rss_bytes() <= peak_rss_bytes() + slack
     shown = re.search(r'id="k3-rss">([^<]*)<', Monitor(host).render()).group(1)
     assert re.fullmatch(r"\S+ [kMG]B = \S+ [kMG]B without the engine \(Python, Gradio, the page\) \+ \S+ [kMG]?B "
                         r"more: \d+ % of the \S+ [kMG]B the plan holds; \S+ [kMG]B available", shown), shown
