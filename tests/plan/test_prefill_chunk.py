@@ -138,6 +138,13 @@ def test_bench_prefill_by_kernel_times_every_kernel_and_counts_each_products_mul
     assert main(["bench", "prefill", str(tiny_model), "--ids", "8", "--chunks", "8", "--by-kernel"]) == 0
     out = capsys.readouterr().out
     assert "chunk 8, by kernel" in out and "| expert |" in out and "| outside the kernels |" in out
+    # the reference backend's expert calls its own mxfp4_linear: counted once, inside the expert
+    assert main(["bench", "prefill", str(tiny_model), "--ids", "8", "--chunks", "8", "--by-kernel", "--kernels",
+                 "reference", "--json"]) == 0
+    run = json.loads(capsys.readouterr().out)["runs"][0]
+    kernels = {k["kernel"]: k for k in run["by_kernel"]}
+    assert "mxfp4_linear" not in kernels and kernels["expert"]["macs"] == expert_macs // 3
+    assert sum(k["seconds"] for k in run["by_kernel"]) <= run["seconds"]
 
 def test_bench_prefill_refuses_bad_chunks_and_lengths_by_name(tiny_model):
     from k3core.cli.main import main
