@@ -70,8 +70,9 @@ faults: $(STAMP)
 	K3_PLUGINS=none K3_FAULTS_FULL=1 $(PY) -m pytest -q tests/faults
 
 # The most a product under the kernel contract can do on this core (issue 39; docs/performance-notes/
-# avx512-batch-icelake.md): the FMA probe, FMAs each fed by an L1 load, and the batch kernels' register tiles over
-# doubles resident in L1, one thread, AVX-512 and AVX2. x86-64 only; a few seconds.
+# avx512-batch-icelake.md): the FMA probe, FMAs each fed by an L1 load, the batch kernels' register tiles over
+# doubles resident in L1, and (AVX-512) those tiles with the kernels' bf16 and MXFP4 widening inside them; one
+# thread, AVX-512 and AVX2. x86-64 only; a few seconds.
 CEILING_FLAGS = -O2 -ffp-contract=off -fno-fast-math
 .PHONY: bench-ceiling
 bench-ceiling:

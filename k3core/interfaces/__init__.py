@@ -9,10 +9,11 @@ from .attention import AttentionBackend
 from .base import Budget, ContextPlugin, PlanRow, Plugin, PluginContext, PluginOptions, io_seconds
 from .drafts import DraftSource, DraftTarget
 from .experts import CachePolicy, ExpertStore, LRUPolicy
-from .kernels import KERNEL_FAMILIES, KernelBackend, default_threads
+from .kernels import KERNEL_FAMILIES, KernelBackend, default_threads, kernel_names
 from .tensors import ExpertWeights, Param, TensorSpec, Weights
 from .trunk import TrunkPlacer
 
 __all__ = ["AttentionBackend", "Budget", "CachePolicy", "ContextPlugin", "DraftSource", "DraftTarget", "ExpertStore",
            "ExpertWeights", "KERNEL_FAMILIES", "KernelBackend", "LRUPolicy", "Param", "PlanRow", "Plugin",
-           "PluginContext", "PluginOptions", "TensorSpec", "TrunkPlacer", "Weights", "default_threads", "io_seconds"]
+           "PluginContext", "PluginOptions", "TensorSpec", "TrunkPlacer", "Weights", "default_threads", "io_seconds",
+           "kernel_names"]

@@ -118,3 +118,10 @@ class KernelBackend(Plugin):
     @abstractmethod
     def attnres(self, sources: Sequence[np.ndarray], fold: np.ndarray, eps: float) -> np.ndarray:
         """Attention over depth: softmax over sources of RMSNorm(s)·fold, applied to the raw sources."""
+
+
+def kernel_names() -> tuple[str, ...]:
+    """The kernels every KernelBackend provides: its public methods, less the three that set it up."""
+    setup = ("available", "set_threads", "set_family_threads")
+    return tuple(sorted(n for n, f in vars(KernelBackend).items()
+                        if callable(f) and not n.startswith("_") and n not in setup))

@@ -27,7 +27,6 @@ from ...errors import UsageError
 from ...units import human
 
 MAX_IDS = 1 << 16  # a prompt longer than this is a run, not a bench
-SETUP = ("available", "set_threads", "set_family_threads")  # a backend's methods that are not kernels
 
 
 def _tokens(x) -> int:
@@ -55,11 +54,9 @@ class KernelClock:
     backend's `expert` calls its `mxfp4_linear`) counts as part of the outer one, so no time counts twice."""
 
     def __init__(self, kernels):
-        from ...interfaces import KernelBackend
+        from ...interfaces import kernel_names
 
-        self.kernels, self.calls, self.depth = kernels, {}, 0
-        self.names = sorted(n for n, f in vars(KernelBackend).items()
-                            if callable(f) and not n.startswith("_") and n not in SETUP)
+        self.kernels, self.calls, self.depth, self.names = kernels, {}, 0, kernel_names()
 
     def __enter__(self):
         for name in self.names:
