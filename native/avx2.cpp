@@ -665,6 +665,37 @@ void int4_groups(const uint8_t* packed, const float* scale, size_t in, const flo
     }
 }
 
+// ---- KDA's state rows: 4 columns a step, the last d % 4 in scalar code --------------------------------------
+
+// to_f32 of 4 doubles: cvtpd2ps rounds as the scalar cast does and keeps a NaN a NaN, which becomes the canonical one.
+__m128 to_f32_x4(__m256d v) {
+    const __m128 f = _mm256_cvtpd_ps(v);
+    return _mm_blendv_ps(f, _mm_castsi128_ps(_mm_set1_epi32(0x7FC00000)), _mm_cmpunord_ps(f, f));
+}
+
+void kda_decay_row(const float* s, size_t d, double a, double k, double* lane) {
+    const __m256d av = _mm256_set1_pd(a), kv = _mm256_set1_pd(k);
+    size_t j = 0;
+    for (; j + 4 <= d; j += 4) {
+        const __m256d decayed = _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(s + j)), av);
+        _mm256_storeu_pd(lane + j, _mm256_add_pd(_mm256_loadu_pd(lane + j), _mm256_mul_pd(decayed, kv)));
+    }
+    kda_decay_columns(s, j, d, a, k, lane);
+}
+
+void kda_update_row(float* s, size_t d, double a, double k, const double* delta, double q, double* lane) {
+    const __m256d av = _mm256_set1_pd(a), kv = _mm256_set1_pd(k), qv = _mm256_set1_pd(q);
+    size_t j = 0;
+    for (; j + 4 <= d; j += 4) {
+        const __m256d decayed = _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(s + j)), av);
+        const __m128 updated = to_f32_x4(_mm256_add_pd(decayed, _mm256_mul_pd(kv, _mm256_loadu_pd(delta + j))));
+        _mm_storeu_ps(s + j, updated);
+        const __m256d product = _mm256_mul_pd(_mm256_cvtps_pd(updated), qv);
+        _mm256_storeu_pd(lane + j, _mm256_add_pd(_mm256_loadu_pd(lane + j), product));
+    }
+    kda_update_columns(s, j, d, a, k, delta, q, lane);
+}
+
 uint64_t fma_probe(size_t rounds) {
     __m256d acc[kProbeChains];
     for (int k = 0; k < kProbeChains; ++k) acc[k] = _mm256_set1_pd(k);
@@ -680,6 +711,7 @@ uint64_t fma_probe(size_t rounds) {
 
 }  // namespace
 
-const MatrixKernels kAvx2 = {"avx2", linear, mxfp4, int8_rows, int4_groups, fma_probe};
+const MatrixKernels kAvx2 = {"avx2",        linear,        mxfp4, int8_rows, int4_groups, fma_probe,
+                             kda_decay_row, kda_update_row};
 
 }  // namespace k3

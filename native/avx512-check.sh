@@ -68,7 +68,15 @@ static inline simde__m512d k3_cvtepi32_pd(simde__m256i a) {
     for (int i = 0; i < 8; ++i) d[i] = q[i];
     return simde_mm512_loadu_pd(d);
 }
+static inline simde__m256 k3_cvtpd_ps(simde__m512d a) {
+    double d[8];
+    float f[8];
+    simde_mm512_storeu_pd(d, a);
+    for (int i = 0; i < 8; ++i) f[i] = static_cast<float>(d[i]);
+    return simde_mm256_loadu_ps(f);
+}
 #define _mm512_cvtps_pd k3_cvtps_pd
+#define _mm512_cvtpd_ps k3_cvtpd_ps
 #define _mm512_cvtph_ps k3_cvtph_ps
 #define _mm512_cvtepu8_epi64 k3_cvtepu8_epi64
 #define _mm512_cvtepi8_epi32 k3_cvtepi8_epi32

@@ -387,6 +387,37 @@ void int4_groups(const uint8_t* packed, const float* scale, size_t in, const flo
     for_tiles(r0, r1, tokens, tile);
 }
 
+// ---- KDA's state rows: 8 columns a step, the last d % 8 in scalar code --------------------------------------
+
+// to_f32 of 8 doubles: cvtpd2ps rounds as the scalar cast does and keeps a NaN a NaN, which becomes the canonical one.
+__m256 to_f32_x8(__m512d v) {
+    const __m256 f = _mm512_cvtpd_ps(v);
+    return _mm256_blendv_ps(f, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)), _mm256_cmp_ps(f, f, _CMP_UNORD_Q));
+}
+
+void kda_decay_row(const float* s, size_t d, double a, double k, double* lane) {
+    const __m512d av = _mm512_set1_pd(a), kv = _mm512_set1_pd(k);
+    size_t j = 0;
+    for (; j + 8 <= d; j += 8) {
+        const __m512d decayed = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(s + j)), av);
+        _mm512_storeu_pd(lane + j, _mm512_add_pd(_mm512_loadu_pd(lane + j), _mm512_mul_pd(decayed, kv)));
+    }
+    kda_decay_columns(s, j, d, a, k, lane);
+}
+
+void kda_update_row(float* s, size_t d, double a, double k, const double* delta, double q, double* lane) {
+    const __m512d av = _mm512_set1_pd(a), kv = _mm512_set1_pd(k), qv = _mm512_set1_pd(q);
+    size_t j = 0;
+    for (; j + 8 <= d; j += 8) {
+        const __m512d decayed = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(s + j)), av);
+        const __m256 updated = to_f32_x8(_mm512_add_pd(decayed, _mm512_mul_pd(kv, _mm512_loadu_pd(delta + j))));
+        _mm256_storeu_ps(s + j, updated);
+        const __m512d product = _mm512_mul_pd(_mm512_cvtps_pd(updated), qv);
+        _mm512_storeu_pd(lane + j, _mm512_add_pd(_mm512_loadu_pd(lane + j), product));
+    }
+    kda_update_columns(s, j, d, a, k, delta, q, lane);
+}
+
 uint64_t fma_probe(size_t rounds) {
     __m512d acc[kProbeChains];
     for (int k = 0; k < kProbeChains; ++k) acc[k] = _mm512_set1_pd(k);
@@ -404,6 +435,7 @@ uint64_t fma_probe(size_t rounds) {
 
 }  // namespace
 
-const MatrixKernels kAvx512 = {"avx512", linear, mxfp4, int8_rows, int4_groups, fma_probe};
+const MatrixKernels kAvx512 = {"avx512",      linear,        mxfp4, int8_rows, int4_groups, fma_probe,
+                               kda_decay_row, kda_update_row};
 
 }  // namespace k3

@@ -1,5 +1,5 @@
-// Helpers shared by every backend: the lane fold, float32 rounding with a canonical NaN, and the
-// exact widening of BF16, F16, E2M1, E8M0 and the draft int4 codes to double.
+// Helpers shared by every backend: the lane fold, float32 rounding with a canonical NaN, KDA's state rows in
+// scalar code, and the exact widening of BF16, F16, E2M1, E8M0 and the draft int4 codes to double.
 #include <cmath>
 #include <cstring>
 
@@ -27,6 +27,18 @@ float to_f32(double v) {
         return f;
     }
     return static_cast<float>(v);
+}
+
+void kda_decay_columns(const float* s, size_t j0, size_t d, double a, double k, double* lane) {
+    for (size_t j = j0; j < d; ++j) lane[j] = lane[j] + (static_cast<double>(s[j]) * a) * k;
+}
+
+void kda_update_columns(float* s, size_t j0, size_t d, double a, double k, const double* delta, double q,
+                        double* lane) {
+    for (size_t j = j0; j < d; ++j) {
+        s[j] = to_f32(static_cast<double>(s[j]) * a + k * delta[j]);
+        lane[j] = lane[j] + static_cast<double>(s[j]) * q;
+    }
 }
 
 double bf16_to_f64(uint16_t bits) {

@@ -58,6 +58,13 @@ struct MatrixKernels {
     // widest double multiply-add (enough chains to cover its latency on every core k3 has met). Returns the
     // number of double multiply-adds done; timing it gives this core's ceiling (`k3 bench kernels`, %FMA).
     uint64_t (*fma_probe)(size_t rounds);
+    // KDA's recurrence, one row i of a head's state s [D] at a time (ops.cpp walks the rows; docs/NUMERICS.md).
+    // Elementwise in the columns j < d, so a backend may take any number of columns at once; each expression
+    // rounds as written, a product then a sum (s·a·k and k·delta are not exact in double, so never an FMA):
+    //   kda_decay_row   lane[j] += (double(s[j]) * a) * k                  (the row decayed, times k: u's lane)
+    //   kda_update_row  s[j] = to_f32(double(s[j]) * a + k * delta[j]);  then  lane[j] += double(s[j]) * q  (o's)
+    void (*kda_decay_row)(const float* s, size_t d, double a, double k, double* lane);
+    void (*kda_update_row)(float* s, size_t d, double a, double k, const double* delta, double q, double* lane);
 };
 
 constexpr int kProbeChains = 12;
@@ -76,6 +83,10 @@ double f16_to_f64(uint16_t bits);
 double e2m1(uint8_t code);          // E2M1 value of a 4-bit code
 double e8m0(uint8_t scale);         // 2^(scale - 127); 255 gives 0.0
 double int4_code(uint8_t nibble);   // a draft int4 code: nibble (0..15) - 8
+// The KDA row kernels above on columns [j0, d): the scalar backend's whole rows, a SIMD backend's last columns.
+void kda_decay_columns(const float* s, size_t j0, size_t d, double a, double k, double* lane);
+void kda_update_columns(float* s, size_t j0, size_t d, double a, double k, const double* delta, double q,
+                        double* lane);
 inline size_t int4_groups_of(size_t in) { return (in + kGroup - 1) / kGroup; }  // G; a row is G * 16 bytes
 
 // n doubles inside v starting at a 64-byte boundary (v grows as needed): a SIMD backend's x and scratch rows, so

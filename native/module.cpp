@@ -442,8 +442,8 @@ class Kernels {
         float *op = o.mutable_data(), *sp = S.mutable_data();
         without_gil([&] {
             parallel_rows(call, heads, rows_per_part(tokens * d * d * 4), [&](size_t h0, size_t h1) {
-                k3::ops::kda_recurrence(q.ptr, k.ptr, v.ptr, alpha.ptr, beta.ptr, tokens, heads, d, sp, scale, op,
-                                        h0, h1);
+                k3::ops::kda_recurrence(*mk_, q.ptr, k.ptr, v.ptr, alpha.ptr, beta.ptr, tokens, heads, d, sp, scale,
+                                        op, h0, h1);
             });
         });
         return py::make_tuple(o, S);

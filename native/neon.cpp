@@ -301,6 +301,45 @@ void int4_groups(const uint8_t* packed, const float* scale, size_t in, const flo
     });
 }
 
+// ---- KDA's state rows: 4 columns a step, the last d % 4 in scalar code --------------------------------------
+
+// to_f32 of 4 doubles: the conversion rounds as the scalar cast does and keeps a NaN a NaN, which becomes the
+// canonical one.
+float32x4_t to_f32_x4(float64x2_t lo, float64x2_t hi) {
+    const float32x4_t f = vcvt_high_f32_f64(vcvt_f32_f64(lo), hi);
+    return vbslq_f32(vceqq_f32(f, f), f, vreinterpretq_f32_u32(vdupq_n_u32(0x7FC00000u)));
+}
+
+void kda_decay_row(const float* s, size_t d, double a, double k, double* lane) {
+    size_t j = 0;
+    for (; j + 4 <= d; j += 4) {
+        const float32x4_t f = vld1q_f32(s + j);
+        const float64x2_t lo = vmulq_n_f64(vmulq_n_f64(vcvt_f64_f32(vget_low_f32(f)), a), k);
+        const float64x2_t hi = vmulq_n_f64(vmulq_n_f64(vcvt_high_f64_f32(f), a), k);
+        vst1q_f64(lane + j, vaddq_f64(vld1q_f64(lane + j), lo));
+        vst1q_f64(lane + j + 2, vaddq_f64(vld1q_f64(lane + j + 2), hi));
+    }
+    kda_decay_columns(s, j, d, a, k, lane);
+}
+
+void kda_update_row(float* s, size_t d, double a, double k, const double* delta, double q, double* lane) {
+    size_t j = 0;
+    for (; j + 4 <= d; j += 4) {
+        const float32x4_t f = vld1q_f32(s + j);
+        const float64x2_t lo = vaddq_f64(vmulq_n_f64(vcvt_f64_f32(vget_low_f32(f)), a),
+                                         vmulq_n_f64(vld1q_f64(delta + j), k));
+        const float64x2_t hi = vaddq_f64(vmulq_n_f64(vcvt_high_f64_f32(f), a),
+                                         vmulq_n_f64(vld1q_f64(delta + j + 2), k));
+        const float32x4_t updated = to_f32_x4(lo, hi);
+        vst1q_f32(s + j, updated);
+        const float64x2_t olo = vmulq_n_f64(vcvt_f64_f32(vget_low_f32(updated)), q);
+        const float64x2_t ohi = vmulq_n_f64(vcvt_high_f64_f32(updated), q);
+        vst1q_f64(lane + j, vaddq_f64(vld1q_f64(lane + j), olo));
+        vst1q_f64(lane + j + 2, vaddq_f64(vld1q_f64(lane + j + 2), ohi));
+    }
+    kda_update_columns(s, j, d, a, k, delta, q, lane);
+}
+
 uint64_t fma_probe(size_t rounds) {
     float64x2_t acc[kProbeChains];
     for (int k = 0; k < kProbeChains; ++k) acc[k] = vdupq_n_f64(k);
@@ -316,6 +355,7 @@ uint64_t fma_probe(size_t rounds) {
 
 }  // namespace
 
-const MatrixKernels kNeon = {"neon", linear, mxfp4, int8_rows, int4_groups, fma_probe};
+const MatrixKernels kNeon = {"neon",        linear,        mxfp4, int8_rows, int4_groups, fma_probe,
+                             kda_decay_row, kda_update_row};
 
 }  // namespace k3

@@ -95,6 +95,14 @@ void kda_decay(const float* z, size_t tokens, size_t heads, size_t d, const floa
 
 namespace {
 
+// lanes[l * d + j] is column j's lane l: out[j] = the lanes folded as lane_combine folds them.
+void fold_lane_columns(double* lanes, size_t d, double* out) {
+    for (size_t w = kLanes / 2; w >= 1; w /= 2)
+        for (size_t l = 0; l < w; ++l)
+            for (size_t j = 0; j < d; ++j) lanes[l * d + j] += lanes[(l + w) * d + j];
+    std::copy(lanes, lanes + d, out);
+}
+
 // out[j] = lane_dot over i < n of rows[i * d + j] * x[i], for every j < d at once: the rows are read in order (a
 // column walk would touch a cache line per element), and lanes[l * d + j] is column j's lane l, so each (j, lane)
 // adds the same products in the same order as lane_dot_f64, and the fold is lane_combine's.
@@ -107,35 +115,35 @@ void lane_dot_columns(const Row* rows, const double* x, size_t n, size_t d, doub
         const double xi = x[i];
         for (size_t j = 0; j < d; ++j) lane[j] += static_cast<double>(row[j]) * xi;
     }
-    for (size_t w = kLanes / 2; w >= 1; w /= 2)
-        for (size_t l = 0; l < w; ++l)
-            for (size_t j = 0; j < d; ++j) lanes[l * d + j] += lanes[(l + w) * d + j];
-    std::copy(lanes, lanes + d, out);
+    fold_lane_columns(lanes, d, out);
 }
 
 }  // namespace
 
-void kda_recurrence(const float* q, const float* k, const float* v, const float* alpha, const float* beta,
-                    size_t tokens, size_t heads, size_t d, float* state, double scale, float* o, size_t h0,
-                    size_t h1) {
-    std::vector<double> S(d * d), u(d), kd(d), qd(d), lanes(kLanes * d), out(d);
+void kda_recurrence(const MatrixKernels& mk, const float* q, const float* k, const float* v, const float* alpha,
+                    const float* beta, size_t tokens, size_t heads, size_t d, float* state, double scale, float* o,
+                    size_t h0, size_t h1) {
+    std::vector<double> lanes(kLanes * d), u(d), delta(d);
+    // Two walks over the float32 state a token, its rows in order: the first adds row i decayed, S64[i,:] =
+    // S[i,:]·α[i], times k[i] into lane i % 16 of u = S64ᵀ k; the second decays row i again (the same bits),
+    // updates it in place and adds it times q[i]·scale into lane i % 16 of o = Sᵀ q. Rows never meet, so
+    // each lane adds its products in lane_dot's order; the fold is lane_combine's (lane_dot_columns).
     for (size_t h = h0; h < h1; ++h) {
         float* Sh = state + h * d * d;  // [i, j]: i over keys, j over values
         for (size_t t = 0; t < tokens; ++t) {
             const size_t base = (t * heads + h) * d;
-            for (size_t i = 0; i < d; ++i) {
-                kd[i] = k[base + i];
-                qd[i] = static_cast<double>(q[base + i]) * scale;
-                for (size_t j = 0; j < d; ++j)  // decay rows first
-                    S[i * d + j] = static_cast<double>(Sh[i * d + j]) * static_cast<double>(alpha[base + i]);
-            }
-            lane_dot_columns(S.data(), kd.data(), d, d, lanes.data(), u.data());  // u = Sᵀ k
-            const double b = beta[t * heads + h];
+            std::fill(lanes.begin(), lanes.end(), 0.0);
             for (size_t i = 0; i < d; ++i)
-                for (size_t j = 0; j < d; ++j)
-                    Sh[i * d + j] = to_f32(S[i * d + j] + kd[i] * (b * (static_cast<double>(v[base + j]) - u[j])));
-            lane_dot_columns(Sh, qd.data(), d, d, lanes.data(), out.data());  // o = Sᵀ q on the UPDATED, float32 state
-            for (size_t j = 0; j < d; ++j) o[base + j] = to_f32(out[j]);
+                mk.kda_decay_row(Sh + i * d, d, alpha[base + i], k[base + i], lanes.data() + i % kLanes * d);
+            fold_lane_columns(lanes.data(), d, u.data());
+            const double b = beta[t * heads + h];
+            for (size_t j = 0; j < d; ++j) delta[j] = b * (static_cast<double>(v[base + j]) - u[j]);
+            std::fill(lanes.begin(), lanes.end(), 0.0);
+            for (size_t i = 0; i < d; ++i)
+                mk.kda_update_row(Sh + i * d, d, alpha[base + i], k[base + i], delta.data(),
+                                  static_cast<double>(q[base + i]) * scale, lanes.data() + i % kLanes * d);
+            fold_lane_columns(lanes.data(), d, u.data());  // o = Sᵀ q on the UPDATED, float32 state
+            for (size_t j = 0; j < d; ++j) o[base + j] = to_f32(u[j]);
         }
     }
 }

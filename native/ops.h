@@ -1,9 +1,12 @@
 // The kernels that are not matrix products: one implementation, used by every backend (their cost is
-// small next to the weight traffic). Definitions and orders as in kernels.h and docs/NUMERICS.md.
+// small next to the weight traffic), but for KDA's recurrence, whose d² work a token and head runs through
+// the backend's row kernels. Definitions and orders as in kernels.h and docs/NUMERICS.md.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+
+#include "kernels.h"
 
 namespace k3::ops {
 
@@ -17,10 +20,11 @@ void short_conv(const float* x, size_t tokens, size_t channels, float* history, 
                 float* y);
 void kda_decay(const float* z, size_t tokens, size_t heads, size_t d, const float* a_log, const float* dt_bias,
                double lower_bound, float* alpha);
-// Heads [h0, h1) of the recurrence over all T tokens; state [heads, D, D] is updated in place.
-void kda_recurrence(const float* q, const float* k, const float* v, const float* alpha, const float* beta,
-                    size_t tokens, size_t heads, size_t d, float* state, double scale, float* o, size_t h0,
-                    size_t h1);
+// Heads [h0, h1) of the recurrence over all T tokens; state [heads, D, D] is updated in place, a row at a time by
+// the backend's KDA row kernels (kernels.h).
+void kda_recurrence(const MatrixKernels& mk, const float* q, const float* k, const float* v, const float* alpha,
+                    const float* beta, size_t tokens, size_t heads, size_t d, float* state, double scale, float* o,
+                    size_t h0, size_t h1);
 // Heads [h0, h1) of one query position over n cached keys/values shared by all heads.
 void mqa_attention(const float* q, size_t dk, const float* keys, size_t n, const float* values, size_t dv,
                    double scale, float* out, size_t h0, size_t h1);

@@ -98,8 +98,17 @@ uint64_t fma_probe(size_t rounds) {
     return rounds * kProbeChains;
 }
 
+void kda_decay_row(const float* s, size_t d, double a, double k, double* lane) {
+    kda_decay_columns(s, 0, d, a, k, lane);
+}
+
+void kda_update_row(float* s, size_t d, double a, double k, const double* delta, double q, double* lane) {
+    kda_update_columns(s, 0, d, a, k, delta, q, lane);
+}
+
 }  // namespace
 
-const MatrixKernels kScalar = {"scalar", linear, mxfp4, int8_rows, int4_groups, fma_probe};
+const MatrixKernels kScalar = {"scalar",      linear,        mxfp4, int8_rows, int4_groups, fma_probe,
+                               kda_decay_row, kda_update_row};
 
 }  // namespace k3

@@ -1,5 +1,5 @@
-// Standalone exactness check of the matrix kernels (no Python, no pybind11): every backend compiled in
-// must give the scalar backend's bytes for every input.
+// Standalone exactness check of the matrix kernels and KDA's row kernels (no Python, no pybind11): every backend
+// compiled in must give the scalar backend's bytes for every input.
 //
 // Build (see native/neon-check.sh): common.cpp + scalar.cpp + this file, plus neon.cpp with
 // -DK3_HAVE_NEON on aarch64, or avx2.cpp / avx512.cpp with -DK3_HAVE_AVX2 / -DK3_HAVE_AVX512 on x86-64
@@ -534,6 +534,100 @@ void draft_cases(Rng& rng, const std::vector<const MatrixKernels*>& backends, To
                 }
 }
 
+// ---- KDA's state rows -----------------------------------------------------------------------------------
+
+// A lane double's bytes for comparison: every NaN one pattern (lanes are sums inside the recurrence, whose NaN
+// payloads depend on operand order; each reaches the output only through to_f32, which makes it canonical).
+uint64_t lane_bits(double v) {
+    if (std::isnan(v)) return 0x7FF8000000000000ull;
+    uint64_t b;
+    std::memcpy(&b, &v, sizeof b);
+    return b;
+}
+
+long first_lane_difference(const std::vector<double>& a, const std::vector<double>& b) {
+    for (size_t i = 0; i < a.size(); ++i)
+        if (lane_bits(a[i]) != lane_bits(b[i])) return static_cast<long>(i);
+    return -1;
+}
+
+struct KdaRow {
+    std::vector<float> s;
+    std::vector<double> lane, delta;
+    double a, k, q;
+};
+
+// Both row kernels on one row, each from the same s and lane: the decayed row into one lane, then the updated row
+// (s in place) into another. Compared with the scalar backend's bytes, lanes with every NaN alike.
+void check_kda_row(const std::string& label, const KdaRow& row, const std::vector<const MatrixKernels*>& backends,
+                   Totals& tot) {
+    const size_t d = row.s.size();
+    auto run = [&](const MatrixKernels& b, std::vector<float>& s, std::vector<double>& decayed,
+                   std::vector<double>& updated) {
+        s = row.s, decayed = row.lane, updated = row.lane;
+        b.kda_decay_row(s.data(), d, row.a, row.k, decayed.data());
+        b.kda_update_row(s.data(), d, row.a, row.k, row.delta.data(), row.q, updated.data());
+    };
+    std::vector<float> want_s;
+    std::vector<double> want_decayed, want_updated;
+    run(k3::kScalar, want_s, want_decayed, want_updated);
+    long nan = 0, inf = 0, sub = 0;
+    for (float v : want_s) {
+        nan += std::isnan(v), inf += std::isinf(v), sub += std::fpclassify(v) == FP_SUBNORMAL;
+        const uint32_t b = bits_f32(v);
+        for (int sh = 0; sh < 32; sh += 8) tot.digest = (tot.digest ^ ((b >> sh) & 0xFF)) * 0x100000001B3ull;
+    }
+    for (const auto* lanes : {&want_decayed, &want_updated})
+        for (double v : *lanes) {
+            const uint64_t b = lane_bits(v);
+            for (int sh = 0; sh < 64; sh += 8) tot.digest = (tot.digest ^ ((b >> sh) & 0xFF)) * 0x100000001B3ull;
+        }
+    for (const MatrixKernels* b : backends) {
+        std::vector<float> got_s;
+        std::vector<double> got_decayed, got_updated;
+        run(*b, got_s, got_decayed, got_updated);
+        const long ds = first_difference(got_s, want_s), dd = first_lane_difference(got_decayed, want_decayed),
+                   du = first_lane_difference(got_updated, want_updated);
+        const bool ok = ds < 0 && dd < 0 && du < 0;
+        std::printf("%s %-6s %s state nan=%ld inf=%ld subnormal=%ld of %zu\n", ok ? "PASS" : "FAIL", b->name,
+                    label.c_str(), nan, inf, sub, d);
+        if (!ok)
+            std::printf("     first mismatch: %s column %ld\n",
+                        ds >= 0 ? "updated state" : dd >= 0 ? "decayed lane" : "updated lane",
+                        ds >= 0 ? ds : dd >= 0 ? dd : du);
+        (ok ? tot.passed : tot.failed)++;
+    }
+}
+
+// Widths that are not multiples of any SIMD width, every data kind; then rows where an FMA shows: s·a + k·delta
+// at 1 + 2^-24 + 2^-53 (a float32 tie) once k·delta is rounded, just above it when it is not (a fused multiply-add),
+// so the float32 state comes out 1 instead of 1 + 2^-23.
+void kda_row_cases(Rng& rng, const std::vector<const MatrixKernels*>& backends, Totals& tot) {
+    const size_t kWidths[] = {0, 1, 3, 4, 7, 8, 9, 15, 16, 17, 31, 37, 100, 128, 131};
+    char label[128];
+    for (int kk = 0; kk < static_cast<int>(Kind::Count); ++kk)
+        for (size_t d : kWidths) {
+            const Kind kind = static_cast<Kind>(kk);
+            KdaRow row;
+            for (size_t j = 0; j < d; ++j) {
+                row.s.push_back(x_value(rng, kind));
+                row.lane.push_back(static_cast<double>(x_value(rng, kind)) * x_value(rng, Kind::Random));
+                row.delta.push_back(static_cast<double>(x_value(rng, kind)) * x_value(rng, Kind::Random) / 3);
+            }
+            row.a = std::exp(-std::fabs(static_cast<double>(x_value(rng, Kind::Cancel))));
+            row.k = x_value(rng, kind), row.q = static_cast<double>(x_value(rng, kind)) * 0.0883883476483184;
+            std::snprintf(label, sizeof label, "kda rows    d=%-4zu %-9s", d, kind_name(kind));
+            check_kda_row(label, row, backends, tot);
+        }
+    for (size_t d : kWidths) {
+        KdaRow row{std::vector<float>(d, 1.0f), std::vector<double>(d, 0.0), std::vector<double>(d), 1 + 0x1p-24, 3.0,
+                   0.5};
+        for (size_t j = 0; j < d; ++j) row.delta[j] = 0x1.5555555555556p-55;  // 3 x this: 2^-53 (1 + 2^-52)
+        std::snprintf(label, sizeof label, "kda rows    d=%-4zu fma trap ", d);
+        check_kda_row(label, row, backends, tot);
+    }
+}
+
 }  // namespace
 
 int main() {
@@ -644,6 +738,7 @@ int main() {
                 }
 
     draft_cases(rng, backends, tot);
+    kda_row_cases(rng, backends, tot);
 
     std::printf("\nsummary: %d backend-case checks, %d passed, %d failed (backends: %s)\n", tot.passed + tot.failed,
                 tot.passed, tot.failed, names.c_str());

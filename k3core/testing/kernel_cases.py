@@ -215,6 +215,37 @@ def expert_case(r, latent=96, inter=64):
     return ExpertWeights(1, 0, *w1, *w2, *w3), activations(r, (3, latent)) * 4
 
 
+def kda_wide_inputs(r, tokens=3, heads=2, d=37):
+    """q, k, v, alpha, beta, state for kda_recurrence: 37 columns (a SIMD row's full steps and a tail), state and
+    inputs with infinities, NaNs, subnormals and values whose update overflows float32."""
+    q, k, v = (activations(r, (tokens, heads, d), adversarial=True) for _ in range(3))
+    alpha = np.exp(-np.abs(activations(r, (tokens, heads, d)))).astype(np.float32)
+    beta = 1 / (1 + np.exp(-activations(r, (tokens, heads)))).astype(np.float32)
+    state = activations(r, (heads, d, d), adversarial=True)
+    return q, k, v, alpha, beta, state
+
+
+def kda_order_inputs(r, tokens=2, heads=2, d=41):
+    """kda_recurrence's inputs where both walks over the state depend on the lane order. u = (S·α)ᵀ k: keys 0..7
+    big and keys 8..15 their negatives on rows that decay alike, the other keys small; o = Sᵀ q the same way on rows
+    16..31, whose updates are alike too (equal keys). Each big product shares its lane with small ones, which it
+    absorbs; the big ones cancel only when lane i meets lane i + 8 in the fold."""
+    q, k, v = (activations(r, (tokens, heads, d)) for _ in range(3))
+    alpha = np.exp(-np.abs(activations(r, (tokens, heads, d)))).astype(np.float32)
+    beta = 1 / (1 + np.exp(-activations(r, (tokens, heads)))).astype(np.float32)
+    state = activations(r, (heads, d, d))
+    k[..., :8] = r.choice([1e16, -3e15, 7e17], (tokens, heads, 8)).astype(np.float32)
+    k[..., 8:16] = -k[..., :8]
+    q[..., :16] = 0  # rows 0..15 grow huge by their keys' update: kept out of o
+    q[..., 16:24] = r.choice([1e16, -3e15, 7e17], (tokens, heads, 8)).astype(np.float32)
+    q[..., 24:32] = -q[..., 16:24]
+    k[..., 24:32] = k[..., 16:24]
+    for first in (0, 16):
+        alpha[..., first + 8:first + 16] = alpha[..., first:first + 8]
+        state[:, first + 8:first + 16, :] = state[:, first:first + 8, :]
+    return q, k, v, alpha, beta, state
+
+
 def _other_cases():
     """Every kernel that is not a matrix product, on awkward sizes."""
     r = rng(4)
@@ -236,6 +267,7 @@ def _other_cases():
     decay = (activations(rng(7), (5,)), activations(rng(6), (35,)))
     query = activations(rng(5), (6, 41))
     even_keys, even_values = activations(rng(10), (41, 41)), cancelling(rng(11), (37, 41)).T.copy()
+    kda_wide, kda_order = kda_wide_inputs(rng(12)), kda_order_inputs(rng(13))
     yield KernelCase("rmsnorm", "rmsnorm", lambda k: k.rmsnorm(x, x[0], 1e-5))
     yield KernelCase("rmsnorm without gain", "rmsnorm", lambda k: k.rmsnorm(x, None, 1e-5))
     yield KernelCase("l2norm_heads", "l2norm_heads", lambda k: k.l2norm_heads(l2, 4, 1e-6))
@@ -246,6 +278,11 @@ def _other_cases():
     yield KernelCase("kda_decay", "kda_decay", lambda k: k.kda_decay(z, *decay, -5.0), uses_libm=True)
     yield KernelCase("kda_recurrence", "kda_recurrence",
                      lambda k: k.kda_recurrence(q, k_, v, alpha, beta, state, 19 ** -0.5))
+    yield KernelCase("kda_recurrence, wide heads and special values", "kda_recurrence",
+                     lambda k: k.kda_recurrence(*kda_wide, 37 ** -0.5))
+    # a walk of the state's rows that gives row i a lane other than i % 16 changes the state's bits
+    yield KernelCase("kda_recurrence, lane order", "kda_recurrence",
+                     lambda k: k.kda_recurrence(*kda_order, 41 ** -0.5))
     yield KernelCase("mqa_attention", "mqa_attention", lambda k: k.mqa_attention(query, keys, values, 41 ** -0.5),
                      uses_libm=True)
     # a zero query scores every key 0, so every weight is exp(0) / n with no libm in it: the value walk's lane order
