@@ -85,6 +85,9 @@ struct RowScaled {
     const float* scale;
     float operator()(size_t o, double v) const { return to_f32(static_cast<double>(scale[o]) * v); }
 };
+struct Unrounded {  // dots_f64: the folded lanes as they are
+    double operator()(size_t, double v) const { return v; }
+};
 
 // 8 float32 values widened exactly to two ymm of doubles (elements 0..3, 4..7).
 inline void widen8(__m256 f, __m256d& a, __m256d& b) {
@@ -246,8 +249,8 @@ inline void zero(__m256d (&acc)[R][TT][4]) {
     for (int k = 0; k < R * TT * 4; ++k) acc[k / (4 * TT)][k / 4 % TT][k % 4] = _mm256_setzero_pd();
 }
 
-template <int R, int TT, class Finish>
-inline void fold_into(const __m256d (&acc)[R][TT][4], float* y, size_t out, size_t o, const Finish& finish) {
+template <int R, int TT, class Out, class Finish>
+inline void fold_into(const __m256d (&acc)[R][TT][4], Out* y, size_t out, size_t o, const Finish& finish) {
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
@@ -256,8 +259,8 @@ inline void fold_into(const __m256d (&acc)[R][TT][4], float* y, size_t out, size
 
 // Rows o..o+R-1 of y for tokens 0..TT-1 (x of token t at xd + t * stride), 16 columns (a block of lanes) a
 // step, the weights widened straight into registers once for all TT tokens.
-template <class W, int R, int TT, class Finish>
-void linear_direct(const typename W::Elem* w, size_t in, const double* xd, size_t stride, float* y, size_t out,
+template <class W, int R, int TT, class Out, class Finish>
+void linear_direct(const typename W::Elem* w, size_t in, const double* xd, size_t stride, Out* y, size_t out,
                    size_t o, const Finish& finish) {
     __m256d acc[R][TT][4];
     zero<R, TT>(acc);
@@ -284,8 +287,8 @@ void linear_direct(const typename W::Elem* w, size_t in, const double* xd, size_
     fold_into<R, TT>(acc, y, out, o, finish);
 }
 
-template <class W, int R, int TT, class Finish = Plain>
-void linear_direct_rows(const typename W::Elem* w, size_t in, const double* xd, size_t stride, float* y, size_t out,
+template <class W, int R, int TT, class Out, class Finish = Plain>
+void linear_direct_rows(const typename W::Elem* w, size_t in, const double* xd, size_t stride, Out* y, size_t out,
                         size_t r0, size_t r1, const Finish& finish = Finish()) {
     size_t o = r0;
     for (; o + R <= r1; o += R) linear_direct<W, R, TT>(w, in, xd, stride, y, out, o, finish);
@@ -492,8 +495,8 @@ void dot_tile(size_t rows, size_t tokens, const double* w, size_t n, const doubl
 // columns [c, c + n) of rows o0..o0+rows-1 as doubles at buf + r * kChunk, zero padded past `in`; n is a
 // multiple of 16 (of 32 for MXFP4, whose rows are). A block of kBlockRows rows goes a chunk of columns at a
 // time; within a chunk each token tile's x serves the block's row tiles from L1.
-template <class Widen, class Finish = Plain>
-void gemm(const Widen& widen, size_t columns, size_t stride, const double* xd, size_t tokens, float* y,
+template <class Widen, class Out, class Finish = Plain>
+void gemm(const Widen& widen, size_t columns, size_t stride, const double* xd, size_t tokens, Out* y,
           size_t out, size_t r0, size_t r1, const Finish& finish = Finish()) {
     thread_local std::vector<double> buf_store, lanes_store;
     double* buf = line_aligned(buf_store, kBlockRows * kChunk);
@@ -606,17 +609,17 @@ struct WidenInt4 {
 
 // ---- the entry points --------------------------------------------------------------------------------------
 
-template <class W>
-void linear_rows(const void* w, size_t in, const float* x, size_t tokens, float* y, size_t out, size_t r0,
-                 size_t r1) {
+template <class W, class Out = float, class Finish = Plain>
+void linear_rows(const void* w, size_t in, const float* x, size_t tokens, Out* y, size_t out, size_t r0,
+                 size_t r1, const Finish& finish = Finish()) {
     const size_t stride = x_stride(in);
     const auto* wt = static_cast<const typename W::Elem*>(w);
     const double* xd = widen_x(x, in, tokens, stride);
     switch (tokens) {
-        case 1: return linear_direct_rows<W, 2, 1>(wt, in, xd, stride, y, out, r0, r1);
-        case 2: return linear_direct_rows<W, 1, 2>(wt, in, xd, stride, y, out, r0, r1);
-        case 3: return linear_direct_rows<W, 1, 3>(wt, in, xd, stride, y, out, r0, r1);
-        default: return gemm(WidenLinear<W>{wt, in}, stride - kLanes, stride, xd, tokens, y, out, r0, r1);
+        case 1: return linear_direct_rows<W, 2, 1>(wt, in, xd, stride, y, out, r0, r1, finish);
+        case 2: return linear_direct_rows<W, 1, 2>(wt, in, xd, stride, y, out, r0, r1, finish);
+        case 3: return linear_direct_rows<W, 1, 3>(wt, in, xd, stride, y, out, r0, r1, finish);
+        default: return gemm(WidenLinear<W>{wt, in}, stride - kLanes, stride, xd, tokens, y, out, r0, r1, finish);
     }
 }
 
@@ -625,6 +628,11 @@ void linear(WeightType type, const void* w, size_t in, const float* x, size_t to
     if (type == WeightType::BF16) linear_rows<Bf16>(w, in, x, tokens, y, out, r0, r1);
     else if (type == WeightType::F16) linear_rows<F16>(w, in, x, tokens, y, out, r0, r1);
     else linear_rows<F32>(w, in, x, tokens, y, out, r0, r1);
+}
+
+void dots_f64(const float* w, size_t in, const float* x, size_t tokens, double* y, size_t out, size_t r0,
+              size_t r1) {
+    linear_rows<F32>(w, in, x, tokens, y, out, r0, r1, Unrounded{});
 }
 
 void mxfp4(const uint8_t* packed, const uint8_t* scale, size_t in, const float* x, size_t tokens, float* y,
@@ -696,6 +704,57 @@ void kda_update_row(float* s, size_t d, double a, double k, const double* delta,
     kda_update_columns(s, j, d, a, k, delta, q, lane);
 }
 
+// ---- attention's column dots ---------------------------------------------------------------------------------
+
+// Columns j..j+4 JB - 1 for tokens t0..t0+HB-1, one lane at a time: lane l adds rows l, l + 16, l + 32, ... in order,
+// as it would walking every row (a lane's sum does not depend on when the others add theirs), so a row's columns,
+// widened once, serve HB tokens with HB x JB accumulators. The lanes are then folded as lane_combine folds them.
+template <int HB, int JB>
+void column_tile(const float* rows, size_t n, size_t d, const double* x, size_t t0, size_t j, double* y) {
+    constexpr int kWidth = HB * JB * 4;
+    alignas(32) double lanes[kLanes * kWidth];
+    for (int l = 0; l < kLanes; ++l) {
+        __m256d acc[HB][JB];
+#pragma GCC unroll 16
+        for (int k = 0; k < HB * JB; ++k) acc[k / JB][k % JB] = _mm256_setzero_pd();
+        for (size_t i = static_cast<size_t>(l); i < n; i += kLanes) {
+            const float* row = rows + i * d + j;
+            _mm_prefetch(reinterpret_cast<const char*>(row + 4 * kLanes * d), _MM_HINT_T0);  // rows 16 x 2 KB apart
+            __m256d v[JB];
+#pragma GCC unroll 4
+            for (int b = 0; b < JB; ++b) v[b] = _mm256_cvtps_pd(_mm_loadu_ps(row + 4 * b));
+#pragma GCC unroll 4
+            for (int h = 0; h < HB; ++h) {
+                const __m256d xi = _mm256_set1_pd(x[(t0 + h) * n + i]);  // a product, then the sum
+#pragma GCC unroll 4
+                for (int b = 0; b < JB; ++b) acc[h][b] = _mm256_add_pd(acc[h][b], _mm256_mul_pd(v[b], xi));
+            }
+        }
+#pragma GCC unroll 16
+        for (int k = 0; k < HB * JB; ++k) _mm256_store_pd(lanes + l * kWidth + 4 * k, acc[k / JB][k % JB]);
+    }
+    alignas(32) double folded[kWidth];
+    fold_lane_columns(lanes, kWidth, folded);
+    for (int h = 0; h < HB; ++h)
+        for (int c = 0; c < JB * 4; ++c) y[(t0 + h) * d + j + static_cast<size_t>(c)] = folded[h * JB * 4 + c];
+}
+
+// Blocks of 16 columns, then of 4, for 2 tokens at a time, then one; the last d % 4 columns in scalar code.
+void column_dots(const float* rows, size_t n, size_t d, const double* x, size_t tokens, double* y) {
+    size_t j = 0;
+    for (; j + 16 <= d; j += 16) {
+        size_t t = 0;
+        for (; t + 2 <= tokens; t += 2) column_tile<2, 4>(rows, n, d, x, t, j, y);
+        for (; t < tokens; ++t) column_tile<1, 4>(rows, n, d, x, t, j, y);
+    }
+    for (; j + 4 <= d; j += 4) {
+        size_t t = 0;
+        for (; t + 2 <= tokens; t += 2) column_tile<2, 1>(rows, n, d, x, t, j, y);
+        for (; t < tokens; ++t) column_tile<1, 1>(rows, n, d, x, t, j, y);
+    }
+    column_dots_from(rows, n, d, x, tokens, y, j);
+}
+
 uint64_t fma_probe(size_t rounds) {
     __m256d acc[kProbeChains];
     for (int k = 0; k < kProbeChains; ++k) acc[k] = _mm256_set1_pd(k);
@@ -711,7 +770,7 @@ uint64_t fma_probe(size_t rounds) {
 
 }  // namespace
 
-const MatrixKernels kAvx2 = {"avx2",        linear,        mxfp4, int8_rows, int4_groups, fma_probe,
-                             kda_decay_row, kda_update_row};
+const MatrixKernels kAvx2 = {"avx2",        linear,         mxfp4,    int8_rows,  int4_groups, fma_probe,
+                             kda_decay_row, kda_update_row, dots_f64, column_dots};
 
 }  // namespace k3

@@ -88,6 +88,9 @@ struct RowScaled {
     const float* scale;
     float operator()(size_t o, double v) const { return to_f32(static_cast<double>(scale[o]) * v); }
 };
+struct Unrounded {  // dots_f64: the folded lanes as they are
+    double operator()(size_t, double v) const { return v; }
+};
 
 double lanes_sum_even_odd(__m512d even, __m512d odd) {
     const __m512i lo = _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11);
@@ -151,14 +154,14 @@ void load_tail(const typename W::Elem* p, size_t n, __m512d& lo, __m512d& hi) {
     W::load(buf, lo, hi);
 }
 
-template <class W, class Finish = Plain>
+template <class W, class Finish = Plain, class Out = float>
 struct LinearTile {
     static constexpr int kRowsGemv = 4, kRowsGemm = 3, kTokens = 4;
     const typename W::Elem* w;
     size_t in;
     const double* xd;
     size_t stride;
-    float* y;
+    Out* y;
     size_t out;
     Finish finish;
 
@@ -218,6 +221,13 @@ void linear(WeightType type, const void* w, size_t in, const float* x, size_t to
     if (type == WeightType::BF16) linear_rows<Bf16>(w, in, x, tokens, y, out, r0, r1);
     else if (type == WeightType::F16) linear_rows<F16>(w, in, x, tokens, y, out, r0, r1);
     else linear_rows<F32>(w, in, x, tokens, y, out, r0, r1);
+}
+
+void dots_f64(const float* w, size_t in, const float* x, size_t tokens, double* y, size_t out, size_t r0,
+              size_t r1) {
+    const size_t stride = (in + kLanes - 1) / kLanes * kLanes;
+    const LinearTile<F32, Unrounded, double> tile{w, in, widen_x(x, in, tokens, stride), stride, y, out, Unrounded{}};
+    for_tiles(r0, r1, tokens, tile);
 }
 
 // ---- MXFP4 -------------------------------------------------------------------------------------------------
@@ -418,6 +428,57 @@ void kda_update_row(float* s, size_t d, double a, double k, const double* delta,
     kda_update_columns(s, j, d, a, k, delta, q, lane);
 }
 
+// ---- attention's column dots ---------------------------------------------------------------------------------
+
+// Columns j..j+8 JB - 1 for tokens t0..t0+HB-1, one lane at a time: lane l adds rows l, l + 16, l + 32, ... in order,
+// as it would walking every row (a lane's sum does not depend on when the others add theirs), so a row's columns,
+// widened once, serve HB tokens with HB x JB accumulators. The lanes are then folded as lane_combine folds them.
+template <int HB, int JB>
+void column_tile(const float* rows, size_t n, size_t d, const double* x, size_t t0, size_t j, double* y) {
+    constexpr int kWidth = HB * JB * 8;
+    alignas(64) double lanes[kLanes * kWidth];
+    for (int l = 0; l < kLanes; ++l) {
+        __m512d acc[HB][JB];
+#pragma GCC unroll 16
+        for (int k = 0; k < HB * JB; ++k) acc[k / JB][k % JB] = _mm512_setzero_pd();
+        for (size_t i = static_cast<size_t>(l); i < n; i += kLanes) {
+            const float* row = rows + i * d + j;
+            _mm_prefetch(reinterpret_cast<const char*>(row + 4 * kLanes * d), _MM_HINT_T0);  // rows 16 x 2 KB apart
+            __m512d v[JB];
+#pragma GCC unroll 4
+            for (int b = 0; b < JB; ++b) v[b] = _mm512_cvtps_pd(_mm256_loadu_ps(row + 8 * b));
+#pragma GCC unroll 4
+            for (int h = 0; h < HB; ++h) {
+                const __m512d xi = _mm512_set1_pd(x[(t0 + h) * n + i]);  // a product, then the sum
+#pragma GCC unroll 4
+                for (int b = 0; b < JB; ++b) acc[h][b] = _mm512_add_pd(acc[h][b], _mm512_mul_pd(v[b], xi));
+            }
+        }
+#pragma GCC unroll 16
+        for (int k = 0; k < HB * JB; ++k) _mm512_store_pd(lanes + l * kWidth + 8 * k, acc[k / JB][k % JB]);
+    }
+    alignas(64) double folded[kWidth];
+    fold_lane_columns(lanes, kWidth, folded);
+    for (int h = 0; h < HB; ++h)
+        for (int c = 0; c < JB * 8; ++c) y[(t0 + h) * d + j + static_cast<size_t>(c)] = folded[h * JB * 8 + c];
+}
+
+// Blocks of 32 columns, then of 8, for 4 tokens at a time, then one; the last d % 8 columns in scalar code.
+void column_dots(const float* rows, size_t n, size_t d, const double* x, size_t tokens, double* y) {
+    size_t j = 0;
+    for (; j + 32 <= d; j += 32) {
+        size_t t = 0;
+        for (; t + 4 <= tokens; t += 4) column_tile<4, 4>(rows, n, d, x, t, j, y);
+        for (; t < tokens; ++t) column_tile<1, 4>(rows, n, d, x, t, j, y);
+    }
+    for (; j + 8 <= d; j += 8) {
+        size_t t = 0;
+        for (; t + 4 <= tokens; t += 4) column_tile<4, 1>(rows, n, d, x, t, j, y);
+        for (; t < tokens; ++t) column_tile<1, 1>(rows, n, d, x, t, j, y);
+    }
+    column_dots_from(rows, n, d, x, tokens, y, j);
+}
+
 uint64_t fma_probe(size_t rounds) {
     __m512d acc[kProbeChains];
     for (int k = 0; k < kProbeChains; ++k) acc[k] = _mm512_set1_pd(k);
@@ -435,7 +496,7 @@ uint64_t fma_probe(size_t rounds) {
 
 }  // namespace
 
-const MatrixKernels kAvx512 = {"avx512",      linear,        mxfp4, int8_rows, int4_groups, fma_probe,
-                               kda_decay_row, kda_update_row};
+const MatrixKernels kAvx512 = {"avx512",      linear,         mxfp4,    int8_rows,  int4_groups, fma_probe,
+                               kda_decay_row, kda_update_row, dots_f64, column_dots};
 
 }  // namespace k3

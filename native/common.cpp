@@ -1,7 +1,9 @@
-// Helpers shared by every backend: the lane fold, float32 rounding with a canonical NaN, KDA's state rows in
-// scalar code, and the exact widening of BF16, F16, E2M1, E8M0 and the draft int4 codes to double.
+// Helpers shared by every backend: the lane fold, float32 rounding with a canonical NaN, KDA's state rows and
+// attention's column dots in scalar code, and the exact widening of BF16, F16, E2M1, E8M0 and the draft int4 codes to double.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels.h"
 
@@ -39,6 +41,31 @@ void kda_update_columns(float* s, size_t j0, size_t d, double a, double k, const
         s[j] = to_f32(static_cast<double>(s[j]) * a + k * delta[j]);
         lane[j] = lane[j] + static_cast<double>(s[j]) * q;
     }
+}
+
+// Each token's lanes of the columns as [16][d - j0], the rows walked in order (a column walk would touch a cache
+// line per element); the fold is lane_combine's, on every column at once.
+void column_dots_from(const float* rows, size_t n, size_t d, const double* x, size_t tokens, double* y, size_t j0) {
+    if (j0 >= d) return;
+    const size_t w = d - j0;
+    std::vector<double> lanes(kLanes * w);
+    for (size_t t = 0; t < tokens; ++t) {
+        std::fill(lanes.begin(), lanes.end(), 0.0);
+        for (size_t i = 0; i < n; ++i) {
+            double* lane = lanes.data() + i % kLanes * w;
+            const float* row = rows + i * d + j0;
+            const double xi = x[t * n + i];
+            for (size_t j = 0; j < w; ++j) lane[j] = lane[j] + static_cast<double>(row[j]) * xi;
+        }
+        fold_lane_columns(lanes.data(), w, y + t * d + j0);
+    }
+}
+
+void fold_lane_columns(double* lanes, size_t w, double* out) {
+    for (size_t half = kLanes / 2; half >= 1; half /= 2)
+        for (size_t l = 0; l < half; ++l)
+            for (size_t j = 0; j < w; ++j) lanes[l * w + j] = lanes[l * w + j] + lanes[(l + half) * w + j];
+    std::copy(lanes, lanes + w, out);
 }
 
 double bf16_to_f64(uint16_t bits) {

@@ -65,6 +65,15 @@ struct MatrixKernels {
     //   kda_update_row  s[j] = to_f32(double(s[j]) * a + k * delta[j]);  then  lane[j] += double(s[j]) * q  (o's)
     void (*kda_decay_row)(const float* s, size_t d, double a, double k, double* lane);
     void (*kda_update_row)(float* s, size_t d, double a, double k, const double* delta, double q, double* lane);
+    // MLA's attention (ops.cpp's mqa_attention), products over a float32 matrix whose sums stay in double:
+    //   dots_f64     y[t, o] = lane_dot(W[o, :], x[t, :]), W [O, I] and x [T, I] float32 (keys, queries): linear's F32
+    //                product, rows [r0, r1), without its rounding to float32
+    //   column_dots  y[t, j] = lane_dot over i < n of (rows[i, j], x[t, i]), rows [n, d] float32 (values), x [T, n]
+    //                double (softmax weights): row i goes to lane i % 16 of every column; x is not a float32, so each
+    //                product rounds before its sum: never an FMA
+    void (*dots_f64)(const float* w, size_t in, const float* x, size_t tokens, double* y, size_t out, size_t r0,
+                     size_t r1);
+    void (*column_dots)(const float* rows, size_t n, size_t d, const double* x, size_t tokens, double* y);
 };
 
 constexpr int kProbeChains = 12;
@@ -87,6 +96,10 @@ double int4_code(uint8_t nibble);   // a draft int4 code: nibble (0..15) - 8
 void kda_decay_columns(const float* s, size_t j0, size_t d, double a, double k, double* lane);
 void kda_update_columns(float* s, size_t j0, size_t d, double a, double k, const double* delta, double q,
                         double* lane);
+// lanes [16, w], lane l of column j at lanes[l * w + j]: out[j] = column j's lanes folded as lane_combine folds them.
+void fold_lane_columns(double* lanes, size_t w, double* out);
+// column_dots on columns [j0, d): the scalar backend's whole rows, a SIMD backend's last columns.
+void column_dots_from(const float* rows, size_t n, size_t d, const double* x, size_t tokens, double* y, size_t j0);
 inline size_t int4_groups_of(size_t in) { return (in + kGroup - 1) / kGroup; }  // G; a row is G * 16 bytes
 
 // n doubles inside v starting at a 64-byte boundary (v grows as needed): a SIMD backend's x and scratch rows, so

@@ -462,7 +462,7 @@ class Kernels {
         float* op = out.mutable_data();
         without_gil([&] {
             parallel_rows(call, heads, rows_per_part(n * (dk + dv)), [&](size_t h0, size_t h1) {
-                k3::ops::mqa_attention(q.ptr, dk, keys.ptr, n, values.ptr, dv, scale, op, h0, h1);
+                k3::ops::mqa_attention(*mk_, q.ptr, dk, keys.ptr, n, values.ptr, dv, scale, op, h0, h1);
             });
         });
         return out;

@@ -249,11 +249,14 @@ struct RowScaled {
     const float* scale;
     float operator()(size_t o, double v) const { return to_f32(static_cast<double>(scale[o]) * v); }
 };
+struct Unrounded {  // dots_f64: the folded lanes as they are
+    double operator()(size_t, double v) const { return v; }
+};
 
 // Rows [r0, r1): for each row, decode chunk by chunk with `decode(row, c0, n, buffer)` and accumulate
 // every token; then fold each token's lanes and `finish` them into y[t, row].
-template <typename Decode, typename Finish = Plain>
-void rows_product(size_t in, const float* x, size_t tokens, float* y, size_t out, size_t r0, size_t r1,
+template <typename Out, typename Decode, typename Finish = Plain>
+void rows_product(size_t in, const float* x, size_t tokens, Out* y, size_t out, size_t r0, size_t r1,
                   Decode decode, Finish finish = Finish()) {
     if (tokens == 0 || r0 >= r1) return;
     std::vector<double> wbuf(std::min(in, kChunk));
@@ -276,6 +279,14 @@ void linear(WeightType type, const void* w, size_t in, const float* x, size_t to
     rows_product(in, x, tokens, y, out, r0, r1, [&](size_t o, size_t c0, size_t n, double* buf) {
         widen(type, base + o * in * elem, c0, n, buf);
     });
+}
+
+void dots_f64(const float* w, size_t in, const float* x, size_t tokens, double* y, size_t out, size_t r0,
+              size_t r1) {
+    const uint8_t* base = reinterpret_cast<const uint8_t*>(w);
+    rows_product(in, x, tokens, y, out, r0, r1, [&](size_t o, size_t c0, size_t n, double* buf) {
+        widen(WeightType::F32, base + o * in * 4, c0, n, buf);
+    }, Unrounded{});
 }
 
 void mxfp4(const uint8_t* packed, const uint8_t* scale, size_t in, const float* x, size_t tokens, float* y,
@@ -340,6 +351,60 @@ void kda_update_row(float* s, size_t d, double a, double k, const double* delta,
     kda_update_columns(s, j, d, a, k, delta, q, lane);
 }
 
+// ---- attention's column dots ---------------------------------------------------------------------------------
+
+// Columns j..j+2 JB - 1 for tokens t0..t0+HB-1, one lane at a time: lane l adds rows l, l + 16, l + 32, ... in order,
+// as it would walking every row (a lane's sum does not depend on when the others add theirs), so a row's columns,
+// widened once, serve HB tokens with HB x JB accumulators. The lanes are then folded as lane_combine folds them.
+template <int HB, int JB>
+void column_tile(const float* rows, size_t n, size_t d, const double* x, size_t t0, size_t j, double* y) {
+    constexpr int kWidth = HB * JB * 2;
+    double lanes[kLanes * kWidth];
+    for (int l = 0; l < kLanes; ++l) {
+        float64x2_t acc[HB][JB];
+#pragma GCC unroll 16
+        for (int k = 0; k < HB * JB; ++k) acc[k / JB][k % JB] = vdupq_n_f64(0.0);
+        for (size_t i = static_cast<size_t>(l); i < n; i += kLanes) {
+            const float* row = rows + i * d + j;
+            float64x2_t v[JB];
+#pragma GCC unroll 8
+            for (int b = 0; b < JB; b += 2) {
+                const float32x4_t f = vld1q_f32(row + 2 * b);
+                v[b] = vcvt_f64_f32(vget_low_f32(f));
+                v[b + 1] = vcvt_high_f64_f32(f);
+            }
+#pragma GCC unroll 4
+            for (int h = 0; h < HB; ++h) {
+                const double xi = x[(t0 + h) * n + i];  // a product, then the sum
+#pragma GCC unroll 8
+                for (int b = 0; b < JB; ++b) acc[h][b] = vaddq_f64(acc[h][b], vmulq_n_f64(v[b], xi));
+            }
+        }
+#pragma GCC unroll 16
+        for (int k = 0; k < HB * JB; ++k) vst1q_f64(lanes + l * kWidth + 2 * k, acc[k / JB][k % JB]);
+    }
+    double folded[kWidth];
+    fold_lane_columns(lanes, kWidth, folded);
+    for (int h = 0; h < HB; ++h)
+        for (int c = 0; c < JB * 2; ++c) y[(t0 + h) * d + j + static_cast<size_t>(c)] = folded[h * JB * 2 + c];
+}
+
+// Blocks of 16 columns, then of 4, for 2 tokens at a time, then one; the last d % 4 columns in scalar code.
+void column_dots(const float* rows, size_t n, size_t d, const double* x, size_t tokens, double* y) {
+    size_t j = 0;
+    for (; j + 16 <= d; j += 16) {
+        size_t t = 0;
+        for (; t + 2 <= tokens; t += 2) column_tile<2, 8>(rows, n, d, x, t, j, y);
+        for (; t < tokens; ++t) column_tile<1, 8>(rows, n, d, x, t, j, y);
+    }
+    for (; j + 4 <= d; j += 4) {
+        size_t t = 0;
+        for (; t + 2 <= tokens; t += 2) column_tile<2, 2>(rows, n, d, x, t, j, y);
+        for (; t < tokens; ++t) column_tile<1, 2>(rows, n, d, x, t, j, y);
+    }
+    column_dots_from(rows, n, d, x, tokens, y, j);
+}
+
 uint64_t fma_probe(size_t rounds) {
     float64x2_t acc[kProbeChains];
     for (int k = 0; k < kProbeChains; ++k) acc[k] = vdupq_n_f64(k);
@@ -355,7 +420,7 @@ uint64_t fma_probe(size_t rounds) {
 
 }  // namespace
 
-const MatrixKernels kNeon = {"neon",        linear,        mxfp4, int8_rows, int4_groups, fma_probe,
-                             kda_decay_row, kda_update_row};
+const MatrixKernels kNeon = {"neon",        linear,         mxfp4,    int8_rows,  int4_groups, fma_probe,
+                             kda_decay_row, kda_update_row, dots_f64, column_dots};
 
 }  // namespace k3

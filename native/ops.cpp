@@ -95,28 +95,6 @@ void kda_decay(const float* z, size_t tokens, size_t heads, size_t d, const floa
 
 namespace {
 
-// lanes[l * d + j] is column j's lane l: out[j] = the lanes folded as lane_combine folds them.
-void fold_lane_columns(double* lanes, size_t d, double* out) {
-    for (size_t w = kLanes / 2; w >= 1; w /= 2)
-        for (size_t l = 0; l < w; ++l)
-            for (size_t j = 0; j < d; ++j) lanes[l * d + j] += lanes[(l + w) * d + j];
-    std::copy(lanes, lanes + d, out);
-}
-
-// out[j] = lane_dot over i < n of rows[i * d + j] * x[i], for every j < d at once: the rows are read in order (a
-// column walk would touch a cache line per element), and lanes[l * d + j] is column j's lane l, so each (j, lane)
-// adds the same products in the same order as lane_dot_f64, and the fold is lane_combine's.
-template <class Row>
-void lane_dot_columns(const Row* rows, const double* x, size_t n, size_t d, double* lanes, double* out) {
-    std::fill(lanes, lanes + kLanes * d, 0.0);
-    for (size_t i = 0; i < n; ++i) {
-        double* lane = lanes + (i % kLanes) * d;
-        const Row* row = rows + i * d;
-        const double xi = x[i];
-        for (size_t j = 0; j < d; ++j) lane[j] += static_cast<double>(row[j]) * xi;
-    }
-    fold_lane_columns(lanes, d, out);
-}
 
 }  // namespace
 
@@ -127,7 +105,7 @@ void kda_recurrence(const MatrixKernels& mk, const float* q, const float* k, con
     // Two walks over the float32 state a token, its rows in order: the first adds row i decayed, S64[i,:] =
     // S[i,:]·α[i], times k[i] into lane i % 16 of u = S64ᵀ k; the second decays row i again (the same bits),
     // updates it in place and adds it times q[i]·scale into lane i % 16 of o = Sᵀ q. Rows never meet, so
-    // each lane adds its products in lane_dot's order; the fold is lane_combine's (lane_dot_columns).
+    // each lane adds its products in lane_dot's order; the fold is lane_combine's (fold_lane_columns).
     for (size_t h = h0; h < h1; ++h) {
         float* Sh = state + h * d * d;  // [i, j]: i over keys, j over values
         for (size_t t = 0; t < tokens; ++t) {
@@ -148,21 +126,24 @@ void kda_recurrence(const MatrixKernels& mk, const float* q, const float* k, con
     }
 }
 
-void mqa_attention(const float* q, size_t dk, const float* keys, size_t n, const float* values, size_t dv,
-                   double scale, float* out, size_t h0, size_t h1) {
-    std::vector<double> e(n), ones(n, 1.0), p(n), lanes(kLanes * dv), ctx(dv);
-    for (size_t h = h0; h < h1; ++h) {
+void mqa_attention(const MatrixKernels& mk, const float* q, size_t dk, const float* keys, size_t n,
+                   const float* values, size_t dv, double scale, float* out, size_t h0, size_t h1) {
+    const size_t heads = h1 - h0;
+    std::vector<double> e(heads * n), ones(n, 1.0), ctx(heads * dv);
+    mk.dots_f64(keys, dk, q + h0 * dk, heads, e.data(), n, 0, n);  // e[h, m] = lane_dot(q[h], keys[m]), every head
+    for (size_t h = 0; h < heads; ++h) {
+        double* eh = e.data() + h * n;
         double top = -INFINITY;
         for (size_t m = 0; m < n; ++m) {
-            e[m] = lane_dot_ff(q + h * dk, keys + m * dk, dk) * scale;
-            top = std::max(top, e[m]);
+            eh[m] = eh[m] * scale;
+            top = std::max(top, eh[m]);
         }
-        for (size_t m = 0; m < n; ++m) e[m] = std::exp(e[m] - top);
-        const double total = lane_dot_f64(e.data(), ones.data(), n);
-        for (size_t m = 0; m < n; ++m) p[m] = e[m] / total;
-        lane_dot_columns(values, p.data(), n, dv, lanes.data(), ctx.data());  // each j: lane_dot(p, values[:, j])
-        for (size_t j = 0; j < dv; ++j) out[h * dv + j] = to_f32(ctx[j]);
+        for (size_t m = 0; m < n; ++m) eh[m] = std::exp(eh[m] - top);
+        const double total = lane_dot_f64(eh, ones.data(), n);
+        for (size_t m = 0; m < n; ++m) eh[m] = eh[m] / total;
     }
+    mk.column_dots(values, n, dv, e.data(), heads, ctx.data());  // each j: lane_dot(p[h], values[:, j])
+    for (size_t i = 0; i < heads * dv; ++i) out[h0 * dv + i] = to_f32(ctx[i]);
 }
 
 void router(const float* logits, size_t tokens, size_t experts, const float* bias, size_t top_k, bool renormalize,

@@ -1,6 +1,7 @@
 // The kernels that are not matrix products: one implementation, used by every backend (their cost is
-// small next to the weight traffic), but for KDA's recurrence, whose d² work a token and head runs through
-// the backend's row kernels. Definitions and orders as in kernels.h and docs/NUMERICS.md.
+// small next to the weight traffic), but for KDA's recurrence and MLA's attention, whose work grows with the
+// state and the context: their inner walks are the backend's kernels. Definitions and orders as in kernels.h
+// and docs/NUMERICS.md.
 #pragma once
 
 #include <cstddef>
@@ -25,9 +26,10 @@ void kda_decay(const float* z, size_t tokens, size_t heads, size_t d, const floa
 void kda_recurrence(const MatrixKernels& mk, const float* q, const float* k, const float* v, const float* alpha,
                     const float* beta, size_t tokens, size_t heads, size_t d, float* state, double scale, float* o,
                     size_t h0, size_t h1);
-// Heads [h0, h1) of one query position over n cached keys/values shared by all heads.
-void mqa_attention(const float* q, size_t dk, const float* keys, size_t n, const float* values, size_t dv,
-                   double scale, float* out, size_t h0, size_t h1);
+// Heads [h0, h1) of one query position over n cached keys/values shared by all heads, their products by the
+// backend's dots_f64 and column_dots (kernels.h).
+void mqa_attention(const MatrixKernels& mk, const float* q, size_t dk, const float* keys, size_t n,
+                   const float* values, size_t dv, double scale, float* out, size_t h0, size_t h1);
 void router(const float* logits, size_t tokens, size_t experts, const float* bias, size_t top_k, bool renormalize,
             double scaling, int64_t* ids, float* weights);
 void combine(const float* const* outs, const float* weights, size_t count, size_t n, float* y);

@@ -39,15 +39,22 @@ void decode_int4_row(const uint8_t* packed, const float* scale, size_t in, size_
     }
 }
 
-// y[t, o] = to_f32(scale * lane_dot(row, x[t])) for every token; scale 1.0 is the plain product (1.0 * v is v).
-void dot_tokens(const double* row, size_t in, const float* x, size_t tokens, float* y, size_t out, size_t o,
-                double scale = 1.0) {
+// y[t, o] = finish(lane_dot(row, x[t])) for every token.
+template <class Out, class Finish>
+void dot_tokens(const double* row, size_t in, const float* x, size_t tokens, Out* y, size_t out, size_t o,
+                Finish finish) {
     for (size_t t = 0; t < tokens; ++t) {
         const float* xt = x + t * in;
         double acc[kLanes] = {0.0};
         for (size_t i = 0; i < in; ++i) acc[i % kLanes] += row[i] * static_cast<double>(xt[i]);
-        y[t * out + o] = to_f32(scale * lane_combine(acc));
+        y[t * out + o] = finish(lane_combine(acc));
     }
+}
+
+// to_f32(scale * v); scale 1.0 is the plain product (1.0 * v is v).
+void dot_tokens(const double* row, size_t in, const float* x, size_t tokens, float* y, size_t out, size_t o,
+                double scale = 1.0) {
+    dot_tokens(row, in, x, tokens, y, out, o, [scale](double v) { return to_f32(scale * v); });
 }
 
 void linear(WeightType type, const void* w, size_t in, const float* x, size_t tokens, float* y, size_t out,
@@ -98,6 +105,19 @@ uint64_t fma_probe(size_t rounds) {
     return rounds * kProbeChains;
 }
 
+void dots_f64(const float* w, size_t in, const float* x, size_t tokens, double* y, size_t out, size_t r0,
+              size_t r1) {
+    std::vector<double> row(in);
+    for (size_t o = r0; o < r1; ++o) {
+        widen_row(WeightType::F32, w, in, o, row.data());
+        dot_tokens(row.data(), in, x, tokens, y, out, o, [](double v) { return v; });
+    }
+}
+
+void column_dots(const float* rows, size_t n, size_t d, const double* x, size_t tokens, double* y) {
+    column_dots_from(rows, n, d, x, tokens, y, 0);
+}
+
 void kda_decay_row(const float* s, size_t d, double a, double k, double* lane) {
     kda_decay_columns(s, 0, d, a, k, lane);
 }
@@ -108,7 +128,7 @@ void kda_update_row(float* s, size_t d, double a, double k, const double* delta,
 
 }  // namespace
 
-const MatrixKernels kScalar = {"scalar",      linear,        mxfp4, int8_rows, int4_groups, fma_probe,
-                               kda_decay_row, kda_update_row};
+const MatrixKernels kScalar = {"scalar",      linear,         mxfp4,    int8_rows,  int4_groups, fma_probe,
+                               kda_decay_row, kda_update_row, dots_f64, column_dots};
 
 }  // namespace k3

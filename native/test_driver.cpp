@@ -1,5 +1,5 @@
-// Standalone exactness check of the matrix kernels and KDA's row kernels (no Python, no pybind11): every backend
-// compiled in must give the scalar backend's bytes for every input.
+// Standalone exactness check of the matrix kernels, KDA's row kernels and attention's products (no Python, no
+// pybind11): every backend compiled in must give the scalar backend's bytes for every input.
 //
 // Build (see native/neon-check.sh): common.cpp + scalar.cpp + this file, plus neon.cpp with
 // -DK3_HAVE_NEON on aarch64, or avx2.cpp / avx512.cpp with -DK3_HAVE_AVX2 / -DK3_HAVE_AVX512 on x86-64
@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <utility>
 #include <algorithm>
@@ -628,6 +629,71 @@ void kda_row_cases(Rng& rng, const std::vector<const MatrixKernels*>& backends, 
     }
 }
 
+// ---- attention's products: dots_f64 and column_dots ------------------------------------------------------------
+
+// One double output array per backend against the scalar backend's (every NaN alike, as for the KDA lanes).
+void check_doubles(const std::string& label, const std::vector<const MatrixKernels*>& backends, Totals& tot,
+                   const std::function<void(const MatrixKernels&, std::vector<double>&)>& run) {
+    std::vector<double> want;
+    run(k3::kScalar, want);
+    long nan = 0, inf = 0;
+    for (double v : want) {
+        nan += std::isnan(v), inf += std::isinf(v);
+        const uint64_t b = lane_bits(v);
+        for (int sh = 0; sh < 64; sh += 8) tot.digest = (tot.digest ^ ((b >> sh) & 0xFF)) * 0x100000001B3ull;
+    }
+    for (const MatrixKernels* b : backends) {
+        std::vector<double> got;
+        run(*b, got);
+        const long d = first_lane_difference(got, want);
+        std::printf("%s %-6s %s nan=%ld inf=%ld of %zu\n", d < 0 ? "PASS" : "FAIL", b->name, label.c_str(), nan, inf,
+                    want.size());
+        if (d >= 0) std::printf("     first mismatch: output %ld\n", d);
+        (d < 0 ? tot.passed : tot.failed)++;
+    }
+}
+
+// Scores (dots_f64: keys x queries, all rows and an inner range) and values (column_dots: softmax-like weights in
+// double) on widths and counts that are not multiples of any SIMD width or tile.
+void attention_cases(Rng& rng, const std::vector<const MatrixKernels*>& backends, Totals& tot) {
+    const size_t kIn[] = {1, 15, 17, 41, 100};
+    const size_t kCols[] = {1, 7, 9, 37, 64, 100};
+    const size_t kRows[] = {1, 5, 17, 40};
+    const size_t kTokens[] = {1, 3, 6};
+    char label[128];
+    for (int kk = 0; kk < static_cast<int>(Kind::Count); ++kk) {
+        const Kind kind = static_cast<Kind>(kk);
+        for (size_t in : kIn)
+            for (size_t n : kRows)
+                for (size_t tokens : kTokens) {
+                    std::vector<float> w(n * in), x(tokens * in);
+                    for (float& v : w) v = x_value(rng, kind);
+                    for (float& v : x) v = x_value(rng, kind);
+                    std::snprintf(label, sizeof label, "dots_f64    in=%-4zu rows=%-2zu tokens=%-2zu %-9s", in, n, tokens,
+                                  kind_name(kind));
+                    check_doubles(label, backends, tot, [&](const MatrixKernels& b, std::vector<double>& y) {
+                        y.assign(tokens * n, 0.0);
+                        b.dots_f64(w.data(), in, x.data(), tokens, y.data(), n, 0, n);
+                        if (n >= 3) b.dots_f64(w.data(), in, x.data(), tokens, y.data(), n, 1, n - 1);  // the same bits
+                    });
+                }
+        for (size_t d : kCols)
+            for (size_t n : kRows)
+                for (size_t tokens : kTokens) {
+                    std::vector<float> rows(n * d);
+                    std::vector<double> x(tokens * n);
+                    for (float& v : rows) v = x_value(rng, kind);
+                    for (double& v : x) v = static_cast<double>(x_value(rng, kind)) * x_value(rng, Kind::Random) / 3;
+                    std::snprintf(label, sizeof label, "column_dots d=%-4zu rows=%-2zu tokens=%-2zu %-9s", d, n, tokens,
+                                  kind_name(kind));
+                    check_doubles(label, backends, tot, [&](const MatrixKernels& b, std::vector<double>& y) {
+                        y.assign(tokens * d, 0.0);
+                        b.column_dots(rows.data(), n, d, x.data(), tokens, y.data());
+                    });
+                }
+    }
+}
+
 }  // namespace
 
 int main() {
@@ -739,6 +805,7 @@ int main() {
 
     draft_cases(rng, backends, tot);
     kda_row_cases(rng, backends, tot);
+    attention_cases(rng, backends, tot);
 
     std::printf("\nsummary: %d backend-case checks, %d passed, %d failed (backends: %s)\n", tot.passed + tot.failed,
                 tot.passed, tot.failed, names.c_str());

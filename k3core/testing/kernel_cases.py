@@ -266,8 +266,12 @@ def _other_cases():
     conv_w = activations(rng(8), (37, 4))
     decay = (activations(rng(7), (5,)), activations(rng(6), (35,)))
     query = activations(rng(5), (6, 41))
-    even_keys, even_values = activations(rng(10), (41, 41)), cancelling(rng(11), (37, 41)).T.copy()
+    even_keys, even_values = activations(rng(10), (41, 41)), activations(rng(11), (41, 37))
+    even_values[:8] = rng(11).choice([1e16, -3e15, 7e17], (8, 37)).astype(np.float32)
+    even_values[8:16] = -even_values[:8]  # positions 0..7 big, 8..15 their negatives, each beside small ones
     kda_wide, kda_order = kda_wide_inputs(rng(12)), kda_order_inputs(rng(13))
+    # more heads than a tile's 4, values 2 blocks of 32 columns and a tail, positions past many lane cycles
+    long_attention = activations(rng(14), (7, 72)), activations(rng(15), (300, 72)), activations(rng(16), (300, 80))
     yield KernelCase("rmsnorm", "rmsnorm", lambda k: k.rmsnorm(x, x[0], 1e-5))
     yield KernelCase("rmsnorm without gain", "rmsnorm", lambda k: k.rmsnorm(x, None, 1e-5))
     yield KernelCase("l2norm_heads", "l2norm_heads", lambda k: k.l2norm_heads(l2, 4, 1e-6))
@@ -285,6 +289,8 @@ def _other_cases():
                      lambda k: k.kda_recurrence(*kda_order, 41 ** -0.5))
     yield KernelCase("mqa_attention", "mqa_attention", lambda k: k.mqa_attention(query, keys, values, 41 ** -0.5),
                      uses_libm=True)
+    yield KernelCase("mqa_attention, 7 heads over 300 positions", "mqa_attention",
+                     lambda k: k.mqa_attention(*long_attention, 72 ** -0.5), uses_libm=True)
     # a zero query scores every key 0, so every weight is exp(0) / n with no libm in it: the value walk's lane order
     # is then checked against the reference, on values whose large rows cancel only when row m meets row m + 8
     yield KernelCase("mqa_attention, equal scores", "mqa_attention",
