@@ -3,9 +3,9 @@
 
 A pass of T prompt ids whose first sits at position p costs
     read(T)    = the trunk bytes the placer streams + moe_layers × union(T) × expert_bytes × miss
-    compute(T) = T × macs_per_id + (T·p + T(T+1)/2) × macs_per_pair
+    compute(T) = (T × macs_per_id / macs_per_core + (T·p + T(T+1)/2) × macs_per_pair / attention_rate) / cores
     exposed(T) = moe_layers × max(0, first(T) − top_k) × expert_bytes × miss
-    seconds(T) = max(read(T) / disk, compute(T) / (cores × macs_per_core)) + exposed(T) / disk
+    seconds(T) = max(read(T) / disk, compute(T)) + exposed(T) / disk
 — reads run behind compute: the ring reads the next trunk layer while one computes, and an expert cache smaller
 than a layer's union serves it in rounds of half its slots, the next round read while this one computes
 (CachingStore.fetch_batches). What no compute hides is each MoE layer's first round, first(T) = union(T) when it
@@ -13,8 +13,9 @@ fits the cache's slots, else half of them, less the top_k experts read on the ro
 `miss` is 0 when the expert cache holds every expert, else 1 (where_held says why). union(T), the distinct experts
 T consecutive ids route to in one MoE layer, is the real model's (K3_UNION, from its routing trace) up to T = 12;
 beyond, the power law fitted to T = 2..12, never more than every expert. macs_per_pair is latent-space MLA
-attention (an id against each earlier position: heads × (2·kv_lora_rank + qk_rope_head_dim) per MLA layer); KDA
-layers cost the same at every position and are in macs_per_id.
+attention (an id against each earlier position: heads × (2·kv_lora_rank + qk_rope_head_dim) per MLA layer), at
+its own rate (ATTENTION_RATIO of the pass's unless measured); KDA layers cost the same at every position and are in
+macs_per_id.
 
 A chunk reads the trunk and its experts' union once however long it is, so longer chunks amortise the reads
 until compute binds; "auto" takes the shortest chunk, a multiple of CHUNK_STEP from DEFAULT_CHUNK up, whose
@@ -39,6 +40,10 @@ K3_UNION = (1.0, 1.657, 2.228, 2.756, 3.253, 3.746, 4.252, 4.718, 5.181, 5.666, 
 # takes both as flags
 ASSUMED_DISK = 3e9
 ASSUMED_MACS_PER_CORE = 27e9
+# MLA attention's multiply-adds per second per core ÷ the products' at T = 64, both in one run (`k3 bench kernels
+# --backends avx512 --threads 1,2` on an Ice Lake core: 14 % of the FMA probe against bf16's 40 % on two threads,
+# 23 % against 45 % on one): attention reads every cached latent once per query and head block, so it runs slower
+ATTENTION_RATIO = 0.35
 
 
 @dataclass(frozen=True)
@@ -105,7 +110,12 @@ def where_held(shape: Shape, trunk_streamed: float, experts_held: float) -> Wher
 class Rates:
     disk: float               # bytes/s
     cores: int
-    macs_per_core: float      # multiply-adds/s
+    macs_per_core: float      # multiply-adds/s of a pass: the weights' products and the rest of the pass
+    attention_macs_per_core: float = 0.0  # MLA attention's (macs_per_pair); 0: ATTENTION_RATIO x macs_per_core
+
+    @property
+    def attention_rate(self) -> float:
+        return self.attention_macs_per_core or ATTENTION_RATIO * self.macs_per_core
 
 
 def union_ratio(rows: float, unions=K3_UNION) -> float:
@@ -137,8 +147,9 @@ def pass_seconds(shape: Shape, where: Where, rates: Rates, rows: int, start: int
     per_layer = shape.moe_layers * shape.expert_bytes * where.expert_miss
     read = where.trunk_streamed + distinct * per_layer
     first = distinct if distinct <= where.slots else where.slots // 2
-    macs = rows * shape.macs_per_id + (rows * start + rows * (rows + 1) / 2) * shape.macs_per_pair
-    disk, cpu = read / rates.disk, macs / (rates.cores * rates.macs_per_core)
+    pairs = (rows * start + rows * (rows + 1) / 2) * shape.macs_per_pair
+    cpu = (rows * shape.macs_per_id / rates.macs_per_core + pairs / rates.attention_rate) / rates.cores
+    disk = read / rates.disk
     exposed = max(0.0, first - shape.top_k) * per_layer / rates.disk
     return {"rows": rows, "bytes_read": read, "disk_seconds": disk, "cpu_seconds": cpu, "exposed_seconds": exposed,
             "seconds": max(disk, cpu) + exposed}

@@ -29,6 +29,19 @@ def test_a_chunk_amortises_its_reads_until_compute_binds():
     assert at[65536] == pytest.approx(compute, rel=0.05)
 
 
+def test_attention_runs_at_its_own_rate():
+    """A pass's CPU seconds: its weights' multiply-adds at macs_per_core, its attention pairs' at the attention rate
+    (ATTENTION_RATIO of macs_per_core unless given)."""
+    rows, start = 1024, 29_000
+    pairs = (rows * start + rows * (rows + 1) / 2) * K3.macs_per_pair
+    weights = rows * K3.macs_per_id / C_ENGINE_MACHINE.macs_per_core
+    for rates, attention in ((C_ENGINE_MACHINE, prefill.ATTENTION_RATIO * 27e9),
+                             (Rates(7e9, 16, 27e9, attention_macs_per_core=5e9), 5e9)):
+        cpu = prefill.pass_seconds(K3, Where(0.0, 0.0), rates, rows, start)["cpu_seconds"]
+        assert cpu == pytest.approx((weights + pairs / attention) / 16)
+    assert 0 < prefill.ATTENTION_RATIO < 1
+
+
 def test_auto_at_8gb_projects_at_least_1_3x_faster_per_prompt_id_than_512():
     choice = prefill.choose_chunk(K3, STREAMED_8GB, C_ENGINE_MACHINE, prefill.most_rows(K3, 8e9))
     assert choice.chunk > 512 and choice.chunk <= choice.most
@@ -114,7 +127,7 @@ def test_bench_prefill_measures_each_chunk_and_sets_the_model_beside_it(tiny_mod
 
 
 
-def test_bench_prefill_by_kernel_times_every_kernel_and_counts_each_products_multiply_adds(tiny_model, capsys):
+def test_bench_prefill_by_kernel_times_every_kernel_and_counts_products_and_attention_multiply_adds(tiny_model, capsys):
     import json
 
     from k3core.cli.main import main
@@ -125,11 +138,15 @@ def test_bench_prefill_by_kernel_times_every_kernel_and_counts_each_products_mul
     moe_layers = text["num_hidden_layers"] - text["first_k_dense_replace"]
     expert_macs = (24 * text["num_experts_per_token"] * moe_layers * 3 * text["routed_expert_hidden_size"]
                    * text["moe_intermediate_size"])
+    mla_layers = len(text["linear_attn_config"]["full_attn_layers"])
+    attention_macs = (24 * 25 // 2 * mla_layers * text["num_attention_heads"]  # position p meets p + 1 positions
+                      * (2 * text["kv_lora_rank"] + text["qk_rope_head_dim"]))
     for r in doc["runs"]:
         kernels = {k["kernel"]: k for k in r["by_kernel"]}
         assert {"linear", "expert", "mqa_attention", "kda_recurrence", "rmsnorm"} <= set(kernels)
         assert kernels["expert"]["macs"] == expert_macs  # every id's routed experts, whatever the chunk
-        assert kernels["linear"]["macs"] > 0 and kernels["mqa_attention"]["macs"] is None
+        assert kernels["mqa_attention"]["macs"] == attention_macs and kernels["rmsnorm"]["macs"] is None
+        assert kernels["linear"]["macs"] > 0
         assert sum(k["seconds"] for k in r["by_kernel"]) <= r["seconds"]
         for k in r["by_kernel"]:
             assert k["share"] == pytest.approx(k["seconds"] / r["seconds"])

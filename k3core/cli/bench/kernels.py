@@ -1,8 +1,8 @@
 """`k3 bench`: measure the native kernels on real K3 shapes against a memory-read probe and numpy.
 
 `k3 bench kernels` times bf16 and MXFP4 products (T = 1, 2, 4, 8, 16, 64), a 16-expert MoE batch, a draft trunk's
-int8 and int4 products of q_proj (T = 1, 64) and numpy baselines of the same work, all in one run, and prints a table
-(or JSON with --json).
+int8 and int4 products of q_proj (T = 1, 64), one position of MLA attention over 4,096 cached latents, and numpy
+baselines of the same work, all in one run, and prints a table (or JSON with --json).
 """
 from __future__ import annotations
 
@@ -36,10 +36,14 @@ class Shapes:
     inter: int      # expert intermediate width (w1/w3 rows, w2 input)
     experts: int    # distinct experts cycled so the working set exceeds the LLC
     probe_bytes: int
+    heads: int      # MLA: query heads, each against every cached position
+    positions: int  # MLA: cached latent positions one query sees
+    kv_lora: int    # MLA: a cached latent's width (the values); keys add the rope dims
+    rope: int
 
 
-REAL = Shapes(7168, 12288, 3584, 3072, 16, 256 << 20)
-QUICK = Shapes(256, 384, 128, 64, 4, 4 << 20)
+REAL = Shapes(7168, 12288, 3584, 3072, 16, 256 << 20, 96, 4096, 512, 64)
+QUICK = Shapes(256, 384, 128, 64, 4, 4 << 20, 4, 64, 32, 8)
 
 
 
@@ -99,6 +103,12 @@ def numpy_draft(kind, data, scales, x, f32):
     return x @ w.T
 
 
+def numpy_attention(q, keys, values, scale):
+    e = (q.astype(np.float64) @ keys.T.astype(np.float64)) * scale
+    e = np.exp(e - e.max(axis=1, keepdims=True))
+    return ((e / e.sum(axis=1, keepdims=True)) @ values.astype(np.float64)).astype(np.float32)
+
+
 def numpy_expert(e, z, bufs, beta=4.0, lin=25.0):
     g, u = numpy_mxfp4(e[0], e[1], z, bufs), numpy_mxfp4(e[4], e[5], z, bufs)
     with np.errstate(over="ignore"):
@@ -114,7 +124,7 @@ class Work:
     title: str
     tokens: int
     bytes: int      # bytes one call counts: bf16 weight, MXFP4 packed, expert batch packed + scale
-    macs: int       # weight x token products one call adds up: one double multiply-add each
+    macs: int       # weight x token (attention: query x position) products one call adds up: a multiply-add each
     native: object  # Kernels -> a zero-argument call
     numpy: object   # a zero-argument call doing the same work in numpy, or None (no baseline)
 
@@ -171,7 +181,21 @@ def works(s: Shapes, bf16, experts, xs):
                     data.nbytes + scales.nbytes, bf16.size * t, call, lambda: numpy_draft(kind, data, scales, x, f32))
 
     return [bf16_work(1), mx_work(1), *hot, batch, *map(bf16_work, GEMM_TOKENS), *map(mx_work, GEMM_TOKENS),
-            *(draft_work(kind, t) for kind in drafts for t in DRAFT_TOKENS)]
+            *(draft_work(kind, t) for kind in drafts for t in DRAFT_TOKENS), attention_work(s)]
+
+
+def attention_work(s: Shapes):
+    """One query position of MLA attention over `positions` cached latents (the prefill cost model's
+    macs_per_pair, heads x (keys' + values' widths), per position)."""
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((s.heads, s.kv_lora + s.rope), dtype=np.float32)
+    keys = rng.standard_normal((s.positions, s.kv_lora + s.rope), dtype=np.float32)
+    values, scale = np.ascontiguousarray(keys[:, :s.kv_lora]), (s.kv_lora + s.rope) ** -0.5
+    return Work("mla_attention", f"MLA attention, one query position: {s.heads} heads over {s.positions} cached "
+                f"latents of {s.kv_lora} + {s.rope} ({size(keys.nbytes)} of keys)", 1, keys.nbytes,
+                s.heads * s.positions * (2 * s.kv_lora + s.rope),
+                lambda k: lambda: k.mqa_attention(q, keys, values, scale),
+                lambda: numpy_attention(q, keys, values, scale))
 
 
 # ---- measuring ----
@@ -264,7 +288,7 @@ def format_table(doc) -> str:
     out += [f"  {p['threads']:>7}  {p['gbps']:>11.1f}  {p['best_gbps']:>9.1f} {_num(p['background_cores'], '5.2f'):>5}"
             for p in pr["rows"]]
     out += ["", f"FMA probe: {doc['fma_probe']['method']}; the bound of every product below (%FMA: its weight x "
-            "token multiply-adds per second against this)", "  backend  thr  G mul-add/s    bg"]
+            "token multiply-adds, or attention's query x position ones, per second against this)", "  backend  thr  G mul-add/s    bg"]
     out += [f"  {f['backend']:<8} {f['threads']:>3}  {f['macs_per_s'] / 1e9:>11.2f} "
             f"{_num(f['background_cores'], '5.2f'):>5}" for f in doc["fma_probe"]["rows"]]
     head = (f"  {'backend':<8} {'thr':>3} {'median ms':>10} {'min ms':>9} {'GB/s':>7} {'GB/s/core':>9} "

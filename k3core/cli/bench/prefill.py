@@ -37,20 +37,22 @@ def _mxfp4_macs(packed) -> int:
     return packed.shape[0] * packed.shape[1] * 2
 
 
-# The weight multiply-adds of a matrix product's call (the others count none): rows x columns x tokens.
-PRODUCT_MACS = {
+# The multiply-adds of a call of a matrix product (rows x columns x tokens) or of MLA attention (heads x positions
+# x the keys' and values' widths); the other kernels count none.
+MACS = {
     "linear": lambda w, x, *_: w.shape[0] * w.shape[1] * _tokens(x),
     "mxfp4_linear": lambda packed, scale, x, *_: _mxfp4_macs(packed) * _tokens(x),
     "int8_linear": lambda codes, scales, x, *_: codes.shape[0] * codes.shape[1] * _tokens(x),
     "int4_linear": lambda packed, scales, cols, x, *_: packed.shape[0] * cols * _tokens(x),
     "expert": lambda e, z, *_: (_mxfp4_macs(e.w1_packed) + _mxfp4_macs(e.w2_packed) + _mxfp4_macs(e.w3_packed))
     * _tokens(z),
+    "mqa_attention": lambda q, keys, values, *_: q.shape[0] * keys.shape[0] * (keys.shape[1] + values.shape[1]),
 }
 
 
 class KernelClock:
     """While open, every kernel method of `kernels` (a KernelBackend) is timed: calls, seconds, and for the matrix
-    products the weight multiply-adds (PRODUCT_MACS). A kernel a backend calls inside another (the reference
+    products and attention the multiply-adds (MACS). A kernel a backend calls inside another (the reference
     backend's `expert` calls its `mxfp4_linear`) counts as part of the outer one, so no time counts twice."""
 
     def __init__(self, kernels):
@@ -68,7 +70,7 @@ class KernelClock:
             delattr(self.kernels, name)  # the class's method again
 
     def _timed(self, name, call):
-        macs = PRODUCT_MACS.get(name)
+        macs = MACS.get(name)
 
         def timed(*args, **kwargs):
             if self.depth:
@@ -147,7 +149,9 @@ def predict(runs: list[dict], ids: int) -> None:
     def disk(r):  # the run's own read rate; one that read nothing is not slowed by the disk's rate
         return r["bytes_read"] / r["read_seconds"] if r["bytes_read"] and r["read_seconds"] > 0 else prefill.ASSUMED_DISK
 
-    rate = first["macs"] / max(first["seconds"] - first["wait_seconds"], 1e-9) / first["threads"]
+    shape = first["shape"]  # attention's pairs at ATTENTION_RATIO of the rate calibrated
+    work = ids * shape.macs_per_id + ids * (ids + 1) / 2 * shape.macs_per_pair / prefill.ATTENTION_RATIO
+    rate = work / max(first["seconds"] - first["wait_seconds"], 1e-9) / first["threads"]
     for r in runs:
         rates = prefill.Rates(disk(r), r["threads"], rate)
         r["predicted_seconds"] = prefill.prompt_seconds(r["shape"], r["where"], rates, r["chunk"], ids)
@@ -229,7 +233,7 @@ def kernel_table(run: dict) -> list[str]:
     rows = run["by_kernel"]
     outside = run["seconds"] - sum(k["seconds"] for k in rows)
     lines = [f"chunk {run['chunk']}, by kernel ({100 * (1 - outside / run['seconds']):.0f} % of the pass in kernels; "
-             f"products: weight multiply-adds per second per core, share of the run's probe)", "",
+             f"products and attention: multiply-adds per second per core, share of the run's probe)", "",
              "| kernel | calls | seconds | share of the pass | G MACs/s per core | % FMA probe |",
              "|---|---:|---:|---:|---:|---:|"]
     for k in rows:

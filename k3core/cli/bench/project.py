@@ -126,14 +126,16 @@ def cmd_project(args) -> int:
     source, drafts, mix = (read_agent_drafts(args.drafts_json, args.draft_source) if args.drafts_json
                            else (None, {}, {}))
     macs_per_core = args.prefill_macs_per_core * 1e9
+    rates = prefill.Rates(machine.disk, machine.cores, macs_per_core,
+                          (args.attention_macs_per_core or 0.0) * 1e9)
     doc = {"machine": vars(machine), "unions": list(unions), "union_source": args.trace or "built in (k3-in-c trace)",
            "drafts_json": args.drafts_json, "draft_source": source,
            "drafts": {g: [vars(d) for d in ds] for g, ds in drafts.items()},
            "rows": [{**ram_row(gb * 1e9, machine, drafts, unions), "c_engine_seconds": C_ENGINE_SECONDS[gb]}
                     for gb in RAM_GB],
-           "prefill_macs_per_core": macs_per_core, "turn_ids": TURN_IDS,
-           "prompt": [prompt_row(gb * 1e9, machine, macs_per_core) for gb in RAM_GB], "turn_mix": mix}
-    doc["agent"] = [agent_row(r, p, machine, macs_per_core, mix) for r, p in zip(doc["rows"], doc["prompt"]) if mix]
+           "prefill_macs_per_core": macs_per_core, "attention_macs_per_core": rates.attention_rate,
+           "turn_ids": TURN_IDS, "prompt": [prompt_row(gb * 1e9, rates) for gb in RAM_GB], "turn_mix": mix}
+    doc["agent"] = [agent_row(r, p, rates, mix) for r, p in zip(doc["rows"], doc["prompt"]) if mix]
     doc["self"] = [{"ram": gb * 1e9, "kind": kind, "acceptance": name, "p": p,
                     "serial_seconds": min(row["raw"]["seconds_per_token"], row["lossless"]["seconds_per_token"]),
                     "best": self_row(gb * 1e9, machine, kind, p, unions)}
@@ -147,19 +149,18 @@ def cmd_project(args) -> int:
     return 0
 
 
-def prefill_terms(ram: float, machine: Machine, macs_per_core: float) -> tuple[prefill.Where, prefill.Rates]:
-    """What a prefill pass at `ram` bytes reads (a raw trunk laid out as the serial column's, the expert cache of
-    EXPERT_CACHE_BYTES) and the rates it runs at."""
+def prefill_where(ram: float) -> prefill.Where:
+    """What a prefill pass at `ram` bytes reads: a raw trunk laid out as the serial column's, the expert cache of
+    EXPERT_CACHE_BYTES."""
     layout = layout_for(ram, 1.0)
-    where = prefill.Where(layout.streamed * layout.ratio, 1.0, EXPERT_CACHE_BYTES // prefill.K3.expert_bytes)
-    return where, prefill.Rates(machine.disk, machine.cores, macs_per_core)
+    return prefill.Where(layout.streamed * layout.ratio, 1.0, EXPERT_CACHE_BYTES // prefill.K3.expert_bytes)
 
 
-def prompt_row(ram: float, machine: Machine, macs_per_core: float) -> dict:
+def prompt_row(ram: float, rates: prefill.Rates) -> dict:
     """The prompt side at `ram` bytes (plan/prefill.py): the chunk `auto` picks (prefill_terms), its seconds per
     prompt id beside 512's, and the time to the first token of each of PROMPTS, cold and with all but its last
     TURN_IDS ids in the prompt cache."""
-    where, rates = prefill_terms(ram, machine, macs_per_core)
+    where = prefill_where(ram)
     choice = prefill.choose_chunk(prefill.K3, where, rates, prefill.most_rows(prefill.K3, ram))
     ttft = {str(n): {"cold": prefill.prompt_seconds(prefill.K3, where, rates, choice.chunk, n),
                      "cached": prefill.prompt_seconds(prefill.K3, where, rates, choice.chunk, n, n - TURN_IDS)}
@@ -169,11 +170,11 @@ def prompt_row(ram: float, machine: Machine, macs_per_core: float) -> dict:
             "ttft": ttft}
 
 
-def agent_row(row: dict, prompt: dict, machine: Machine, macs_per_core: float, mix: dict[str, dict]) -> dict:
+def agent_row(row: dict, prompt: dict, rates: prefill.Rates, mix: dict[str, dict]) -> dict:
     """A mean turn of each group of `mix` (turn_mix) at the RAM of `row` (ram_row) and `prompt` (prompt_row): its
     new prompt ids prefilled after its context ids in the chunk `auto` picks, then its reply ids at the group's
     speculative s/token; the seconds of each, of the turn, and of the turn per reply id."""
-    where, rates = prefill_terms(row["ram"], machine, macs_per_core)
+    where = prefill_where(row["ram"])
     groups = {}
     for group, m in mix.items():
         context = m["context_ids_per_turn"]
@@ -194,7 +195,8 @@ def _duration(seconds: float) -> str:
 def prompt_table(doc: dict) -> list[str]:
     """The prompt side of `doc` as Markdown: the chunk, seconds per prompt id, time to the first token."""
     lines = ["", f"time to the first token, **projected** (k3core/plan/prefill.py; prefill at "
-                 f"{doc['prefill_macs_per_core'] / 1e9:.0f} G multiply-adds/s per core; cached: all but the last "
+                 f"{doc['prefill_macs_per_core'] / 1e9:.0f} G multiply-adds/s per core, MLA attention at "
+                 f"{doc['attention_macs_per_core'] / 1e9:.1f}; cached: all but the last "
                  f"{doc['turn_ids']:,} ids of the prompt in the prompt cache):", "",
              "| RAM | prefill chunk (auto) | s / prompt id | at 512 |"
              + "".join(f" {n // 1000}k ids, cold | {n // 1000}k, cached |" for n in PROMPTS),
@@ -312,6 +314,10 @@ def add_parser(sub) -> None:
     p.add_argument("--prefill-macs-per-core", type=number("G/s", above=True), default=prefill.ASSUMED_MACS_PER_CORE / 1e9,
                    metavar="G/s", help="multiply-adds per second per core a prefill pass reaches end to end (default "
                    f"{prefill.ASSUMED_MACS_PER_CORE / 1e9:g}: `wide`'s prefill on a Zen 4 core, issue 39)")
+    p.add_argument("--attention-macs-per-core", type=number("G/s", above=True), metavar="G/s",
+                   help="multiply-adds per second per core of MLA attention over a long context (`k3 bench kernels`' "
+                   f"MLA attention row; default {prefill.ATTENTION_RATIO:g} x --prefill-macs-per-core, the ratio "
+                   "measured on an Ice Lake core)")
     p.add_argument("--trace", metavar="FILE", help="expert unions from this routing trace's last forward (default: "
                    "the k3-in-c trace's, built in)")
     p.add_argument("--json", action="store_true")

@@ -10,7 +10,7 @@ from k3core.cli.main import main
 
 BENCHES = {"bf16_t1", "mxfp4_t1", "bf16_t1_hot", "mxfp4_t1_hot", "experts",
            *(f"{k}_t{t}" for k in ("bf16", "mxfp4") for t in (2, 4, 8, 16, 64)),
-           *(f"draft_{k}_t{t}" for k in ("int8", "int4") for t in (1, 64))}
+           *(f"draft_{k}_t{t}" for k in ("int8", "int4") for t in (1, 64)), "mla_attention"}
 
 
 def numbers(node, path=""):
@@ -233,9 +233,9 @@ def test_bench_project_draws_its_tables_into_the_same_svg_bytes_every_time(capsy
 def test_bench_project_charges_an_agent_turn_its_new_prompt_ids_and_its_reply_ids(capsys, tmp_path):
     """Each group's mean turn (drafts_doc's CENSUS) costs the prefill of its new prompt ids after its context, in
     the prompt table's chunk, plus its reply ids at the group's speculative s/token: recomputed here."""
-    from k3core.cli.bench.project import prefill_terms
+    from k3core.cli.bench.project import prefill_where
     from k3core.machine.cost import Machine
-    from k3core.plan.prefill import K3, prompt_seconds
+    from k3core.plan.prefill import K3, Rates, prompt_seconds
 
     drafts = tmp_path / "drafts.json"
     drafts.write_text(json.dumps(drafts_doc()))
@@ -249,7 +249,8 @@ def test_bench_project_charges_an_agent_turn_its_new_prompt_ids_and_its_reply_id
     machine = Machine(**doc["machine"])
     assert len(doc["agent"]) == len(doc["rows"]) == len(doc["prompt"]) == 4
     for agent, row, prompt in zip(doc["agent"], doc["rows"], doc["prompt"]):
-        where, rates = prefill_terms(row["ram"], machine, doc["prefill_macs_per_core"])
+        where = prefill_where(row["ram"])
+        rates = Rates(machine.disk, machine.cores, doc["prefill_macs_per_core"], doc["attention_macs_per_core"])
         assert prompt["ttft"]["2000"]["cold"] == prompt_seconds(K3, where, rates, prompt["chunk"], 2000)  # its terms
         for group, m in mix.items():
             context, new, reply = m["context_ids_per_turn"], m["new_prompt_ids_per_turn"], m["reply_ids_per_turn"]
