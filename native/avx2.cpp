@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "tiles.h"
 
 namespace k3 {
 namespace {
@@ -739,20 +740,19 @@ void column_tile(const float* rows, size_t n, size_t d, const double* x, size_t 
         for (int c = 0; c < JB * 4; ++c) y[(t0 + h) * d + j + static_cast<size_t>(c)] = folded[h * JB * 4 + c];
 }
 
-// Blocks of 16 columns, then of 4, for 2 tokens at a time, then one; the last d % 4 columns in scalar code.
+struct ColumnTiles {
+    static constexpr int kTokens = 2;
+    static constexpr size_t kWide = 16, kNarrow = 4;
+    const float* rows;
+    size_t n, d;
+    const double* x;
+    double* y;
+    template <int HB, size_t W>
+    void run(size_t t, size_t j) const { column_tile<HB, static_cast<int>(W / 4)>(rows, n, d, x, t, j, y); }
+};
+
 void column_dots(const float* rows, size_t n, size_t d, const double* x, size_t tokens, double* y) {
-    size_t j = 0;
-    for (; j + 16 <= d; j += 16) {
-        size_t t = 0;
-        for (; t + 2 <= tokens; t += 2) column_tile<2, 4>(rows, n, d, x, t, j, y);
-        for (; t < tokens; ++t) column_tile<1, 4>(rows, n, d, x, t, j, y);
-    }
-    for (; j + 4 <= d; j += 4) {
-        size_t t = 0;
-        for (; t + 2 <= tokens; t += 2) column_tile<2, 1>(rows, n, d, x, t, j, y);
-        for (; t < tokens; ++t) column_tile<1, 1>(rows, n, d, x, t, j, y);
-    }
-    column_dots_from(rows, n, d, x, tokens, y, j);
+    column_dots_from(rows, n, d, x, tokens, y, for_column_tiles(d, tokens, ColumnTiles{rows, n, d, x, y}));
 }
 
 uint64_t fma_probe(size_t rounds) {

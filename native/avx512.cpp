@@ -463,20 +463,19 @@ void column_tile(const float* rows, size_t n, size_t d, const double* x, size_t 
         for (int c = 0; c < JB * 8; ++c) y[(t0 + h) * d + j + static_cast<size_t>(c)] = folded[h * JB * 8 + c];
 }
 
-// Blocks of 32 columns, then of 8, for 4 tokens at a time, then one; the last d % 8 columns in scalar code.
+struct ColumnTiles {
+    static constexpr int kTokens = 4;
+    static constexpr size_t kWide = 32, kNarrow = 8;
+    const float* rows;
+    size_t n, d;
+    const double* x;
+    double* y;
+    template <int HB, size_t W>
+    void run(size_t t, size_t j) const { column_tile<HB, static_cast<int>(W / 8)>(rows, n, d, x, t, j, y); }
+};
+
 void column_dots(const float* rows, size_t n, size_t d, const double* x, size_t tokens, double* y) {
-    size_t j = 0;
-    for (; j + 32 <= d; j += 32) {
-        size_t t = 0;
-        for (; t + 4 <= tokens; t += 4) column_tile<4, 4>(rows, n, d, x, t, j, y);
-        for (; t < tokens; ++t) column_tile<1, 4>(rows, n, d, x, t, j, y);
-    }
-    for (; j + 8 <= d; j += 8) {
-        size_t t = 0;
-        for (; t + 4 <= tokens; t += 4) column_tile<4, 1>(rows, n, d, x, t, j, y);
-        for (; t < tokens; ++t) column_tile<1, 1>(rows, n, d, x, t, j, y);
-    }
-    column_dots_from(rows, n, d, x, tokens, y, j);
+    column_dots_from(rows, n, d, x, tokens, y, for_column_tiles(d, tokens, ColumnTiles{rows, n, d, x, y}));
 }
 
 uint64_t fma_probe(size_t rounds) {

@@ -1,8 +1,10 @@
-// The tile walk the AVX-512 and NEON backends share: which (rows, tokens) tiles a call runs, in what order.
+// The tile walks the SIMD backends share: which (rows, tokens) tiles a call runs, in what order (AVX-512 and NEON);
+// which (tokens, columns) tiles attention's column dots run (all three).
 // It only schedules work; every tile computes its own rows' and tokens' lanes, so the order never changes a bit.
 #pragma once
 
 #include <cstddef>
+#include <type_traits>
 
 namespace k3 {
 
@@ -31,6 +33,25 @@ void for_tiles(size_t r0, size_t r1, size_t tokens, const Tile& tile) {
             for (; o < c1; ++o) tile.template run_tokens<1>(o, t, tt);
         }
     }
+}
+
+// Attention's column dots (kernels.h) as the SIMD backends walk them: blocks of Tile::kWide columns, then of
+// Tile::kNarrow, each for Tile::kTokens tokens at a time and then one. tile.run<HB, W>(t, j) computes columns
+// j..j+W-1 of tokens t..t+HB-1; returns the first column left (d % kNarrow of them, for scalar code).
+template <class Tile>
+size_t for_column_tiles(size_t d, size_t tokens, const Tile& tile) {
+    size_t j = 0;
+    auto blocks = [&](auto width) {
+        constexpr size_t W = decltype(width)::value;
+        for (; j + W <= d; j += W) {
+            size_t t = 0;
+            for (; t + Tile::kTokens <= tokens; t += Tile::kTokens) tile.template run<Tile::kTokens, W>(t, j);
+            for (; t < tokens; ++t) tile.template run<1, W>(t, j);
+        }
+    };
+    blocks(std::integral_constant<size_t, Tile::kWide>{});
+    blocks(std::integral_constant<size_t, Tile::kNarrow>{});
+    return j;
 }
 
 }  // namespace k3
