@@ -126,24 +126,31 @@ void kda_recurrence(const MatrixKernels& mk, const float* q, const float* k, con
     }
 }
 
+// Heads a block of mqa_attention scores together: their weights, block x n doubles, in at most kScoreBytes (64
+// heads at n = 16,384), never fewer than 4 heads (a column tile's). Each head's bits are its own.
+constexpr size_t kScoreBytes = size_t{8} << 20;
+
 void mqa_attention(const MatrixKernels& mk, const float* q, size_t dk, const float* keys, size_t n,
                    const float* values, size_t dv, double scale, float* out, size_t h0, size_t h1) {
-    const size_t heads = h1 - h0;
-    std::vector<double> e(heads * n), ones(n, 1.0), ctx(heads * dv);
-    mk.dots_f64(keys, dk, q + h0 * dk, heads, e.data(), n, 0, n);  // e[h, m] = lane_dot(q[h], keys[m]), every head
-    for (size_t h = 0; h < heads; ++h) {
-        double* eh = e.data() + h * n;
-        double top = -INFINITY;
-        for (size_t m = 0; m < n; ++m) {
-            eh[m] = eh[m] * scale;
-            top = std::max(top, eh[m]);
+    const size_t block = std::max<size_t>(4, kScoreBytes / (n * sizeof(double)));
+    std::vector<double> e(std::min(block, h1 - h0) * n), ones(n, 1.0), ctx(std::min(block, h1 - h0) * dv);
+    for (size_t b0 = h0; b0 < h1; b0 += block) {
+        const size_t heads = std::min(block, h1 - b0);
+        mk.dots_f64(keys, dk, q + b0 * dk, heads, e.data(), n, 0, n);  // e[h, m] = lane_dot(q[h], keys[m])
+        for (size_t h = 0; h < heads; ++h) {
+            double* eh = e.data() + h * n;
+            double top = -INFINITY;
+            for (size_t m = 0; m < n; ++m) {
+                eh[m] = eh[m] * scale;
+                top = std::max(top, eh[m]);
+            }
+            for (size_t m = 0; m < n; ++m) eh[m] = std::exp(eh[m] - top);
+            const double total = lane_dot_f64(eh, ones.data(), n);
+            for (size_t m = 0; m < n; ++m) eh[m] = eh[m] / total;
         }
-        for (size_t m = 0; m < n; ++m) eh[m] = std::exp(eh[m] - top);
-        const double total = lane_dot_f64(eh, ones.data(), n);
-        for (size_t m = 0; m < n; ++m) eh[m] = eh[m] / total;
+        mk.column_dots(values, n, dv, e.data(), heads, ctx.data());  // each j: lane_dot(p[h], values[:, j])
+        for (size_t i = 0; i < heads * dv; ++i) out[b0 * dv + i] = to_f32(ctx[i]);
     }
-    mk.column_dots(values, n, dv, e.data(), heads, ctx.data());  // each j: lane_dot(p[h], values[:, j])
-    for (size_t i = 0; i < heads * dv; ++i) out[h0 * dv + i] = to_f32(ctx[i]);
 }
 
 void router(const float* logits, size_t tokens, size_t experts, const float* bias, size_t top_k, bool renormalize,

@@ -196,3 +196,14 @@ def test_kernels_refuse_to_run_with_flush_to_zero_on():
         restore = ctypes.create_string_buffer(saved, 32)
         libm.fesetenv(restore)
     assert kernels("scalar").sigmoid(np.zeros(1, np.float32))[0] == 0.5
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attention_over_a_long_context_scores_its_heads_in_blocks_with_each_heads_own_bits(backend):
+    """Past 8 MiB of scores (block x positions doubles) mqa_attention takes its heads a block at a time: 9 heads over
+    120,000 positions run as 8 and 1. Each head gives the bits it gives alone, on one thread and two."""
+    r = rng(17)
+    q, keys, values = activations(r, (9, 8)), activations(r, (120_000, 8)), activations(r, (120_000, 8))
+    alone = np.concatenate([kernels(backend).mqa_attention(q[h:h + 1], keys, values, 0.35) for h in range(9)])
+    for threads in (1, 2):
+        assert same(kernels(backend, threads).mqa_attention(q, keys, values, 0.35), alone), threads
