@@ -78,18 +78,6 @@ double fold(const __m256d lanes[4]) {
     return lane_combine(acc);
 }
 
-// What row o's folded lanes v become in y: the float32 of v, or of the int8 product's scale times v (kernels.h).
-struct Plain {
-    float operator()(size_t, double v) const { return to_f32(v); }
-};
-struct RowScaled {
-    const float* scale;
-    float operator()(size_t o, double v) const { return to_f32(static_cast<double>(scale[o]) * v); }
-};
-struct Unrounded {  // dots_f64: the folded lanes as they are
-    double operator()(size_t, double v) const { return v; }
-};
-
 // 8 float32 values widened exactly to two ymm of doubles (elements 0..3, 4..7).
 inline void widen8(__m256 f, __m256d& a, __m256d& b) {
     a = _mm256_cvtps_pd(_mm256_castps256_ps128(f));
@@ -720,7 +708,7 @@ void column_tile(const float* rows, size_t n, size_t d, const double* x, size_t 
         for (int k = 0; k < HB * JB; ++k) acc[k / JB][k % JB] = _mm256_setzero_pd();
         for (size_t i = static_cast<size_t>(l); i < n; i += kLanes) {
             const float* row = rows + i * d + j;
-            _mm_prefetch(reinterpret_cast<const char*>(row + 4 * kLanes * d), _MM_HINT_T0);  // rows 16 x 2 KB apart
+            _mm_prefetch(reinterpret_cast<const char*>(row + 4 * kLanes * d), _MM_HINT_T0);  // 16 rows apart
             __m256d v[JB];
 #pragma GCC unroll 4
             for (int b = 0; b < JB; ++b) v[b] = _mm256_cvtps_pd(_mm_loadu_ps(row + 4 * b));

@@ -80,18 +80,6 @@ double lanes_sum(__m512d lanes0to7, __m512d lanes8to15) {
     return lane_combine(acc);
 }
 
-// What row o's folded lanes v become in y: the float32 of v, or of the int8 product's scale times v (kernels.h).
-struct Plain {
-    float operator()(size_t, double v) const { return to_f32(v); }
-};
-struct RowScaled {
-    const float* scale;
-    float operator()(size_t o, double v) const { return to_f32(static_cast<double>(scale[o]) * v); }
-};
-struct Unrounded {  // dots_f64: the folded lanes as they are
-    double operator()(size_t, double v) const { return v; }
-};
-
 double lanes_sum_even_odd(__m512d even, __m512d odd) {
     const __m512i lo = _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11);
     const __m512i hi = _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15);
@@ -206,13 +194,13 @@ struct LinearTile {
     }
 };
 
-template <class W>
-void linear_rows(const void* w, size_t in, const float* x, size_t tokens, float* y, size_t out, size_t r0,
-                 size_t r1) {
+template <class W, class Out = float, class Finish = Plain>
+void linear_rows(const void* w, size_t in, const float* x, size_t tokens, Out* y, size_t out, size_t r0,
+                 size_t r1, const Finish& finish = Finish()) {
     const size_t stride = (in + kLanes - 1) / kLanes * kLanes;
     const auto* wt = static_cast<const typename W::Elem*>(w);
     const double* xd = W::kEvenOdd ? widen_x_even_odd(x, in, tokens, stride) : widen_x(x, in, tokens, stride);
-    const LinearTile<W> tile{wt, in, xd, stride, y, out, Plain{}};
+    const LinearTile<W, Finish, Out> tile{wt, in, xd, stride, y, out, finish};
     for_tiles(r0, r1, tokens, tile);
 }
 
@@ -225,9 +213,7 @@ void linear(WeightType type, const void* w, size_t in, const float* x, size_t to
 
 void dots_f64(const float* w, size_t in, const float* x, size_t tokens, double* y, size_t out, size_t r0,
               size_t r1) {
-    const size_t stride = (in + kLanes - 1) / kLanes * kLanes;
-    const LinearTile<F32, Unrounded, double> tile{w, in, widen_x(x, in, tokens, stride), stride, y, out, Unrounded{}};
-    for_tiles(r0, r1, tokens, tile);
+    linear_rows<F32>(w, in, x, tokens, y, out, r0, r1, Unrounded{});
 }
 
 // ---- MXFP4 -------------------------------------------------------------------------------------------------
@@ -314,9 +300,7 @@ void mxfp4(const uint8_t* packed, const uint8_t* scale, size_t in, const float* 
 
 void int8_rows(const int8_t* codes, const float* scale, size_t in, const float* x, size_t tokens, float* y,
                size_t out, size_t r0, size_t r1) {
-    const size_t stride = (in + kLanes - 1) / kLanes * kLanes;
-    const LinearTile<I8, RowScaled> tile{codes, in, widen_x(x, in, tokens, stride), stride, y, out, RowScaled{scale}};
-    for_tiles(r0, r1, tokens, tile);
+    linear_rows<I8>(codes, in, x, tokens, y, out, r0, r1, RowScaled{scale});
 }
 
 // Mx4Tile's walk with the group's table computed, not looked up: (nibble - 8) * s for nibbles 0..7 and 8..15, two
@@ -443,7 +427,7 @@ void column_tile(const float* rows, size_t n, size_t d, const double* x, size_t 
         for (int k = 0; k < HB * JB; ++k) acc[k / JB][k % JB] = _mm512_setzero_pd();
         for (size_t i = static_cast<size_t>(l); i < n; i += kLanes) {
             const float* row = rows + i * d + j;
-            _mm_prefetch(reinterpret_cast<const char*>(row + 4 * kLanes * d), _MM_HINT_T0);  // rows 16 x 2 KB apart
+            _mm_prefetch(reinterpret_cast<const char*>(row + 4 * kLanes * d), _MM_HINT_T0);  // 16 rows apart
             __m512d v[JB];
 #pragma GCC unroll 4
             for (int b = 0; b < JB; ++b) v[b] = _mm512_cvtps_pd(_mm256_loadu_ps(row + 8 * b));

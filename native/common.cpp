@@ -1,5 +1,6 @@
 // Helpers shared by every backend: the lane fold, float32 rounding with a canonical NaN, KDA's state rows and
-// attention's column dots in scalar code, and the exact widening of BF16, F16, E2M1, E8M0 and the draft int4 codes to double.
+// attention's column dots in scalar code, and the exact widening of BF16, F16, E2M1, E8M0 and the draft int4
+// codes to double.
 #include <algorithm>
 #include <cmath>
 #include <cstring>

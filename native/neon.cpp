@@ -242,18 +242,6 @@ void chunk_all_tokens(const double* w, size_t c0, size_t n, const float* x, size
     }
 }
 
-// What row o's folded lanes v become in y: the float32 of v, or of the int8 product's scale times v (kernels.h).
-struct Plain {
-    float operator()(size_t, double v) const { return to_f32(v); }
-};
-struct RowScaled {
-    const float* scale;
-    float operator()(size_t o, double v) const { return to_f32(static_cast<double>(scale[o]) * v); }
-};
-struct Unrounded {  // dots_f64: the folded lanes as they are
-    double operator()(size_t, double v) const { return v; }
-};
-
 // Rows [r0, r1): for each row, decode chunk by chunk with `decode(row, c0, n, buffer)` and accumulate
 // every token; then fold each token's lanes and `finish` them into y[t, row].
 template <typename Out, typename Decode, typename Finish = Plain>

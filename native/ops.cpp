@@ -93,15 +93,10 @@ void kda_decay(const float* z, size_t tokens, size_t heads, size_t d, const floa
         }
 }
 
-namespace {
-
-
-}  // namespace
-
 void kda_recurrence(const MatrixKernels& mk, const float* q, const float* k, const float* v, const float* alpha,
                     const float* beta, size_t tokens, size_t heads, size_t d, float* state, double scale, float* o,
                     size_t h0, size_t h1) {
-    std::vector<double> lanes(kLanes * d), u(d), delta(d);
+    std::vector<double> lanes(kLanes * d), folded(d), delta(d);
     // Two walks over the float32 state a token, its rows in order: the first adds row i decayed, S64[i,:] =
     // S[i,:]·α[i], times k[i] into lane i % 16 of u = S64ᵀ k; the second decays row i again (the same bits),
     // updates it in place and adds it times q[i]·scale into lane i % 16 of o = Sᵀ q. Rows never meet, so
@@ -113,15 +108,15 @@ void kda_recurrence(const MatrixKernels& mk, const float* q, const float* k, con
             std::fill(lanes.begin(), lanes.end(), 0.0);
             for (size_t i = 0; i < d; ++i)
                 mk.kda_decay_row(Sh + i * d, d, alpha[base + i], k[base + i], lanes.data() + i % kLanes * d);
-            fold_lane_columns(lanes.data(), d, u.data());
+            fold_lane_columns(lanes.data(), d, folded.data());  // u = S64ᵀ k
             const double b = beta[t * heads + h];
-            for (size_t j = 0; j < d; ++j) delta[j] = b * (static_cast<double>(v[base + j]) - u[j]);
+            for (size_t j = 0; j < d; ++j) delta[j] = b * (static_cast<double>(v[base + j]) - folded[j]);
             std::fill(lanes.begin(), lanes.end(), 0.0);
             for (size_t i = 0; i < d; ++i)
                 mk.kda_update_row(Sh + i * d, d, alpha[base + i], k[base + i], delta.data(),
                                   static_cast<double>(q[base + i]) * scale, lanes.data() + i % kLanes * d);
-            fold_lane_columns(lanes.data(), d, u.data());  // o = Sᵀ q on the UPDATED, float32 state
-            for (size_t j = 0; j < d; ++j) o[base + j] = to_f32(u[j]);
+            fold_lane_columns(lanes.data(), d, folded.data());  // o = Sᵀ q on the UPDATED, float32 state
+            for (size_t j = 0; j < d; ++j) o[base + j] = to_f32(folded[j]);
         }
     }
 }

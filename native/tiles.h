@@ -1,12 +1,27 @@
-// The tile walks the SIMD backends share: which (rows, tokens) tiles a call runs, in what order (AVX-512 and NEON);
-// which (tokens, columns) tiles attention's column dots run (all three).
+// What the SIMD backends share: how a product's folded lanes are finished, which (rows, tokens) tiles a call runs
+// and in what order (AVX-512 and NEON), which (tokens, columns) tiles attention's column dots run (all three).
 // It only schedules work; every tile computes its own rows' and tokens' lanes, so the order never changes a bit.
 #pragma once
 
 #include <cstddef>
 #include <type_traits>
 
+#include "kernels.h"
+
 namespace k3 {
+
+// What row o's folded lanes v become in y (kernels.h): the float32 of v; of the int8 product's scale times v; or,
+// for dots_f64, v itself.
+struct Plain {
+    float operator()(size_t, double v) const { return to_f32(v); }
+};
+struct RowScaled {
+    const float* scale;
+    float operator()(size_t o, double v) const { return to_f32(static_cast<double>(scale[o]) * v); }
+};
+struct Unrounded {
+    double operator()(size_t, double v) const { return v; }
+};
 
 // Tiles: R rows x TT tokens share every widened weight block; each tile type sets kRowsGemv (R for one
 // token) and kRowsGemm x kTokens (R x TT for a batch). Batches walk 8 tiles of rows at a time, all token

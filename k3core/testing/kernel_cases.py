@@ -215,14 +215,13 @@ def expert_case(r, latent=96, inter=64):
     return ExpertWeights(1, 0, *w1, *w2, *w3), activations(r, (3, latent)) * 4
 
 
-def kda_wide_inputs(r, tokens=3, heads=2, d=37):
-    """q, k, v, alpha, beta, state for kda_recurrence: 37 columns (a SIMD row's full steps and a tail), state and
-    inputs with infinities, NaNs, subnormals and values whose update overflows float32."""
-    q, k, v = (activations(r, (tokens, heads, d), adversarial=True) for _ in range(3))
+def kda_inputs(r, tokens, heads, d, adversarial=False):
+    """q, k, v, alpha, beta, state for kda_recurrence; adversarial: q, k, v and the state with infinities, NaNs,
+    subnormals and values whose update overflows float32."""
+    q, k, v = (activations(r, (tokens, heads, d), adversarial) for _ in range(3))
     alpha = np.exp(-np.abs(activations(r, (tokens, heads, d)))).astype(np.float32)
     beta = 1 / (1 + np.exp(-activations(r, (tokens, heads)))).astype(np.float32)
-    state = activations(r, (heads, d, d), adversarial=True)
-    return q, k, v, alpha, beta, state
+    return q, k, v, alpha, beta, activations(r, (heads, d, d), adversarial)
 
 
 def kda_order_inputs(r, tokens=2, heads=2, d=41):
@@ -230,10 +229,7 @@ def kda_order_inputs(r, tokens=2, heads=2, d=41):
     big and keys 8..15 their negatives on rows that decay alike, the other keys small; o = Sᵀ q the same way on rows
     16..31, whose updates are alike too (equal keys). Each big product shares its lane with small ones, which it
     absorbs; the big ones cancel only when lane i meets lane i + 8 in the fold."""
-    q, k, v = (activations(r, (tokens, heads, d)) for _ in range(3))
-    alpha = np.exp(-np.abs(activations(r, (tokens, heads, d)))).astype(np.float32)
-    beta = 1 / (1 + np.exp(-activations(r, (tokens, heads)))).astype(np.float32)
-    state = activations(r, (heads, d, d))
+    q, k, v, alpha, beta, state = kda_inputs(r, tokens, heads, d)
     k[..., :8] = r.choice([1e16, -3e15, 7e17], (tokens, heads, 8)).astype(np.float32)
     k[..., 8:16] = -k[..., :8]
     q[..., :16] = 0  # rows 0..15 grow huge by their keys' update: kept out of o
@@ -269,7 +265,7 @@ def _other_cases():
     even_keys, even_values = activations(rng(10), (41, 41)), activations(rng(11), (41, 37))
     even_values[:8] = rng(11).choice([1e16, -3e15, 7e17], (8, 37)).astype(np.float32)
     even_values[8:16] = -even_values[:8]  # positions 0..7 big, 8..15 their negatives, each beside small ones
-    kda_wide, kda_order = kda_wide_inputs(rng(12)), kda_order_inputs(rng(13))
+    kda_wide, kda_order = kda_inputs(rng(12), 3, 2, 37, adversarial=True), kda_order_inputs(rng(13))
     # more heads than a tile's 4, values 2 blocks of 32 columns and a tail, positions past many lane cycles
     long_attention = activations(rng(14), (7, 72)), activations(rng(15), (300, 72)), activations(rng(16), (300, 80))
     yield KernelCase("rmsnorm", "rmsnorm", lambda k: k.rmsnorm(x, x[0], 1e-5))
@@ -282,6 +278,7 @@ def _other_cases():
     yield KernelCase("kda_decay", "kda_decay", lambda k: k.kda_decay(z, *decay, -5.0), uses_libm=True)
     yield KernelCase("kda_recurrence", "kda_recurrence",
                      lambda k: k.kda_recurrence(q, k_, v, alpha, beta, state, 19 ** -0.5))
+    # 37 columns: a SIMD row's full steps and a tail
     yield KernelCase("kda_recurrence, wide heads and special values", "kda_recurrence",
                      lambda k: k.kda_recurrence(*kda_wide, 37 ** -0.5))
     # a walk of the state's rows that gives row i a lane other than i % 16 changes the state's bits

@@ -288,7 +288,8 @@ def format_table(doc) -> str:
     out += [f"  {p['threads']:>7}  {p['gbps']:>11.1f}  {p['best_gbps']:>9.1f} {_num(p['background_cores'], '5.2f'):>5}"
             for p in pr["rows"]]
     out += ["", f"FMA probe: {doc['fma_probe']['method']}; the bound of every product below (%FMA: its weight x "
-            "token multiply-adds, or attention's query x position ones, per second against this)", "  backend  thr  G mul-add/s    bg"]
+            "token multiply-adds, or attention's query x position ones, per second against this)",
+            "  backend  thr  G mul-add/s    bg"]
     out += [f"  {f['backend']:<8} {f['threads']:>3}  {f['macs_per_s'] / 1e9:>11.2f} "
             f"{_num(f['background_cores'], '5.2f'):>5}" for f in doc["fma_probe"]["rows"]]
     head = (f"  {'backend':<8} {'thr':>3} {'median ms':>10} {'min ms':>9} {'GB/s':>7} {'GB/s/core':>9} "

@@ -9,8 +9,8 @@ itself moves between runs), the bytes read (the engine's own counters) beside th
 model's, the time the pass waited for reads (its I/O share) and the share of the time reads were in flight that
 compute hid, and the predicted seconds: the compute rate calibrated on the first chunk length's time not spent
 waiting, the disk rate measured by each run's reads — so the later lengths test how the model's cost changes
-with the chunk. --by-kernel also times every kernel call of the timed pass: where the pass went, and each matrix
-product's multiply-adds per second against the same probe.
+with the chunk. --by-kernel also times every kernel call of the timed pass: where the pass went, and the matrix
+products' and attention's multiply-adds per second against the same probe.
 
 Not a test: it measures and prints; it asserts nothing about speed.
 """
@@ -263,8 +263,8 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="the prompt's seed (default 0)")
     p.add_argument("--cold", action="store_true", help="time the first pass (nothing read before it)")
     p.add_argument("--by-kernel", action="store_true",
-                   help="also time every kernel call of the timed pass: each kernel's share of it, and each matrix "
-                        "product's multiply-adds per second against the probe")
+                   help="also time every kernel call of the timed pass: each kernel's share of it, and the matrix "
+                        "products' and attention's multiply-adds per second against the probe")
     p.add_argument("--json", action="store_true")
     add_engine_arguments(p)
     p.set_defaults(func=cmd_prefill)

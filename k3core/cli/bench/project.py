@@ -157,7 +157,7 @@ def prefill_where(ram: float) -> prefill.Where:
 
 
 def prompt_row(ram: float, rates: prefill.Rates) -> dict:
-    """The prompt side at `ram` bytes (plan/prefill.py): the chunk `auto` picks (prefill_terms), its seconds per
+    """The prompt side at `ram` bytes (plan/prefill.py): the chunk `auto` picks (prefill_where), its seconds per
     prompt id beside 512's, and the time to the first token of each of PROMPTS, cold and with all but its last
     TURN_IDS ids in the prompt cache."""
     where = prefill_where(ram)
