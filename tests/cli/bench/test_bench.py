@@ -343,3 +343,20 @@ def test_bench_agent_forwards_less_with_the_prompt_cache_and_the_same_ids(capsys
     assert modes["disk"]["forwarded_ids"] == modes["prefix"]["forwarded_ids"]
     restart = modes["disk"]["after_restart"]
     assert restart["requests"] == 1 and restart["reused_ids"] > 300
+
+
+def test_bench_project_takes_attentions_own_rate_and_refuses_a_rate_of_zero(capsys):
+    """--attention-macs-per-core replaces the default (ATTENTION_RATIO of the prefill rate): at the prefill rate
+    itself a cold 30k prompt projects faster; 0 is refused naming the flag."""
+    from k3core.plan.prefill import ATTENTION_RATIO
+
+    assert main(["bench", "project", "--json"]) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert default["attention_macs_per_core"] == pytest.approx(ATTENTION_RATIO * default["prefill_macs_per_core"])
+    assert main(["bench", "project", "--json", "--attention-macs-per-core", "27"]) == 0
+    same_rate = json.loads(capsys.readouterr().out)
+    assert same_rate["attention_macs_per_core"] == 27e9
+    assert same_rate["prompt"][0]["ttft"]["30000"]["cold"] < default["prompt"][0]["ttft"]["30000"]["cold"]
+    with pytest.raises(SystemExit) as refused:
+        main(["bench", "project", "--attention-macs-per-core", "0"])
+    assert refused.value.code == 2 and "--attention-macs-per-core" in capsys.readouterr().err
